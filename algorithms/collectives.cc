@@ -1,0 +1,361 @@
+#include "algorithms/collectives.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "algorithms/reduce_kernels.h"
+
+namespace tributary::algorithms {
+namespace {
+
+using Request = Transport::Request;
+
+ReduceOp partial_op(ReduceOp op) { return op == ReduceOp::kMean ? ReduceOp::kSum : op; }
+
+std::byte* at(void* base, int64_t elem_offset, size_t elem) {
+  return static_cast<std::byte*>(base) + static_cast<size_t>(elem_offset) * elem;
+}
+
+// dst = dst op src over `count` elements (dst may be the destination of a final MEAN).
+void combine(ReduceOp op, DType dtype, void* dst, const void* src, int64_t count,
+             int64_t divisor) {
+  if (count <= 0) return;
+  const void* srcs[2] = {dst, src};
+  void* dsts[1] = {dst};
+  reduce(op, dtype, srcs, dsts, static_cast<size_t>(count), divisor);
+}
+
+void divide_in_place(DType dtype, void* data, int64_t count, int64_t divisor) {
+  if (count <= 0) return;
+  const void* srcs[1] = {data};
+  void* dsts[1] = {data};
+  reduce(ReduceOp::kMean, dtype, srcs, dsts, static_cast<size_t>(count), divisor);
+}
+
+std::byte* scratch_for(AlgorithmContext& ctx, size_t bytes) {
+  if (ctx.scratch->size() < bytes) ctx.scratch->resize(bytes);
+  return ctx.scratch->data();
+}
+
+// Splits `count` elements into `parts` nearly equal blocks: the first count % parts get one more.
+struct Blocks {
+  int64_t base, rem;
+  Blocks(int64_t count, int parts) : base(count / parts), rem(count % parts) {}
+  int64_t offset(int c) const { return c * base + std::min<int64_t>(c, rem); }
+  int64_t length(int c) const { return base + (c < rem ? 1 : 0); }
+};
+
+// One ring step: send [send_off, +send_len) to `next` and receive `recv_len` elements from `prev`,
+// in segments; `on_segment(offset_in_chunk, elements, received)` consumes each received segment.
+template <typename OnSegment>
+Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const std::byte* send,
+                 int64_t send_len, std::byte* recv, int64_t recv_len, size_t elem,
+                 OnSegment&& on_segment) {
+  Transport& t = ctx.transport;
+  const MessageTag tag = ctx.tag.at_step(step);
+  const int64_t seg = std::max<int64_t>(1, static_cast<int64_t>(ctx.segment_bytes / elem));
+  // Post every receive first, then every send: a peer doing the same never blocks on us.
+  std::vector<Request> recvs, sends;
+  for (int64_t o = 0; o < recv_len || (o == 0 && recv_len == 0); o += seg) {
+    int64_t n = std::min(seg, recv_len - o);
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Request r, t.irecv(prev, tag, {recv + static_cast<size_t>(o) * elem, static_cast<size_t>(n) * elem}));
+    recvs.push_back(r);
+    if (recv_len == 0) break;
+  }
+  for (int64_t o = 0; o < send_len || (o == 0 && send_len == 0); o += seg) {
+    int64_t n = std::min(seg, send_len - o);
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Request s,
+        t.isend(next, tag, {send + static_cast<size_t>(o) * elem, static_cast<size_t>(n) * elem}));
+    sends.push_back(s);
+    if (send_len == 0) break;
+  }
+  int64_t o = 0;
+  for (Request r : recvs) {
+    TRIBUTARY_RETURN_IF_ERROR(t.wait(r, ctx.deadline));
+    int64_t n = std::min(seg, recv_len - o);
+    if (n > 0) on_segment(o, n);
+    o += seg;
+  }
+  for (Request s : sends) TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+  return Status();
+}
+
+// The real rank of halving-doubling's `newrank` when n - p ranks were folded away.
+int real_rank(int newrank, int rem) { return newrank < rem ? newrank * 2 + 1 : newrank + rem; }
+
+}  // namespace
+
+std::string_view all_reduce_algorithm_name(AllReduceAlgorithm a) {
+  switch (a) {
+    case AllReduceAlgorithm::kAuto: return "auto";
+    case AllReduceAlgorithm::kRing: return "ring";
+    case AllReduceAlgorithm::kHalvingDoubling: return "halving_doubling";
+  }
+  return "?";
+}
+
+double CostModel::all_reduce_seconds(AllReduceAlgorithm algorithm, size_t bytes, int n) const {
+  if (n <= 1) return 0;
+  const double s = static_cast<double>(bytes);
+  if (algorithm == AllReduceAlgorithm::kRing) {
+    return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * s * beta + (n - 1.0) / n * s * gamma;
+  }
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const bool folded = p != n;
+  double steps = 2.0 * std::log2(p) + (folded ? 2 : 0);
+  return steps * alpha + 2.0 * (p - 1) / p * s * beta + (p - 1.0) / p * s * gamma +
+         (folded ? 2.0 * s * beta + s * gamma : 0.0);
+}
+
+AllReduceAlgorithm CostModel::choose(size_t bytes, int n) const {
+  return all_reduce_seconds(AllReduceAlgorithm::kHalvingDoubling, bytes, n) <
+                 all_reduce_seconds(AllReduceAlgorithm::kRing, bytes, n)
+             ? AllReduceAlgorithm::kHalvingDoubling
+             : AllReduceAlgorithm::kRing;
+}
+
+Status all_reduce(AlgorithmContext& ctx, AllReduceAlgorithm algorithm, void* data, int64_t count,
+                  DType dtype, ReduceOp op, int64_t mean_divisor) {
+  if (algorithm == AllReduceAlgorithm::kAuto) {
+    algorithm = CostModel().choose(static_cast<size_t>(count) * dtype_size(dtype),
+                                   ctx.transport.size());
+  }
+  return algorithm == AllReduceAlgorithm::kRing
+             ? ring_all_reduce(ctx, data, count, dtype, op, mean_divisor)
+             : halving_doubling_all_reduce(ctx, data, count, dtype, op, mean_divisor);
+}
+
+Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
+                       int64_t mean_divisor) {
+  const int n = ctx.transport.size();
+  const int r = ctx.transport.rank();
+  if (n == 1) {
+    if (op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
+    return Status();
+  }
+  const size_t elem = dtype_size(dtype);
+  const Blocks blocks(count, n);
+  std::byte* scratch = scratch_for(ctx, static_cast<size_t>(blocks.length(0)) * elem);
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  uint32_t step = 0;
+  // Reduce-scatter: after n-1 steps this rank holds the reduced block (r + 1) % n.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_c = (r - s + n) % n, recv_c = (r - s - 1 + 2 * n) % n;
+    const bool last = s == n - 2;
+    std::byte* target = at(data, blocks.offset(recv_c), elem);
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(
+        ctx, step++, next, prev, at(data, blocks.offset(send_c), elem), blocks.length(send_c),
+        scratch, blocks.length(recv_c), elem, [&](int64_t off, int64_t len) {
+          combine(last ? op : partial_op(op), dtype, target + static_cast<size_t>(off) * elem,
+                  scratch + static_cast<size_t>(off) * elem, len, mean_divisor);
+        }));
+  }
+  // All-gather: pass the reduced blocks around, received straight into place.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_c = (r + 1 - s + n) % n, recv_c = (r - s + n) % n;
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(ctx, step++, next, prev,
+                                        at(data, blocks.offset(send_c), elem),
+                                        blocks.length(send_c), at(data, blocks.offset(recv_c), elem),
+                                        blocks.length(recv_c), elem, [](int64_t, int64_t) {}));
+  }
+  return Status();
+}
+
+Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
+                                   ReduceOp op, int64_t mean_divisor) {
+  Transport& t = ctx.transport;
+  const int n = t.size();
+  const int r = t.rank();
+  if (n == 1) {
+    if (op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
+    return Status();
+  }
+  const size_t elem = dtype_size(dtype);
+  const size_t bytes = static_cast<size_t>(count) * elem;
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int rem = n - p;
+  uint32_t step = 0;
+  auto tag = [&] { return ctx.tag.at_step(step++); };
+  std::byte* bytes_data = static_cast<std::byte*>(data);
+
+  // Fold: among the first 2*rem ranks, each even rank hands its data to the odd rank after it.
+  int newrank = r < 2 * rem ? (r % 2 == 1 ? r / 2 : -1) : r - rem;
+  const MessageTag fold_tag = tag();
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r + 1, fold_tag, {bytes_data, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+    } else {
+      std::byte* scratch = scratch_for(ctx, bytes);
+      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r - 1, fold_tag, {scratch, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+      combine(partial_op(op), dtype, data, scratch, count, mean_divisor);
+    }
+  }
+  // Recursive halving (reduce-scatter) then recursive doubling (all-gather) among p ranks.
+  const int log_p = static_cast<int>(std::log2(p));
+  if (newrank >= 0) {
+    std::byte* scratch = scratch_for(ctx, (static_cast<size_t>(count) / 2 + 1) * elem);
+    struct Range {
+      int64_t lo, hi;
+      bool upper;  // this rank kept the upper half of [lo, hi)
+    };
+    std::vector<Range> ranges;
+    int64_t lo = 0, hi = count;
+    for (int mask = p / 2; mask >= 1; mask /= 2) {
+      const int partner = real_rank(newrank ^ mask, rem);
+      const int64_t mid = lo + (hi - lo) / 2;
+      const bool upper = (newrank & mask) != 0;
+      const int64_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
+      const int64_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
+      const MessageTag m = tag();
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          Request q, t.irecv(partner, m, {scratch, static_cast<size_t>(keep_hi - keep_lo) * elem}));
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          Request s, t.isend(partner, m, {at(data, give_lo, elem),
+                                          static_cast<size_t>(give_hi - give_lo) * elem}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+      combine(mask == 1 ? op : partial_op(op), dtype, at(data, keep_lo, elem), scratch,
+              keep_hi - keep_lo, mean_divisor);
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+      ranges.push_back({lo, hi, upper});
+      lo = keep_lo;
+      hi = keep_hi;
+    }
+    for (int mask = 1; mask < p; mask *= 2) {
+      const int partner = real_rank(newrank ^ mask, rem);
+      const auto [plo, phi, upper] = ranges.back();
+      ranges.pop_back();
+      const int64_t other_lo = upper ? plo : hi;
+      const int64_t other_hi = upper ? lo : phi;
+      const MessageTag m = tag();
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          Request q, t.irecv(partner, m, {at(data, other_lo, elem),
+                                          static_cast<size_t>(other_hi - other_lo) * elem}));
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          Request s, t.isend(partner, m, {at(data, lo, elem), static_cast<size_t>(hi - lo) * elem}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+      lo = plo;
+      hi = phi;
+    }
+  } else {
+    step += static_cast<uint32_t>(2 * log_p);  // keep step numbers aligned with the others
+  }
+  // Unfold: the odd ranks return the result to their even partners.
+  const MessageTag unfold_tag = tag();
+  if (r < 2 * rem) {
+    if (r % 2 == 1) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r - 1, unfold_tag, {bytes_data, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+    } else {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r + 1, unfold_tag, {bytes_data, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+    }
+  }
+  return Status();
+}
+
+Status tree_broadcast(AlgorithmContext& ctx, void* data, size_t bytes, int root) {
+  Transport& t = ctx.transport;
+  const int n = t.size();
+  const int vr = (t.rank() - root + n) % n;
+  const MessageTag tag = ctx.tag.at_step(0);
+  std::span<std::byte> span(static_cast<std::byte*>(data), bytes);
+  int mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv((vr - mask + root) % n, tag, span));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+      break;
+    }
+    mask <<= 1;
+  }
+  std::vector<Request> sends;
+  for (mask >>= 1; mask > 0; mask >>= 1) {
+    if (vr + mask < n) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend((vr + mask + root) % n, tag, span));
+      sends.push_back(s);
+    }
+  }
+  for (Request s : sends) TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+  return Status();
+}
+
+Status tree_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
+                   int64_t mean_divisor, int root) {
+  Transport& t = ctx.transport;
+  const int n = t.size();
+  const int vr = (t.rank() - root + n) % n;
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  const MessageTag tag = ctx.tag.at_step(0);
+  std::byte* scratch = scratch_for(ctx, bytes);
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          Request s, t.isend((vr - mask + root) % n, tag, {static_cast<std::byte*>(data), bytes}));
+      return t.wait(s, ctx.deadline);
+    }
+    if (vr + mask < n) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv((vr + mask + root) % n, tag, {scratch, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+      combine(partial_op(op), dtype, data, scratch, count, mean_divisor);
+    }
+  }
+  if (op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
+  return Status();
+}
+
+Status ring_all_gather(AlgorithmContext& ctx, void* data, size_t bytes_per_rank) {
+  const int n = ctx.transport.size();
+  const int r = ctx.transport.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_c = (r - s + n) % n, recv_c = (r - s - 1 + n) % n;
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(
+        ctx, static_cast<uint32_t>(s), next, prev, at(data, send_c, bytes_per_rank),
+        static_cast<int64_t>(bytes_per_rank), at(data, recv_c, bytes_per_rank),
+        static_cast<int64_t>(bytes_per_rank), 1, [](int64_t, int64_t) {}));
+  }
+  return Status();
+}
+
+Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t count,
+                           DType dtype, ReduceOp op, int64_t mean_divisor) {
+  const int n = ctx.transport.size();
+  const int r = ctx.transport.rank();
+  const size_t elem = dtype_size(dtype);
+  const size_t block_bytes = static_cast<size_t>(count) * elem;
+  if (n == 1) {
+    if (out != data) std::memmove(out, data, block_bytes);
+    if (op == ReduceOp::kMean) divide_in_place(dtype, out, count, mean_divisor);
+    return Status();
+  }
+  std::byte* scratch = scratch_for(ctx, block_bytes);
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // After n-1 steps the last block received and reduced is this rank's own.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_c = (r - s - 1 + 2 * n) % n, recv_c = (r - s - 2 + 2 * n) % n;
+    const bool last = s == n - 2;
+    std::byte* target = at(data, static_cast<int64_t>(recv_c) * count, elem);
+    std::byte* result = last ? static_cast<std::byte*>(out) : target;
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(
+        ctx, static_cast<uint32_t>(s), next, prev, at(data, static_cast<int64_t>(send_c) * count, elem),
+        count, scratch, count, elem, [&](int64_t off, int64_t len) {
+          const size_t b = static_cast<size_t>(off) * elem;
+          const void* srcs[2] = {target + b, scratch + b};
+          void* dsts[1] = {result + b};
+          reduce(last ? op : partial_op(op), dtype, srcs, dsts, static_cast<size_t>(len),
+                 mean_divisor);
+        }));
+  }
+  return Status();
+}
+
+}  // namespace tributary::algorithms

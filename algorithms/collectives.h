@@ -1,0 +1,73 @@
+// Collective algorithms written once against the Transport (transport.h). Every function works in
+// place on host memory, across transport.size() ranks, and is called by every rank with the same
+// arguments (except root-specific data). n = transport.size(), S = the message size in bytes;
+// "steps" are rounds of communication, "bytes" what each rank sends in all (as Gloo documents).
+//
+//  ring all-reduce          reduce-scatter then all-gather around a ring.
+//                           steps 2(n-1), bytes 2(n-1)/n * S. Bandwidth-optimal; the choice for
+//                           large messages. Each step's chunk travels as segments of
+//                           `segment_bytes`, so receiving segment k+1 overlaps reducing segment k.
+//  halving-doubling         Rabenseifner: recursive-halving reduce-scatter, recursive-doubling
+//  all-reduce               all-gather, over the largest power of two p <= n; the other n - p ranks
+//                           first fold their data into a partner and get the result back at the end.
+//                           steps 2 log2(p) (+2 when n is not a power of two), bytes 2(p-1)/p * S
+//                           (+S for the folded ranks). Latency-optimal for small and medium sizes.
+//  binomial-tree broadcast  steps ceil(log2 n), bytes up to ceil(log2 n) * S at the root.
+//  binomial-tree reduce     steps ceil(log2 n), bytes S per non-root rank.
+//  ring all-gather          steps n-1, bytes (n-1) * S_rank.
+//  ring reduce-scatter      steps n-1, bytes (n-1)/n * S.
+//
+// MEAN divides once, by `mean_divisor`, where the fully reduced data is produced. Scratch memory
+// comes from `scratch` (grown once and reused, so a steady state allocates nothing).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "algorithms/transport.h"
+#include "tributary/dtype.h"
+
+namespace tributary::algorithms {
+
+enum class AllReduceAlgorithm { kAuto, kRing, kHalvingDoubling };
+std::string_view all_reduce_algorithm_name(AllReduceAlgorithm a);
+
+struct AlgorithmContext {
+  Transport& transport;
+  MessageTag tag;                   // steps are numbered from here
+  Deadline deadline;
+  size_t segment_bytes = 1 << 20;   // pipelining granularity of ring steps
+  std::vector<std::byte>* scratch;  // reused across calls
+};
+
+// Predicted time in seconds of an all-reduce of `bytes` over `n` ranks by `algorithm`, with
+// per-message latency `alpha` (s), per-byte transfer time `beta` (s/B) and per-byte reduction
+// time `gamma` (s/B): the cost model that kAuto uses.
+struct CostModel {
+  double alpha = 20e-6;
+  double beta = 1.0 / 2.0e9;
+  double gamma = 1.0 / 8.0e9;
+  double all_reduce_seconds(AllReduceAlgorithm algorithm, size_t bytes, int n) const;
+  AllReduceAlgorithm choose(size_t bytes, int n) const;
+};
+
+Status all_reduce(AlgorithmContext& ctx, AllReduceAlgorithm algorithm, void* data, int64_t count,
+                  DType dtype, ReduceOp op, int64_t mean_divisor);
+Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
+                       int64_t mean_divisor);
+Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
+                                   ReduceOp op, int64_t mean_divisor);
+Status tree_broadcast(AlgorithmContext& ctx, void* data, size_t bytes, int root);
+// The result is in root's `data`; other ranks' data is left partially reduced.
+Status tree_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
+                   int64_t mean_divisor, int root);
+// `data` holds n * count_per_rank elements; this rank's own block is at rank * count_per_rank.
+Status ring_all_gather(AlgorithmContext& ctx, void* data, size_t bytes_per_rank);
+// `data` holds n * count elements (reduced in place as scratch); the result for this rank (block
+// `rank`) is written to `out`.
+Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t count, DType dtype,
+                           ReduceOp op, int64_t mean_divisor);
+
+}  // namespace tributary::algorithms

@@ -1,0 +1,95 @@
+#include "algorithms/local_collectives.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "algorithms/reduce_kernels.h"
+
+namespace tributary::algorithms {
+namespace {
+
+Status require_host(std::span<const Tensor> ts) {
+  for (const Tensor& t : ts) {
+    if (!t.device().is_cpu()) {
+      return unimplemented("in-process collectives on " + t.device().to_string() +
+                           " memory are not implemented yet; use CPU devices");
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<const Tensor> dsts,
+                    int64_t mean_divisor) {
+  TRIBUTARY_RETURN_IF_ERROR(require_host(srcs));
+  TRIBUTARY_RETURN_IF_ERROR(require_host(dsts));
+  if (srcs.empty()) return invalid_argument("local_reduce needs at least one source");
+  const int64_t count = srcs[0].num_elements();
+  if (count == 0 || dsts.empty()) return Status();
+  // Pointer arrays live on the stack for up to kInline replicas (no allocation per call).
+  constexpr size_t kInline = 16;
+  const void* s_inline[kInline];
+  void* d_inline[kInline];
+  std::vector<const void*> s_heap;
+  std::vector<void*> d_heap;
+  std::span<const void*> s(s_inline, srcs.size());
+  std::span<void*> d(d_inline, dsts.size());
+  if (srcs.size() > kInline) {
+    s_heap.resize(srcs.size());
+    s = s_heap;
+  }
+  if (dsts.size() > kInline) {
+    d_heap.resize(dsts.size());
+    d = d_heap;
+  }
+  for (size_t i = 0; i < srcs.size(); ++i) s[i] = srcs[i].data();
+  for (size_t i = 0; i < dsts.size(); ++i) d[i] = dsts[i].data();
+  reduce(op, srcs[0].dtype(), std::span<const void* const>(s.data(), s.size()),
+         std::span<void* const>(d.data(), d.size()), static_cast<size_t>(count), mean_divisor);
+  return Status();
+}
+
+Status local_copy(const Tensor& src, std::span<const Tensor> dsts) {
+  TRIBUTARY_RETURN_IF_ERROR(require_host(std::span<const Tensor>(&src, 1)));
+  TRIBUTARY_RETURN_IF_ERROR(require_host(dsts));
+  const size_t bytes = src.nbytes();
+  for (const Tensor& d : dsts) {
+    if (bytes != 0 && d.data() != src.data()) std::memcpy(d.data(), src.data(), bytes);
+  }
+  return Status();
+}
+
+Status local_all_gather(std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
+  TRIBUTARY_RETURN_IF_ERROR(require_host(inputs));
+  TRIBUTARY_RETURN_IF_ERROR(require_host(outputs));
+  for (const Tensor& out : outputs) {
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const int64_t count = inputs[j].num_elements();
+      Tensor slot = out.slice(static_cast<int64_t>(j) * count, count);
+      if (count != 0 && slot.data() != inputs[j].data()) {
+        std::memcpy(slot.data(), inputs[j].data(), inputs[j].nbytes());
+      }
+    }
+  }
+  return Status();
+}
+
+Status local_reduce_scatter(ReduceOp op, std::span<const Tensor> inputs,
+                            std::span<const Tensor> outputs, int64_t mean_divisor) {
+  TRIBUTARY_RETURN_IF_ERROR(require_host(inputs));
+  TRIBUTARY_RETURN_IF_ERROR(require_host(outputs));
+  std::vector<Tensor> slices(inputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int64_t count = outputs[i].num_elements();
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      slices[j] = inputs[j].slice(static_cast<int64_t>(i) * count, count);
+    }
+    TRIBUTARY_RETURN_IF_ERROR(
+        local_reduce(op, slices, std::span<const Tensor>(&outputs[i], 1), mean_divisor));
+  }
+  return Status();
+}
+
+}  // namespace tributary::algorithms

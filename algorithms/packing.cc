@@ -1,0 +1,66 @@
+#include "algorithms/packing.h"
+
+#include <cstring>
+#include <string>
+
+namespace tributary::algorithms {
+
+StatusOr<std::vector<int64_t>> split_num_packs(int64_t total_elements, int64_t num_packs) {
+  if (num_packs <= 0) {
+    return invalid_argument("num_packs must be greater than zero, got " +
+                            std::to_string(num_packs) +
+                            " (use num_packs=0 at the call site to reduce tensors one by one)");
+  }
+  if (total_elements < 0) {
+    return invalid_argument("total_elements must not be negative, got " +
+                            std::to_string(total_elements) + " (is a shape not fully defined?)");
+  }
+  const int64_t split = total_elements / num_packs;
+  std::vector<int64_t> sizes(static_cast<size_t>(num_packs), split);
+  sizes.back() = total_elements - split * (num_packs - 1);  // the last pack gets the remainder
+  return sizes;
+}
+
+std::vector<std::vector<size_t>> group_by_size(std::span<const uint64_t> sizes_bytes,
+                                               uint64_t bytes_per_pack) {
+  std::vector<std::vector<size_t>> packs;
+  uint64_t last = 0;
+  for (size_t i = 0; i < sizes_bytes.size(); ++i) {
+    // Strictly greater: a pack of exactly bytes_per_pack is extended by the next tensor, as in TF.
+    if (packs.empty() || (bytes_per_pack != 0 && last > bytes_per_pack)) {
+      packs.emplace_back();
+      last = 0;
+    }
+    packs.back().push_back(i);
+    last += sizes_bytes[i];
+  }
+  return packs;
+}
+
+size_t packed_nbytes(std::span<const Tensor> tensors) {
+  size_t total = 0;
+  for (const Tensor& t : tensors) total += t.nbytes();
+  return total;
+}
+
+void pack(std::span<const Tensor> tensors, void* dst) {
+  auto* out = static_cast<std::byte*>(dst);
+  for (const Tensor& t : tensors) {
+    const size_t n = t.nbytes();
+    if (n == 0) continue;  // memcpy with a null pointer is undefined even for 0 bytes
+    std::memcpy(out, t.data(), n);
+    out += n;
+  }
+}
+
+void unpack(const void* src, std::span<const Tensor> tensors) {
+  const auto* in = static_cast<const std::byte*>(src);
+  for (const Tensor& t : tensors) {
+    const size_t n = t.nbytes();
+    if (n == 0) continue;
+    std::memcpy(t.data(), in, n);
+    in += n;
+  }
+}
+
+}  // namespace tributary::algorithms

@@ -1,0 +1,77 @@
+// The point-to-point transport every multi-process algorithm is written against: tagged,
+// asynchronous send and receive of byte spans between ranks (like Gloo's transport::Pair and
+// UCC's TL interface). Implementations: LoopbackTransport (ranks as threads in one process, for
+// algorithm tests) and the TCP transport of the ring backend (Boost.Asio).
+//
+// Contract:
+//  - Messages between two ranks are matched in the order they were posted: the n-th isend from A to
+//    B is received by the n-th irecv that B posts for A. Every message carries a MessageTag; the
+//    receiver checks it against the tag it posted and fails with a mismatch error that names both
+//    sides (e.g. "rank 1 sent all_reduce #5 (8 KiB float32 sum) but this rank expects all_reduce #5
+//    (4 KiB float32 sum)"), so ranks that issue different collectives never corrupt data.
+//  - A receive takes exactly the posted number of bytes: a frame of another size is a mismatch,
+//    and no memory is allocated on the sender's say-so.
+//  - Buffers must stay valid until their request completes.
+//  - wait() drives progress; it returns by `deadline` with DeadlineExceeded naming the peer and
+//    the message if the request has not completed. After any error the transport is broken: it
+//    closes its connections (so peers fail fast instead of waiting for their timeout) and every
+//    later call returns that first error.
+//  - One thread at a time per transport.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "tributary/cross_device_ops.h"
+#include "tributary/status.h"
+
+namespace tributary::algorithms {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// What a message belongs to: the collective (its sequence number and fingerprint) and the step.
+struct MessageTag {
+  uint64_t sequence = 0;
+  uint32_t step = 0;
+  Collective collective = Collective::kAllReduce;
+  ReduceOp op = ReduceOp::kSum;
+  DType dtype = DType::kFloat32;
+  int64_t count = 0;  // elements per rank of the whole collective
+
+  static MessageTag of(const CallInfo& call, uint32_t step = 0);
+  MessageTag at_step(uint32_t s) const {
+    MessageTag t = *this;
+    t.step = s;
+    return t;
+  }
+  // Same collective (sequence and fingerprint)?
+  bool same_collective(const MessageTag& o) const;
+  std::string describe() const;  // "all_reduce #5 (4KiB float32, sum) step 3"
+};
+
+class Transport {
+ public:
+  using Request = uint64_t;
+
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual StatusOr<Request> isend(int peer, const MessageTag& tag,
+                                  std::span<const std::byte> data) = 0;
+  virtual StatusOr<Request> irecv(int peer, const MessageTag& tag, std::span<std::byte> data) = 0;
+  virtual Status wait(Request request, Deadline deadline) = 0;
+  // Fails the transport with `why` (if not failed already) and closes its connections.
+  virtual void abort(const Status& why) = 0;
+  // The first error, or OK.
+  virtual Status error() const = 0;
+
+  // Convenience: both directions at once, then wait for both.
+  Status sendrecv(int send_peer, std::span<const std::byte> send, int recv_peer,
+                  std::span<std::byte> recv, const MessageTag& tag, Deadline deadline);
+};
+
+}  // namespace tributary::algorithms

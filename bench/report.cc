@@ -1,0 +1,262 @@
+#include "bench/report.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace tributary::bench {
+namespace {
+
+std::string fmt_num(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string wrong_text(int64_t w) { return w < 0 ? "N/A" : std::to_string(w); }
+
+// A gnuplot double-quoted string.
+std::string gp_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+}  // namespace
+
+double bus_factor(int n) { return n <= 1 ? 0.0 : 2.0 * (n - 1) / n; }
+
+double BackendResult::avg_busbw() const {
+  if (rows.empty()) return 0;
+  double sum = 0;
+  for (const Row& r : rows) sum += r.busbw[0] + r.busbw[1];
+  return sum / (2.0 * static_cast<double>(rows.size()));
+}
+
+int64_t BackendResult::total_wrong() const {
+  int64_t w = 0;
+  for (const Row& r : rows) {
+    for (int k = 0; k < 2; ++k) w += r.wrong[k] > 0 ? r.wrong[k] : 0;
+  }
+  return w;
+}
+
+Machine Machine::probe() {
+  Machine m;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) m.host = host;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      m.cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  m.cores = static_cast<int>(std::thread::hardware_concurrency());
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) m.memory_gib = static_cast<double>(pages) * page / (1 << 30);
+  return m;
+}
+
+std::string format_header(const Report& r) {
+  const BenchOptions& o = r.options;
+  std::string s = "# tributary-bench " + std::string(version()) + ": all_reduce " +
+                  std::string(dtype_name(o.dtype)) + " " + std::string(reduce_op_name(o.op)) +
+                  ", " + std::to_string(o.np) + " process(es) x " + std::to_string(o.replicas) +
+                  " replica(s), ";
+  s += o.target_seconds > 0 ? "~" + fmt_num("%g", o.target_seconds * 1e3) + " ms per size"
+                            : std::to_string(o.iters) + " iters";
+  s += ", " + std::to_string(o.warmup_iters) + " warmup, check " + (o.check ? "on" : "off") + "\n";
+  s += "# host " + r.machine.host + ": " + r.machine.cpu + ", " + std::to_string(r.machine.cores) +
+       " cores, " + fmt_num("%.0f", r.machine.memory_gib) + " GiB\n";
+  if (r.ceiling.memcpy_gbps > 0) {
+    s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) +
+         " GB/s (bytes read + written); an in-process all-reduce over " +
+         std::to_string(o.np * o.replicas) + " replicas reads and writes every byte once, so algbw <= " +
+         fmt_num("%.2f", r.ceiling.algbw) + " GB/s, busbw <= " + fmt_num("%.2f", r.ceiling.busbw) +
+         " GB/s\n";
+  }
+  return s;
+}
+
+std::string format_table(const Report& r, const BackendResult& b) {
+  std::string s = "#\n# backend: " + b.spec + "  (" + std::to_string(b.processes) +
+                  " process(es) x " + std::to_string(b.replicas) + " replica(s) = " +
+                  std::to_string(b.in_sync()) + " in sync)\n";
+  if (!b.skipped.empty()) return s + "# skipped: " + b.skipped + "\n";
+  (void)r;
+  char line[256];
+  std::snprintf(line, sizeof line, "#%61s%39s\n", "out-of-place", "in-place");
+  s += line;
+  std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n",
+                "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "time",
+                "algbw", "busbw", "#wrong");
+  s += line;
+  std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n",
+                "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+                "(GB/s)", "");
+  s += line;
+  for (const Row& row : b.rows) {
+    std::snprintf(line, sizeof line,
+                  "  %12llu %12lld %8s %6s %10.2f %8.3f %8.3f %6s %10.2f %8.3f %8.3f %6s\n",
+                  static_cast<unsigned long long>(row.bytes), static_cast<long long>(row.count),
+                  std::string(dtype_name(r.options.dtype)).c_str(),
+                  std::string(reduce_op_name(r.options.op)).c_str(), row.time_us[0], row.algbw[0],
+                  row.busbw[0], wrong_text(row.wrong[0]).c_str(), row.time_us[1], row.algbw[1],
+                  row.busbw[1], wrong_text(row.wrong[1]).c_str());
+    s += line;
+  }
+  s += "# Avg bus bandwidth    : " + fmt_num("%.3f", b.avg_busbw()) + " GB/s\n";
+  if (r.options.check) s += "# Out of bounds values : " + std::to_string(b.total_wrong()) + "\n";
+  return s;
+}
+
+std::string format_summary(const Report& r) {
+  std::string s = "#\n# Summary (average busbw over all sizes, out-of-place and in-place):\n";
+  for (const BackendResult& b : r.results) {
+    if (!b.skipped.empty()) {
+      s += "#   " + b.spec + ": skipped (" + b.skipped + ")\n";
+    } else {
+      s += "#   " + fmt_num("%8.3f", b.avg_busbw()) + " GB/s  " + b.spec + "\n";
+    }
+  }
+  return s;
+}
+
+Status write_json(const Report& r, const std::string& path) {
+  using nlohmann::json;
+  json doc;
+  doc["tool"] = "tributary-bench";
+  doc["version"] = std::string(version());
+  doc["collective"] = "all_reduce";
+  doc["dtype"] = std::string(dtype_name(r.options.dtype));
+  doc["op"] = std::string(reduce_op_name(r.options.op));
+  doc["machine"] = {{"host", r.machine.host},
+                    {"cpu", r.machine.cpu},
+                    {"cores", r.machine.cores},
+                    {"memory_gib", r.machine.memory_gib}};
+  if (r.ceiling.memcpy_gbps > 0) {
+    doc["ceiling"] = {{"memcpy_gbps", r.ceiling.memcpy_gbps},
+                      {"allreduce_algbw_gbps", r.ceiling.algbw},
+                      {"allreduce_busbw_gbps", r.ceiling.busbw}};
+  }
+  json backends = json::array();
+  for (const BackendResult& b : r.results) {
+    json jb = {{"requested", b.requested}, {"spec", b.spec},        {"processes", b.processes},
+               {"replicas", b.replicas},   {"in_sync", b.in_sync()}, {"skipped", b.skipped},
+               {"avg_busbw_gbps", b.avg_busbw()}};
+    json rows = json::array();
+    for (const Row& row : b.rows) {
+      for (int k = 0; k < 2; ++k) {
+        rows.push_back({{"bytes", row.bytes},
+                        {"count", row.count},
+                        {"in_place", k == 1},
+                        {"iters", row.iters},
+                        {"time_us", row.time_us[k]},
+                        {"algbw_gbps", row.algbw[k]},
+                        {"busbw_gbps", row.busbw[k]},
+                        {"wrong", row.wrong[k]}});
+      }
+    }
+    jb["rows"] = std::move(rows);
+    backends.push_back(std::move(jb));
+  }
+  doc["backends"] = std::move(backends);
+  std::ofstream out(path);
+  if (!out) return unavailable("cannot write --json file '" + path + "'");
+  out << doc.dump(2) << "\n";
+  return out ? Status() : unavailable("writing '" + path + "' failed");
+}
+
+Status write_csv(const Report& r, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) return unavailable("cannot write --csv file '" + path + "'");
+  out << "backend,processes,replicas,dtype,op,bytes,count,in_place,iters,time_us,algbw_gbps,"
+         "busbw_gbps,wrong,version,host\n";
+  for (const BackendResult& b : r.results) {
+    for (const Row& row : b.rows) {
+      for (int k = 0; k < 2; ++k) {
+        out << '"' << b.spec << "\"," << b.processes << ',' << b.replicas << ','
+            << dtype_name(r.options.dtype) << ',' << reduce_op_name(r.options.op) << ','
+            << row.bytes << ',' << row.count << ',' << (k == 1 ? "true" : "false") << ','
+            << row.iters << ',' << row.time_us[k] << ',' << row.algbw[k] << ',' << row.busbw[k]
+            << ',' << row.wrong[k] << ',' << version() << ',' << r.machine.host << "\n";
+      }
+    }
+  }
+  return out ? Status() : unavailable("writing '" + path + "' failed");
+}
+
+Status write_plot(const Report& r, const std::string& path) {
+  std::string data_path = path + ".dat";
+  std::ofstream data(data_path);
+  if (!data) return unavailable("cannot write '" + data_path + "'");
+  std::vector<const BackendResult*> drawn;
+  for (const BackendResult& b : r.results) {
+    if (!b.skipped.empty() || b.rows.empty()) continue;
+    for (const Row& row : b.rows) data << row.bytes << ' ' << row.busbw[0] << ' ' << row.busbw[1] << "\n";
+    data << "\n\n";  // gnuplot data blocks, one per backend
+    drawn.push_back(&b);
+  }
+  data.close();
+  if (drawn.empty()) return failed_precondition("no backend produced figures to plot");
+  std::ostringstream g;
+  g << "set terminal pngcairo size 1100,650 font ',10'\n"
+    << "set output " << gp_quote(path) << "\n"
+    << "set title 'tributary-bench all_reduce " << dtype_name(r.options.dtype) << " "
+    << reduce_op_name(r.options.op) << ", " << r.options.np << " process(es) x "
+    << r.options.replicas << " replicas, " << r.machine.host << "' noenhanced\n"
+    << "set xlabel 'message size (bytes)'\nset ylabel 'bus bandwidth, out-of-place (GB/s)'\n"
+    << "set logscale x 2\nset format x '%.0b%B'\nset grid\nset key left top noenhanced\n"
+    << "set yrange [0:*]\n";
+  if (r.ceiling.memcpy_gbps > 0) {
+    g << "set arrow from graph 0, first " << r.ceiling.busbw << " to graph 1, first "
+      << r.ceiling.busbw << " nohead dashtype 2 lc rgb 'gray40'\n"
+      << "set label 'ceiling (memcpy bound) " << fmt_num("%.2f", r.ceiling.busbw)
+      << " GB/s' at graph 0.02, first " << r.ceiling.busbw << " offset 0,0.7 tc rgb 'gray40'\n";
+  }
+  g << "plot ";
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    const std::string& title = drawn[i]->spec;
+    g << (i ? ", " : "") << gp_quote(data_path) << " index " << i
+      << " using 1:2 with linespoints lw 2 title " << gp_quote(title);
+  }
+  g << "\n";
+  std::string script_path = path + ".gp";
+  {
+    std::ofstream script(script_path);
+    script << g.str();
+  }
+  std::string cmd = "gnuplot " + shell_quote(script_path) + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return unavailable("cannot run gnuplot");
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  int rc = pclose(p);
+  if (rc != 0) {
+    return unavailable("gnuplot failed (is it installed? Debian: gnuplot-nox): " + out);
+  }
+  std::remove(script_path.c_str());
+  std::remove(data_path.c_str());
+  return Status();
+}
+
+}  // namespace tributary::bench

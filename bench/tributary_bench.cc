@@ -1,0 +1,313 @@
+// tributary-bench: the all-reduce microbenchmark. See bench_options.cc for the flags and report.cc
+// for the output formats; the conventions (algbw, busbw, #wrong, in-place and out-of-place) are
+// nccl-tests'.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_options.h"
+#include "bench/report.h"
+#include "tributary/tributary.h"
+
+namespace tributary::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Small integers whose reduction is exact in every dtype and any order (nccl-tests does the same).
+double check_value(ReduceOp op, int replica, int64_t i) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean: return static_cast<double>((i + 2 * replica) % 3);
+    case ReduceOp::kMin:
+    case ReduceOp::kMax: return static_cast<double>((i * 3 + replica * 5) % 7);
+    case ReduceOp::kProd: return (i + replica) % 8 == 0 ? 2.0 : 1.0;
+  }
+  return 0;
+}
+
+double expected_value(ReduceOp op, DType dtype, int n, int64_t i) {
+  double acc = check_value(op, 0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = check_value(op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMean: acc += v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kProd: acc *= v; break;
+    }
+  }
+  if (op == ReduceOp::kMean) {
+    acc /= n;
+    if (!dtype_is_floating(dtype)) acc = std::trunc(acc);
+  }
+  return dtype_round(dtype, acc);
+}
+
+struct Replica {
+  Buffer in, out;
+};
+
+class Runner {
+ public:
+  Runner(const BenchOptions& o, std::vector<uint64_t> sizes) : o_(o), sizes_(std::move(sizes)) {}
+
+  Status setup(Report* report) {
+    ctx_.devices.clear();
+    for (int r = 0; r < o_.replicas; ++r) ctx_.devices.push_back(Device::cpu(r));
+    TRIBUTARY_ASSIGN_OR_RETURN(ctx_.config, Config::load());
+    BackendRegistry registry = builtin_backends();
+    std::vector<std::string> specs = o_.backends;
+    if (specs.empty()) {
+      for (const BackendInfo& b : registry.backends()) {
+        if (!b.capabilities.multi_process) specs.push_back(b.name);
+      }
+    }
+    int usable = 0;
+    std::string last_error;
+    for (const std::string& spec : specs) {
+      BackendResult result;
+      result.requested = spec;
+      result.spec = spec;
+      result.processes = o_.np;
+      result.replicas = o_.replicas;
+      auto made = registry.create(spec, ctx_);
+      if (!made.ok()) {
+        result.skipped = made.status().message();
+      } else {
+        result.spec = (*made)->spec();
+        const Capabilities& caps = (*made)->capabilities();
+        if (!caps.supports(Collective::kAllReduce) || !caps.supports(o_.dtype) ||
+            !caps.supports(o_.op)) {
+          result.skipped = "it cannot all_reduce " + std::string(dtype_name(o_.dtype)) + " " +
+                           std::string(reduce_op_name(o_.op)) + " (" + caps.to_string() + ")";
+        }
+      }
+      if (result.skipped.empty()) {
+        ++usable;
+        ops_.push_back(std::move(made).value());
+      } else {
+        last_error = result.spec + ": " + result.skipped;
+        ops_.push_back(nullptr);
+      }
+      report->results.push_back(std::move(result));
+    }
+    if (usable == 0) {
+      return specs.size() == 1 ? invalid_argument(last_error)
+                               : invalid_argument("no backend can run this benchmark; last: " +
+                                                  last_error);
+    }
+    const uint64_t max_bytes = sizes_.back();
+    const int64_t max_count = static_cast<int64_t>(max_bytes / dtype_size(o_.dtype));
+    for (int r = 0; r < o_.replicas; ++r) {
+      Replica rep;
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.in, Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.out, Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
+      std::memset(rep.in.data(), 0, rep.in.nbytes());  // touch every page before timing
+      std::memset(rep.out.data(), 0, rep.out.nbytes());
+      replicas_.push_back(std::move(rep));
+    }
+    return Status();
+  }
+
+  // Sizes outer, backends inner: drift on a noisy machine hits every backend alike.
+  Status run(Report* report) {
+    const bool progress = !o_.quiet && isatty(STDERR_FILENO);
+    for (size_t si = 0; si < sizes_.size(); ++si) {
+      for (size_t bi = 0; bi < ops_.size(); ++bi) {
+        if (!ops_[bi]) continue;
+        if (progress) {
+          std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s (%zu/%zu sizes)", bi + 1, ops_.size(),
+                       ops_[bi]->spec().c_str(), format_size(sizes_[si]).c_str(), si + 1,
+                       sizes_.size());
+        }
+        Row row;
+        TRIBUTARY_RETURN_IF_ERROR(measure(*ops_[bi], sizes_[si], &row));
+        report->results[bi].rows.push_back(row);
+      }
+    }
+    if (progress) std::fprintf(stderr, "\r\033[K");
+    return Status();
+  }
+
+ private:
+  PerReplica<Tensor> views(int64_t count, bool out) const {
+    PerReplica<Tensor> v;
+    for (const Replica& r : replicas_) v.values().push_back((out ? r.out : r.in).tensor().slice(0, count));
+    return v;
+  }
+
+  Status fill(int64_t count) {
+    for (int r = 0; r < o_.replicas; ++r) {
+      void* p = replicas_[static_cast<size_t>(r)].in.data();
+      for (int64_t i = 0; i < count; ++i) dtype_store(o_.dtype, p, i, check_value(o_.op, r, i));
+    }
+    return Status();
+  }
+
+  Status timed(CrossDeviceOps& ops, const PerReplica<Tensor>& in, const PerReplica<Tensor>& out,
+               int iters, double* seconds) {
+    const auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(ops.timeout());
+    auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      Status s = ops.all_reduce(o_.op, in, out).wait(wait_for);
+      if (!s.ok()) return s.with_context(ops.spec());
+    }
+    *seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return Status();
+  }
+
+  Status measure(CrossDeviceOps& ops, uint64_t bytes, Row* row) {
+    const int64_t count = static_cast<int64_t>(bytes / dtype_size(o_.dtype));
+    row->bytes = bytes;
+    row->count = count;
+    const int n = ops.num_replicas_in_sync();
+    for (int k = 0; k < 2; ++k) {
+      const bool in_place = k == 1;
+      PerReplica<Tensor> in = views(count, false);
+      PerReplica<Tensor> out = in_place ? in : views(count, true);
+      TRIBUTARY_RETURN_IF_ERROR(fill(count));
+      double seconds = 0;
+      TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, o_.warmup_iters, &seconds));
+      int iters = o_.iters;
+      if (o_.target_seconds > 0) {
+        // Size the count from a short probe so that each size takes about the target time.
+        TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, 3, &seconds));
+        iters = static_cast<int>(std::clamp(o_.target_seconds / std::max(seconds / 3, 1e-9), 5.0, 1e6));
+      }
+      TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, iters, &seconds));
+      row->iters = iters;
+      const double t = seconds / iters;
+      row->time_us[k] = t * 1e6;
+      row->algbw[k] = t > 0 ? static_cast<double>(bytes) / t / 1e9 : 0;
+      row->busbw[k] = row->algbw[k] * bus_factor(n);
+      if (o_.check) {
+        TRIBUTARY_RETURN_IF_ERROR(fill(count));
+        for (const Tensor& t2 : out.values()) {
+          if (!in_place) std::memset(t2.data(), 0x5a, t2.nbytes());
+        }
+        Status s = ops.all_reduce(o_.op, in, out).wait();
+        if (!s.ok()) return s.with_context(ops.spec());
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          const double want = expected_value(o_.op, o_.dtype, n, i);
+          for (const Tensor& t2 : out.values()) {
+            double got = dtype_load(o_.dtype, t2.data(), i);
+            wrong += got != want;
+          }
+        }
+        row->wrong[k] = wrong;
+      }
+    }
+    return Status();
+  }
+
+  const BenchOptions& o_;
+  std::vector<uint64_t> sizes_;
+  BackendContext ctx_;
+  std::vector<std::unique_ptr<CrossDeviceOps>> ops_;
+  std::vector<Replica> replicas_;
+};
+
+// memcpy bandwidth of this machine, counting bytes read and written, on buffers beyond the caches.
+double measure_memcpy_gbps() {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto start = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(Clock::now() - start).count();
+    best = std::max(best, 2.0 * static_cast<double>(bytes) / s / 1e9);
+    std::swap(a, b);
+  }
+  return best;
+}
+
+int fail(const std::string& message, int code) {
+  std::fprintf(stderr, "tributary-bench: %s\n", message.c_str());
+  return code;
+}
+
+}  // namespace
+}  // namespace tributary::bench
+
+int main(int argc, char** argv) {
+  using namespace tributary;
+  using namespace tributary::bench;
+  bool help = false;
+  auto parsed = parse_bench_options(argc, argv, &help);
+  if (!parsed.ok()) return fail(parsed.status().message(), 2);
+  if (help) {
+    std::fputs(bench_usage().c_str(), stdout);
+    return 0;
+  }
+  const BenchOptions& o = *parsed;
+  if (o.np > 1) {
+    return fail("--np " + std::to_string(o.np) +
+                    ": multi-process runs need a multi-process backend (ring, gloo) and the "
+                    "tributary-run launcher, which this build does not have yet",
+                2);
+  }
+  auto sizes = bench_sizes(o);
+  if (!sizes.ok()) return fail(sizes.status().message(), 2);
+
+  Report report;
+  report.options = o;
+  report.machine = Machine::probe();
+  Runner runner(o, *sizes);
+  if (Status s = runner.setup(&report); !s.ok()) return fail(s.message(), 2);
+  if (o.ceiling) {
+    const int n = o.np * o.replicas;
+    report.ceiling.memcpy_gbps = measure_memcpy_gbps();
+    // All-reduce of S bytes over n in-process replicas moves at least 2nS bytes (read every input,
+    // write every output): time >= 2nS / memcpy, so algbw = S / time <= memcpy / (2n).
+    report.ceiling.algbw = report.ceiling.memcpy_gbps / (2.0 * n);
+    report.ceiling.busbw = report.ceiling.algbw * bus_factor(n);
+  }
+  std::fputs(format_header(report).c_str(), stdout);
+  for (const BackendResult& b : report.results) {
+    if (!b.skipped.empty()) {
+      std::printf("# skipping %s: %s\n", b.spec.c_str(), b.skipped.c_str());
+    }
+  }
+  std::fflush(stdout);
+  if (Status s = runner.run(&report); !s.ok()) return fail(s.message(), 1);
+  for (const BackendResult& b : report.results) std::fputs(format_table(report, b).c_str(), stdout);
+  std::fputs(format_summary(report).c_str(), stdout);
+
+  int rc = 0;
+  if (!o.json_path.empty()) {
+    if (Status s = write_json(report, o.json_path); !s.ok()) rc = fail(s.message(), 1);
+  }
+  if (!o.csv_path.empty()) {
+    if (Status s = write_csv(report, o.csv_path); !s.ok()) rc = fail(s.message(), 1);
+  }
+  if (!o.plot_path.empty()) {
+    if (Status s = write_plot(report, o.plot_path); !s.ok()) {
+      rc = fail(s.message(), 1);
+    } else {
+      std::printf("# plot written to %s\n", o.plot_path.c_str());
+    }
+  }
+  int64_t wrong = 0;
+  for (const BackendResult& b : report.results) wrong += b.total_wrong();
+  if (wrong > 0) rc = fail(std::to_string(wrong) + " wrong element(s); see the #wrong columns", 1);
+  if (o.min_busbw > 0) {
+    for (const BackendResult& b : report.results) {
+      if (b.skipped.empty() && b.avg_busbw() < o.min_busbw) {
+        rc = fail(b.spec + ": average busbw " + std::to_string(b.avg_busbw()) +
+                      " GB/s is below --min-busbw " + std::to_string(o.min_busbw),
+                  1);
+      }
+    }
+  }
+  return rc;
+}

@@ -1,0 +1,564 @@
+// The front door of every backend: validation, sequence numbers, timing and logging.
+#include "tributary/cross_device_ops.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/logging.h"
+#include "core/strings.h"
+
+namespace tributary {
+namespace {
+
+constexpr std::array<Collective, 6> kAllCollectives = {
+    Collective::kReduce,    Collective::kBatchReduce, Collective::kAllReduce,
+    Collective::kBroadcast, Collective::kAllGather,   Collective::kReduceScatter};
+
+// Names an argument in messages ("inputs[2]", "pairs[1].destinations[0]"), formatted only when a
+// message is needed: validation runs on every call and must stay cheap.
+struct Label {
+  std::string_view name;
+  int index = -1;
+  int pair = -1;
+  std::string str() const {
+    std::string s = pair >= 0 ? "pairs[" + std::to_string(pair) + "]." : std::string();
+    s += name;
+    if (index >= 0) s += "[" + std::to_string(index) + "]";
+    return s;
+  }
+};
+
+Label at(std::string_view name, size_t index, int pair = -1) {
+  return Label{name, static_cast<int>(index), pair};
+}
+
+// A byte range [begin, end) of a buffer, with a label for messages.
+struct Range {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  Label label;
+  bool empty() const { return begin == end; }
+};
+
+Range range_of(const Tensor& t, Label label) {
+  uintptr_t b = reinterpret_cast<uintptr_t>(t.data());
+  return Range{b, b + t.nbytes(), label};
+}
+
+bool overlaps(const Range& a, const Range& b) {
+  return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end;
+}
+bool same(const Range& a, const Range& b) { return a.begin == b.begin && a.end == b.end; }
+
+std::string bytes_text(int64_t count, DType dtype) {
+  return format_size(static_cast<uint64_t>(count) * dtype_size(dtype));
+}
+
+// Validation of one group of tensors that must agree in dtype and element count.
+class Validator {
+ public:
+  Validator(std::string_view call) : call_(call) {}
+
+  Status error(const std::string& what) const {
+    return invalid_argument(std::string(call_) + ": " + what);
+  }
+
+  // Every tensor: non-negative count, data unless empty.
+  Status check_tensor(const Tensor& t, Label label) const {
+    if (t.num_elements() < 0) [[unlikely]] {
+      return error(label.str() + " has shape " + shape_to_string(t.shape()) +
+                   " with a negative dimension");
+    }
+    if (t.data() == nullptr && t.num_elements() > 0) [[unlikely]] {
+      return error(label.str() + " has null data but " + std::to_string(t.num_elements()) +
+                   " elements; pass a buffer, or a zero-element tensor");
+    }
+    return Status();
+  }
+
+  // All tensors in `ts` share dtype and count with ts[0].
+  Status check_uniform(const std::vector<Tensor>& ts, Label name) const {
+    for (size_t i = 0; i < ts.size(); ++i) {
+      Label li{name.name, static_cast<int>(i), name.pair};
+      Label l0{name.name, 0, name.pair};
+      TRIBUTARY_RETURN_IF_ERROR(check_tensor(ts[i], li));
+      if (ts[i].dtype() != ts[0].dtype()) [[unlikely]] {
+        return error(li.str() + " has dtype " +
+                     std::string(dtype_name(ts[i].dtype())) + " but " + l0.str() + " has " +
+                     std::string(dtype_name(ts[0].dtype())) +
+                     "; every replica must pass the same dtype");
+      }
+      if (ts[i].num_elements() != ts[0].num_elements()) [[unlikely]] {
+        return error(li.str() + " has " +
+                     std::to_string(ts[i].num_elements()) + " elements " +
+                     shape_to_string(ts[i].shape()) + " but " + l0.str() + " has " +
+                     std::to_string(ts[0].num_elements()) + " " + shape_to_string(ts[0].shape()) +
+                     "; every replica must pass the same number of elements");
+      }
+    }
+    return Status();
+  }
+
+  // `rule()` explains the expected count; it is only called to write a message.
+  template <typename Rule>
+  Status check_dtype_count(const Tensor& t, Label label, DType dtype, int64_t count,
+                           Rule rule) const {
+    TRIBUTARY_RETURN_IF_ERROR(check_tensor(t, label));
+    if (t.dtype() != dtype) [[unlikely]] {
+      return error(label.str() + " has dtype " + std::string(dtype_name(t.dtype())) + " but the input is " +
+                   std::string(dtype_name(dtype)) + "; outputs must have the input's dtype");
+    }
+    if (t.num_elements() != count) [[unlikely]] {
+      return error(label.str() + " has " + std::to_string(t.num_elements()) +
+                   " elements but must have " + std::to_string(count) + " (" +
+                   std::string(rule()) + ")");
+    }
+    return Status();
+  }
+
+  // Outputs never overlap each other; an output may alias an input only where `alias_ok` says so
+  // (exactly the same range), never partially.
+  Status check_overlap(const std::vector<Range>& outputs, const std::vector<Range>& inputs,
+                       const std::vector<std::vector<size_t>>& allowed_alias) const {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      for (size_t j = i + 1; j < outputs.size(); ++j) {
+        if (overlaps(outputs[i], outputs[j])) {
+          return error(outputs[i].label.str() + " and " + outputs[j].label.str() +
+                       " overlap; every output needs its own memory");
+        }
+      }
+      for (size_t j = 0; j < inputs.size(); ++j) {
+        if (!overlaps(outputs[i], inputs[j])) continue;
+        bool ok = same(outputs[i], inputs[j]) &&
+                  std::find(allowed_alias[i].begin(), allowed_alias[i].end(), j) !=
+                      allowed_alias[i].end();
+        if (!ok) {
+          return error(outputs[i].label.str() + " overlaps " + inputs[j].label.str() +
+                       "; an output may only be exactly its own replica's input (in place)");
+        }
+      }
+    }
+    return Status();
+  }
+
+ private:
+  std::string_view call_;
+};
+
+std::vector<Range> ranges(const std::vector<Tensor>& ts, std::string_view name) {
+  std::vector<Range> out;
+  out.reserve(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) out.push_back(range_of(ts[i], at(name, i)));
+  return out;
+}
+
+// Rules quoted in count errors.
+constexpr auto kSameAsInput = [] { return "same as each input"; };
+constexpr auto kSameAsValue = [] { return "same as each value"; };
+constexpr auto kSameAsSource = [] { return "same as the source"; };
+
+}  // namespace
+
+std::string_view collective_name(Collective c) {
+  switch (c) {
+    case Collective::kReduce: return "reduce";
+    case Collective::kBatchReduce: return "batch_reduce";
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+std::span<const Collective> all_collectives() { return kAllCollectives; }
+
+bool Capabilities::supports(DeviceType t) const {
+  return std::find(device_types.begin(), device_types.end(), t) != device_types.end();
+}
+bool Capabilities::supports(DType t) const {
+  return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
+}
+bool Capabilities::supports(ReduceOp op) const {
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+bool Capabilities::supports(Collective c) const {
+  return std::find(collectives.begin(), collectives.end(), c) != collectives.end();
+}
+
+std::string Capabilities::to_string() const {
+  std::vector<std::string> d, t, o, c;
+  for (auto x : device_types) d.emplace_back(device_type_name(x));
+  for (auto x : dtypes) t.emplace_back(dtype_name(x));
+  for (auto x : ops) o.emplace_back(reduce_op_name(x));
+  for (auto x : collectives) c.emplace_back(collective_name(x));
+  return "devices: " + internal::join(d, ",") + "; dtypes: " + internal::join(t, ",") +
+         "; ops: " + internal::join(o, ",") + "; collectives: " + internal::join(c, ",") +
+         "; multi-process: " + (multi_process ? "yes" : "no");
+}
+
+std::string CallInfo::describe() const {
+  std::string s = std::string(collective_name(collective)) + " #" + std::to_string(sequence) +
+                  " (" + bytes_text(count, dtype) + " " + std::string(dtype_name(dtype));
+  if (collective != Collective::kBroadcast && collective != Collective::kAllGather) {
+    s += ", " + std::string(reduce_op_name(op));
+  }
+  return s + ")";
+}
+
+CrossDeviceOps::CrossDeviceOps(std::string name, BackendContext context, Options options,
+                               Capabilities capabilities)
+    : name_(std::move(name)),
+      context_(std::move(context)),
+      options_(std::move(options)),
+      capabilities_(std::move(capabilities)) {
+  if (const Options::Value* t = options_.find("timeout")) timeout_ = std::chrono::nanoseconds(t->i);
+  log_level_ = static_cast<int>(internal::log_level_from(context_.config));
+  log_prefix_ = "rank " + std::to_string(context_.rank) + "/" + name_;
+}
+
+CrossDeviceOps::~CrossDeviceOps() = default;
+
+std::string CrossDeviceOps::spec() const {
+  std::string opts = options_.to_string();
+  return opts.empty() ? name_ : name_ + ":" + opts;
+}
+
+void CrossDeviceOps::log_debug(const std::string& m) const {
+  if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {
+    internal::write_log_line(internal::LogLevel::kDebug, log_prefix_, m);
+  }
+}
+void CrossDeviceOps::log_info(const std::string& m) const {
+  if (log_level_ <= static_cast<int>(internal::LogLevel::kInfo)) {
+    internal::write_log_line(internal::LogLevel::kInfo, log_prefix_, m);
+  }
+}
+void CrossDeviceOps::log_warning(const std::string& m) const {
+  if (log_level_ <= static_cast<int>(internal::LogLevel::kWarning)) {
+    internal::write_log_line(internal::LogLevel::kWarning, log_prefix_, m);
+  }
+}
+
+Status CrossDeviceOps::check_supported(Collective c, ReduceOp op, DType dtype) const {
+  std::string call(collective_name(c));
+  if (!capabilities_.supports(c)) {
+    return unimplemented(call + " is not supported by backend '" + name_ + "' (" +
+                         capabilities_.to_string() + ")");
+  }
+  if (!capabilities_.supports(dtype)) {
+    return unimplemented(call + ": backend '" + name_ + "' does not support dtype " +
+                         std::string(dtype_name(dtype)) + " (" + capabilities_.to_string() + ")");
+  }
+  bool has_op = c != Collective::kBroadcast && c != Collective::kAllGather;
+  if (has_op && !capabilities_.supports(op)) {
+    return unimplemented(call + ": backend '" + name_ + "' does not support reduce op " +
+                         std::string(reduce_op_name(op)) + " (" + capabilities_.to_string() + ")");
+  }
+  return Status();
+}
+
+Status CrossDeviceOps::check_device(const Tensor& t, std::string_view name, int index,
+                                    int pair) const {
+  if (!capabilities_.supports(t.device().type())) [[unlikely]] {
+    return unimplemented(Label{name, index, pair}.str() + " is on " + t.device().to_string() + " but backend '" +
+                         name_ + "' does not support " +
+                         std::string(device_type_name(t.device().type())) + " devices");
+  }
+  return Status();
+}
+
+CallInfo CrossDeviceOps::begin(Collective c, ReduceOp op, DType dtype, int64_t count) {
+  CallInfo call;
+  call.sequence = ++sequence_;
+  call.collective = c;
+  call.op = op;
+  call.dtype = dtype;
+  call.count = count;
+  call.timeout = timeout_;
+  return call;
+}
+
+Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
+  if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {
+    std::string what = call.describe();
+    std::string prefix = log_prefix_;
+    work.on_complete([what, prefix, work](const Status& s) {
+      auto us = std::chrono::duration_cast<std::chrono::microseconds>(work.elapsed()).count();
+      internal::write_log_line(internal::LogLevel::kDebug, prefix,
+                               what + (s.ok() ? " done" : " failed: " + s.message()) + " in " +
+                                   std::to_string(us) + " us");
+    });
+  }
+  return work;
+}
+
+// Checks a PerReplica group: one tensor per local replica, on that replica's device.
+#define TRIBUTARY_CHECK_REPLICAS(v, call, name)                                                  \
+  do {                                                                                           \
+    if ((v).empty()) {                                                                           \
+      return Work::completed(invalid_argument(std::string(call) + ": " + name +                  \
+                                              " is an empty replica list; pass one tensor per "  \
+                                              "local replica"));                                 \
+    }                                                                                            \
+    if ((v).size() != devices().size()) {                                                        \
+      return Work::completed(invalid_argument(                                                   \
+          std::string(call) + ": " + name + " has " + std::to_string((v).size()) +               \
+          " values but this backend serves " + std::to_string(devices().size()) +                \
+          " local replicas; pass one tensor per replica"));                                      \
+    }                                                                                            \
+    for (size_t i_ = 0; i_ < (v).size(); ++i_) {                                                 \
+      if ((v)[i_].device() != devices()[i_]) {                                                   \
+        return Work::completed(invalid_argument(                                                 \
+            std::string(call) + ": " + name + "[" + std::to_string(i_) + "] is on " +            \
+            (v)[i_].device().to_string() + " but local replica " + std::to_string(i_) +         \
+            " is " + devices()[i_].to_string()));                                                \
+      }                                                                                          \
+    }                                                                                            \
+  } while (0)
+
+#define TRIBUTARY_RETURN_WORK_IF_ERROR(expr)                          \
+  do {                                                                \
+    ::tributary::Status _trib_s = (expr);                             \
+    if (!_trib_s.ok()) return ::tributary::Work::completed(_trib_s);  \
+  } while (0)
+
+Work CrossDeviceOps::all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
+                                const PerReplica<Tensor>& outputs) {
+  constexpr std::string_view kCall = "all_reduce";
+  Validator v(kCall);
+  TRIBUTARY_CHECK_REPLICAS(inputs, kCall, "inputs");
+  TRIBUTARY_CHECK_REPLICAS(outputs, kCall, "outputs");
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(inputs.values(), Label{"inputs"}));
+  const DType dtype = inputs[0].dtype();
+  const int64_t count = inputs[0].num_elements();
+  TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kAllReduce, op, dtype));
+  std::vector<std::vector<size_t>> alias(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(inputs[i], "inputs", static_cast<int>(i)));
+    TRIBUTARY_RETURN_WORK_IF_ERROR(
+        v.check_dtype_count(outputs[i], at("outputs", i), dtype, count, kSameAsInput));
+    alias[i] = {i};
+  }
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(ranges(outputs.values(), "outputs"),
+                                                 ranges(inputs.values(), "inputs"), alias));
+  CallInfo call = begin(Collective::kAllReduce, op, dtype, count);
+  return finish(call, all_reduce_impl(call, op, inputs, outputs));
+}
+
+Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,
+                            const Mirrored<Tensor>& destinations) {
+  ReducePair pair{value, destinations};
+  constexpr std::string_view kCall = "reduce";
+  Validator v(kCall);
+  TRIBUTARY_CHECK_REPLICAS(value, kCall, "value");
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(value.values(), Label{"value"}));
+  if (destinations.empty()) {
+    return Work::completed(v.error("destinations can not be empty; pass at least one tensor"));
+  }
+  const DType dtype = value[0].dtype();
+  const int64_t count = value[0].num_elements();
+  TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kReduce, op, dtype));
+  std::vector<std::vector<size_t>> alias(destinations.size());
+  for (size_t i = 0; i < destinations.size(); ++i) {
+    TRIBUTARY_RETURN_WORK_IF_ERROR(
+        check_device(destinations[i], "destinations", static_cast<int>(i)));
+    TRIBUTARY_RETURN_WORK_IF_ERROR(
+        v.check_dtype_count(destinations[i], at("destinations", i), dtype, count, kSameAsValue));
+    // A destination may be a value's own buffer when it is on that value's device.
+    for (size_t j = 0; j < value.size(); ++j) {
+      if (value[j].device() == destinations[i].device()) alias[i].push_back(j);
+    }
+  }
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(ranges(destinations.values(), "destinations"),
+                                                 ranges(value.values(), "value"), alias));
+  CallInfo call = begin(Collective::kReduce, op, dtype, count);
+  return finish(call, reduce_impl(call, op, value, destinations));
+}
+
+Work CrossDeviceOps::batch_reduce(ReduceOp op, std::span<const ReducePair> pairs) {
+  constexpr std::string_view kCall = "batch_reduce";
+  Validator v(kCall);
+  if (pairs.empty()) {
+    return Work::completed(v.error("value_destination_pairs is empty; pass at least one pair"));
+  }
+  std::vector<Range> outs, ins;
+  std::vector<std::vector<size_t>> alias;
+  int64_t total = 0;
+  for (size_t p = 0; p < pairs.size(); ++p) {
+    const int pi = static_cast<int>(p);
+    const ReducePair& pair = pairs[p];
+    TRIBUTARY_CHECK_REPLICAS(pair.value, kCall, Label("value", -1, pi).str());
+    TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(pair.value.values(), Label{"value", -1, pi}));
+    if (pair.destinations.empty()) {
+      return Work::completed(v.error(Label("destinations", -1, pi).str() + " can not be empty"));
+    }
+    const DType dtype = pair.value[0].dtype();
+    const int64_t count = pair.value[0].num_elements();
+    TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kBatchReduce, op, dtype));
+    const size_t in_base = ins.size();
+    for (size_t j = 0; j < pair.value.size(); ++j) {
+      ins.push_back(range_of(pair.value[j], at("value", j, pi)));
+    }
+    for (size_t i = 0; i < pair.destinations.size(); ++i) {
+      const Label label = at("destinations", i, pi);
+      TRIBUTARY_RETURN_WORK_IF_ERROR(
+          check_device(pair.destinations[i], "destinations", static_cast<int>(i), pi));
+      TRIBUTARY_RETURN_WORK_IF_ERROR(
+          v.check_dtype_count(pair.destinations[i], label, dtype, count, kSameAsValue));
+      outs.push_back(range_of(pair.destinations[i], label));
+      std::vector<size_t> a;
+      for (size_t j = 0; j < pair.value.size(); ++j) {
+        if (pair.value[j].device() == pair.destinations[i].device()) a.push_back(in_base + j);
+      }
+      alias.push_back(std::move(a));
+    }
+    total += count;
+  }
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, alias));
+  CallInfo call = begin(Collective::kBatchReduce, op, pairs[0].value[0].dtype(), total);
+  return finish(call, batch_reduce_impl(call, op, pairs));
+}
+
+Work CrossDeviceOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
+                                       std::span<const ReducePair> pairs) {
+  for (const ReducePair& pair : pairs) {
+    CallInfo one = call;
+    one.collective = Collective::kReduce;
+    one.dtype = pair.value[0].dtype();
+    one.count = pair.value[0].num_elements();
+    Status s = reduce_impl(one, op, pair.value, pair.destinations).wait();
+    if (!s.ok()) return Work::completed(s);
+  }
+  return Work::completed();
+}
+
+Work CrossDeviceOps::broadcast(const Tensor& source, const Mirrored<Tensor>& destinations,
+                               int root) {
+  constexpr std::string_view kCall = "broadcast";
+  Validator v(kCall);
+  if (root < 0 || root >= world_size()) {
+    return Work::completed(v.error("root " + std::to_string(root) + " is not a process rank in [0, " +
+                                   std::to_string(world_size()) + ")"));
+  }
+  if (destinations.empty()) {
+    return Work::completed(v.error("destinations can not be empty; pass at least one tensor"));
+  }
+  // Off the root process the source is ignored; the destinations define dtype and count.
+  const bool is_root = root == rank();
+  const Tensor& shape_of = is_root ? source : destinations[0];
+  if (is_root) {
+    TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_tensor(source, Label{"source"}));
+    TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(source, "source"));
+  }
+  const DType dtype = shape_of.dtype();
+  const int64_t count = shape_of.num_elements();
+  TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kBroadcast, ReduceOp::kSum, dtype));
+  std::vector<std::vector<size_t>> alias(destinations.size());
+  for (size_t i = 0; i < destinations.size(); ++i) {
+    TRIBUTARY_RETURN_WORK_IF_ERROR(
+        check_device(destinations[i], "destinations", static_cast<int>(i)));
+    TRIBUTARY_RETURN_WORK_IF_ERROR(
+        v.check_dtype_count(destinations[i], at("destinations", i), dtype, count, kSameAsSource));
+    if (is_root && destinations[i].device() == source.device()) alias[i] = {0};
+  }
+  std::vector<Range> src;
+  if (is_root) src.push_back(range_of(source, Label{"source"}));
+  TRIBUTARY_RETURN_WORK_IF_ERROR(
+      v.check_overlap(ranges(destinations.values(), "destinations"), src, alias));
+  CallInfo call = begin(Collective::kBroadcast, ReduceOp::kSum, dtype, count);
+  return finish(call, broadcast_impl(call, source, destinations, root));
+}
+
+Work CrossDeviceOps::all_gather(const PerReplica<Tensor>& inputs,
+                                const PerReplica<Tensor>& outputs) {
+  constexpr std::string_view kCall = "all_gather";
+  Validator v(kCall);
+  TRIBUTARY_CHECK_REPLICAS(inputs, kCall, "inputs");
+  TRIBUTARY_CHECK_REPLICAS(outputs, kCall, "outputs");
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(inputs.values(), Label{"inputs"}));
+  const DType dtype = inputs[0].dtype();
+  const int64_t count = inputs[0].num_elements();
+  const int64_t n = num_replicas_in_sync();
+  TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kAllGather, ReduceOp::kSum, dtype));
+  std::vector<Range> outs = ranges(outputs.values(), "outputs");
+  std::vector<Range> ins = ranges(inputs.values(), "inputs");
+  std::vector<std::vector<size_t>> alias(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Label label = at("outputs", i);
+    TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(inputs[i], "inputs", static_cast<int>(i)));
+    TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_dtype_count(outputs[i], label, dtype, count * n, [n] {
+      return "num_replicas_in_sync (" + std::to_string(n) + ") x the input's count";
+    }));
+    // In place: the input is the output's slice at this replica's global position.
+    const int64_t pos = static_cast<int64_t>(rank()) * num_local_replicas() + static_cast<int64_t>(i);
+    Range own = range_of(outputs[i].slice(pos * count, count), label);
+    if (!ins[i].empty() && same(own, ins[i])) {
+      outs[i] = own;  // the rest of outputs[i] must still not touch other buffers
+      Range before{range_of(outputs[i], label).begin, own.begin, label};
+      Range after{own.end, range_of(outputs[i], label).end, label};
+      for (size_t j = 0; j < ins.size(); ++j) {
+        if (j != i && (overlaps(before, ins[j]) || overlaps(after, ins[j]))) {
+          return Work::completed(v.error(label.str() + " overlaps " + ins[j].label.str()));
+        }
+      }
+      for (size_t j = 0; j < outs.size(); ++j) {
+        if (j != i && (overlaps(before, outs[j]) || overlaps(after, outs[j]))) {
+          return Work::completed(v.error(label.str() + " overlaps " + outs[j].label.str()));
+        }
+      }
+      alias[i] = {i};
+    }
+  }
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, alias));
+  CallInfo call = begin(Collective::kAllGather, ReduceOp::kSum, dtype, count);
+  return finish(call, all_gather_impl(call, inputs, outputs));
+}
+
+Work CrossDeviceOps::reduce_scatter(ReduceOp op, const PerReplica<Tensor>& inputs,
+                                    const PerReplica<Tensor>& outputs) {
+  constexpr std::string_view kCall = "reduce_scatter";
+  Validator v(kCall);
+  TRIBUTARY_CHECK_REPLICAS(inputs, kCall, "inputs");
+  TRIBUTARY_CHECK_REPLICAS(outputs, kCall, "outputs");
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(inputs.values(), Label{"inputs"}));
+  const DType dtype = inputs[0].dtype();
+  const int64_t total = inputs[0].num_elements();
+  const int64_t n = num_replicas_in_sync();
+  if (total % n != 0) {
+    return Work::completed(v.error("inputs have " + std::to_string(total) +
+                                   " elements, not a multiple of num_replicas_in_sync (" +
+                                   std::to_string(n) + "); each replica receives an equal slice"));
+  }
+  const int64_t count = total / n;
+  TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kReduceScatter, op, dtype));
+  std::vector<Range> ins = ranges(inputs.values(), "inputs");
+  std::vector<Range> outs = ranges(outputs.values(), "outputs");
+  std::vector<std::vector<size_t>> alias(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(inputs[i], "inputs", static_cast<int>(i)));
+    TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_dtype_count(outputs[i], at("outputs", i), dtype, count, [n] {
+      return "the input's count / num_replicas_in_sync (" + std::to_string(n) + ")";
+    }));
+    const int64_t pos = static_cast<int64_t>(rank()) * num_local_replicas() + static_cast<int64_t>(i);
+    Range own = range_of(inputs[i].slice(pos * count, count), at("inputs", i));
+    if (!outs[i].empty() && same(own, outs[i])) {
+      // In place: the output is the input's slice at this replica's position. Other replicas'
+      // outputs must still stay clear of the whole input.
+      for (size_t j = 0; j < outs.size(); ++j) {
+        if (j != i && overlaps(outs[j], ins[i])) {
+          return Work::completed(v.error(outs[j].label.str() + " overlaps " + ins[i].label.str()));
+        }
+      }
+      ins[i] = Range{};  // checked above
+    }
+  }
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, alias));
+  CallInfo call = begin(Collective::kReduceScatter, op, dtype, count);
+  return finish(call, reduce_scatter_impl(call, op, inputs, outputs));
+}
+
+}  // namespace tributary

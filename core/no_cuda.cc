@@ -1,0 +1,7 @@
+// Built when tributary has no CUDA: there is no CUDA allocator.
+#include "tributary/tensor.h"
+
+namespace tributary {
+Allocator* cuda_allocator() { return nullptr; }
+bool cuda_available() { return false; }
+}  // namespace tributary

@@ -1,0 +1,142 @@
+#include "tributary/registry.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/strings.h"
+
+namespace tributary {
+
+const std::vector<OptionDef>& common_options() {
+  static const std::vector<OptionDef> kCommon = {
+      {.name = "timeout",
+       .type = OptionType::kDuration,
+       .default_value = "5m",
+       .help = "how long any blocking step of a collective may wait before it fails with an error "
+               "naming the collective (and the peer, for multi-process backends)",
+       .shared = true},
+  };
+  return kCommon;
+}
+
+Status BackendRegistry::add(BackendInfo info) {
+  if (info.name.empty() || info.name == "auto") {
+    return invalid_argument("a backend needs a name other than '' and 'auto'");
+  }
+  if (find(info.name) != nullptr) {
+    return invalid_argument("backend '" + info.name + "' is already registered");
+  }
+  if (!info.create) return invalid_argument("backend '" + info.name + "' has no create function");
+  backends_.push_back(std::move(info));
+  return Status();
+}
+
+const BackendInfo* BackendRegistry::find(std::string_view name) const {
+  for (const BackendInfo& b : backends_) {
+    if (b.name == name) return &b;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> BackendRegistry::names() const {
+  std::vector<std::string> out;
+  for (const BackendInfo& b : backends_) out.push_back(b.name);
+  return out;
+}
+
+std::vector<OptionDef> BackendRegistry::options_of(const BackendInfo& info) const {
+  std::vector<OptionDef> all = info.options;
+  for (const OptionDef& d : common_options()) all.push_back(d);
+  return all;
+}
+
+namespace {
+
+// Why `info` cannot serve `context`, or OK.
+Status can_serve(const BackendInfo& info, const BackendContext& context) {
+  if (context.devices.empty()) return invalid_argument("the context has no devices");
+  for (const Device& d : context.devices) {
+    if (!info.capabilities.supports(d.type())) {
+      return unimplemented("it does not support " + std::string(device_type_name(d.type())) +
+                           " devices (" + d.to_string() + ")");
+    }
+  }
+  if (context.world_size > 1 && !info.capabilities.multi_process) {
+    return unimplemented("it works within one process only, and the world size is " +
+                         std::to_string(context.world_size));
+  }
+  if (info.check_available) return info.check_available(context);
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<std::string> BackendRegistry::choose_auto(const BackendContext& context) const {
+  const BackendInfo* best = nullptr;
+  std::string why;
+  for (const BackendInfo& b : backends_) {
+    Status s = can_serve(b, context);
+    if (!s.ok()) {
+      why += "\n  " + b.name + ": " + s.message();
+      continue;
+    }
+    if (best == nullptr || b.auto_priority > best->auto_priority) best = &b;
+  }
+  if (best == nullptr) {
+    return not_found("'auto' found no backend that can serve " +
+                     std::to_string(context.devices.size()) + " local replica(s) x " +
+                     std::to_string(context.world_size) + " process(es):" + why);
+  }
+  return best->name;
+}
+
+StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
+    const BackendSpec& spec, const BackendContext& context) const {
+  BackendSpec resolved = spec;
+  if (spec.name == "auto") {
+    // "auto" takes the options every backend shares.
+    for (const auto& [key, value] : spec.options) {
+      bool common = std::any_of(common_options().begin(), common_options().end(),
+                                [&](const OptionDef& d) { return d.name == key; });
+      if (!common) {
+        return invalid_argument("'auto' accepts only the options every backend has; '" + key +
+                                "' is not one of them:\n" + describe_options(common_options()));
+      }
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(resolved.name, choose_auto(context));
+  }
+  const BackendInfo* info = find(resolved.name);
+  if (info == nullptr) {
+    return not_found("unknown backend '" + resolved.name + "'; available backends: auto, " +
+                     internal::join(names(), ", "));
+  }
+  Status usable = can_serve(*info, context);
+  if (!usable.ok()) {
+    return Status(usable.code(), "backend '" + info->name + "' cannot be used here: " +
+                                     usable.message());
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      Options options, Options::resolve(info->name, options_of(*info), resolved.options,
+                                        context.config));
+  return info->create(context, std::move(options));
+}
+
+StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
+    std::string_view spec, const BackendContext& context) const {
+  TRIBUTARY_ASSIGN_OR_RETURN(BackendSpec parsed, BackendSpec::parse(spec));
+  return create(parsed, context);
+}
+
+StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create_from_config(
+    const BackendContext& context) const {
+  const Config::Entry* e = context.config.find("TRIBUTARY_CROSS_DEVICE_OPS");
+  if (e == nullptr) return create(std::string_view("auto"), context);
+  auto made = create(std::string_view(e->value), context);
+  if (!made.ok()) {
+    return made.status().with_context("TRIBUTARY_CROSS_DEVICE_OPS='" + e->value + "' (" +
+                                      e->source + ")");
+  }
+  return made;
+}
+
+}  // namespace tributary

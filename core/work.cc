@@ -1,0 +1,78 @@
+#include "tributary/work.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+namespace tributary {
+
+struct Work::State {
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  Clock::time_point start = Clock::now();
+  Clock::time_point end{};
+  std::vector<std::function<void(const Status&)>> callbacks;
+};
+
+Work::Work() : state_(std::make_shared<State>()) {}
+
+Work Work::completed(Status status) {
+  Work w;
+  w.complete(std::move(status));
+  return w;
+}
+
+Status Work::wait(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(state_->mu);
+  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+    return deadline_exceeded("the collective did not complete within the " +
+                             std::to_string(timeout.count()) +
+                             " ms this wait allowed; it is still pending (its own timeout is the "
+                             "backend's timeout= option)");
+  }
+  return state_->status;
+}
+
+bool Work::test() const {
+  std::lock_guard lock(state_->mu);
+  return state_->done;
+}
+
+Status Work::error() const {
+  std::lock_guard lock(state_->mu);
+  return state_->done ? state_->status : Status();
+}
+
+std::chrono::nanoseconds Work::elapsed() const {
+  std::lock_guard lock(state_->mu);
+  return state_->done ? state_->end - state_->start : std::chrono::nanoseconds(0);
+}
+
+void Work::complete(Status status) const {
+  std::vector<std::function<void(const Status&)>> callbacks;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->done) return;
+    state_->done = true;
+    state_->status = std::move(status);
+    state_->end = Clock::now();
+    callbacks.swap(state_->callbacks);
+  }
+  state_->cv.notify_all();
+  for (auto& fn : callbacks) fn(state_->status);
+}
+
+void Work::on_complete(std::function<void(const Status&)> fn) const {
+  {
+    std::lock_guard lock(state_->mu);
+    if (!state_->done) {
+      state_->callbacks.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn(state_->status);
+}
+
+}  // namespace tributary

@@ -1,0 +1,169 @@
+// CrossDeviceOps: the interface every collective backend implements, shaped after
+// tf.distribute.CrossDeviceOps and torch.distributed's ProcessGroup.
+//
+// One instance serves a fixed group: the local replicas of this process (one device each, in
+// replica order) times the processes of the cluster (rank / world size). `num_replicas_in_sync()` is
+// the product. Every call takes one tensor per *local* replica.
+//
+// Front door: the public methods are non-virtual. They validate the arguments (replica count,
+// dtypes, element counts, devices, null data, overlapping buffers, capabilities), assign a sequence
+// number, time and log the call, and only then call the backend's *_impl. A call that fails
+// validation returns a completed Work carrying an InvalidArgument/Unimplemented Status and touches
+// no buffer. All processes must issue collectives in the same order.
+//
+// Semantics (differences from TF are noted):
+//  - reduce: reduce the per-replica values and write the result to every destination tensor
+//    (TF's destinations are devices; in C++ the caller passes the output buffers, one per device).
+//  - batch_reduce: several reduce's at once; backends may fuse them (packing).
+//  - all_reduce: reduce and write replica i's result into outputs[i]; outputs[i] may be inputs[i]
+//    (in place) but must not overlap any other buffer.
+//  - broadcast: copy `source` (on process `root`) to every destination tensor on every process.
+//  - all_gather: outputs[i] = concatenation of every replica's input along axis 0, in global replica
+//    order (process-major). In place when inputs[i] is the slice of outputs[i] at its own position.
+//  - reduce_scatter: outputs[i] = reduction of the inputs' slice at position i (global replica id);
+//    inputs hold num_replicas_in_sync * outputs-count elements.
+//  - MEAN divides once, after the sum, by num_replicas_in_sync (for reduce/batch_reduce, by the number
+//    of values reduced across all processes, as TF does).
+// Threading: calls on one instance must be made from one thread at a time (issue order is the
+// collective order). Work handles may be waited on from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tributary/config.h"
+#include "tributary/device.h"
+#include "tributary/dtype.h"
+#include "tributary/options.h"
+#include "tributary/status.h"
+#include "tributary/tensor.h"
+#include "tributary/values.h"
+#include "tributary/work.h"
+
+namespace tributary {
+
+enum class Collective : uint8_t {
+  kReduce,
+  kBatchReduce,
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter
+};
+std::string_view collective_name(Collective c);
+std::span<const Collective> all_collectives();
+
+// What a backend can do. An unsupported call is an Unimplemented error naming the backend.
+struct Capabilities {
+  std::vector<DeviceType> device_types;
+  std::vector<DType> dtypes;
+  std::vector<ReduceOp> ops;
+  std::vector<Collective> collectives;
+  bool multi_process = false;  // spans processes (world size > 1)
+
+  bool supports(DeviceType t) const;
+  bool supports(DType t) const;
+  bool supports(ReduceOp op) const;
+  bool supports(Collective c) const;
+  std::string to_string() const;  // one line
+};
+
+// Where an instance runs and with whom.
+struct BackendContext {
+  std::vector<Device> devices = {Device::cpu(0)};  // local replicas, in order
+  int rank = 0;        // this process
+  int world_size = 1;  // processes
+  Config config;       // environment/config snapshot (options, log level)
+};
+
+// One value and where its reduction goes, for reduce/batch_reduce.
+struct ReducePair {
+  PerReplica<Tensor> value;
+  Mirrored<Tensor> destinations;
+};
+
+// Passed to every *_impl: what the front door established about the call.
+struct CallInfo {
+  uint64_t sequence = 0;  // 1, 2, ... per instance, in issue order
+  Collective collective = Collective::kAllReduce;
+  ReduceOp op = ReduceOp::kSum;
+  DType dtype = DType::kFloat32;
+  int64_t count = 0;  // elements per local input
+  std::chrono::nanoseconds timeout{0};
+  std::string describe() const;  // "all_reduce #17 (4 MiB float32, sum)"
+};
+
+class CrossDeviceOps {
+ public:
+  virtual ~CrossDeviceOps();
+  CrossDeviceOps(const CrossDeviceOps&) = delete;
+  CrossDeviceOps& operator=(const CrossDeviceOps&) = delete;
+
+  Work reduce(ReduceOp op, const PerReplica<Tensor>& value, const Mirrored<Tensor>& destinations);
+  Work batch_reduce(ReduceOp op, std::span<const ReducePair> pairs);
+  Work all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs);
+  Work broadcast(const Tensor& source, const Mirrored<Tensor>& destinations, int root = 0);
+  Work all_gather(const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs);
+  Work reduce_scatter(ReduceOp op, const PerReplica<Tensor>& inputs,
+                      const PerReplica<Tensor>& outputs);
+
+  const std::string& name() const { return name_; }
+  // The full spec this instance was made from, every option resolved: "name:key=value,...".
+  std::string spec() const;
+  const Options& options() const { return options_; }
+  const Capabilities& capabilities() const { return capabilities_; }
+  const std::vector<Device>& devices() const { return context_.devices; }
+  int num_local_replicas() const { return static_cast<int>(context_.devices.size()); }
+  int rank() const { return context_.rank; }
+  int world_size() const { return context_.world_size; }
+  int num_replicas_in_sync() const { return num_local_replicas() * context_.world_size; }
+  uint64_t last_sequence() const { return sequence_; }
+  // The timeout every collective of this instance runs under (option "timeout").
+  std::chrono::nanoseconds timeout() const { return timeout_; }
+
+ protected:
+  CrossDeviceOps(std::string name, BackendContext context, Options options,
+                 Capabilities capabilities);
+
+  virtual Work reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& value,
+                           const Mirrored<Tensor>& destinations) = 0;
+  // Default: one reduce_impl per pair, in order (TF's ReductionToOneDevice behaviour).
+  virtual Work batch_reduce_impl(const CallInfo& call, ReduceOp op,
+                                 std::span<const ReducePair> pairs);
+  virtual Work all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                               const PerReplica<Tensor>& outputs) = 0;
+  virtual Work broadcast_impl(const CallInfo& call, const Tensor& source,
+                              const Mirrored<Tensor>& destinations, int root) = 0;
+  virtual Work all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& inputs,
+                               const PerReplica<Tensor>& outputs) = 0;
+  virtual Work reduce_scatter_impl(const CallInfo& call, ReduceOp op,
+                                   const PerReplica<Tensor>& inputs,
+                                   const PerReplica<Tensor>& outputs) = 0;
+
+  const BackendContext& context() const { return context_; }
+  // Logs at debug level with the "[rank r/name]" prefix; cheap when the level is off.
+  void log_debug(const std::string& message) const;
+  void log_info(const std::string& message) const;
+  void log_warning(const std::string& message) const;
+
+ private:
+  CallInfo begin(Collective c, ReduceOp op, DType dtype, int64_t count);
+  Work finish(const CallInfo& call, Work work);
+  Status check_supported(Collective c, ReduceOp op, DType dtype) const;
+  Status check_device(const Tensor& t, std::string_view name, int index = -1, int pair = -1) const;
+
+  std::string name_;
+  BackendContext context_;
+  Options options_;
+  Capabilities capabilities_;
+  std::chrono::nanoseconds timeout_{0};
+  uint64_t sequence_ = 0;
+  int log_level_ = 0;
+  std::string log_prefix_;
+};
+
+}  // namespace tributary

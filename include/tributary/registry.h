@@ -1,0 +1,64 @@
+// BackendRegistry: the backends a program can choose from, by name, and the one place where a
+// backend spec becomes a CrossDeviceOps.
+//
+// A registry is an ordinary value (no singleton): builtin_backends() returns one holding every
+// backend compiled into libtributary; programs and tests may add their own. Selection:
+//   registry.create("hierarchical_copy:num_packs=2", context)
+//   registry.create_from_config(context)   // TRIBUTARY_CROSS_DEVICE_OPS, else "auto"
+// "auto" (which accepts the options every backend shares, e.g. "auto:timeout=30s") picks the
+// available backend with the highest priority for the context's devices and world size. Errors list
+// what is valid: an unknown name lists the backends, an unknown key lists the options with types.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tributary/cross_device_ops.h"
+#include "tributary/options.h"
+#include "tributary/status.h"
+
+namespace tributary {
+
+struct BackendInfo {
+  std::string name;
+  std::string summary;                // one line for listings
+  std::vector<OptionDef> options;     // the backend's own; common_options() are added to every backend
+  Capabilities capabilities;
+  int auto_priority = 0;              // "auto" prefers higher
+  // OK when the backend can serve `context` on this machine, else why not.
+  std::function<Status(const BackendContext&)> check_available;
+  std::function<StatusOr<std::unique_ptr<CrossDeviceOps>>(const BackendContext&, Options)> create;
+};
+
+// Options every backend has (timeout).
+const std::vector<OptionDef>& common_options();
+
+class BackendRegistry {
+ public:
+  Status add(BackendInfo info);
+  const BackendInfo* find(std::string_view name) const;
+  std::vector<std::string> names() const;
+  const std::vector<BackendInfo>& backends() const { return backends_; }
+  // Every option of a backend (its own, then the common ones).
+  std::vector<OptionDef> options_of(const BackendInfo& info) const;
+
+  // The name "auto" resolves to here, or an error listing each backend and why it cannot serve.
+  StatusOr<std::string> choose_auto(const BackendContext& context) const;
+  StatusOr<std::unique_ptr<CrossDeviceOps>> create(const BackendSpec& spec,
+                                                   const BackendContext& context) const;
+  StatusOr<std::unique_ptr<CrossDeviceOps>> create(std::string_view spec,
+                                                   const BackendContext& context) const;
+  // Uses context.config's TRIBUTARY_CROSS_DEVICE_OPS, or "auto" when it is unset.
+  StatusOr<std::unique_ptr<CrossDeviceOps>> create_from_config(const BackendContext& context) const;
+
+ private:
+  std::vector<BackendInfo> backends_;
+};
+
+// Every backend compiled into libtributary.
+BackendRegistry builtin_backends();
+
+}  // namespace tributary

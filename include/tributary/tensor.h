@@ -1,0 +1,106 @@
+// Tensor (a non-owning view of a dense buffer) and Buffer (an owning allocation from a per-device
+// allocator).
+//
+// Lifetime: a Tensor never owns its memory. Whoever passes a Tensor to tributary keeps the memory
+// alive (and unmodified by others) until the call, or the Work it returned, has completed.
+// A Tensor is dense and row-major; only its element count matters to collectives, the shape is
+// carried for the caller and for all_gather's axis.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tributary/device.h"
+#include "tributary/dtype.h"
+#include "tributary/status.h"
+
+namespace tributary {
+
+using Shape = std::vector<int64_t>;
+
+// Number of elements of a shape (1 for a scalar shape {}); -1 when a dimension is negative.
+int64_t shape_num_elements(const Shape& shape);
+std::string shape_to_string(const Shape& shape);  // "[2, 3]"
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(void* data, DType dtype, Shape shape, Device device = Device::cpu())
+      : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(std::move(device)) {}
+  // A 1-D view of `count` elements.
+  Tensor(void* data, DType dtype, int64_t count, Device device = Device::cpu())
+      : Tensor(data, dtype, Shape{count}, std::move(device)) {}
+
+  void* data() const { return data_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Device& device() const { return device_; }
+  int64_t num_elements() const { return shape_num_elements(shape_); }
+  size_t nbytes() const;
+
+  template <typename T>
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
+  // A 1-D view of elements [offset, offset + count).
+  Tensor slice(int64_t offset, int64_t count) const;
+  // Same memory, another shape with the same number of elements.
+  StatusOr<Tensor> reshaped(Shape shape) const;
+
+  // "float32[4, 2]@CPU:0"
+  std::string to_string() const;
+
+ private:
+  void* data_ = nullptr;
+  DType dtype_ = DType::kFloat32;
+  Shape shape_{0};
+  Device device_;
+};
+
+// Allocates and frees memory on one kind of device. Implementations are thread-safe.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual StatusOr<void*> allocate(const Device& device, size_t bytes) = 0;
+  virtual void deallocate(const Device& device, void* ptr, size_t bytes) noexcept = 0;
+  // Copies between two buffers that this allocator's device type can address.
+  virtual Status copy(void* dst, const Device& dst_device, const void* src,
+                      const Device& src_device, size_t bytes) = 0;
+};
+
+// The allocator for a device type: CPU always; CUDA when tributary was built with CUDA, else an
+// error that says so. The returned allocators live for the whole program.
+StatusOr<Allocator*> allocator_for(const Device& device);
+bool cuda_available();  // built with CUDA and at least one device visible
+
+// An owning, move-only buffer. Memory is 64-byte aligned on CPU.
+class Buffer {
+ public:
+  Buffer() = default;
+  static StatusOr<Buffer> allocate(DType dtype, Shape shape, Device device = Device::cpu());
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  const Tensor& tensor() const { return view_; }
+  void* data() const { return view_.data(); }
+  size_t nbytes() const { return view_.nbytes(); }
+  template <typename T>
+  T* data_as() const {
+    return view_.data_as<T>();
+  }
+
+ private:
+  void reset() noexcept;
+  Tensor view_;
+  Allocator* allocator_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace tributary

@@ -1,0 +1,46 @@
+// Work: the handle of an issued collective, as in torch.distributed.
+//
+// A Work completes exactly once, with an OK or error Status. wait() blocks up to a timeout; a wait
+// that times out returns kDeadlineExceeded and leaves the Work pending (the collective itself has its
+// own timeout, from the backend spec, after which it completes with an error). Buffers passed to the
+// collective must stay alive until the Work has completed. Work is a cheap, copyable handle; all its
+// methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tributary/status.h"
+
+namespace tributary {
+
+class Work {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Work();  // a pending Work; complete it with complete()
+  static Work completed(Status status = Status());
+
+  // Blocks until complete or until `timeout` passes. Returns the collective's Status, or
+  // kDeadlineExceeded when the wait timed out first.
+  Status wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) const;
+  // True once the collective has completed (successfully or not).
+  bool test() const;
+  // The error of a completed Work; OK while pending or after success.
+  Status error() const;
+  // Wall time from creation to completion (zero while pending).
+  std::chrono::nanoseconds elapsed() const;
+
+  // For backends: completes the Work (later calls are ignored) and runs the callbacks.
+  void complete(Status status) const;
+  // For the front door: runs `fn` on completion (at once when already complete).
+  void on_complete(std::function<void(const Status&)> fn) const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tributary

@@ -1,0 +1,191 @@
+// The transport-agnostic algorithms over the loopback transport: ranks as threads.
+#include "algorithms/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "algorithms/loopback_transport.h"
+
+namespace tributary::algorithms {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs fn(rank, transport) on n threads; returns each rank's status.
+std::vector<Status> run_ranks(int n, const std::function<Status(int, Transport&)>& fn) {
+  auto hub = std::make_shared<LoopbackHub>(n);
+  std::vector<Status> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      LoopbackTransport t(hub, r);
+      Status s = fn(r, t);
+      if (!s.ok()) t.abort(s);
+      out[static_cast<size_t>(r)] = s;
+    });
+  }
+  for (auto& th : threads) th.join();
+  return out;
+}
+
+MessageTag tag_for(int64_t count, DType dtype = DType::kInt32, ReduceOp op = ReduceOp::kSum) {
+  MessageTag t;
+  t.sequence = 1;
+  t.count = count;
+  t.dtype = dtype;
+  t.op = op;
+  return t;
+}
+
+int64_t value(int rank, int64_t i) { return (i * 3 + rank * 5) % 7; }
+
+using Param = std::tuple<AllReduceAlgorithm, int, int64_t>;
+class AllReduceAlgorithms : public ::testing::TestWithParam<Param> {};
+
+TEST_P(AllReduceAlgorithms, SumMeanMaxExact) {
+  const auto [algorithm, n, count] = GetParam();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+    std::vector<std::vector<int32_t>> data(static_cast<size_t>(n));
+    auto statuses = run_ranks(n, [&](int r, Transport& t) {
+      auto& d = data[static_cast<size_t>(r)];
+      d.resize(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) d[static_cast<size_t>(i)] = static_cast<int32_t>(value(r, i));
+      std::vector<std::byte> scratch;
+      // Small segments so that ring steps pipeline several segments.
+      AlgorithmContext ctx{t, tag_for(count, DType::kInt32, op), std::chrono::steady_clock::now() + 20s,
+                           64, &scratch};
+      return all_reduce(ctx, algorithm, d.data(), count, DType::kInt32, op, n);
+    });
+    for (int r = 0; r < n; ++r) ASSERT_TRUE(statuses[static_cast<size_t>(r)].ok()) << statuses[static_cast<size_t>(r)].message();
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t want = op == ReduceOp::kMax ? 0 : 0;
+      for (int r = 0; r < n; ++r) {
+        want = op == ReduceOp::kMax ? std::max(want, value(r, i)) : want + value(r, i);
+      }
+      if (op == ReduceOp::kMean) want /= n;
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(data[static_cast<size_t>(r)][static_cast<size_t>(i)], want)
+            << reduce_op_name(op) << " rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Loopback, AllReduceAlgorithms,
+    ::testing::Combine(::testing::Values(AllReduceAlgorithm::kRing,
+                                         AllReduceAlgorithm::kHalvingDoubling,
+                                         AllReduceAlgorithm::kAuto),
+                       ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
+                       ::testing::Values<int64_t>(0, 1, 7, 1001)),
+    [](const auto& info) {
+      return std::string(all_reduce_algorithm_name(std::get<0>(info.param))) + "_n" +
+             std::to_string(std::get<1>(info.param)) + "_c" + std::to_string(std::get<2>(info.param));
+    });
+
+TEST(TreeAndRing, BroadcastReduceGatherScatter) {
+  for (int n : {1, 2, 3, 5, 8}) {
+    for (int root : {0, n - 1}) {
+      std::vector<std::vector<int64_t>> data(static_cast<size_t>(n));
+      auto st = run_ranks(n, [&](int r, Transport& t) {
+        auto& d = data[static_cast<size_t>(r)];
+        d.assign(5, r == root ? 42 : -1);
+        std::vector<std::byte> scratch;
+        AlgorithmContext ctx{t, tag_for(5, DType::kInt64), std::chrono::steady_clock::now() + 20s,
+                             1 << 20, &scratch};
+        return tree_broadcast(ctx, d.data(), 5 * sizeof(int64_t), root);
+      });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(st[static_cast<size_t>(r)].ok());
+        EXPECT_EQ(data[static_cast<size_t>(r)], std::vector<int64_t>(5, 42)) << "bcast n=" << n;
+      }
+      auto st2 = run_ranks(n, [&](int r, Transport& t) {
+        auto& d = data[static_cast<size_t>(r)];
+        d.assign(3, r + 1);
+        std::vector<std::byte> scratch;
+        AlgorithmContext ctx{t, tag_for(3, DType::kInt64), std::chrono::steady_clock::now() + 20s,
+                             1 << 20, &scratch};
+        return tree_reduce(ctx, d.data(), 3, DType::kInt64, ReduceOp::kSum, 1, root);
+      });
+      for (int r = 0; r < n; ++r) ASSERT_TRUE(st2[static_cast<size_t>(r)].ok());
+      EXPECT_EQ(data[static_cast<size_t>(root)], std::vector<int64_t>(3, n * (n + 1) / 2));
+    }
+    // all-gather: block r holds r; reduce-scatter: block b reduced over ranks.
+    std::vector<std::vector<int32_t>> g(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+    auto st3 = run_ranks(n, [&](int r, Transport& t) {
+      auto& d = g[static_cast<size_t>(r)];
+      d.assign(static_cast<size_t>(2 * n), -1);
+      d[static_cast<size_t>(2 * r)] = r;
+      d[static_cast<size_t>(2 * r + 1)] = 100 + r;
+      std::vector<std::byte> scratch;
+      AlgorithmContext ctx{t, tag_for(2), std::chrono::steady_clock::now() + 20s, 4, &scratch};
+      TRIBUTARY_RETURN_IF_ERROR(ring_all_gather(ctx, d.data(), 2 * sizeof(int32_t)));
+      std::vector<int32_t> rs(static_cast<size_t>(2 * n));
+      for (int i = 0; i < 2 * n; ++i) rs[static_cast<size_t>(i)] = i + r;
+      out[static_cast<size_t>(r)].assign(2, 0);
+      ctx.tag.sequence = 2;
+      return ring_reduce_scatter(ctx, rs.data(), out[static_cast<size_t>(r)].data(), 2,
+                                 DType::kInt32, ReduceOp::kSum, 1);
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(st3[static_cast<size_t>(r)].ok()) << st3[static_cast<size_t>(r)].message();
+      for (int b = 0; b < n; ++b) {
+        EXPECT_EQ(g[static_cast<size_t>(r)][static_cast<size_t>(2 * b)], b);
+        EXPECT_EQ(g[static_cast<size_t>(r)][static_cast<size_t>(2 * b + 1)], 100 + b);
+      }
+      const int sum_r = n * (n - 1) / 2;
+      EXPECT_EQ(out[static_cast<size_t>(r)][0], n * (2 * r) + sum_r);
+      EXPECT_EQ(out[static_cast<size_t>(r)][1], n * (2 * r + 1) + sum_r);
+    }
+  }
+}
+
+TEST(Failures, MismatchedCountsFailEveryRankNamingBothSides) {
+  auto st = run_ranks(3, [&](int r, Transport& t) {
+    const int64_t count = r == 1 ? 8 : 16;  // rank 1 issues a different collective
+    std::vector<float> d(static_cast<size_t>(count), 1.0f);
+    std::vector<std::byte> scratch;
+    AlgorithmContext ctx{t, tag_for(count, DType::kFloat32), std::chrono::steady_clock::now() + 10s,
+                         1 << 20, &scratch};
+    return ring_all_reduce(ctx, d.data(), count, DType::kFloat32, ReduceOp::kSum, 3);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(st[static_cast<size_t>(r)].ok()) << "rank " << r;
+  }
+  bool named = false;
+  for (const Status& s : st) {
+    named = named || (s.message().find("collective mismatch") != std::string::npos &&
+                      s.message().find("32B float32") != std::string::npos &&
+                      s.message().find("64B float32") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << st[0].message();
+}
+
+TEST(Failures, SilentPeerIsADeadlineNamingIt) {
+  auto st = run_ranks(2, [&](int r, Transport& t) {
+    if (r == 1) return Status();  // never takes part
+    std::vector<float> d(4, 1.0f);
+    std::vector<std::byte> scratch;
+    AlgorithmContext ctx{t, tag_for(4, DType::kFloat32), std::chrono::steady_clock::now() + 200ms,
+                         1 << 20, &scratch};
+    return ring_all_reduce(ctx, d.data(), 4, DType::kFloat32, ReduceOp::kSum, 2);
+  });
+  EXPECT_EQ(st[0].code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(st[0].message().find("rank 1"), std::string::npos) << st[0].message();
+}
+
+TEST(CostModel, PicksLatencyOptimalForSmallAndRingForLarge) {
+  CostModel m;
+  EXPECT_EQ(m.choose(4096, 8), AllReduceAlgorithm::kHalvingDoubling);
+  EXPECT_EQ(m.choose(size_t{256} << 20, 6), AllReduceAlgorithm::kRing);
+  EXPECT_LT(m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 20, 2),
+            m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 21, 2));
+}
+
+}  // namespace
+}  // namespace tributary::algorithms

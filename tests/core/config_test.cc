@@ -1,0 +1,69 @@
+#include "tributary/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+namespace tributary {
+namespace {
+
+TEST(Config, FromJsonMapsOntoKeys) {
+  auto c = Config::from_json(R"({
+      "cross_device_ops": {"name": "hierarchical_copy", "options": {"num_packs": 2}},
+      "log_level": "info",
+      "timeout": "30s",
+      "backends": {"ring": {"chunk_bytes": "4MiB", "nodelay": true}}})",
+                             "test.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->get("TRIBUTARY_CROSS_DEVICE_OPS"), "hierarchical_copy:num_packs=2");
+  EXPECT_EQ(c->get("TRIBUTARY_LOG_LEVEL"), "info");
+  EXPECT_EQ(c->get("TRIBUTARY_TIMEOUT"), "30s");
+  EXPECT_EQ(c->get("TRIBUTARY_RING_CHUNK_BYTES"), "4MiB");
+  EXPECT_EQ(c->get("TRIBUTARY_RING_NODELAY"), "true");
+  EXPECT_EQ(c->find("TRIBUTARY_TIMEOUT")->source, "file test.json");
+  auto s = Config::from_json(R"({"cross_device_ops": "ring:timeout=1s"})", "s");
+  EXPECT_EQ(s->get("TRIBUTARY_CROSS_DEVICE_OPS"), "ring:timeout=1s");
+}
+
+TEST(Config, MalformedFilesAreErrors) {
+  auto bad_json = Config::from_json("{ not json", "a.json");
+  ASSERT_FALSE(bad_json.ok());
+  EXPECT_NE(bad_json.status().message().find("a.json is not valid JSON"), std::string::npos);
+  auto unknown = Config::from_json(R"({"crossdeviceops": "x"})", "b.json");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("'crossdeviceops' is not a known key"),
+            std::string::npos);
+  EXPECT_NE(unknown.status().message().find("cross_device_ops"), std::string::npos);
+  EXPECT_FALSE(Config::from_json("[1,2]", "c").ok());
+  EXPECT_FALSE(Config::from_json(R"({"backends": {"ring": 3}})", "d").ok());
+  EXPECT_FALSE(Config::from_json(R"({"timeout": [1]})", "e").ok());
+  EXPECT_FALSE(Config::from_json(R"({"cross_device_ops": {"options": {}}})", "f").ok());
+  EXPECT_EQ(Config::from_file("/nonexistent/x.json").status().code(), StatusCode::kNotFound);
+}
+
+TEST(Config, EnvironmentWinsOverFile) {
+  std::string path = ::testing::TempDir() + "/tributary_config_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"cross_device_ops": "hierarchical_copy", "log_level": "debug"})";
+  }
+  ::setenv("TRIBUTARY_CONFIG_FILE", path.c_str(), 1);
+  ::setenv("TRIBUTARY_CROSS_DEVICE_OPS", "reduction_to_one_device", 1);
+  auto c = Config::load();
+  ::unsetenv("TRIBUTARY_CONFIG_FILE");
+  ::unsetenv("TRIBUTARY_CROSS_DEVICE_OPS");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->get("TRIBUTARY_CROSS_DEVICE_OPS"), "reduction_to_one_device");
+  EXPECT_EQ(c->find("TRIBUTARY_CROSS_DEVICE_OPS")->source, "environment");
+  EXPECT_EQ(c->get("TRIBUTARY_LOG_LEVEL"), "debug");
+  EXPECT_NE(c->dump().find("TRIBUTARY_LOG_LEVEL=debug  (file " + path + ")"), std::string::npos);
+}
+
+TEST(Config, DumpHidesSecrets) {
+  Config c = Config::from_map({{"TRIBUTARY_SECRET", "hunter2"}});
+  EXPECT_EQ(c.dump().find("hunter2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tributary

@@ -1,0 +1,182 @@
+// The registry and the CrossDeviceOps front door, with a recording fake backend (the layer above
+// backends may be tested with a fake) and with the real built-in backends.
+#include "tributary/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace tributary {
+namespace {
+
+class RecordingOps final : public CrossDeviceOps {
+ public:
+  RecordingOps(BackendContext ctx, Options options, Capabilities caps, std::vector<CallInfo>* log)
+      : CrossDeviceOps("recording", std::move(ctx), std::move(options), std::move(caps)),
+        log_(log) {}
+
+ protected:
+  Work record(const CallInfo& c) {
+    log_->push_back(c);
+    return Work::completed();
+  }
+  Work reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
+                   const Mirrored<Tensor>&) override {
+    return record(c);
+  }
+  Work all_reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
+                       const PerReplica<Tensor>&) override {
+    return record(c);
+  }
+  Work broadcast_impl(const CallInfo& c, const Tensor&, const Mirrored<Tensor>&, int) override {
+    return record(c);
+  }
+  Work all_gather_impl(const CallInfo& c, const PerReplica<Tensor>&,
+                       const PerReplica<Tensor>&) override {
+    return record(c);
+  }
+  Work reduce_scatter_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
+                           const PerReplica<Tensor>&) override {
+    return record(c);
+  }
+
+ private:
+  std::vector<CallInfo>* log_;
+};
+
+BackendInfo recording_info(std::vector<CallInfo>* log, int priority = 1) {
+  BackendInfo info;
+  info.name = "recording";
+  info.summary = "records calls";
+  info.capabilities.device_types = {DeviceType::kCpu};
+  info.capabilities.dtypes = {DType::kFloat32};
+  info.capabilities.ops = {ReduceOp::kSum};
+  info.capabilities.collectives = {Collective::kAllReduce, Collective::kReduce};
+  info.auto_priority = priority;
+  info.create = [log, caps = info.capabilities](const BackendContext& ctx, Options o)
+      -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+    return std::unique_ptr<CrossDeviceOps>(
+        std::make_unique<RecordingOps>(ctx, std::move(o), caps, log));
+  };
+  return info;
+}
+
+BackendContext two_cpus() {
+  BackendContext ctx;
+  ctx.devices = {Device::cpu(0), Device::cpu(1)};
+  return ctx;
+}
+
+TEST(Registry, BuiltinBackendsAreListed) {
+  BackendRegistry r = builtin_backends();
+  std::vector<std::string> names = r.names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "reduction_to_one_device"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "hierarchical_copy"), names.end());
+  EXPECT_EQ(*r.choose_auto(two_cpus()), "reduction_to_one_device");
+}
+
+TEST(Registry, UnknownBackendListsAvailable) {
+  BackendRegistry r = builtin_backends();
+  auto made = r.create("no_such_backend", two_cpus());
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(made.status().message(),
+            "unknown backend 'no_such_backend'; available backends: auto, "
+            "reduction_to_one_device, hierarchical_copy");
+}
+
+TEST(Registry, SpecOptionsReachTheBackend) {
+  BackendRegistry r = builtin_backends();
+  auto made = r.create("hierarchical_copy:num_packs=3,timeout=2s", two_cpus());
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  EXPECT_EQ((*made)->options().get_int("num_packs"), 3);
+  EXPECT_EQ((*made)->timeout(), std::chrono::seconds(2));
+  EXPECT_EQ((*made)->spec(), "hierarchical_copy:group_size=0,num_packs=3,timeout=2s");
+  auto bad = r.create("hierarchical_copy:num_packs=-1", two_cpus());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("num_packs"), std::string::npos);
+  auto unknown_key = r.create("reduction_to_one_device:num_packs=2", two_cpus());
+  ASSERT_FALSE(unknown_key.ok());
+  EXPECT_NE(unknown_key.status().message().find("reduce_to_device (string"), std::string::npos);
+  EXPECT_NE(unknown_key.status().message().find("timeout (duration"), std::string::npos);
+  auto bad_device = r.create("reduction_to_one_device:reduce_to_device=TPU:0", two_cpus());
+  ASSERT_FALSE(bad_device.ok());
+  EXPECT_NE(bad_device.status().message().find("'TPU:0'"), std::string::npos);
+}
+
+TEST(Registry, AutoAcceptsOnlyCommonOptions) {
+  BackendRegistry r = builtin_backends();
+  auto a = r.create("auto:timeout=3s", two_cpus());
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ((*a)->name(), "reduction_to_one_device");
+  EXPECT_EQ((*a)->timeout(), std::chrono::seconds(3));
+  EXPECT_FALSE(r.create("auto:num_packs=2", two_cpus()).ok());
+}
+
+TEST(Registry, ConfigSelectsAndErrorsNameTheSource) {
+  BackendRegistry r = builtin_backends();
+  BackendContext ctx = two_cpus();
+  ctx.config = Config::from_map({{"TRIBUTARY_CROSS_DEVICE_OPS", "hierarchical_copy"}});
+  EXPECT_EQ((*r.create_from_config(ctx))->name(), "hierarchical_copy");
+  ctx.config = Config::from_map({{"TRIBUTARY_CROSS_DEVICE_OPS", "bogus"}});
+  auto bad = r.create_from_config(ctx);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("TRIBUTARY_CROSS_DEVICE_OPS='bogus'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("available backends"), std::string::npos);
+}
+
+TEST(Registry, InProcessBackendsRefuseGpusAndMultiProcess) {
+  BackendRegistry r = builtin_backends();
+  BackendContext gpus;
+  gpus.devices = {Device::cuda(0), Device::cuda(1)};
+  auto made = r.create("hierarchical_copy", gpus);
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.status().message().find("does not support GPU devices"), std::string::npos);
+  auto a = r.choose_auto(gpus);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("reduction_to_one_device: it does not support GPU"),
+            std::string::npos);
+  BackendContext multi = two_cpus();
+  multi.world_size = 2;
+  EXPECT_FALSE(r.create("reduction_to_one_device", multi).ok());
+}
+
+TEST(Registry, RegistriesAreIndependentValues) {
+  std::vector<CallInfo> log;
+  BackendRegistry mine = builtin_backends();
+  ASSERT_TRUE(mine.add(recording_info(&log, 100)).ok());
+  EXPECT_FALSE(mine.add(recording_info(&log)).ok());  // duplicate name
+  EXPECT_EQ(*mine.choose_auto(two_cpus()), "recording");
+  EXPECT_EQ(builtin_backends().find("recording"), nullptr);
+}
+
+TEST(FrontDoor, SequenceNumbersAndNoImplCallOnInvalidInput) {
+  std::vector<CallInfo> log;
+  BackendRegistry r;
+  ASSERT_TRUE(r.add(recording_info(&log)).ok());
+  auto ops = r.create("recording", two_cpus());
+  ASSERT_TRUE(ops.ok());
+  float a[4] = {}, b[4] = {};
+  PerReplica<Tensor> v{Tensor(a, DType::kFloat32, int64_t{4}, Device::cpu(0)),
+                       Tensor(b, DType::kFloat32, int64_t{4}, Device::cpu(1))};
+  ASSERT_TRUE((*ops)->all_reduce(ReduceOp::kSum, v, v).wait().ok());
+  ASSERT_TRUE((*ops)->all_reduce(ReduceOp::kSum, v, v).wait().ok());
+  // Unsupported op, dtype and collective: errors naming the backend; nothing reaches the impl.
+  Status op = (*ops)->all_reduce(ReduceOp::kMax, v, v).wait();
+  EXPECT_EQ(op.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(op.message().find("backend 'recording' does not support reduce op max"),
+            std::string::npos);
+  Status coll = (*ops)->all_gather(v, v).wait();
+  EXPECT_EQ(coll.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(coll.message().find("all_gather is not supported by backend 'recording'"),
+            std::string::npos);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[0].sequence, 1u);
+  EXPECT_EQ(log[1].sequence, 2u);
+  EXPECT_EQ(log[1].count, 4);
+  EXPECT_EQ(log[1].describe(), "all_reduce #2 (16B float32, sum)");
+  EXPECT_EQ((*ops)->last_sequence(), 2u);
+}
+
+}  // namespace
+}  // namespace tributary

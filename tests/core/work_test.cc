@@ -1,0 +1,52 @@
+#include "tributary/work.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+namespace tributary {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Work, CompletedWork) {
+  Work w = Work::completed();
+  EXPECT_TRUE(w.test());
+  EXPECT_TRUE(w.wait(0ms).ok());
+  Work e = Work::completed(aborted("peer 2 died"));
+  EXPECT_EQ(e.wait(1ms).code(), StatusCode::kAborted);
+  EXPECT_EQ(e.error().message(), "peer 2 died");
+}
+
+TEST(Work, WaitTimesOutWhilePending) {
+  Work w;
+  EXPECT_FALSE(w.test());
+  Status s = w.wait(20ms);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(w.error().ok());  // still pending, no error yet
+  w.complete(Status());
+  EXPECT_TRUE(w.wait(0ms).ok());
+}
+
+TEST(Work, CompletesFromAnotherThreadOnceAndRunsCallbacks) {
+  Work w;
+  std::atomic<int> calls{0};
+  w.on_complete([&](const Status& s) {
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+    calls++;
+  });
+  std::thread t([w] {
+    w.complete(unavailable("x"));
+    w.complete(Status());  // ignored
+  });
+  EXPECT_EQ(w.wait(10s).code(), StatusCode::kUnavailable);
+  t.join();
+  EXPECT_EQ(calls.load(), 1);
+  w.on_complete([&](const Status&) { calls++; });  // already complete: runs at once
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_GT(w.elapsed().count(), 0);
+}
+
+}  // namespace
+}  // namespace tributary

@@ -1,0 +1,106 @@
+// tributary-info: what this build of tributary offers, like ucc_info or ompi_info.
+//
+//   tributary-info [--replicas N] [--devices CPU:0,CPU:1] [--config]
+// Lists the backends compiled in with their capabilities and options (type, default, help), the
+// effective configuration (environment and TRIBUTARY_CONFIG_FILE), and what `auto` would choose for
+// the given devices.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "tributary/tributary.h"
+
+namespace {
+
+int usage(const char* argv0, int code) {
+  std::fprintf(code == 0 ? stdout : stderr,
+               "usage: %s [--replicas N | --devices CPU:0,CPU:1,...]\n"
+               "Lists tributary's backends, their capabilities and options, the effective\n"
+               "configuration, and what 'auto' chooses for the given local devices.\n",
+               argv0);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tributary;
+  int replicas = 2;
+  std::vector<Device> devices;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "-h" || a == "--help") return usage(argv[0], 0);
+    if ((a == "--replicas" || a == "-r") && i + 1 < argc) {
+      replicas = std::atoi(argv[++i]);
+      if (replicas < 1) {
+        std::fprintf(stderr, "tributary-info: --replicas must be >= 1, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (a == "--devices" && i + 1 < argc) {
+      std::string list = argv[++i];
+      size_t start = 0;
+      while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        std::string item = list.substr(start, comma == std::string::npos ? std::string::npos
+                                                                          : comma - start);
+        auto d = Device::parse(item);
+        if (!d.ok()) {
+          std::fprintf(stderr, "tributary-info: %s\n", d.status().message().c_str());
+          return 2;
+        }
+        devices.push_back(*d);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "tributary-info: unknown argument '%s'\n", argv[i]);
+      return usage(argv[0], 2);
+    }
+  }
+  if (devices.empty()) {
+    for (int i = 0; i < replicas; ++i) devices.push_back(Device::cpu(i));
+  }
+
+  auto config = Config::load();
+  if (!config.ok()) {
+    std::fprintf(stderr, "tributary-info: %s\n", config.status().message().c_str());
+    return 1;
+  }
+  BackendRegistry registry = builtin_backends();
+  std::printf("tributary %s\n", std::string(version()).c_str());
+  std::printf("CUDA devices visible: %s\n\n", cuda_available() ? "yes" : "no");
+  for (const BackendInfo& b : registry.backends()) {
+    std::printf("backend %s\n  %s\n  %s\n  options:\n", b.name.c_str(), b.summary.c_str(),
+                b.capabilities.to_string().c_str());
+    std::string opts = describe_options(registry.options_of(b));
+    std::printf("%s", opts.c_str());
+    std::printf("\n");
+  }
+  std::printf("configuration (environment, TRIBUTARY_CONFIG_FILE):\n");
+  std::string dump = config->dump();
+  std::printf("%s\n", dump.empty() ? "  (nothing set)\n" : dump.c_str());
+
+  BackendContext ctx;
+  ctx.devices = devices;
+  ctx.config = *config;
+  std::string names;
+  for (const Device& d : devices) names += (names.empty() ? "" : ",") + d.to_string();
+  auto chosen = registry.choose_auto(ctx);
+  if (chosen.ok()) {
+    std::printf("auto, for devices %s: %s\n", names.c_str(), chosen->c_str());
+  } else {
+    std::printf("auto, for devices %s: none (%s)\n", names.c_str(),
+                chosen.status().message().c_str());
+  }
+  auto selected = registry.create_from_config(ctx);
+  if (selected.ok()) {
+    std::printf("selected (TRIBUTARY_CROSS_DEVICE_OPS or auto): %s\n",
+                (*selected)->spec().c_str());
+  } else {
+    std::printf("selected (TRIBUTARY_CROSS_DEVICE_OPS or auto): error: %s\n",
+                selected.status().message().c_str());
+    return 1;
+  }
+  return 0;
+}
