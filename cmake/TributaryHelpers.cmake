@@ -28,6 +28,10 @@ endmacro()
 function(tributary_warnings target)
   # Designated initializers that leave members to their defaults are intended.
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wno-missing-field-initializers)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    # GCC 12 reports false -Wrestrict positives inside std::string at -O3 (GCC bug 105329).
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>)
+  endif()
   if(TRIBUTARY_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

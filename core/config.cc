@@ -32,11 +32,17 @@ std::string key_part(std::string_view name) { return internal::to_upper(name); }
 
 Config Config::from_environment() {
   // What launchers set, read by resolve_cluster_spec (tributary/cluster.h); SLURM_* besides.
-  static constexpr std::string_view kLauncherKeys[] = {
-      "TF_CONFIG",   "RANK",        "WORLD_SIZE",           "LOCAL_RANK",
-      "LOCAL_WORLD_SIZE",           "MASTER_ADDR",          "MASTER_PORT",
-      "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-      "OMPI_COMM_WORLD_LOCAL_SIZE"};
+  static constexpr std::string_view kLauncherKeys[] = {"TF_CONFIG",
+                                                       "RANK",
+                                                       "WORLD_SIZE",
+                                                       "LOCAL_RANK",
+                                                       "LOCAL_WORLD_SIZE",
+                                                       "MASTER_ADDR",
+                                                       "MASTER_PORT",
+                                                       "OMPI_COMM_WORLD_RANK",
+                                                       "OMPI_COMM_WORLD_SIZE",
+                                                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                       "OMPI_COMM_WORLD_LOCAL_SIZE"};
   Config c;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string_view kv(*e);

@@ -24,9 +24,11 @@ struct Label {
   int index = -1;
   int pair = -1;
   std::string str() const {
-    std::string s = pair >= 0 ? "pairs[" + std::to_string(pair) + "]." : std::string();
-    s += name;
-    if (index >= 0) s += "[" + std::to_string(index) + "]";
+    // Appends only: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string&& at -O3.
+    std::string s;
+    if (pair >= 0) s.append("pairs[").append(std::to_string(pair)).append("].");
+    s.append(name);
+    if (index >= 0) s.append("[").append(std::to_string(index)).append("]");
     return s;
   }
 };

@@ -31,7 +31,8 @@ class Config {
   };
 
   Config() = default;
-  // Every TRIBUTARY_* variable of the process environment, plus TF_CONFIG.
+  // Every TRIBUTARY_* variable of the process environment, plus TF_CONFIG and the launcher
+  // variables the cluster spec reads (torchrun's RANK/WORLD_SIZE/..., SLURM_*, OMPI_COMM_WORLD_*).
   static Config from_environment();
   // For tests and embedding: entries given explicitly (source "code").
   static Config from_map(const std::map<std::string, std::string>& entries);

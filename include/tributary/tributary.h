@@ -1,6 +1,7 @@
 // The umbrella header: everything a trainer needs to select and call a backend.
 #pragma once
 
+#include "tributary/cluster.h"
 #include "tributary/config.h"
 #include "tributary/cross_device_ops.h"
 #include "tributary/device.h"

@@ -1,0 +1,700 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/hostlist.h"
+#include "tributary/cluster.h"
+
+namespace tributary {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+using Strings = std::vector<std::string>;
+
+StatusOr<ClusterSpec> resolve(const Env& env) {
+  return resolve_cluster_spec(Config::from_map(env));
+}
+
+// The error of `r`, which must be InvalidArgument, and must contain every one of `parts`.
+template <typename T>
+void expect_invalid(const StatusOr<T>& r, const std::vector<std::string>& parts) {
+  ASSERT_FALSE(r.ok()) << "expected an error containing \"" << parts.front() << "\"";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
+  for (const std::string& p : parts) {
+    EXPECT_NE(r.status().message().find(p), std::string::npos)
+        << "message: " << r.status().message() << "\nmissing: " << p;
+  }
+}
+
+const char* const kChiefAndWorkers =
+    R"({"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"]},
+        "task": {"type": "%s", "index": %d}})";
+
+std::string chief_and_workers(const std::string& type, int index) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, kChiefAndWorkers, type.c_str(), index);
+  return buf;
+}
+
+// ---------------------------------------------------------------- single process and explicit
+
+TEST(ClusterSpec, NothingSetIsASingleProcess) {
+  auto s = resolve({});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->source, "single-process");
+  EXPECT_EQ(s->rank, 0);
+  EXPECT_EQ(s->world_size, 1);
+  EXPECT_EQ(s->local_rank, 0);
+  EXPECT_EQ(s->local_world_size, 1);
+  EXPECT_TRUE(s->is_chief());
+  EXPECT_EQ(s->coordinator_address(), "");
+  EXPECT_EQ(s->describe(),
+            "source=single-process task=worker:0 rank=0/1 local=0/1 chief=yes coordinator=none");
+  // Unrelated variables change nothing.
+  auto t = resolve({{"HOME", "/root"}, {"TRIBUTARY_LOG_LEVEL", "info"}});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t, *s);
+}
+
+TEST(ClusterSpec, Explicit) {
+  auto s = resolve({{"TRIBUTARY_RANK", "2"},
+                    {"TRIBUTARY_WORLD_SIZE", "4"},
+                    {"TRIBUTARY_LOCAL_RANK", "0"},
+                    {"TRIBUTARY_LOCAL_WORLD_SIZE", "2"},
+                    {"TRIBUTARY_MASTER_ADDR", "10.0.0.1"},
+                    {"TRIBUTARY_MASTER_PORT", "1234"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->source, "explicit");
+  EXPECT_EQ(s->rank, 2);
+  EXPECT_EQ(s->task_index, 2);
+  EXPECT_EQ(s->task_type, "worker");
+  EXPECT_EQ(s->world_size, 4);
+  EXPECT_EQ(s->local_rank, 0);
+  EXPECT_EQ(s->local_world_size, 2);
+  EXPECT_EQ(s->coordinator_host, "10.0.0.1");
+  EXPECT_EQ(s->coordinator_port, 1234);
+  EXPECT_FALSE(s->is_chief());
+  EXPECT_TRUE(s->jobs.empty());
+  EXPECT_EQ(s->describe(),
+            "source=explicit task=worker:2 rank=2/4 local=0/2 chief=no coordinator=10.0.0.1:1234");
+}
+
+TEST(ClusterSpec, ExplicitDefaultsAndSingleWorld) {
+  // Port defaults; local values unknown when not given.
+  auto s = resolve(
+      {{"TRIBUTARY_RANK", "0"}, {"TRIBUTARY_WORLD_SIZE", "2"}, {"TRIBUTARY_MASTER_ADDR", "h"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->coordinator_address(), "h:29500");
+  EXPECT_EQ(s->local_rank, std::nullopt);
+  EXPECT_EQ(s->local_world_size, std::nullopt);
+  EXPECT_TRUE(s->is_chief());
+  EXPECT_NE(s->describe().find("local=?/?"), std::string::npos);
+  // A world of one needs no coordinator.
+  auto one = resolve({{"TRIBUTARY_RANK", "0"}, {"TRIBUTARY_WORLD_SIZE", "1"}});
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(one->coordinator_host, "");
+  EXPECT_EQ(one->source, "explicit");
+}
+
+TEST(ClusterSpec, ExplicitErrors) {
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "1"}}),
+                 {"TRIBUTARY_RANK=1 is set but TRIBUTARY_WORLD_SIZE is not"});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "4"}, {"TRIBUTARY_WORLD_SIZE", "4"}}),
+                 {"TRIBUTARY_RANK=4 is not below TRIBUTARY_WORLD_SIZE=4", "from 0 to 3"});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "-1"}, {"TRIBUTARY_WORLD_SIZE", "4"}}),
+                 {"TRIBUTARY_RANK=\"-1\" is not a non-negative whole number"});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "one"}, {"TRIBUTARY_WORLD_SIZE", "4"}}),
+                 {"TRIBUTARY_RANK=\"one\""});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "0"}, {"TRIBUTARY_WORLD_SIZE", "0"}}),
+                 {"TRIBUTARY_WORLD_SIZE=\"0\" is not a positive whole number"});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "0"}, {"TRIBUTARY_WORLD_SIZE", "2"}}),
+                 {"TRIBUTARY_MASTER_ADDR is not; set it to the host of rank 0"});
+  // Torchrun's MASTER_ADDR is not the explicit provider's.
+  expect_invalid(
+      resolve({{"TRIBUTARY_RANK", "0"}, {"TRIBUTARY_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}),
+      {"TRIBUTARY_MASTER_ADDR is not"});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "0"},
+                          {"TRIBUTARY_WORLD_SIZE", "2"},
+                          {"TRIBUTARY_MASTER_ADDR", "h"},
+                          {"TRIBUTARY_MASTER_PORT", "65536"}}),
+                 {"TRIBUTARY_MASTER_PORT=\"65536\" is out of range", "1 to 65535"});
+  expect_invalid(
+      resolve(
+          {{"TRIBUTARY_RANK", "0"}, {"TRIBUTARY_WORLD_SIZE", "2"}, {"TRIBUTARY_MASTER_ADDR", ""}}),
+      {"TRIBUTARY_MASTER_ADDR=\"\" is empty"});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "0"},
+                          {"TRIBUTARY_WORLD_SIZE", "4"},
+                          {"TRIBUTARY_LOCAL_RANK", "2"},
+                          {"TRIBUTARY_LOCAL_WORLD_SIZE", "2"},
+                          {"TRIBUTARY_MASTER_ADDR", "h"}}),
+                 {"TRIBUTARY_LOCAL_RANK=2 is not below TRIBUTARY_LOCAL_WORLD_SIZE=2"});
+  expect_invalid(resolve({{"TRIBUTARY_RANK", "0"},
+                          {"TRIBUTARY_WORLD_SIZE", "2"},
+                          {"TRIBUTARY_LOCAL_WORLD_SIZE", "3"},
+                          {"TRIBUTARY_MASTER_ADDR", "h"}}),
+                 {"TRIBUTARY_LOCAL_WORLD_SIZE=3 is more than TRIBUTARY_WORLD_SIZE=2"});
+  // Half an explicit spec is a mistake, not something to ignore.
+  expect_invalid(resolve({{"TRIBUTARY_WORLD_SIZE", "4"}, {"RANK", "0"}, {"WORLD_SIZE", "4"}}),
+                 {"TRIBUTARY_WORLD_SIZE=\"4\" is set but TRIBUTARY_RANK is not"});
+}
+
+// ---------------------------------------------------------------- TF_CONFIG
+
+TEST(ClusterSpec, TfConfigChiefAndWorkers) {
+  // TF's id_in_cluster: chief 0, worker i -> i + 1; world = #chief + #worker.
+  struct Case {
+    std::string type;
+    int index, rank;
+    bool chief;
+  };
+  for (const Case& c :
+       {Case{"chief", 0, 0, true}, Case{"worker", 0, 1, false}, Case{"worker", 1, 2, false}}) {
+    auto s = resolve({{"TF_CONFIG", chief_and_workers(c.type, c.index)}});
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    EXPECT_EQ(s->source, "TF_CONFIG");
+    EXPECT_EQ(s->task_type, c.type);
+    EXPECT_EQ(s->task_index, c.index);
+    EXPECT_EQ(s->rank, c.rank);
+    EXPECT_EQ(s->world_size, 3);
+    EXPECT_EQ(s->is_chief(), c.chief) << c.type << " " << c.index;
+    EXPECT_EQ(s->coordinator_host, "host0");  // the chief is the collective leader
+    EXPECT_EQ(s->coordinator_port, 2222);
+    EXPECT_EQ(s->local_rank, 0);  // every task on its own host
+    EXPECT_EQ(s->local_world_size, 1);
+    EXPECT_EQ(s->jobs.at("worker"), (Strings{"host1:2222", "host2:2222"}));
+    EXPECT_EQ(s->jobs.at("chief"), Strings{"host0:2222"});
+  }
+  auto w1 = resolve({{"TF_CONFIG", chief_and_workers("worker", 1)}});
+  EXPECT_EQ(w1->describe(),
+            "source=TF_CONFIG task=worker:1 rank=2/3 local=0/1 chief=no coordinator=host0:2222 "
+            "jobs={chief:1, worker:2}");
+}
+
+TEST(ClusterSpec, TfConfigWorkersOnly) {
+  const char* cluster = R"({"cluster": {"worker": ["a:1000", "b:1001", "c:1002"]},
+                           "task": {"type": "worker", "index": %d}})";
+  for (int i = 0; i < 3; ++i) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, cluster, i);
+    auto s = resolve({{"TF_CONFIG", buf}});
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    EXPECT_EQ(s->rank, i);
+    EXPECT_EQ(s->world_size, 3);
+    EXPECT_EQ(s->is_chief(), i == 0);               // no chief job: worker 0 is the chief
+    EXPECT_EQ(s->coordinator_address(), "a:1000");  // and the collective leader
+  }
+}
+
+TEST(ClusterSpec, TfConfigEvaluatorIsItsOwnWorld) {
+  auto s = resolve({{"TF_CONFIG", R"({"cluster": {"chief": ["c:1"], "worker": ["w:1"],
+                                                  "evaluator": ["e:1"]},
+                                      "task": {"type": "evaluator", "index": 0}})"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->task_type, "evaluator");
+  EXPECT_EQ(s->rank, 0);
+  EXPECT_EQ(s->world_size, 1);
+  EXPECT_TRUE(s->is_chief());
+  EXPECT_EQ(s->coordinator_address(), "");  // TF: no collective leader for the evaluator
+  // The trainers do not count the evaluator.
+  auto w = resolve({{"TF_CONFIG", R"({"cluster": {"chief": ["c:1"], "worker": ["w:1"],
+                                                  "evaluator": ["e:1"]},
+                                      "task": {"type": "worker", "index": 0}})"}});
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(w->rank, 1);
+  EXPECT_EQ(w->world_size, 2);
+  EXPECT_FALSE(w->is_chief());  // there is a chief job
+}
+
+TEST(ClusterSpec, TfConfigLocalRanksFromHosts) {
+  // Two hosts, two tasks each, in rank order: chief on a, worker 0 on a, workers 1-2 on b.
+  const std::string cluster = R"("cluster": {"chief": ["a:1"], "worker": ["a:2", "b:1", "b:2"]})";
+  auto task = [&](const char* type, int index) {
+    return resolve({{"TF_CONFIG", "{" + cluster + R"(, "task": {"type": ")" + type +
+                                      R"(", "index": )" + std::to_string(index) + "}}"}});
+  };
+  auto c = task("chief", 0), w0 = task("worker", 0), w1 = task("worker", 1), w2 = task("worker", 2);
+  ASSERT_TRUE(c.ok() && w0.ok() && w1.ok() && w2.ok());
+  EXPECT_EQ(c->local_rank, 0);
+  EXPECT_EQ(w0->local_rank, 1);
+  EXPECT_EQ(w1->local_rank, 0);
+  EXPECT_EQ(w2->local_rank, 1);
+  for (const auto* s : {&c, &w0, &w1, &w2}) EXPECT_EQ((*s)->local_world_size, 2);
+}
+
+TEST(ClusterSpec, TfConfigDetails) {
+  // IPv6 leader, string index (TF's int()), extra keys ignored as in TF.
+  auto s = parse_tf_config(R"({"cluster": {"worker": ["[::1]:2222", "[::1]:2223"]},
+                               "task": {"type": "worker", "index": "1"},
+                               "rpc_layer": "grpc", "environment": "cloud"})");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->rank, 1);
+  EXPECT_EQ(s->coordinator_host, "::1");
+  EXPECT_EQ(s->coordinator_address(), "[::1]:2222");
+  EXPECT_EQ(s->local_world_size, 2);
+  // Overrides replace the JSON's task, each on its own.
+  auto o = parse_tf_config(chief_and_workers("worker", 0), "chief", std::nullopt);
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->task_type, "chief");
+  EXPECT_EQ(o->rank, 0);
+  auto i = parse_tf_config(chief_and_workers("worker", 0), std::nullopt, 1);
+  ASSERT_TRUE(i.ok()) << i.status().message();
+  EXPECT_EQ(i->rank, 2);
+  auto n = parse_tf_config(R"({"cluster": {"worker": ["a:1"]}})", "worker", 0);
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_TRUE(n->is_chief());
+}
+
+TEST(ClusterSpec, TfConfigWithoutClusterIsLocal) {
+  // TF reads an empty cluster as local training; parse_tf_config says so...
+  auto s = parse_tf_config("{}");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->source, "TF_CONFIG");
+  EXPECT_EQ(s->world_size, 1);
+  EXPECT_TRUE(s->jobs.empty());
+  auto t = parse_tf_config(R"({"task": {"type": "worker", "index": 3}})");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->rank, 0);
+  // ...and resolution goes on to the next provider.
+  auto r = resolve({{"TF_CONFIG", "{}"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->source, "single-process");
+  auto tr = resolve({{"TF_CONFIG", R"({"cluster": {}})"},
+                     {"RANK", "1"},
+                     {"WORLD_SIZE", "2"},
+                     {"MASTER_ADDR", "m"}});
+  ASSERT_TRUE(tr.ok()) << tr.status().message();
+  EXPECT_EQ(tr->source, "torchrun");
+}
+
+TEST(ClusterSpec, TfConfigErrors) {
+  auto tf = [](const std::string& json) { return resolve({{"TF_CONFIG", json}}); };
+  expect_invalid(tf("{\"cluster\": "), {"TF_CONFIG is not valid JSON",
+                                        "{\"cluster\": ", "column 13", "it should look like"});
+  expect_invalid(tf(""), {"TF_CONFIG is not valid JSON: \"\""});
+  expect_invalid(tf("[1]"), {"TF_CONFIG must be a JSON object, not [1]"});
+  expect_invalid(tf(R"({"cluster": ["a:1"]})"), {"\"cluster\" must be an object"});
+  expect_invalid(tf(R"({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}})"),
+                 {"job \"worker\" must be a list", "\"a:1\""});
+  expect_invalid(tf(R"({"cluster": {"worker": [1]}, "task": {"type": "worker", "index": 0}})"),
+                 {"job \"worker\" has the address 1"});
+  expect_invalid(tf(R"({"cluster": {"chef": ["a:1"]}, "task": {"type": "chef", "index": 0}})"),
+                 {"unknown job \"chef\""});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}})"),
+                 {"When `cluster_spec` is given, you must also specify `task_type` and `task_id`.",
+                  "but no \"task\""});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}, "task": {"index": 0}})"),
+                 {"its \"task\" lacks \"type\""});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}})"),
+                 {"lacks \"index\""});
+  expect_invalid(tf(chief_and_workers("master", 0)),
+                 {"Unrecognized task_type: 'master', valid task types are: \"chief\", "
+                  "\"worker\", \"evaluator\" and \"ps\"."});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}})"),
+                 {"`task_type` 'chief' not found in cluster_spec."});
+  expect_invalid(tf(R"({"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief",
+                        "index": 0}})"),
+                 {"There must be at most one 'chief' job."});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"], "evaluator": ["e:1", "f:1"]},
+                        "task": {"type": "worker", "index": 0}})"),
+                 {"There must be at most one 'evaluator' job."});
+  expect_invalid(tf(chief_and_workers("worker", 2)),
+                 {"The `task_id` 2 exceeds the maximum id of worker.", "from 0 to 1"});
+  expect_invalid(tf(chief_and_workers("worker", -1)),
+                 {"task.index -1 is not a non-negative whole number"});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker",
+                        "index": "x"}})"),
+                 {"task.index \"x\""});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": 3, "index": 0}})"),
+                 {"task.type 3 must be a string"});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"], "ps": ["p:1"]},
+                        "task": {"type": "worker", "index": 0}})"),
+                 {"\"ps\" job [\"p:1\"]", "only for ParameterServerStrategy"});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"], "ps": ["p:1"]},
+                        "task": {"type": "ps", "index": 0}})"),
+                 {"only for ParameterServerStrategy"});
+  expect_invalid(tf(R"({"cluster": {"evaluator": ["e:1"]},
+                        "task": {"type": "evaluator", "index": 0}})"),
+                 {"has no \"chief\" or \"worker\" tasks"});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:1", "a:1"]},
+                        "task": {"type": "worker", "index": 0}})"),
+                 {"the address \"a:1\" appears more than once"});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a", "b:1"]}, "task": {"type": "worker",
+                        "index": 1}})"),
+                 {"the address of worker 0 (the rendezvous leader) \"a\" has no port"});
+  expect_invalid(tf(R"({"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker",
+                        "index": 0}})"),
+                 {"\"a:99999\" has a bad port"});
+  expect_invalid(tf(R"({"cluster": {"worker": ["::1:5"]}, "task": {"type": "worker",
+                        "index": 0}})"),
+                 {"write an IPv6 address in brackets"});
+  expect_invalid(parse_tf_config(chief_and_workers("worker", 0), std::nullopt, -2),
+                 {"task index -2 is negative"});
+}
+
+// ---------------------------------------------------------------- torchrun
+
+TEST(ClusterSpec, Torchrun) {
+  auto s = resolve({{"RANK", "3"},
+                    {"WORLD_SIZE", "8"},
+                    {"LOCAL_RANK", "3"},
+                    {"LOCAL_WORLD_SIZE", "4"},
+                    {"MASTER_ADDR", "node0"},
+                    {"MASTER_PORT", "29400"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->source, "torchrun");
+  EXPECT_EQ(s->rank, 3);
+  EXPECT_EQ(s->world_size, 8);
+  EXPECT_EQ(s->local_rank, 3);
+  EXPECT_EQ(s->local_world_size, 4);
+  EXPECT_EQ(s->coordinator_address(), "node0:29400");
+  EXPECT_FALSE(s->is_chief());
+  // No MASTER_PORT: the default. TRIBUTARY_MASTER_* win over MASTER_*.
+  auto d = resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->coordinator_port, kDefaultCoordinatorPort);
+  EXPECT_TRUE(d->is_chief());
+  auto o = resolve({{"RANK", "0"},
+                    {"WORLD_SIZE", "2"},
+                    {"MASTER_ADDR", "node0"},
+                    {"MASTER_PORT", "1"},
+                    {"TRIBUTARY_MASTER_ADDR", "fast0"},
+                    {"TRIBUTARY_MASTER_PORT", "2"}});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->coordinator_address(), "fast0:2");
+  // A world of one needs no MASTER_ADDR.
+  auto one = resolve({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(one->source, "torchrun");
+}
+
+TEST(ClusterSpec, TorchrunErrors) {
+  expect_invalid(resolve({{"RANK", "0"}}), {"RANK=0 is set but WORLD_SIZE is not"});
+  expect_invalid(resolve({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "m"}}),
+                 {"RANK=2 is not below WORLD_SIZE=2"});
+  expect_invalid(resolve({{"RANK", "0"}, {"WORLD_SIZE", "-2"}, {"MASTER_ADDR", "m"}}),
+                 {"WORLD_SIZE=\"-2\" is not a positive whole number"});
+  expect_invalid(resolve({{"RANK", "0"}, {"WORLD_SIZE", "2x"}, {"MASTER_ADDR", "m"}}),
+                 {"WORLD_SIZE=\"2x\""});
+  expect_invalid(resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
+                 {"MASTER_ADDR is not; set MASTER_ADDR to the host of rank 0"});
+  expect_invalid(
+      resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "m"}, {"MASTER_PORT", "70000"}}),
+      {"MASTER_PORT=\"70000\" is out of range; use a free TCP port from 1 to 65535"});
+  expect_invalid(
+      resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "m"}, {"MASTER_PORT", "0"}}),
+      {"MASTER_PORT=\"0\" is out of range"});
+  expect_invalid(
+      resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "m"}, {"MASTER_PORT", "http"}}),
+      {"MASTER_PORT=\"http\" is not a port number"});
+  expect_invalid(resolve({{"RANK", "0"},
+                          {"WORLD_SIZE", "2"},
+                          {"LOCAL_RANK", "1"},
+                          {"LOCAL_WORLD_SIZE", "1"},
+                          {"MASTER_ADDR", "m"}}),
+                 {"LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1"});
+  expect_invalid(
+      resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "-1"}, {"MASTER_ADDR", "m"}}),
+      {"LOCAL_RANK=\"-1\""});
+}
+
+// ---------------------------------------------------------------- Slurm
+
+TEST(ClusterSpec, Slurm) {
+  // 9 tasks on n1 n2 (3 each), m5 (2) and o3 (1); this is task 4, the second on n2.
+  Env env{{"SLURM_PROCID", "4"},
+          {"SLURM_NTASKS", "9"},
+          {"SLURM_JOB_NODELIST", "n[1-2],m5,o3"},
+          {"SLURM_TASKS_PER_NODE", "3(x2),2,1"},
+          {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "1"}};
+  auto s = resolve(env);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->source, "slurm");
+  EXPECT_EQ(s->rank, 4);
+  EXPECT_EQ(s->world_size, 9);
+  EXPECT_EQ(s->local_rank, 1);
+  EXPECT_EQ(s->local_world_size, 3);
+  EXPECT_EQ(s->coordinator_address(), "m5:29500");  // first host in sorted order
+  EXPECT_FALSE(s->is_chief());
+  // m5 has 2 tasks.
+  env["SLURM_NODEID"] = "2";
+  env["SLURM_LOCALID"] = "0";
+  auto m = resolve(env);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->local_world_size, 2);
+  // TRIBUTARY_MASTER_PORT sets the port, MASTER_ADDR the host.
+  env["TRIBUTARY_MASTER_PORT"] = "4000";
+  EXPECT_EQ(resolve(env)->coordinator_address(), "m5:4000");
+  env["MASTER_ADDR"] = "login1";
+  EXPECT_EQ(resolve(env)->coordinator_address(), "login1:4000");
+}
+
+TEST(ClusterSpec, SlurmSortsHostsNumerically) {
+  auto s = resolve(
+      {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"}, {"SLURM_JOB_NODELIST", "n[10-11],n9"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->coordinator_host, "n9");  // n9 < n10, as Slurm sorts
+  EXPECT_TRUE(s->is_chief());
+  EXPECT_EQ(s->local_rank, std::nullopt);
+  EXPECT_EQ(s->local_world_size, std::nullopt);
+  EXPECT_TRUE(internal::slurm_host_less("n9", "n10"));
+  EXPECT_FALSE(internal::slurm_host_less("n10", "n9"));
+  EXPECT_TRUE(internal::slurm_host_less("a100", "b1"));
+  EXPECT_TRUE(internal::slurm_host_less("n1", "n1-ib"));
+  EXPECT_FALSE(internal::slurm_host_less("n1", "n1"));
+}
+
+TEST(ClusterSpec, SlurmPrefersStepVariables) {
+  // An srun step with fewer tasks than the job: the step's variables describe this process.
+  auto s = resolve({{"SLURM_PROCID", "1"},
+                    {"SLURM_NTASKS", "8"},
+                    {"SLURM_STEP_NUM_TASKS", "2"},
+                    {"SLURM_JOB_NODELIST", "a[1-4]"},
+                    {"SLURM_STEP_NODELIST", "a[3-4]"},
+                    {"SLURM_TASKS_PER_NODE", "2(x4)"},
+                    {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                    {"SLURM_NODEID", "1"},
+                    {"SLURM_LOCALID", "0"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->world_size, 2);
+  EXPECT_EQ(s->local_world_size, 1);
+  EXPECT_EQ(s->coordinator_host, "a3");
+}
+
+TEST(ClusterSpec, SlurmErrors) {
+  expect_invalid(resolve({{"SLURM_PROCID", "0"}}), {"neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS",
+                                                    "Not running inside a SLURM "
+                                                    "step?"});
+  expect_invalid(resolve({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}),
+                 {"SLURM_PROCID=4 is not below SLURM_NTASKS=4"});
+  expect_invalid(resolve({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "4"}}), {"SLURM_PROCID=\"x\""});
+  expect_invalid(resolve({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}),
+                 {"SLURM_JOB_NODELIST", "host of rank 0 is unknown", "MASTER_ADDR"});
+  expect_invalid(resolve({{"SLURM_PROCID", "0"},
+                          {"SLURM_NTASKS", "6"},
+                          {"SLURM_JOB_NODELIST", "n[1-3]"},
+                          {"SLURM_TASKS_PER_NODE", "2(x2),1"}}),
+                 {"SLURM_TASKS_PER_NODE=\"2(x2),1\" adds up to 5 tasks but SLURM_NTASKS=6"});
+  expect_invalid(resolve({{"SLURM_PROCID", "0"},
+                          {"SLURM_NTASKS", "6"},
+                          {"SLURM_JOB_NODELIST", "n[1-2]"},
+                          {"SLURM_TASKS_PER_NODE", "2(x3)"}}),
+                 {"lists 3 nodes but SLURM_JOB_NODELIST has 2 hosts (n[1-2])"});
+  expect_invalid(
+      resolve({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[3-1]"}}),
+      {"SLURM_JOB_NODELIST: Invalid hostlist format \"n[3-1]\""});
+  expect_invalid(resolve({{"SLURM_PROCID", "0"},
+                          {"SLURM_NTASKS", "2"},
+                          {"SLURM_JOB_NODELIST", "n1"},
+                          {"SLURM_TASKS_PER_NODE", "2(x)"}}),
+                 {"SLURM_TASKS_PER_NODE: Invalid tasks-per-node list format \"2(x)\""});
+  expect_invalid(resolve({{"SLURM_PROCID", "0"},
+                          {"SLURM_NTASKS", "4"},
+                          {"SLURM_JOB_NODELIST", "n[1-2]"},
+                          {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                          {"SLURM_NODEID", "2"}}),
+                 {"SLURM_NODEID=2 is not below the job's 2 nodes"});
+  expect_invalid(resolve({{"SLURM_PROCID", "0"},
+                          {"SLURM_NTASKS", "4"},
+                          {"SLURM_JOB_NODELIST", "n[1-2]"},
+                          {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                          {"SLURM_NODEID", "0"},
+                          {"SLURM_LOCALID", "2"}}),
+                 {"SLURM_LOCALID=2 is not below the 2 tasks"});
+}
+
+// ---------------------------------------------------------------- Open MPI
+
+TEST(ClusterSpec, OpenMpi) {
+  Env env{{"OMPI_COMM_WORLD_RANK", "5"},
+          {"OMPI_COMM_WORLD_SIZE", "6"},
+          {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+          {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}};
+  expect_invalid(resolve(env),
+                 {"Open MPI started 6 processes", "set MASTER_ADDR", "TRIBUTARY_MASTER_ADDR"});
+  env["MASTER_ADDR"] = "head";
+  env["MASTER_PORT"] = "7000";
+  auto s = resolve(env);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->source, "openmpi");
+  EXPECT_EQ(s->rank, 5);
+  EXPECT_EQ(s->world_size, 6);
+  EXPECT_EQ(s->local_rank, 2);
+  EXPECT_EQ(s->local_world_size, 3);
+  EXPECT_EQ(s->coordinator_address(), "head:7000");
+  auto t = resolve({{"OMPI_COMM_WORLD_RANK", "0"},
+                    {"OMPI_COMM_WORLD_SIZE", "2"},
+                    {"TRIBUTARY_MASTER_ADDR", "head2"}});
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->coordinator_address(), "head2:29500");
+  EXPECT_TRUE(t->is_chief());
+  auto one = resolve({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}});
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  expect_invalid(resolve({{"OMPI_COMM_WORLD_RANK", "0"}}),
+                 {"OMPI_COMM_WORLD_RANK=0 is set but OMPI_COMM_WORLD_SIZE is not"});
+  expect_invalid(resolve({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
+                 {"OMPI_COMM_WORLD_RANK=3 is not below OMPI_COMM_WORLD_SIZE=2"});
+}
+
+// ---------------------------------------------------------------- precedence
+
+TEST(ClusterSpec, Precedence) {
+  Env env{{"TRIBUTARY_RANK", "1"},
+          {"TRIBUTARY_WORLD_SIZE", "2"},
+          {"TRIBUTARY_MASTER_ADDR", "x"},
+          {"TF_CONFIG", chief_and_workers("worker", 0)},
+          {"RANK", "2"},
+          {"WORLD_SIZE", "3"},
+          {"MASTER_ADDR", "t"},
+          {"OMPI_COMM_WORLD_RANK", "3"},
+          {"OMPI_COMM_WORLD_SIZE", "4"},
+          {"SLURM_PROCID", "4"},
+          {"SLURM_NTASKS", "5"},
+          {"SLURM_JOB_NODELIST", "s[1-5]"}};
+  auto expect_source = [&](const std::string& source, int rank) {
+    auto s = resolve(env);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    EXPECT_EQ(s->source, source);
+    EXPECT_EQ(s->rank, rank);
+  };
+  expect_source("explicit", 1);
+  env.erase("TRIBUTARY_RANK");
+  env.erase("TRIBUTARY_WORLD_SIZE");
+  expect_source("TF_CONFIG", 1);
+  // TRIBUTARY_MASTER_ADDR still overrides the TF_CONFIG leader's host, keeping its port.
+  EXPECT_EQ(resolve(env)->coordinator_address(), "x:2222");
+  env.erase("TRIBUTARY_MASTER_ADDR");
+  EXPECT_EQ(resolve(env)->coordinator_address(), "host0:2222");
+  env.erase("TF_CONFIG");
+  expect_source("torchrun", 2);
+  env.erase("RANK");
+  expect_source("openmpi", 3);  // mpirun inside a Slurm allocation: the MPI ranks are the truth
+  env.erase("OMPI_COMM_WORLD_RANK");
+  expect_source("slurm", 4);
+  EXPECT_EQ(resolve(env)->coordinator_host, "t");  // Slurm honours MASTER_ADDR
+  env.erase("SLURM_PROCID");
+  expect_source("single-process", 0);
+  // A bad higher-priority provider is an error, not a reason to fall through.
+  env["TF_CONFIG"] = "{oops";
+  expect_invalid(resolve(env), {"TF_CONFIG is not valid JSON"});
+}
+
+// ---------------------------------------------------------------- hostlist expansion
+
+TEST(SlurmHostlist, Expands) {
+  auto e = [](std::string_view text) {
+    auto r = expand_slurm_hostlist(text);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : Strings{};
+  };
+  EXPECT_EQ(e("n[1-2],m5,o[3-4,6,7-9]"),
+            (Strings{"n1", "n2", "m5", "o3", "o4", "o6", "o7", "o8", "o9"}));
+  EXPECT_EQ(e("host"), Strings{"host"});
+  EXPECT_EQ(e("a,b.example.com"), (Strings{"a", "b.example.com"}));
+  EXPECT_EQ(e("n[08-11]"), (Strings{"n08", "n09", "n10", "n11"}));
+  EXPECT_EQ(e("n[5]"), Strings{"n5"});
+  EXPECT_EQ(e("n[1-2]-ib"), (Strings{"n1-ib", "n2-ib"}));
+  EXPECT_EQ(e("r[1-2]n[1-2]"), (Strings{"r1n1", "r1n2", "r2n1", "r2n2"}));
+  EXPECT_EQ(e("gpu-[001-002],cpu[9-10]"), (Strings{"gpu-001", "gpu-002", "cpu9", "cpu10"}));
+}
+
+TEST(SlurmHostlist, Errors) {
+  struct Case {
+    std::string text, why;
+  };
+  for (const Case& c : {
+           Case{"n[3-1]", "range \"3-1\" runs backwards; write it low-high, e.g. \"1-3\""},
+           Case{"n[1-", "\"[\" at position 1 is never closed"},
+           Case{"n]1", "\"]\" at position 1 has no matching \"[\""},
+           Case{"n[1[2]]", "\"[\" at position 3 is inside another \"[\""},
+           Case{"", "it is empty"},
+           Case{"a,,b", "empty host name at position 2"},
+           Case{"a,", "empty host name at position 2"},
+           Case{",a", "empty host name at position 0"},
+           Case{"n[a-b]", "range \"a-b\" is not a number or a range"},
+           Case{"n[1-2-3]", "range \"1-2-3\""},
+           Case{"n[-3]", "range \"-3\""},
+           Case{"n[]", "empty brackets"},
+           Case{"n[1,,2]", "empty entry in \"[1,,2]\""},
+           Case{"n[1-2], m1", "whitespace at position 7"},
+           Case{"[1-2]", "has no host name before \"[\""},
+           Case{"n[0-99999999]", "expands to more than"},
+           Case{"n[99999999999999999999]", "too large"},
+       }) {
+    auto r = expand_slurm_hostlist(c.text);
+    expect_invalid(r, {"Invalid hostlist format \"" + c.text + "\": ", c.why});
+  }
+}
+
+TEST(SlurmTasksPerNode, Expands) {
+  auto e = [](std::string_view text) {
+    auto r = expand_slurm_tasks_per_node(text);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : std::vector<int>{};
+  };
+  EXPECT_EQ(e("3(x2),2,1"), (std::vector<int>{3, 3, 2, 1}));
+  EXPECT_EQ(e("4"), std::vector<int>{4});
+  EXPECT_EQ(e("2(x3)"), (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(e("1,2(x1),3"), (std::vector<int>{1, 2, 3}));
+}
+
+TEST(SlurmTasksPerNode, Errors) {
+  struct Case {
+    std::string text, why;
+  };
+  for (const Case& c : {
+           Case{"", "it is empty"},
+           Case{"3(x0)", "repeat count in \"3(x0)\" must be at least 1"},
+           Case{"3(x2", "\"3(x2\" is not N or N(xR)"},
+           Case{"3(2)", "\"3(2)\" is not N or N(xR)"},
+           Case{"x", "\"x\" is not N or N(xR)"},
+           Case{"-1", "\"-1\" is not N or N(xR)"},
+           Case{"3,,2", "\"\" is not N or N(xR)"},
+           Case{"3(x-1)", "\"3(x-1)\""},
+           Case{"1(x2000000)", "more than"},
+       }) {
+    auto r = expand_slurm_tasks_per_node(c.text);
+    expect_invalid(r, {"Invalid tasks-per-node list format \"" + c.text + "\": ", c.why});
+  }
+}
+
+// ---------------------------------------------------------------- the environment snapshot
+
+TEST(ClusterSpec, EnvironmentSnapshotCapturesLauncherVariables) {
+  const Env vars{{"RANK", "1"},
+                 {"WORLD_SIZE", "2"},
+                 {"LOCAL_RANK", "1"},
+                 {"LOCAL_WORLD_SIZE", "2"},
+                 {"MASTER_ADDR", "127.0.0.1"},
+                 {"MASTER_PORT", "29555"},
+                 {"SLURM_PROCID", "1"},
+                 {"SLURM_JOB_NODELIST", "n[1-2]"},
+                 {"OMPI_COMM_WORLD_RANK", "1"},
+                 {"OMPI_COMM_WORLD_SIZE", "2"},
+                 {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                 {"TRIBUTARY_CLUSTER_TEST", "x"}};
+  for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+  ::setenv("RANKING_NOT_A_LAUNCHER_VAR", "7", 1);
+  Config c = Config::from_environment();
+  for (const auto& [k, v] : vars) ::unsetenv(k.c_str());
+  ::unsetenv("RANKING_NOT_A_LAUNCHER_VAR");
+  for (const auto& [k, v] : vars) {
+    EXPECT_EQ(c.get(k), v) << k;
+    if (c.find(k) != nullptr) {
+      EXPECT_EQ(c.find(k)->source, "environment");
+    }
+  }
+  EXPECT_EQ(c.get("RANKING_NOT_A_LAUNCHER_VAR"), std::nullopt);
+  auto s = resolve_cluster_spec(c);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->source, "torchrun");
+  EXPECT_EQ(s->coordinator_address(), "127.0.0.1:29555");
+}
+
+}  // namespace
+}  // namespace tributary
