@@ -165,9 +165,18 @@ TRIBUTARY_ALWAYS_INLINE A finish(A v, int64_t divisor) {
     return v;
   } else if constexpr (std::is_floating_point_v<A>) {
     return v / static_cast<A>(divisor);
-  } else {
+  } else if constexpr (sizeof(S) == 8) {
     // The wrapped sum, read back in the (signed or not) storage type, truncated toward zero.
     return static_cast<A>(static_cast<int64_t>(static_cast<S>(v)) / divisor);
+  } else {
+    // The same quotient through floating point, which vectorises (SIMD has no integer division).
+    // Exact: |x| < 2^p (p: F's significand bits), so the rounded quotient is within
+    // |x/d| 2^-p < 1/d of x/d, and a non-integer x/d is at least 1/d from any integer: the
+    // truncations agree. (A divisor that F rounds is larger than |x|: the quotient is 0 either
+    // way.)
+    using F = std::conditional_t<sizeof(S) == 1, float, double>;
+    return static_cast<A>(
+        static_cast<S>(static_cast<F>(static_cast<S>(v)) / static_cast<F>(divisor)));
   }
 }
 

@@ -52,28 +52,32 @@ int main(int argc, char** argv) {
 
   auto config = Config::load();
   if (!config.ok()) return fail(config.status().message());
-  BackendContext ctx;
-  ctx.devices.clear();
-  for (int r = 0; r < replicas; ++r) ctx.devices.push_back(Device::cpu(r));
-  ctx.config = *config;
+  // The cluster (one process, or several under tributary-run / TF_CONFIG / torchrun variables).
+  std::vector<Device> devices;
+  for (int r = 0; r < replicas; ++r) devices.push_back(Device::cpu(r));
+  auto context = make_backend_context(devices, *config);
+  if (!context.ok()) return fail(context.status().message());
+  BackendContext& ctx = *context;
 
   BackendRegistry registry = builtin_backends();
   auto ops = spec.empty() ? registry.create_from_config(ctx) : registry.create(spec, ctx);
   if (!ops.ok()) return fail(ops.status().message());
   CrossDeviceOps& cdo = **ops;
 
-  // Replica r holds r + 1 everywhere, so every reduction has a known exact answer.
+  // Global replica g holds g + 1 everywhere, so every reduction has a known exact answer.
   std::vector<Buffer> buffers;
   PerReplica<Tensor> values;
   for (int r = 0; r < replicas; ++r) {
     auto b = Buffer::allocate(DType::kFloat32, Shape{count}, ctx.devices[r]);
     if (!b.ok()) return fail(b.status().message());
     float* p = b->data_as<float>();
-    for (long long i = 0; i < count; ++i) p[i] = static_cast<float>(r + 1);
+    const int global = ctx.rank * replicas + r;
+    for (long long i = 0; i < count; ++i) p[i] = static_cast<float>(global + 1);
     values.values().push_back(b->tensor());
     buffers.push_back(std::move(b).value());
   }
-  double n = replicas;
+  const int in_sync = cdo.num_replicas_in_sync();
+  double n = in_sync;
   double expected = 0;
   switch (*op) {
     case ReduceOp::kSum: expected = n * (n + 1) / 2; break;
@@ -82,7 +86,7 @@ int main(int argc, char** argv) {
     case ReduceOp::kMax: expected = n; break;
     case ReduceOp::kProd: {
       expected = 1;
-      for (int r = 1; r <= replicas; ++r) expected *= r;
+      for (int r = 1; r <= in_sync; ++r) expected *= r;
       break;
     }
   }
@@ -99,9 +103,10 @@ int main(int argc, char** argv) {
     for (long long i = 0; i < count; ++i) wrong += static_cast<float>(expected) != p[i];
   }
   std::printf("backend:  %s\n", cdo.spec().c_str());
-  std::printf("replicas: %d (", replicas);
+  std::printf("rank:     %d of %d process(es)\n", ctx.rank, ctx.world_size);
+  std::printf("replicas: %d local (", replicas);
   for (int r = 0; r < replicas; ++r) std::printf("%s%s", r ? ", " : "", ctx.devices[r].to_string().c_str());
-  std::printf(")\n");
+  std::printf("), %d in sync\n", in_sync);
   std::printf("all_reduce %s of %lld float32 (%s) per replica, in place: %.1f us\n",
               std::string(reduce_op_name(*op)).c_str(), count,
               format_size(static_cast<uint64_t>(count) * 4).c_str(), us.count());

@@ -72,12 +72,24 @@ struct Capabilities {
   std::string to_string() const;  // one line
 };
 
-// Where an instance runs and with whom.
+class Store;
+
+// Where an instance runs and with whom. For one process, the defaults and a device list are all
+// there is to it; for several, make_backend_context() (registry.h) fills in the rest from the
+// cluster spec (TF_CONFIG, torchrun or Slurm variables, ...).
 struct BackendContext {
   std::vector<Device> devices = {Device::cpu(0)};  // local replicas, in order
   int rank = 0;        // this process
   int world_size = 1;  // processes
   Config config;       // environment/config snapshot (options, log level)
+  // Rendezvous of multi-process backends (null for one process). Each multi-process backend
+  // created from this context takes the next instance number, so that every rank, creating its
+  // backends in the same order, meets its peers under the same keys.
+  std::shared_ptr<Store> store;
+  std::shared_ptr<void> keep_alive;  // what the store needs alive (the chief's store server)
+  std::string coordinator_host;      // the store's host, to pick the interface that reaches it
+  std::string cluster_id;            // differs between jobs; peers of another job are refused
+  std::shared_ptr<uint64_t> instances = std::make_shared<uint64_t>(0);
 };
 
 // One value and where its reduction goes, for reduce/batch_reduce.

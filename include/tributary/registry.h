@@ -61,4 +61,12 @@ class BackendRegistry {
 // Every backend compiled into libtributary.
 BackendRegistry builtin_backends();
 
+// A context for `devices` (this process's replicas) in the cluster described by `config`
+// (resolve_cluster_spec: TRIBUTARY_RANK..., TF_CONFIG, torchrun, Open MPI, Slurm). With more than
+// one process, the chief (rank 0) starts the rendezvous store server on the coordinator port and
+// every process connects to it, retrying until `timeout`.
+StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Config config,
+                                              std::chrono::milliseconds timeout =
+                                                  std::chrono::minutes(5));
+
 }  // namespace tributary

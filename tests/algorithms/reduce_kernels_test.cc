@@ -278,7 +278,7 @@ double tolerance(DType dtype, ReduceOp op, const std::vector<double>& in, double
     if (op == ReduceOp::kMean) scale /= static_cast<double>(divisor);
   }
   const double n = static_cast<double>(in.size());
-  // 0x1p-24: half of float16's smallest subnormal, the absolute error floor of its rounding.
+  // 0x1p-24: float16's smallest subnormal, twice its worst rounding error among subnormals.
   return 2 * n * acc_eps * scale + out_eps * std::abs(ref) +
          (dtype == DType::kFloat16 ? 0x1p-24 : 0);
 }
@@ -521,6 +521,39 @@ TEST(ReduceIntegerTest, MeanTruncatesTowardZeroAfterWrapping) {
   // A large divisor, as after a sum over many replicas.
   EXPECT_EQ(reduce_values<int32_t>(ReduceOp::kMean, DType::kInt32, {{1000}}, 1000),
             (std::vector<int32_t>{1}));
+}
+
+// The kernel divides small integer types through floating point; it must match C++'s integer
+// division for every value and divisor, including divisors that float cannot represent.
+TEST(ReduceIntegerTest, MeanMatchesIntegerDivisionEverywhere) {
+  std::vector<int8_t> all_int8(256);
+  std::vector<uint8_t> all_uint8(256);
+  for (int i = 0; i < 256; ++i) {
+    all_int8[i] = static_cast<int8_t>(i - 128);
+    all_uint8[i] = static_cast<uint8_t>(i);
+  }
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= 300; ++d) divisors.push_back(d);
+  for (int64_t d : {(int64_t{1} << 24) + 1, (int64_t{1} << 31) - 1, int64_t{1} << 31,
+                    (int64_t{1} << 53) + 1, std::numeric_limits<int64_t>::max()}) {
+    divisors.push_back(d);
+  }
+  std::mt19937_64 rng(3);
+  std::vector<int32_t> int32s = {std::numeric_limits<int32_t>::min(),
+                                 std::numeric_limits<int32_t>::max(), -1, 0, 1};
+  for (int i = 0; i < 1000; ++i) int32s.push_back(static_cast<int32_t>(rng()));
+  for (int64_t d : divisors) {
+    const auto i8 = reduce_values<int8_t>(ReduceOp::kMean, DType::kInt8, {all_int8}, d);
+    const auto u8 = reduce_values<uint8_t>(ReduceOp::kMean, DType::kUInt8, {all_uint8}, d);
+    const auto i32 = reduce_values<int32_t>(ReduceOp::kMean, DType::kInt32, {int32s}, d);
+    for (size_t i = 0; i < 256; ++i) {
+      ASSERT_EQ(i8[i], all_int8[i] / d) << int{all_int8[i]} << " / " << d;
+      ASSERT_EQ(u8[i], all_uint8[i] / d) << int{all_uint8[i]} << " / " << d;
+    }
+    for (size_t i = 0; i < int32s.size(); ++i) {
+      ASSERT_EQ(i32[i], int32s[i] / d) << int32s[i] << " / " << d;
+    }
+  }
 }
 
 TEST(ReduceIntegerTest, SignedMinMaxCompareSigned) {

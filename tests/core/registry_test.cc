@@ -82,7 +82,7 @@ TEST(Registry, UnknownBackendListsAvailable) {
   EXPECT_EQ(made.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(made.status().message(),
             "unknown backend 'no_such_backend'; available backends: auto, "
-            "reduction_to_one_device, hierarchical_copy");
+            "reduction_to_one_device, hierarchical_copy, ring");
 }
 
 TEST(Registry, SpecOptionsReachTheBackend) {

@@ -1,0 +1,106 @@
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "backends/ring/ring_ops.h"
+#include "tributary/registry.h"
+#include "tributary/store.h"
+
+namespace tributary {
+namespace {
+
+// TRIBUTARY_SECRET, else the file named by the secret_file option or TRIBUTARY_SECRET_FILE.
+StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file) {
+  if (auto s = config.get("TRIBUTARY_SECRET"); s && !s->empty()) return *s;
+  std::string path = secret_file;
+  if (path.empty()) path = config.get("TRIBUTARY_SECRET_FILE").value_or("");
+  if (path.empty()) return std::string();
+  std::ifstream in(path);
+  if (!in) return not_found("cannot read the secret file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string secret = ss.str();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) return invalid_argument("the secret file '" + path + "' is empty");
+  return secret;
+}
+
+}  // namespace
+
+Status register_ring(BackendRegistry& registry) {
+  BackendInfo info;
+  info.name = "ring";
+  info.summary = "across processes and hosts over TCP (Boost.Asio): ring and halving-doubling "
+                 "all-reduce, tree broadcast, ring all-gather and reduce-scatter";
+  info.options = {
+      {.name = "algorithm",
+       .type = OptionType::kEnum,
+       .default_value = "auto",
+       .help = "all-reduce algorithm: auto (the cost model picks by size and world), ring "
+               "(bandwidth-optimal), halving_doubling (latency-optimal)",
+       .choices = {"auto", "ring", "halving_doubling"}},
+      {.name = "segment_bytes",
+       .type = OptionType::kSize,
+       .default_value = "256KiB",
+       .help = "ring steps move their chunk in segments of this size, so that receiving the next "
+               "segment overlaps reducing this one",
+       .min = 1},
+      {.name = "bytes_per_pack",
+       .type = OptionType::kSize,
+       .default_value = "0",
+       .help = "batch_reduce packs tensors into groups of at least this many bytes (TF's rule); "
+               "0 = one pack per dtype"},
+      {.name = "host",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "address this process listens on and publishes (default: the interface that "
+               "reaches the coordinator)"},
+      {.name = "secret_file",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "file holding the shared secret peers must prove (default TRIBUTARY_SECRET, then "
+               "TRIBUTARY_SECRET_FILE; none = no authentication)"},
+  };
+  Capabilities caps;
+  caps.device_types = {DeviceType::kCpu};
+  caps.dtypes.assign(all_dtypes().begin(), all_dtypes().end());
+  caps.ops.assign(all_reduce_ops().begin(), all_reduce_ops().end());
+  caps.collectives.assign(all_collectives().begin(), all_collectives().end());
+  caps.multi_process = true;
+  info.capabilities = caps;
+  info.auto_priority = 8;  // below the in-process backends, which "auto" prefers for one process
+  info.create = [caps](const BackendContext& context, Options options)
+      -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+    std::unique_ptr<algorithms::Transport> transport;
+    if (context.world_size > 1) {
+      if (!context.store) {
+        return failed_precondition(
+            "backend 'ring' across " + std::to_string(context.world_size) +
+            " processes needs a rendezvous store; create the context with "
+            "make_backend_context() (it reads TF_CONFIG, RANK/WORLD_SIZE/MASTER_ADDR, Slurm...)");
+      }
+      TRIBUTARY_ASSIGN_OR_RETURN(std::string secret,
+                                 read_secret(context.config, options.get_string("secret_file")));
+      backends::TcpTransportOptions t;
+      t.host = options.get_string("host");
+      t.coordinator = context.coordinator_host;
+      t.secret = std::move(secret);
+      t.cluster_id = context.cluster_id;
+      t.timeout = options.get_duration("timeout");
+      const uint64_t instance = (*context.instances)++;
+      PrefixStore store("ring/" + std::to_string(instance), context.store);
+      auto made = backends::TcpTransport::create(store, context.rank, context.world_size, t);
+      if (!made.ok()) return made.status();
+      transport = std::move(made).value();
+    } else {
+      auto made = backends::TcpTransport::create(*std::make_shared<MemoryStore>(), 0, 1, {});
+      if (!made.ok()) return made.status();
+      transport = std::move(made).value();
+    }
+    return std::unique_ptr<CrossDeviceOps>(std::make_unique<backends::RingOps>(
+        context, std::move(options), caps, std::move(transport)));
+  };
+  return registry.add(std::move(info));
+}
+
+}  // namespace tributary

@@ -1,0 +1,65 @@
+// TcpTransport: the Transport of the ring backend, over TCP with Boost.Asio.
+//
+// Setup: every rank listens on an ephemeral port, publishes "host:port" in the store, connects to
+// every lower rank and accepts every higher one (a full mesh), each connection opened by a
+// handshake that carries a protocol version, a cluster id, the world size and both ranks. When a
+// secret is configured (TRIBUTARY_SECRET or a secret file), both sides prove they know it with an
+// HMAC-SHA256 challenge-response over fresh nonces; a process without the secret cannot join, and
+// a connection that fails the handshake (wrong magic, version, cluster, garbage) is dropped
+// without disturbing the others.
+//
+// Data: each message is one frame, a 48-byte header (magic, collective sequence number and
+// fingerprint, step, payload length) and the payload, written with TCP_NODELAY. A receive reads a
+// frame only when one has been posted, straight into the caller's buffer, and checks the header
+// against the posted tag and size first: a peer can never make us allocate or write beyond what we
+// posted, and a mismatched collective is reported naming both sides.
+//
+// Progress: the transport's io_context is driven by the thread that waits (no extra thread, no
+// hand-off latency); every wait has a deadline. Any error (a peer closing, a reset, a deadline, a
+// mismatch) fails the whole transport and closes every socket, so that the other ranks notice at
+// once rather than at their own deadline. Frames are in host byte order: all ranks must share one
+// endianness (every platform tributary builds on is little-endian).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "algorithms/transport.h"
+#include "tributary/store.h"
+
+namespace tributary::backends {
+
+struct TcpTransportOptions {
+  std::string host;        // address to publish; "" = the interface that reaches the coordinator
+  std::string coordinator; // the store's host, used to pick the interface when host is ""
+  std::string secret;      // "" = no authentication
+  std::string cluster_id;  // ranks of different jobs refuse each other
+  std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
+};
+
+class TcpTransport final : public algorithms::Transport {
+ public:
+  // Connects the full mesh through `store` (keys are written under the store's own prefix).
+  static StatusOr<std::unique_ptr<TcpTransport>> create(Store& store, int rank, int size,
+                                                        const TcpTransportOptions& options);
+  ~TcpTransport() override;
+
+  int rank() const override;
+  int size() const override;
+  StatusOr<Request> isend(int peer, const algorithms::MessageTag& tag,
+                          std::span<const std::byte> data) override;
+  StatusOr<Request> irecv(int peer, const algorithms::MessageTag& tag,
+                          std::span<std::byte> data) override;
+  Status wait(Request request, algorithms::Deadline deadline) override;
+  void abort(const Status& why) override;
+  Status error() const override;
+
+  struct Impl;
+
+ private:
+  explicit TcpTransport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tributary::backends

@@ -1,0 +1,45 @@
+// make_backend_context: from a cluster spec to a context with a rendezvous store.
+#include <string>
+
+#include "tributary/cluster.h"
+#include "tributary/registry.h"
+#include "tributary/store.h"
+
+namespace tributary {
+
+StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Config config,
+                                              std::chrono::milliseconds timeout) {
+  if (devices.empty()) return invalid_argument("make_backend_context: the device list is empty");
+  TRIBUTARY_ASSIGN_OR_RETURN(ClusterSpec cluster, resolve_cluster_spec(config));
+  BackendContext ctx;
+  ctx.devices = std::move(devices);
+  ctx.config = std::move(config);
+  ctx.rank = cluster.rank;
+  ctx.world_size = cluster.world_size;
+  if (cluster.world_size <= 1) return ctx;
+  ctx.coordinator_host = cluster.coordinator_host;
+  ctx.cluster_id = cluster.coordinator_address() + "/" + std::to_string(cluster.world_size);
+  StoreOptions options;
+  options.timeout = timeout;
+  options.connect_timeout = timeout;
+  if (cluster.rank == 0) {
+    auto server = TcpStore::create_server("0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port));
+    if (!server.ok()) {
+      return server.status().with_context("the chief could not start the rendezvous store on port " +
+                                          std::to_string(cluster.coordinator_port) +
+                                          " (is another job using it? set MASTER_PORT)");
+    }
+    ctx.keep_alive = std::shared_ptr<TcpStoreServer>(std::move(server).value());
+  }
+  auto client = TcpStore::connect(cluster.coordinator_host,
+                                  static_cast<uint16_t>(cluster.coordinator_port), options);
+  if (!client.ok()) {
+    return client.status().with_context("rank " + std::to_string(cluster.rank) +
+                                        " could not reach the rendezvous store (" +
+                                        cluster.describe() + ")");
+  }
+  ctx.store = std::shared_ptr<Store>(std::move(client).value());
+  return ctx;
+}
+
+}  // namespace tributary

@@ -1,0 +1,230 @@
+// Store: the key-value store through which the processes of a job meet at rendezvous. Ranks publish
+// their addresses, NCCL unique ids and UCX worker addresses under agreed keys and read each
+// other's. Modelled on Gloo's rendezvous::Store and PyTorch c10d's Store / TCPStore.
+//
+// Contract:
+// - Keys are non-empty byte strings of at most kMaxStoreKeyBytes; values are byte strings (NUL
+// bytes
+//   allowed) of at most kMaxStoreValueBytes. Larger ones are rejected with kInvalidArgument.
+// - Every method is thread-safe, and every store may be shared by many threads and processes.
+// - get() and wait() block until the key(s) exist or the timeout passes; on timeout they return
+//   kDeadlineExceeded naming the keys still missing and the timeout. The overloads without a
+//   timeout use StoreOptions::timeout. A timeout <= 0 checks once and does not wait.
+// - add() treats the value as a decimal int64 (an absent key counts as 0), updates it atomically
+// for
+//   every client of the store and returns the new value; get() of a counter returns its decimal
+//   text.
+// - No exception crosses this API; destructors neither throw nor hang.
+//
+// Implementations: MemoryStore (one process; ranks as threads), FileStore (a directory on a
+// filesystem that all processes share), TcpStore (a client of a TcpStoreServer run by the chief).
+// PrefixStore scopes the keys of one group inside a store that several groups share.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tributary/status.h"
+
+namespace tributary {
+
+inline constexpr std::size_t kMaxStoreKeyBytes = 64 * 1024;
+inline constexpr std::size_t kMaxStoreValueBytes = 64 * 1024 * 1024;
+
+struct StoreOptions {
+  // How long get() and wait() block when called without a timeout.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // TcpStore: how long connect() (and any later reconnection) keeps retrying an unreachable server.
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
+};
+
+class PrefixStore;
+
+class Store {
+ public:
+  using Duration = std::chrono::milliseconds;
+
+  explicit Store(StoreOptions options = {}) : options_(options) {}
+  virtual ~Store() = default;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Sets `key` to `value`, replacing any previous value, and wakes the readers waiting for it.
+  Status set(std::string_view key, std::string_view value);
+  // The value of `key`, waiting up to `timeout` for some client to set it.
+  StatusOr<std::string> get(std::string_view key) { return get(key, options_.timeout); }
+  StatusOr<std::string> get(std::string_view key, Duration timeout);
+  // Atomically adds `delta` to the counter `key` (absent = 0) and returns the new value.
+  StatusOr<std::int64_t> add(std::string_view key, std::int64_t delta);
+  // Waits up to `timeout` until every key in `keys` exists.
+  Status wait(const std::vector<std::string>& keys) { return wait(keys, options_.timeout); }
+  Status wait(const std::vector<std::string>& keys, Duration timeout);
+  // Whether every key in `keys` exists now; does not wait for them.
+  StatusOr<bool> check(const std::vector<std::string>& keys);
+  // Removes `key`; true when it existed.
+  StatusOr<bool> delete_key(std::string_view key);
+
+  const StoreOptions& options() const { return options_; }
+  // For messages: "memory store", "file store at /shared/job42", "TCP store at 10.0.0.1:29500".
+  virtual std::string describe() const = 0;
+
+ protected:
+  // The front door above validates keys, values and timeouts, then calls these. A blocking call
+  // that times out is not an error here: get_impl returns nullopt and wait_impl fills `missing`;
+  // the front door turns that into one kDeadlineExceeded message for every store.
+  virtual Status set_impl(std::string_view key, std::string_view value) = 0;
+  virtual StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) = 0;
+  virtual StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) = 0;
+  virtual Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
+                           std::vector<std::string>* missing) = 0;
+  virtual StatusOr<bool> check_impl(const std::vector<std::string>& keys) = 0;
+  virtual StatusOr<bool> delete_key_impl(std::string_view key) = 0;
+
+ private:
+  friend class PrefixStore;  // forwards to the *_impl of the store it wraps
+  StoreOptions options_;
+};
+
+// In-process store: a map under a mutex. For tests and single-process jobs with ranks as threads.
+class MemoryStore final : public Store {
+ public:
+  explicit MemoryStore(StoreOptions options = {});
+  ~MemoryStore() override;
+  std::string describe() const override { return "memory store"; }
+
+ protected:
+  Status set_impl(std::string_view key, std::string_view value) override;
+  StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) override;
+  StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) override;
+  Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
+                   std::vector<std::string>* missing) override;
+  StatusOr<bool> check_impl(const std::vector<std::string>& keys) override;
+  StatusOr<bool> delete_key_impl(std::string_view key) override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// A directory on a filesystem that every process can reach (local, or NFS/Lustre for many hosts).
+// Each key is one file, written to a temporary file and renamed into place, so a reader sees a
+// whole old value or a whole new one; set/add/delete_key serialise on an flock()ed lock file, so
+// counters are exact across processes. get() and wait() poll with backoff (1 ms growing to 50 ms).
+// The directory is created when missing and is never removed by the store: use a fresh one per job.
+class FileStore final : public Store {
+ public:
+  static StatusOr<std::unique_ptr<FileStore>> open(const std::string& path,
+                                                   StoreOptions options = {});
+  ~FileStore() override;
+  std::string describe() const override;
+  const std::string& path() const { return path_; }
+
+ protected:
+  Status set_impl(std::string_view key, std::string_view value) override;
+  StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) override;
+  StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) override;
+  Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
+                   std::vector<std::string>* missing) override;
+  StatusOr<bool> check_impl(const std::vector<std::string>& keys) override;
+  StatusOr<bool> delete_key_impl(std::string_view key) override;
+
+ private:
+  FileStore(std::string path, StoreOptions options);
+  std::string path_;
+};
+
+struct TcpStoreServerOptions {
+  // Pending connections the kernel queues; raise it when thousands of ranks connect at once.
+  int listen_backlog = 4096;
+};
+
+class TcpStoreServer;
+
+// A client of a TcpStoreServer. Each process of the job (the server's own included) connects one.
+// Concurrent calls from several threads use separate connections from a small pool, so a thread
+// blocked in get() never delays another thread's set(). A call whose server stops answering returns
+// within its timeout plus a short grace (at most 5 s); a connection that failed is dropped and the
+// next call reconnects (retrying for StoreOptions::connect_timeout).
+class TcpStore final : public Store {
+ public:
+  // Connects to host:port, retrying with backoff while the server is not (yet) reachable, for up to
+  // options.connect_timeout; then kUnavailable naming the address, the time spent and what to
+  // check.
+  static StatusOr<std::unique_ptr<TcpStore>> connect(const std::string& host, std::uint16_t port,
+                                                     StoreOptions options = {});
+  // Starts a server listening on host:port ("0.0.0.0" or "" for every IPv4 interface, "::" for
+  // every interface); port 0 picks a free port, which TcpStoreServer::port() reports.
+  static StatusOr<std::unique_ptr<TcpStoreServer>> create_server(
+      const std::string& host, std::uint16_t port, TcpStoreServerOptions options = {});
+
+  ~TcpStore() override;
+  std::string describe() const override;
+
+ protected:
+  Status set_impl(std::string_view key, std::string_view value) override;
+  StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) override;
+  StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) override;
+  Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
+                   std::vector<std::string>* missing) override;
+  StatusOr<bool> check_impl(const std::vector<std::string>& keys) override;
+  StatusOr<bool> delete_key_impl(std::string_view key) override;
+
+ private:
+  struct Impl;
+  explicit TcpStore(std::unique_ptr<Impl> impl, StoreOptions options);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The server side of TcpStore: holds the keys in memory and serves clients on its own I/O thread.
+// Blocked get()/wait() requests are parked and answered when their keys arrive or their timeout
+// passes. A client that sends a malformed, oversized or truncated frame is disconnected; the others
+// are unaffected. The destructor stops the thread and closes every connection.
+class TcpStoreServer {
+ public:
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  const std::string& host() const;
+  std::uint16_t port() const;  // the bound port (the chosen one when created with port 0)
+  // Connections served since start (for tests and diagnostics).
+  std::size_t num_connections_accepted() const;
+
+ private:
+  friend class TcpStore;
+  struct Impl;
+  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Scopes keys: key "k" becomes "<prefix>/k" in the wrapped store, so groups sharing one store do
+// not collide. Messages name the keys as the caller wrote them and the prefix in describe().
+class PrefixStore final : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base);
+  std::string describe() const override;
+  const std::string& prefix() const { return prefix_; }
+
+ protected:
+  Status set_impl(std::string_view key, std::string_view value) override;
+  StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) override;
+  StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) override;
+  Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
+                   std::vector<std::string>* missing) override;
+  StatusOr<bool> check_impl(const std::vector<std::string>& keys) override;
+  StatusOr<bool> delete_key_impl(std::string_view key) override;
+
+ private:
+  std::string full_key(std::string_view key) const;
+  std::vector<std::string> full_keys(const std::vector<std::string>& keys) const;
+  std::string prefix_;
+  std::shared_ptr<Store> base_;
+};
+
+}  // namespace tributary
