@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -211,6 +212,20 @@ std::string CallInfo::describe() const {
   return s + ")";
 }
 
+// Shared with Work callbacks, which may run after the instance is gone.
+struct CrossDeviceOps::Health {
+  mutable std::mutex mu;
+  Status first_failure;
+  void record(const Status& s) {
+    std::lock_guard lock(mu);
+    if (first_failure.ok()) first_failure = s;
+  }
+  Status get() const {
+    std::lock_guard lock(mu);
+    return first_failure;
+  }
+};
+
 CrossDeviceOps::CrossDeviceOps(std::string name, BackendContext context, Options options,
                                Capabilities capabilities)
     : name_(std::move(name)),
@@ -220,9 +235,12 @@ CrossDeviceOps::CrossDeviceOps(std::string name, BackendContext context, Options
   if (const Options::Value* t = options_.find("timeout")) timeout_ = std::chrono::nanoseconds(t->i);
   log_level_ = static_cast<int>(internal::log_level_from(context_.config));
   log_prefix_ = "rank " + std::to_string(context_.rank) + "/" + name_;
+  health_ = std::make_shared<Health>();
 }
 
 CrossDeviceOps::~CrossDeviceOps() = default;
+
+Status CrossDeviceOps::broken() const { return health_->get(); }
 
 std::string CrossDeviceOps::spec() const {
   std::string opts = options_.to_string();
@@ -285,6 +303,14 @@ CallInfo CrossDeviceOps::begin(Collective c, ReduceOp op, DType dtype, int64_t c
 }
 
 Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
+  // A collective that failed after validation leaves the group in an unknown state.
+  auto health = health_;
+  work.on_complete([health](const Status& s) {
+    if (!s.ok() && s.code() != StatusCode::kInvalidArgument &&
+        s.code() != StatusCode::kUnimplemented) {
+      health->record(s);
+    }
+  });
   if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {
     std::string what = call.describe();
     std::string prefix = log_prefix_;
@@ -322,6 +348,15 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
     }                                                                                            \
   } while (0)
 
+#define TRIBUTARY_REFUSE_IF_BROKEN(call)                                                       \
+  do {                                                                                       \
+    if (::tributary::Status _b = broken(); !_b.ok()) {                                       \
+      return ::tributary::Work::completed(::tributary::failed_precondition(                  \
+          std::string(call) + ": backend '" + name_ + "' is unusable after an earlier "      \
+          "failure; create a new one. The failure was: " + _b.message()));                   \
+    }                                                                                        \
+  } while (0)
+
 #define TRIBUTARY_RETURN_WORK_IF_ERROR(expr)                          \
   do {                                                                \
     ::tributary::Status _trib_s = (expr);                             \
@@ -332,6 +367,7 @@ Work CrossDeviceOps::all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
                                 const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "all_reduce";
   Validator v(kCall);
+  TRIBUTARY_REFUSE_IF_BROKEN(kCall);
   TRIBUTARY_CHECK_REPLICAS(inputs, kCall, "inputs");
   TRIBUTARY_CHECK_REPLICAS(outputs, kCall, "outputs");
   TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(inputs.values(), Label{"inputs"}));
@@ -356,6 +392,7 @@ Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,
   ReducePair pair{value, destinations};
   constexpr std::string_view kCall = "reduce";
   Validator v(kCall);
+  TRIBUTARY_REFUSE_IF_BROKEN(kCall);
   TRIBUTARY_CHECK_REPLICAS(value, kCall, "value");
   TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(value.values(), Label{"value"}));
   if (destinations.empty()) {
@@ -384,6 +421,7 @@ Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,
 Work CrossDeviceOps::batch_reduce(ReduceOp op, std::span<const ReducePair> pairs) {
   constexpr std::string_view kCall = "batch_reduce";
   Validator v(kCall);
+  TRIBUTARY_REFUSE_IF_BROKEN(kCall);
   if (pairs.empty()) {
     return Work::completed(v.error("value_destination_pairs is empty; pass at least one pair"));
   }
@@ -442,6 +480,7 @@ Work CrossDeviceOps::broadcast(const Tensor& source, const Mirrored<Tensor>& des
                                int root) {
   constexpr std::string_view kCall = "broadcast";
   Validator v(kCall);
+  TRIBUTARY_REFUSE_IF_BROKEN(kCall);
   if (root < 0 || root >= world_size()) {
     return Work::completed(v.error("root " + std::to_string(root) + " is not a process rank in [0, " +
                                    std::to_string(world_size()) + ")"));
@@ -479,6 +518,7 @@ Work CrossDeviceOps::all_gather(const PerReplica<Tensor>& inputs,
                                 const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "all_gather";
   Validator v(kCall);
+  TRIBUTARY_REFUSE_IF_BROKEN(kCall);
   TRIBUTARY_CHECK_REPLICAS(inputs, kCall, "inputs");
   TRIBUTARY_CHECK_REPLICAS(outputs, kCall, "outputs");
   TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(inputs.values(), Label{"inputs"}));
@@ -524,6 +564,7 @@ Work CrossDeviceOps::reduce_scatter(ReduceOp op, const PerReplica<Tensor>& input
                                     const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "reduce_scatter";
   Validator v(kCall);
+  TRIBUTARY_REFUSE_IF_BROKEN(kCall);
   TRIBUTARY_CHECK_REPLICAS(inputs, kCall, "inputs");
   TRIBUTARY_CHECK_REPLICAS(outputs, kCall, "outputs");
   TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(inputs.values(), Label{"inputs"}));

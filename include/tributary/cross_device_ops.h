@@ -136,6 +136,9 @@ class CrossDeviceOps {
   uint64_t last_sequence() const { return sequence_; }
   // The timeout every collective of this instance runs under (option "timeout").
   std::chrono::nanoseconds timeout() const { return timeout_; }
+  // OK, or the first failure of a collective (a dead or silent peer, a mismatch): after one, this
+  // instance refuses every further collective with FailedPrecondition quoting it.
+  Status broken() const;
 
  protected:
   CrossDeviceOps(std::string name, BackendContext context, Options options,
@@ -176,6 +179,8 @@ class CrossDeviceOps {
   uint64_t sequence_ = 0;
   int log_level_ = 0;
   std::string log_prefix_;
+  struct Health;
+  std::shared_ptr<Health> health_;
 };
 
 }  // namespace tributary

@@ -1,0 +1,62 @@
+// The local launcher behind tributary-run: starts N worker processes of one program on this host,
+// each with its cluster spec in the environment, relays their output and signals, and stops the
+// job when a rank fails. POSIX and the C++ standard library only; nothing of tributary's own.
+//
+// What each worker i of N gets:
+//  - TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task": {"type": "worker",
+//    "index": i}}, with N distinct ports that were free when the job started;
+//  - RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets
+//  them,
+//    and TRIBUTARY_RANK, TRIBUTARY_WORLD_SIZE, TRIBUTARY_LOCAL_RANK, TRIBUTARY_MASTER_ADDR,
+//    TRIBUTARY_MASTER_PORT; MASTER_PORT is the same for all ranks and none of the worker ports;
+//  - the launcher's environment plus LaunchOptions::env otherwise; stdin from /dev/null;
+//  - its own process group (so signals reach what it starts) and, on Linux, PR_SET_PDEATHSIG, so
+//    it dies with a launcher that was SIGKILLed.
+//
+// Output: each line a worker writes to stdout (stderr) goes whole to our stdout (stderr) after
+// the prefix "[rank i] "; a last line without '\n' is completed with one. The launcher's own
+// messages go to stderr as "tributary-run: ...".
+//
+// Exit status of launch(): 0 when every rank exits 0; otherwise that of the first failure seen:
+// a rank's exit status, or 128+signal for a rank killed by a signal; 128+signal when the launcher
+// receives SIGINT, SIGTERM or SIGHUP (which it forwards to every rank); 124 when the job outlives
+// LaunchOptions::timeout; 1 when the launcher itself fails (no free port, fork fails). On a failure
+// every remaining rank gets SIGTERM (the received signal, when forwarding), then SIGKILL after
+// LaunchOptions::grace. Every wait is bounded, including on processes a rank leaves behind holding
+// its output and on a reader of our output that stops reading.
+//
+// launch() installs process-wide handlers for SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGPIPE (a
+// signal ignored on entry stays ignored, so nohup works): call it once, from a single-threaded
+// process.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tributary::tools {
+
+inline constexpr int kMaxLocalWorkers = 1024;
+inline constexpr int kTimeoutExitStatus = 124;  // as timeout(1) exits
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::optional<int> master_port;  // else a free port
+  bool prefix = true;              // "[rank i] " before each line
+  std::optional<std::chrono::milliseconds> timeout;
+  std::string timeout_text;  // as the user wrote it, for messages
+  std::chrono::milliseconds grace{5000};
+  std::string grace_text = "5s";
+  std::vector<std::string> env;      // KEY=VALUE for every worker; no launcher variable
+  std::vector<std::string> command;  // program and arguments, searched in PATH; not empty
+};
+
+// True for the variables launch() sets per rank (RANK, TF_CONFIG, ...), which env may not set.
+bool is_launcher_variable(std::string_view key);
+
+// Runs the job to the end; returns the status tributary-run exits with (see above).
+int launch(LaunchOptions options);
+
+}  // namespace tributary::tools
