@@ -1,6 +1,7 @@
 #include "backends/ring/tcp_transport.h"
 
 #include <boost/asio.hpp>
+#include <sys/socket.h>
 
 #include <array>
 #include <cstring>
@@ -24,7 +25,9 @@ using Request = algorithms::Transport::Request;
 
 constexpr uint32_t kFrameMagic = 0x54524246;  // "TRBF"
 constexpr uint32_t kHelloMagic = 0x54524248;  // "TRBH"
+constexpr uint32_t kAbortMagic = 0x54524241;  // "TRBA": the sender gave up; a reason follows
 constexpr uint32_t kProtocolVersion = 1;
+constexpr size_t kMaxAbortReason = 4096;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -165,10 +168,25 @@ struct TcpTransport::Impl {
     }
   }
 
+  // Fails the transport. Before closing, tells every peer whose socket is between frames why, so
+  // that they report the cause ("rank 1 gave up: collective mismatch ...") and not just a closed
+  // connection. Best effort: a socket in the middle of a frame just closes.
   void fail(const Status& s) {
     if (!error.ok()) return;
     error = s;
-    for (Peer& p : peers) close(p);
+    std::string reason = s.message().substr(0, kMaxAbortReason);
+    FrameHeader h;
+    h.magic = kAbortMagic;
+    h.length = reason.size();
+    std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
+    frame += reason;
+    for (Peer& p : peers) {
+      if (p.socket && p.socket->is_open() && !p.writing) {
+        (void)::send(p.socket->native_handle(), frame.data(), frame.size(),
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
+      close(p);
+    }
   }
 
   void complete(Request id, Status s) {
@@ -242,6 +260,10 @@ struct TcpTransport::Impl {
     }
     const FrameHeader& h = p.incoming;
     Status bad;
+    if (h.magic == kAbortMagic && h.length <= kMaxAbortReason) {
+      read_abort_reason(peer, op.tag, h.length);
+      return;
+    }
     if (h.magic != kFrameMagic) {
       bad = aborted("rank " + std::to_string(peer) +
                     " sent bytes that are not a tributary frame while this rank waited for " +
@@ -281,6 +303,21 @@ struct TcpTransport::Impl {
                          return;
                        }
                        finish_recv(peer);
+                     });
+  }
+
+  void read_abort_reason(int peer, const MessageTag& waiting_for, size_t length) {
+    auto reason = std::make_shared<std::string>(length, '\0');
+    asio::async_read(*peers[static_cast<size_t>(peer)].socket, asio::buffer(*reason),
+                     [this, peer, waiting_for, reason](const boost::system::error_code& ec, size_t) {
+                       Peer& q = peers[static_cast<size_t>(peer)];
+                       q.reading = false;
+                       Status s = aborted(
+                           "rank " + std::to_string(peer) + " gave up while rank " +
+                           std::to_string(rank) + " waited for " + waiting_for.describe() + ": " +
+                           (ec ? std::string("(no reason received)") : *reason));
+                       if (!q.recvs.empty()) complete(q.recvs.front().id, s);
+                       fail(s);
                      });
   }
 

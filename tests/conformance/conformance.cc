@@ -7,84 +7,14 @@
 #include <random>
 #include <vector>
 
-#include "algorithms/reduce_kernels.h"
+#include "tests/conformance/values.h"
 #include "tributary/registry.h"
 
 namespace tributary::conformance {
 namespace {
 
-using algorithms::bfloat16_to_float;
-using algorithms::float_to_bfloat16;
-using algorithms::float_to_half;
-using algorithms::half_to_float;
-
-double load(DType t, const void* p, int64_t i) {
-  switch (t) {
-    case DType::kFloat32: return static_cast<const float*>(p)[i];
-    case DType::kFloat64: return static_cast<const double*>(p)[i];
-    case DType::kFloat16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kInt32: return static_cast<const int32_t*>(p)[i];
-    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
-    case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
-
-// Stores v rounded to the dtype (integers must already be integral and in range).
-void store(DType t, void* p, int64_t i, double v) {
-  switch (t) {
-    case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
-    case DType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v)); break;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_bfloat16(static_cast<float>(v));
-      break;
-    case DType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-  }
-}
-
-double round_to(DType t, double v) {
-  double buf[1];
-  store(t, buf, 0, v);
-  return load(t, buf, 0);
-}
-
-// Small integers whose reduction over up to 8 replicas is exact in every dtype.
-double exact_value(ReduceOp op, int replica, int64_t i) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kMean: return static_cast<double>((i * 7 + replica * 3) % 5);
-    case ReduceOp::kMin:
-    case ReduceOp::kMax: return static_cast<double>((i * 5 + replica * 7) % 11);
-    case ReduceOp::kProd: return (i + replica) % 4 == 0 ? 2.0 : 1.0;
-  }
-  return 0;
-}
-
-// The reference reduction in float64 of already-rounded values, rounded to the dtype as the
-// backend must round it (integer MEAN truncates).
-double reference(ReduceOp op, DType t, const std::vector<double>& xs) {
-  double acc = xs[0];
-  for (size_t k = 1; k < xs.size(); ++k) {
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kMean: acc += xs[k]; break;
-      case ReduceOp::kMin: acc = std::min(acc, xs[k]); break;
-      case ReduceOp::kMax: acc = std::max(acc, xs[k]); break;
-      case ReduceOp::kProd: acc *= xs[k]; break;
-    }
-  }
-  if (op == ReduceOp::kMean) {
-    acc /= static_cast<double>(xs.size());
-    if (!dtype_is_floating(t)) acc = std::trunc(acc);
-  }
-  return round_to(t, acc);
-}
+double load(DType t, const void* p, int64_t i) { return dtype_load(t, p, i); }
+void store(DType t, void* p, int64_t i, double v) { dtype_store(t, p, i, v); }
 
 double epsilon(DType t) {
   switch (t) {

@@ -1,0 +1,263 @@
+// Fault tests of the multi-process backends, with real processes: a worker killed mid-collective, a
+// silent worker, mismatched collectives, wrong or missing secrets, garbage and truncated bytes on
+// the listening port, an unreachable store. Every surviving rank must end with an error that names
+// what happened, within the timeout; the watchdog turns a hang into a failure.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/multiprocess/harness.h"
+#include "tributary/store.h"
+
+namespace tributary::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kChildSawError = 3;
+
+void write_note(const std::string& dir, int rank, const std::string& text) {
+  std::ofstream(dir + "/note" + std::to_string(rank)) << text;
+}
+
+std::string read_note(const std::string& dir, int rank) {
+  std::ifstream in(dir + "/note" + std::to_string(rank));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs all-reduces until one fails; notes the error and the time it took, checks that the instance
+// then refuses more collectives, and returns kChildSawError (kChildOk if none failed).
+int all_reduce_until_error(CrossDeviceOps& ops, const std::string& dir, int iterations,
+                           int64_t count, int die_at = -1) {
+  std::vector<float> a(static_cast<size_t>(count), 1.0f), b(static_cast<size_t>(count), 2.0f);
+  PerReplica<Tensor> v;
+  v.values().emplace_back(a.data(), DType::kFloat32, count, ops.devices()[0]);
+  if (ops.num_local_replicas() > 1) v.values().emplace_back(b.data(), DType::kFloat32, count, ops.devices()[1]);
+  for (int i = 0; i < iterations; ++i) {
+    if (i == die_at) raise(SIGKILL);
+    const auto start = Clock::now();
+    Status s = ops.all_reduce(ReduceOp::kSum, v, v).wait(std::chrono::seconds(120));
+    if (!s.ok()) {
+      const double took = std::chrono::duration<double>(Clock::now() - start).count();
+      Status again = ops.all_reduce(ReduceOp::kSum, v, v).wait(1s);
+      write_note(dir, ops.rank(),
+                 s.to_string() + "\nseconds=" + std::to_string(took) + "\nagain=" + again.to_string());
+      return kChildSawError;
+    }
+  }
+  return kChildOk;
+}
+
+double seconds_in(const std::string& note) {
+  auto pos = note.find("seconds=");
+  return pos == std::string::npos ? 1e9 : std::stod(note.substr(pos + 8));
+}
+
+class RingFaults : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RingFaults, KilledWorkerFailsEverySurvivorWithinTheTimeout) {
+  const std::string spec = GetParam() + ",timeout=8s";
+  for (int die_at : {0, 3}) {
+    const std::string dir = make_temp_dir("kill");
+    GroupResult g = run_group(4, 60s, [&](int rank) {
+      auto ctx = group_context(rank, 4, 1, dir);
+      auto ops = builtin_backends().create(spec, *ctx);
+      if (!ops.ok()) return kChildFailed;
+      return all_reduce_until_error(**ops, dir, 1000, 1 << 18, rank == 1 ? die_at : -1);
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
+    for (int r : {0, 2, 3}) {
+      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+      const std::string note = read_note(dir, r);
+      EXPECT_NE(note.find("rank"), std::string::npos) << note;
+      EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
+      EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
+      EXPECT_NE(note.find("again=failed_precondition"), std::string::npos) << note;
+    }
+  }
+}
+
+TEST_P(RingFaults, SilentWorkerIsADeadlineNamingIt) {
+  const std::string spec = GetParam() + ",timeout=2s";
+  const std::string dir = make_temp_dir("silent");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok()) return kChildFailed;
+    if (rank == 1) {
+      std::this_thread::sleep_for(6s);  // alive, connected, but never joins the collective
+      return kChildOk;
+    }
+    return all_reduce_until_error(**ops, dir, 1, 1024);
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  bool named = false;
+  for (int r : {0, 2}) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_LT(seconds_in(note), 2.0 + 3.0) << note;
+    named = named || (note.find("deadline_exceeded") != std::string::npos &&
+                      note.find("rank 1") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << read_note(dir, 0) << "\n" << read_note(dir, 2);
+}
+
+TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
+  const std::string spec = GetParam() + ",timeout=5s";
+  struct Variant {
+    const char* name;
+    ReduceOp op;
+    DType dtype;
+    int64_t count;
+  };
+  for (Variant v : {Variant{"op", ReduceOp::kMax, DType::kFloat32, 64},
+                    Variant{"dtype", ReduceOp::kSum, DType::kInt32, 64},
+                    Variant{"count", ReduceOp::kSum, DType::kFloat32, 65}}) {
+    const std::string dir = make_temp_dir("mismatch");
+    GroupResult g = run_group(3, 60s, [&](int rank) {
+      auto ctx = group_context(rank, 3, 1, dir);
+      auto ops = builtin_backends().create(spec, *ctx);
+      if (!ops.ok()) return kChildFailed;
+      const bool odd = rank == 1;
+      const DType t = odd ? v.dtype : DType::kFloat32;
+      const int64_t count = odd ? v.count : 64;
+      auto buf = Buffer::allocate(t, Shape{count});
+      std::memset(buf->data(), 0, buf->nbytes());
+      PerReplica<Tensor> x{buf->tensor()};
+      Status s = (*ops)->all_reduce(odd ? v.op : ReduceOp::kSum, x, x).wait(30s);
+      write_note(dir, rank, s.to_string());
+      return s.ok() ? kChildOk : kChildSawError;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << v.name << ": " << g.describe();
+    // Every rank names the mismatch (the ranks that did not see it get the reason passed on).
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError)
+          << v.name << ": " << g.describe();
+      EXPECT_NE(read_note(dir, r).find("collective mismatch"), std::string::npos)
+          << v.name << " rank " << r << ": " << read_note(dir, r);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
+                         ::testing::Values("ring:algorithm=ring", "ring:algorithm=halving_doubling"),
+                         [](const auto& info) {
+                           return info.param.find("halving") != std::string::npos ? "HalvingDoubling"
+                                                                                  : "Ring";
+                         });
+
+// Secrets: a process without the right secret cannot join; with the same secret everyone does.
+TEST(RingSecurity, SecretsMustMatch) {
+  struct Case {
+    const char* name;
+    const char* secret0;
+    const char* secret1;
+    bool joins;
+  };
+  for (Case c : {Case{"same", "s3cret", "s3cret", true}, Case{"different", "s3cret", "other", false},
+                 Case{"missing", "s3cret", "", false}}) {
+    const std::string dir = make_temp_dir("secret");
+    GroupResult g = run_group(2, 60s, [&](int rank) {
+      const char* secret = rank == 0 ? c.secret0 : c.secret1;
+      Config config;
+      if (*secret) config = Config::from_map({{"TRIBUTARY_SECRET", secret}});
+      auto ctx = group_context(rank, 2, 1, dir, config);
+      auto ops = builtin_backends().create("ring:timeout=3s", *ctx);
+      write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
+      return ops.ok() ? kChildOk : kChildSawError;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << c.name << ": " << g.describe();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, c.joins ? kChildOk : kChildSawError)
+          << c.name << " rank " << r << ": " << read_note(dir, r);
+    }
+    if (!c.joins) {
+      EXPECT_NE(read_note(dir, 1).find("authentication failed"), std::string::npos) << read_note(dir, 1);
+      EXPECT_NE(read_note(dir, 0).find("rejected"), std::string::npos) << read_note(dir, 0);
+    }
+  }
+}
+
+// Sends `bytes` to rank 0's listening port (read from the store), then closes.
+void poke_rank0(const std::string& dir, const std::string& bytes) {
+  auto store = FileStore::open(dir);
+  auto addr = (*store)->get("ring/0/addr/0", 10s);
+  if (!addr.ok()) return;
+  const std::string host = addr->substr(0, addr->rfind(':'));
+  const int port = std::stoi(addr->substr(addr->rfind(':') + 1));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host.c_str(), &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+    (void)!write(fd, bytes.data(), bytes.size());
+  }
+  close(fd);
+}
+
+TEST(RingSecurity, GarbageAndTruncatedHandshakesAreDroppedAndTheGroupForms) {
+  for (std::string junk : {std::string("GET / HTTP/1.1\r\n\r\n") + std::string(200, 'x'),
+                           std::string("TRBH", 4), std::string()}) {
+    const std::string dir = make_temp_dir("garbage");
+    GroupResult g = run_group(3, 60s, [&](int rank) {
+      if (rank == 2) poke_rank0(dir, junk);  // before joining itself
+      auto ctx = group_context(rank, 3, 1, dir);
+      auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+      if (!ops.ok()) {
+        write_note(dir, rank, ops.status().to_string());
+        return kChildFailed;
+      }
+      float x = static_cast<float>(rank + 1);
+      PerReplica<Tensor> v{Tensor(&x, DType::kFloat32, int64_t{1})};
+      Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      return s.ok() && x == 6.0f ? kChildOk : kChildFailed;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe() << read_note(dir, 0);
+  }
+}
+
+TEST(Rendezvous, UnreachableStoreIsAnErrorNamingTheAddress) {
+  // A port nobody listens on: bind one and close it.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  const int port = ntohs(sa.sin_port);
+  close(fd);
+  Config config = Config::from_map({{"TRIBUTARY_RANK", "1"},
+                                    {"TRIBUTARY_WORLD_SIZE", "2"},
+                                    {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                    {"TRIBUTARY_MASTER_PORT", std::to_string(port)}});
+  const auto start = Clock::now();
+  auto ctx = make_backend_context({Device::cpu(0)}, config, std::chrono::milliseconds(1500));
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().code(), StatusCode::kUnavailable) << ctx.status().to_string();
+  EXPECT_NE(ctx.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << ctx.status().message();
+  EXPECT_LT(took, 10.0);
+}
+
+}  // namespace
+}  // namespace tributary::testing

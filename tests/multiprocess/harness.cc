@@ -1,0 +1,108 @@
+#include "tests/multiprocess/harness.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "tributary/store.h"
+
+namespace tributary::testing {
+
+std::string GroupResult::describe() const {
+  std::string s;
+  for (size_t r = 0; r < children.size(); ++r) {
+    if (!s.empty()) s += "; ";
+    s += "rank " + std::to_string(r) + ": ";
+    s += children[r].signal ? "signal " + std::to_string(children[r].signal)
+                            : "exit " + std::to_string(children[r].exit_code);
+  }
+  if (watchdog_fired) s += " (the watchdog killed the group: a hang)";
+  return s;
+}
+
+GroupResult run_group(int world, std::chrono::seconds watchdog, const std::function<int(int)>& fn) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  GroupResult result;
+  result.children.resize(static_cast<size_t>(world));
+  std::vector<pid_t> pids;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(static_cast<unsigned>(watchdog.count() + 5));  // a backup for the parent's watchdog
+      int code = kChildFailed;
+      try {
+        code = fn(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[rank %d] exception: %s\n", r, e.what());
+      } catch (...) {
+        std::fprintf(stderr, "[rank %d] unknown exception\n", r);
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  size_t remaining = pids.size();
+  while (remaining > 0) {
+    int status = 0;
+    pid_t done = waitpid(-1, &status, WNOHANG);
+    if (done > 0) {
+      for (size_t r = 0; r < pids.size(); ++r) {
+        if (pids[r] != done) continue;
+        if (WIFEXITED(status)) result.children[r].exit_code = WEXITSTATUS(status);
+        if (WIFSIGNALED(status)) result.children[r].signal = WTERMSIG(status);
+        pids[r] = -1;
+        --remaining;
+      }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() - start > watchdog) {
+      result.watchdog_fired = true;
+      for (pid_t p : pids) {
+        if (p > 0) kill(p, SIGKILL);
+      }
+      watchdog = std::chrono::seconds(1000000);  // reap what is left
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::string make_temp_dir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  std::string dir = ::testing::TempDir() + "tributary_" + tag + "_" + std::to_string(getpid()) +
+                    "_" + std::to_string(counter++);
+  std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "'";
+  if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "cannot create " << dir;
+  return dir;
+}
+
+StatusOr<BackendContext> group_context(int rank, int world, int local, const std::string& store_dir,
+                                       Config config) {
+  BackendContext ctx;
+  ctx.devices.clear();
+  for (int i = 0; i < local; ++i) ctx.devices.push_back(Device::cpu(i));
+  ctx.rank = rank;
+  ctx.world_size = world;
+  ctx.config = std::move(config);
+  ctx.coordinator_host = "127.0.0.1";
+  ctx.cluster_id = store_dir;
+  StoreOptions options;
+  options.timeout = std::chrono::seconds(20);
+  auto store = FileStore::open(store_dir, options);
+  if (!store.ok()) return store.status();
+  ctx.store = std::shared_ptr<Store>(std::move(store).value());
+  return ctx;
+}
+
+}  // namespace tributary::testing

@@ -1,0 +1,44 @@
+// Multi-process tests: every rank a real forked process, meeting through a FileStore in a fresh
+// directory, each guarded by alarm() and the parent by a watchdog, so that a hang fails the test
+// instead of stalling CI.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tributary/registry.h"
+
+namespace tributary::testing {
+
+struct ChildResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;
+};
+
+struct GroupResult {
+  std::vector<ChildResult> children;
+  bool watchdog_fired = false;
+  double seconds = 0;
+  std::string describe() const;  // "rank 0: exit 0; rank 1: signal 9; ..."
+};
+
+// Exit codes children use.
+inline constexpr int kChildOk = 0;
+inline constexpr int kChildFailed = 1;
+inline constexpr int kChildSkip = 77;  // the backend is not available here
+
+// Forks `world` processes running fn(rank) (its return value is the exit code) and waits for all of
+// them, killing every one that is still running after `watchdog`.
+GroupResult run_group(int world, std::chrono::seconds watchdog, const std::function<int(int)>& fn);
+
+// A fresh directory under the test temp dir.
+std::string make_temp_dir(const std::string& tag);
+
+// The context of `rank` in a group of `world` processes with `local` CPU replicas each.
+StatusOr<BackendContext> group_context(int rank, int world, int local, const std::string& store_dir,
+                                       Config config = {});
+
+}  // namespace tributary::testing
