@@ -155,6 +155,8 @@ struct TcpTransport::Impl {
   std::unordered_map<Request, RequestState> requests;
   Request next_request = 1;
   Status error;
+  std::string abort_frame;
+  bool settled = false;
 
   ~Impl() {
     for (Peer& p : peers) close(p);
@@ -168,9 +170,9 @@ struct TcpTransport::Impl {
     }
   }
 
-  // Fails the transport. Before closing, tells every peer whose socket is between frames why, so
-  // that they report the cause ("rank 1 gave up: collective mismatch ...") and not just a closed
-  // connection. Best effort: a socket in the middle of a frame just closes.
+  // Fails the transport and tells every peer why, so that they report the cause ("rank 1 gave up:
+  // collective mismatch ...") rather than just a closed connection. A socket between frames gets
+  // the reason and is closed at once; one in the middle of a frame is finished first by settle().
   void fail(const Status& s) {
     if (!error.ok()) return;
     error = s;
@@ -178,13 +180,35 @@ struct TcpTransport::Impl {
     FrameHeader h;
     h.magic = kAbortMagic;
     h.length = reason.size();
-    std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
-    frame += reason;
+    abort_frame.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    abort_frame += reason;
     for (Peer& p : peers) {
-      if (p.socket && p.socket->is_open() && !p.writing) {
-        (void)::send(p.socket->native_handle(), frame.data(), frame.size(),
-                     MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (!p.writing) send_abort_and_close(p);
+    }
+  }
+
+  void send_abort_and_close(Peer& p) {
+    if (p.socket && p.socket->is_open()) {
+      (void)::send(p.socket->native_handle(), abort_frame.data(), abort_frame.size(),
+                   MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    close(p);
+  }
+
+  // After a failure, outside any handler: lets frames in flight finish (briefly), then sends the
+  // reason on those sockets too and closes everything.
+  void settle() {
+    if (settled || error.ok()) return;
+    settled = true;
+    auto writing = [&] {
+      for (const Peer& p : peers) {
+        if (p.writing && p.socket && p.socket->is_open()) return true;
       }
+      return false;
+    };
+    run_until(Clock::now() + std::chrono::milliseconds(500), [&] { return !writing(); });
+    for (Peer& p : peers) {
+      if (!p.writing) send_abort_and_close(p);
       close(p);
     }
   }
@@ -211,9 +235,12 @@ struct TcpTransport::Impl {
       SendOp op = q.sends.front();
       q.sends.pop_front();
       if (ec) {
-        Status s = unavailable("sending " + tag_of(op.header).describe() + " to rank " +
-                               std::to_string(peer) + " failed: " + ec.message() +
-                               " (did rank " + std::to_string(peer) + " exit or fail? see its log)");
+        Status s = abort_reason_from(peer, "sent " + tag_of(op.header).describe());
+        if (s.ok()) {
+          s = unavailable("sending " + tag_of(op.header).describe() + " to rank " +
+                          std::to_string(peer) + " failed: " + ec.message() + " (did rank " +
+                          std::to_string(peer) + " exit or fail? see its log)");
+        }
         complete(op.id, s);
         fail(s);
         return;
@@ -221,6 +248,24 @@ struct TcpTransport::Impl {
       complete(op.id, Status());
       start_write(peer);
     });
+  }
+
+  // When a peer gave up it sent its reason before closing; a send that fails finds it here if it is
+  // the next thing on the socket (non-blocking; OK when there is none).
+  Status abort_reason_from(int peer, const std::string& doing) {
+    Peer& p = peers[static_cast<size_t>(peer)];
+    if (!p.socket || !p.socket->is_open()) return Status();
+    const int fd = p.socket->native_handle();
+    FrameHeader h;
+    if (::recv(fd, &h, sizeof h, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof h) ||
+        h.magic != kAbortMagic || h.length > kMaxAbortReason) {
+      return Status();
+    }
+    std::string frame(sizeof h + h.length, '\0');
+    const ssize_t got = ::recv(fd, frame.data(), frame.size(), MSG_DONTWAIT);
+    if (got != static_cast<ssize_t>(frame.size())) return Status();
+    return aborted("rank " + std::to_string(peer) + " gave up while rank " + std::to_string(rank) +
+                   " " + doing + ": " + frame.substr(sizeof h));
   }
 
   // --- receiving ---------------------------------------------------------------------------------
@@ -598,15 +643,20 @@ Status TcpTransport::wait(Request request, Deadline deadline) {
         r.tag.describe() + " within the timeout; is it still running? (raise timeout= in the "
         "backend spec to wait longer)");
     m.fail(s);
+    m.settle();
     m.requests.erase(it);
     return s;
   }
   Status s = it->second.done ? it->second.status : m.error;
   m.requests.erase(it);
+  if (!m.error.ok()) m.settle();
   return s;
 }
 
-void TcpTransport::abort(const Status& why) { impl_->fail(why); }
+void TcpTransport::abort(const Status& why) {
+  impl_->fail(why);
+  impl_->settle();
+}
 
 Status TcpTransport::error() const { return impl_->error; }
 
