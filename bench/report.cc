@@ -79,17 +79,23 @@ std::string format_header(const Report& r) {
   const BenchOptions& o = r.options;
   std::string s = "# tributary-bench " + std::string(version()) + ": all_reduce " +
                   std::string(dtype_name(o.dtype)) + " " + std::string(reduce_op_name(o.op)) +
-                  ", " + std::to_string(o.np) + " process(es) x " + std::to_string(o.replicas) +
+                  ", " + std::to_string(r.processes) + " process(es) x " + std::to_string(o.replicas) +
                   " replica(s), ";
   s += o.target_seconds > 0 ? "~" + fmt_num("%g", o.target_seconds * 1e3) + " ms per size"
                             : std::to_string(o.iters) + " iters";
   s += ", " + std::to_string(o.warmup_iters) + " warmup, check " + (o.check ? "on" : "off") + "\n";
   s += "# host " + r.machine.host + ": " + r.machine.cpu + ", " + std::to_string(r.machine.cores) +
        " cores, " + fmt_num("%.0f", r.machine.memory_gib) + " GiB\n";
-  if (r.ceiling.memcpy_gbps > 0) {
+  const int n = r.processes * o.replicas;
+  if (r.ceiling.tcp_gbps > 0) {
+    s += "# ceiling: loopback TCP " + fmt_num("%.2f", r.ceiling.tcp_gbps) +
+         " GB/s each way with traffic both ways; an all-reduce sends and receives 2(n-1)/n of the "
+         "message through each rank's link, so busbw <= " + fmt_num("%.2f", r.ceiling.busbw) +
+         " GB/s (memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s)\n";
+  } else if (r.ceiling.memcpy_gbps > 0) {
     s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) +
-         " GB/s (bytes read + written); an in-process all-reduce over " +
-         std::to_string(o.np * o.replicas) + " replicas reads and writes every byte once, so algbw <= " +
+         " GB/s (bytes read + written); an in-process all-reduce over " + std::to_string(n) +
+         " replicas reads and writes every byte once, so algbw <= " +
          fmt_num("%.2f", r.ceiling.algbw) + " GB/s, busbw <= " + fmt_num("%.2f", r.ceiling.busbw) +
          " GB/s\n";
   }
@@ -154,6 +160,7 @@ Status write_json(const Report& r, const std::string& path) {
                     {"memory_gib", r.machine.memory_gib}};
   if (r.ceiling.memcpy_gbps > 0) {
     doc["ceiling"] = {{"memcpy_gbps", r.ceiling.memcpy_gbps},
+                      {"loopback_tcp_gbps", r.ceiling.tcp_gbps},
                       {"allreduce_algbw_gbps", r.ceiling.algbw},
                       {"allreduce_busbw_gbps", r.ceiling.busbw}};
   }
@@ -221,7 +228,7 @@ Status write_plot(const Report& r, const std::string& path) {
   g << "set terminal pngcairo size 1100,650 font ',10'\n"
     << "set output " << gp_quote(path) << "\n"
     << "set title 'tributary-bench all_reduce " << dtype_name(r.options.dtype) << " "
-    << reduce_op_name(r.options.op) << ", " << r.options.np << " process(es) x "
+    << reduce_op_name(r.options.op) << ", " << r.processes << " process(es) x "
     << r.options.replicas << " replicas, " << r.machine.host << "' noenhanced\n"
     << "set xlabel 'message size (bytes)'\nset ylabel 'bus bandwidth, out-of-place (GB/s)'\n"
     << "set logscale x 2\nset format x '%.0b%B'\nset grid\nset key left top noenhanced\n"
@@ -229,7 +236,7 @@ Status write_plot(const Report& r, const std::string& path) {
   if (r.ceiling.memcpy_gbps > 0) {
     g << "set arrow from graph 0, first " << r.ceiling.busbw << " to graph 1, first "
       << r.ceiling.busbw << " nohead dashtype 2 lc rgb 'gray40'\n"
-      << "set label 'ceiling (memcpy bound) " << fmt_num("%.2f", r.ceiling.busbw)
+      << "set label '" << (r.ceiling.tcp_gbps > 0 ? "ceiling (loopback TCP)" : "ceiling (memcpy bound)") << " " << fmt_num("%.2f", r.ceiling.busbw)
       << " GB/s' at graph 0.02, first " << r.ceiling.busbw << " offset 0,0.7 tc rgb 'gray40'\n";
   }
   g << "plot ";

@@ -42,12 +42,15 @@ struct Machine {
 
 struct Ceiling {
   double memcpy_gbps = 0;  // bytes read + written per second / 1e9
-  double algbw = 0;        // the in-process all-reduce bound it implies
+  double tcp_gbps = 0;     // loopback TCP, each way with traffic both ways at once (multi-process)
+  double algbw = 0;        // the all-reduce bound they imply
   double busbw = 0;
 };
 
 struct Report {
   BenchOptions options;
+  int processes = 1;  // ranks in this run
+  int rank = 0;       // this process (only rank 0 prints and writes files)
   Machine machine;
   std::vector<BackendResult> results;
   Ceiling ceiling;  // memcpy_gbps == 0 when not measured

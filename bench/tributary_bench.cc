@@ -1,7 +1,13 @@
 // tributary-bench: the all-reduce microbenchmark. See bench_options.cc for the flags and report.cc
 // for the output formats; the conventions (algbw, busbw, #wrong, in-place and out-of-place) are
 // nccl-tests'.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <thread>
 
 #include <chrono>
 #include <cmath>
@@ -60,14 +66,19 @@ class Runner {
   Runner(const BenchOptions& o, std::vector<uint64_t> sizes) : o_(o), sizes_(std::move(sizes)) {}
 
   Status setup(Report* report) {
-    ctx_.devices.clear();
-    for (int r = 0; r < o_.replicas; ++r) ctx_.devices.push_back(Device::cpu(r));
-    TRIBUTARY_ASSIGN_OR_RETURN(ctx_.config, Config::load());
+    std::vector<Device> devices;
+    for (int r = 0; r < o_.replicas; ++r) devices.push_back(Device::cpu(r));
+    TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
+    // One process, or one rank of several (under tributary-run, TF_CONFIG, torchrun, Slurm...).
+    TRIBUTARY_ASSIGN_OR_RETURN(ctx_, make_backend_context(devices, config));
+    report->processes = ctx_.world_size;
+    report->rank = ctx_.rank;
     BackendRegistry registry = builtin_backends();
     std::vector<std::string> specs = o_.backends;
     if (specs.empty()) {
+      // The default: every backend that serves this layout (in-process ones for one process).
       for (const BackendInfo& b : registry.backends()) {
-        if (!b.capabilities.multi_process) specs.push_back(b.name);
+        if (b.capabilities.multi_process == (ctx_.world_size > 1)) specs.push_back(b.name);
       }
     }
     int usable = 0;
@@ -76,7 +87,7 @@ class Runner {
       BackendResult result;
       result.requested = spec;
       result.spec = spec;
-      result.processes = o_.np;
+      result.processes = ctx_.world_size;
       result.replicas = o_.replicas;
       auto made = registry.create(spec, ctx_);
       if (!made.ok()) {
@@ -119,7 +130,7 @@ class Runner {
 
   // Sizes outer, backends inner: drift on a noisy machine hits every backend alike.
   Status run(Report* report) {
-    const bool progress = !o_.quiet && isatty(STDERR_FILENO);
+    const bool progress = !o_.quiet && ctx_.rank == 0 && isatty(STDERR_FILENO);
     for (size_t si = 0; si < sizes_.size(); ++si) {
       for (size_t bi = 0; bi < ops_.size(); ++bi) {
         if (!ops_[bi]) continue;
@@ -147,7 +158,8 @@ class Runner {
   Status fill(int64_t count) {
     for (int r = 0; r < o_.replicas; ++r) {
       void* p = replicas_[static_cast<size_t>(r)].in.data();
-      for (int64_t i = 0; i < count; ++i) dtype_store(o_.dtype, p, i, check_value(o_.op, r, i));
+      const int global = ctx_.rank * o_.replicas + r;
+      for (int64_t i = 0; i < count; ++i) dtype_store(o_.dtype, p, i, check_value(o_.op, global, i));
     }
     return Status();
   }
@@ -162,6 +174,22 @@ class Runner {
     }
     *seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return Status();
+  }
+
+  // The same value on every rank: max (times, iteration counts) or sum (wrong elements), through
+  // the backend under test itself.
+  StatusOr<double> agree(CrossDeviceOps& ops, double value, ReduceOp op) {
+    if (ops.world_size() == 1) return value;
+    std::vector<double> v(static_cast<size_t>(ops.num_local_replicas()),
+                          op == ReduceOp::kSum ? 0.0 : value);
+    v[0] = value;
+    PerReplica<Tensor> views;
+    for (size_t i = 0; i < v.size(); ++i) {
+      views.values().emplace_back(&v[i], DType::kFloat64, int64_t{1}, ops.devices()[i]);
+    }
+    Status s = ops.all_reduce(op, views, views).wait();
+    if (!s.ok()) return s.with_context(ops.spec() + ": agreeing on the figures across ranks");
+    return v[0];
   }
 
   Status measure(CrossDeviceOps& ops, uint64_t bytes, Row* row) {
@@ -181,8 +209,12 @@ class Runner {
         // Size the count from a short probe so that each size takes about the target time.
         TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, 3, &seconds));
         iters = static_cast<int>(std::clamp(o_.target_seconds / std::max(seconds / 3, 1e-9), 5.0, 1e6));
+        TRIBUTARY_ASSIGN_OR_RETURN(double agreed, agree(ops, iters, ReduceOp::kMax));
+        iters = static_cast<int>(agreed);
       }
       TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, iters, &seconds));
+      // nccl-tests reports the slowest rank's time.
+      TRIBUTARY_ASSIGN_OR_RETURN(seconds, agree(ops, seconds, ReduceOp::kMax));
       row->iters = iters;
       const double t = seconds / iters;
       row->time_us[k] = t * 1e6;
@@ -203,7 +235,8 @@ class Runner {
             wrong += got != want;
           }
         }
-        row->wrong[k] = wrong;
+        TRIBUTARY_ASSIGN_OR_RETURN(double total, agree(ops, static_cast<double>(wrong), ReduceOp::kSum));
+        row->wrong[k] = static_cast<int64_t>(total);
       }
     }
     return Status();
@@ -215,6 +248,8 @@ class Runner {
   std::vector<std::unique_ptr<CrossDeviceOps>> ops_;
   std::vector<Replica> replicas_;
 };
+
+int fail(const std::string& message, int code);
 
 // memcpy bandwidth of this machine, counting bytes read and written, on buffers beyond the caches.
 double measure_memcpy_gbps() {
@@ -229,6 +264,101 @@ double measure_memcpy_gbps() {
     std::swap(a, b);
   }
   return best;
+}
+
+// Loopback TCP throughput each way with both directions busy, as a 2-rank ring uses a link.
+double measure_loopback_tcp_gbps() {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    close(listener);
+    return 0;
+  }
+  int a = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(a, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(listener);
+    close(a);
+    return 0;
+  }
+  int b = accept(listener, nullptr, nullptr);
+  close(listener);
+  const size_t total = size_t{512} << 20, chunk = size_t{1} << 20;
+  auto sender = [&](int fd) {
+    std::vector<char> buf(chunk, 1);
+    for (size_t sent = 0; sent < total;) {
+      ssize_t n = send(fd, buf.data(), std::min(chunk, total - sent), MSG_NOSIGNAL);
+      if (n <= 0) return;
+      sent += static_cast<size_t>(n);
+    }
+  };
+  auto receiver = [&](int fd) {
+    std::vector<char> buf(chunk);
+    for (size_t got = 0; got < total;) {
+      ssize_t n = recv(fd, buf.data(), chunk, 0);
+      if (n <= 0) return;
+      got += static_cast<size_t>(n);
+    }
+  };
+  auto start = Clock::now();
+  std::thread t1(sender, a), t2(receiver, a), t3(sender, b), t4(receiver, b);
+  t1.join();
+  t2.join();
+  t3.join();
+  t4.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  close(a);
+  close(b);
+  return static_cast<double>(total) / seconds / 1e9;
+}
+
+// True when this process is one rank of a multi-process run (launcher or cluster variables).
+bool launched_as_rank() {
+  auto config = Config::load();
+  if (!config.ok()) return false;
+  auto cluster = resolve_cluster_spec(*config);
+  return cluster.ok() && cluster->world_size > 1;
+}
+
+// Runs this benchmark again as `np` ranks under tributary-run (found next to this binary).
+int relaunch(int np, int argc, char** argv) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return fail("cannot find this executable to relaunch it under tributary-run", 1);
+  self[n] = '\0';
+  const std::string dir = std::string(self).substr(0, std::string(self).rfind('/'));
+  std::string launcher;
+  for (const std::string& candidate : {dir + "/tributary-run", dir + "/../tools/tributary-run"}) {
+    if (access(candidate.c_str(), X_OK) == 0) {
+      launcher = candidate;
+      break;
+    }
+  }
+  if (launcher.empty()) {
+    return fail("--np " + std::to_string(np) + " needs tributary-run next to tributary-bench (" +
+                    dir + "); or start the ranks yourself with any launcher or TF_CONFIG",
+                2);
+  }
+  std::vector<std::string> args = {launcher, "-n", std::to_string(np), "--no-prefix", "--",
+                                   self};
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--np") {
+      ++i;  // and its value
+      continue;
+    }
+    if (a.starts_with("--np=")) continue;
+    args.emplace_back(a);
+  }
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execv(launcher.c_str(), cargs.data());
+  return fail("cannot run " + launcher + ": " + std::strerror(errno), 1);
 }
 
 int fail(const std::string& message, int code) {
@@ -250,12 +380,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const BenchOptions& o = *parsed;
-  if (o.np > 1) {
-    return fail("--np " + std::to_string(o.np) +
-                    ": multi-process runs need a multi-process backend (ring, gloo) and the "
-                    "tributary-run launcher, which this build does not have yet",
-                2);
-  }
+  if (o.np > 1 && !launched_as_rank()) return relaunch(o.np, argc, argv);
   auto sizes = bench_sizes(o);
   if (!sizes.ok()) return fail(sizes.status().message(), 2);
 
@@ -264,13 +389,28 @@ int main(int argc, char** argv) {
   report.machine = Machine::probe();
   Runner runner(o, *sizes);
   if (Status s = runner.setup(&report); !s.ok()) return fail(s.message(), 2);
-  if (o.ceiling) {
-    const int n = o.np * o.replicas;
+  const bool leader = report.rank == 0;
+  if (o.ceiling && leader) {
+    const int n = report.processes * o.replicas;
     report.ceiling.memcpy_gbps = measure_memcpy_gbps();
-    // All-reduce of S bytes over n in-process replicas moves at least 2nS bytes (read every input,
-    // write every output): time >= 2nS / memcpy, so algbw = S / time <= memcpy / (2n).
-    report.ceiling.algbw = report.ceiling.memcpy_gbps / (2.0 * n);
-    report.ceiling.busbw = report.ceiling.algbw * bus_factor(n);
+    if (report.processes == 1) {
+      // All-reduce of S bytes over n in-process replicas moves at least 2nS bytes (read every
+      // input, write every output): time >= 2nS / memcpy, so algbw = S / time <= memcpy / (2n).
+      report.ceiling.algbw = report.ceiling.memcpy_gbps / (2.0 * n);
+      report.ceiling.busbw = report.ceiling.algbw * bus_factor(n);
+    } else {
+      // Across processes each rank sends and receives 2(n-1)/n x S through its link at best, so
+      // busbw <= the link's bandwidth each way with traffic both ways at once.
+      report.ceiling.tcp_gbps = measure_loopback_tcp_gbps();
+      report.ceiling.busbw = report.ceiling.tcp_gbps;
+      report.ceiling.algbw = n > 1 ? report.ceiling.busbw / bus_factor(n) : 0;
+    }
+  }
+  if (!leader) {
+    // Other ranks take part silently; errors still reach stderr.
+    Status s = runner.run(&report);
+    if (!s.ok()) return fail("rank " + std::to_string(report.rank) + ": " + s.message(), 1);
+    return 0;
   }
   std::fputs(format_header(report).c_str(), stdout);
   for (const BackendResult& b : report.results) {
