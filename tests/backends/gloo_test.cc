@@ -1,0 +1,599 @@
+// The gloo backend across real processes on loopback: every all-reduce algorithm the installed Gloo
+// offers, at world sizes 1 to 4 with 1 and 2 local replicas, checked exactly on small integers;
+// broadcast, all-gather, reduce-scatter, reduce and batch_reduce; and failures: a peer that exits
+// mid-run, a peer that goes silent, mismatched collectives, a rendezvous nobody joins, and an
+// unsupported dtype. Each rank is a forked child with alarm() set; the parent waits under a
+// watchdog and kills the children when it fires, so a hang fails the test instead of stalling it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tributary/registry.h"
+#include "tributary/store.h"
+
+namespace tributary {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// --- processes -----------------------------------------------------------------------------------
+
+struct Rank {
+  int rank = 0;
+  int world = 1;
+  int local = 1;
+  BackendContext context;
+};
+
+// A child's failures go to stderr (visible in the test log) and into its exit status.
+class Checker {
+ public:
+  explicit Checker(int rank) : rank_(rank) {}
+  void fail(const char* format, ...) __attribute__((format(printf, 2, 3))) {
+    char buf[2048];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(buf, sizeof(buf), format, args);
+    va_end(args);
+    if (failures_ < 20) fprintf(stderr, "[rank %d] FAILED: %s\n", rank_, buf);
+    ++failures_;
+  }
+  bool ok() const { return failures_ == 0; }
+  int failures() const { return failures_; }
+
+ private:
+  int rank_;
+  int failures_ = 0;
+};
+
+std::string make_temp_dir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "tributary-gloo-XXXXXX").string();
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  const char* made = mkdtemp(buf.data());
+  return made ? std::string(made) : std::string();
+}
+
+// Runs body(rank) in `world` forked children, each under alarm(child_limit_s), and returns their
+// exit codes (128 + signal when killed, -1 when the watchdog had to kill it).
+std::vector<int> run_world(int world, int local, const std::function<int(Rank&)>& body,
+                           int child_limit_s = 60) {
+  const std::string dir = make_temp_dir();
+  EXPECT_FALSE(dir.empty());
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(static_cast<unsigned>(child_limit_s));
+      Rank me;
+      me.rank = r;
+      me.world = world;
+      me.local = local;
+      me.context.devices.clear();
+      for (int i = 0; i < local; ++i) me.context.devices.push_back(Device::cpu(i));
+      me.context.rank = r;
+      me.context.world_size = world;
+      me.context.coordinator_host = "127.0.0.1";
+      me.context.cluster_id = "gloo-test";
+      StoreOptions so;
+      so.timeout = std::chrono::seconds(30);
+      auto store = FileStore::open(dir + "/store", so);
+      if (!store.ok()) {
+        fprintf(stderr, "[rank %d] cannot open the file store: %s\n", r,
+                store.status().message().c_str());
+        _exit(3);
+      }
+      me.context.store = std::shared_ptr<Store>(std::move(store).value());
+      int code = body(me);
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes(static_cast<size_t>(world), -1);
+  const auto deadline = Clock::now() + std::chrono::seconds(child_limit_s + 30);
+  size_t left = pids.size();
+  while (left > 0 && Clock::now() < deadline) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (pids[i] <= 0) continue;
+      int status = 0;
+      pid_t got = waitpid(pids[i], &status, WNOHANG);
+      if (got == pids[i]) {
+        codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        pids[i] = 0;
+        --left;
+      }
+    }
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (pids[i] <= 0) continue;
+    ADD_FAILURE() << "watchdog: rank " << i << " still running after " << child_limit_s + 30
+                  << " s; killing it";
+    kill(pids[i], SIGKILL);
+    waitpid(pids[i], nullptr, 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return codes;
+}
+
+void expect_all_zero(const std::vector<int>& codes) {
+  for (size_t r = 0; r < codes.size(); ++r) {
+    EXPECT_EQ(codes[r], 0) << "rank " << r << " exited with " << codes[r]
+                           << " (1 = failed checks, 128+n = signal n, 142 = alarm)";
+  }
+}
+
+StatusOr<std::unique_ptr<CrossDeviceOps>> create(const std::string& spec, const Rank& me) {
+  return builtin_backends().create(spec, me.context);
+}
+
+// --- values --------------------------------------------------------------------------------------
+
+// Element j of global replica g: a permutation of 1..n over replicas, times 1..3, so that sums,
+// means and maxima are small exact numbers and the maximum moves between replicas.
+double value_of(int64_t g, int64_t j, int64_t n) {
+  return static_cast<double>(((g + j) % n + 1) * (j % 3 + 1));
+}
+
+double expected_of(ReduceOp op, DType dtype, int64_t j, int64_t n) {
+  double sum = 0, max = -1e300;
+  for (int64_t g = 0; g < n; ++g) {
+    sum += value_of(g, j, n);
+    max = std::max(max, value_of(g, j, n));
+  }
+  switch (op) {
+    case ReduceOp::kSum: return sum;
+    case ReduceOp::kMax: return max;
+    case ReduceOp::kMean:
+      return dtype_is_floating(dtype) ? sum / static_cast<double>(n)
+                                      : std::trunc(sum / static_cast<double>(n));
+    default: return 0;
+  }
+}
+
+struct Host {
+  std::vector<std::byte> bytes;
+  Tensor tensor;
+  Host(DType dtype, int64_t count, int device)
+      : bytes(static_cast<size_t>(count) * dtype_size(dtype) + 1),
+        tensor(bytes.data(), dtype, Shape{count}, Device::cpu(device)) {}
+  void set(int64_t i, double v) { dtype_store(tensor.dtype(), tensor.data(), i, v); }
+  double get(int64_t i) const { return dtype_load(tensor.dtype(), tensor.data(), i); }
+};
+
+const char* op_name(ReduceOp op) { return std::string_view(reduce_op_name(op)).data(); }
+const char* dt_name(DType d) { return std::string_view(dtype_name(d)).data(); }
+
+// One all-reduce, checked on every local output. In place on even calls.
+void check_all_reduce(CrossDeviceOps& ops, const Rank& me, ReduceOp op, DType dtype,
+                      int64_t count, bool in_place, Checker& check, const std::string& spec) {
+  const int64_t n = static_cast<int64_t>(me.world) * me.local;
+  std::vector<std::unique_ptr<Host>> in, out;
+  std::vector<Tensor> ins, outs;
+  for (int i = 0; i < me.local; ++i) {
+    in.push_back(std::make_unique<Host>(dtype, count, i));
+    const int64_t g = static_cast<int64_t>(me.rank) * me.local + i;
+    for (int64_t j = 0; j < count; ++j) in.back()->set(j, value_of(g, j, n));
+    ins.push_back(in.back()->tensor);
+    if (in_place) {
+      outs.push_back(in.back()->tensor);
+    } else {
+      out.push_back(std::make_unique<Host>(dtype, count, i));
+      for (int64_t j = 0; j < count; ++j) out.back()->set(j, -7);
+      outs.push_back(out.back()->tensor);
+    }
+  }
+  Status s = ops.all_reduce(op, PerReplica<Tensor>(ins), PerReplica<Tensor>(outs)).wait();
+  if (!s.ok()) {
+    check.fail("%s all_reduce %s %s count %lld: %s", spec.c_str(), op_name(op), dt_name(dtype),
+               static_cast<long long>(count), s.to_string().c_str());
+    return;
+  }
+  for (int i = 0; i < me.local; ++i) {
+    for (int64_t j = 0; j < count; ++j) {
+      const double got = dtype_load(dtype, outs[static_cast<size_t>(i)].data(), j);
+      const double want = dtype_round(dtype, expected_of(op, dtype, j, n));
+      if (got != want) {
+        check.fail("%s all_reduce %s %s count %lld%s: output %d element %lld is %g, want %g",
+                   spec.c_str(), op_name(op), dt_name(dtype), static_cast<long long>(count),
+                   in_place ? " in place" : "", i, static_cast<long long>(j), got, want);
+        return;
+      }
+    }
+  }
+}
+
+// --- all-reduce across algorithms ----------------------------------------------------------------
+
+class GlooWorld : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(GlooWorld, AllReduceEveryAlgorithm) {
+  const auto [world, local] = GetParam();
+  expect_all_zero(run_world(world, local, [](Rank& me) {
+    Checker check(me.rank);
+    int calls = 0;
+    for (const char* algorithm : {"ring", "ring_chunked", "halving_doubling", "bcube",
+                                  "unbound_ring", "unbound_bcube", "auto"}) {
+      const std::string spec = std::string("gloo:timeout=20s,algorithm=") + algorithm;
+      auto made = create(spec, me);
+      if (!made.ok()) {
+        check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+        continue;
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+        for (DType dtype : {DType::kFloat32, DType::kInt32}) {
+          for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001},
+                                int64_t{1} << 20}) {
+            check_all_reduce(**made, me, op, dtype, count, (calls++ % 2) == 0, check, spec);
+          }
+        }
+      }
+    }
+    return check.ok() ? 0 : 1;
+  }, 240));
+}
+
+TEST_P(GlooWorld, BroadcastAllGatherReduceScatter) {
+  const auto [world, local] = GetParam();
+  expect_all_zero(run_world(world, local, [](Rank& me) {
+    Checker check(me.rank);
+    const int64_t n = static_cast<int64_t>(me.world) * me.local;
+    for (const char* rs : {"halving_doubling", "all_reduce"}) {
+      const std::string spec = std::string("gloo:timeout=20s,reduce_scatter=") + rs;
+      auto made = create(spec, me);
+      if (!made.ok()) {
+        check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+        continue;
+      }
+      CrossDeviceOps& ops = **made;
+      // Broadcast from every root.
+      for (int root = 0; root < me.world; ++root) {
+        for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1001}}) {
+          Host source(DType::kFloat32, count, 0);
+          for (int64_t j = 0; j < count; ++j) {
+            source.set(j, me.rank == root ? static_cast<double>(root * 1000 + j) : -1.0);
+          }
+          std::vector<std::unique_ptr<Host>> dst;
+          std::vector<Tensor> dsts;
+          for (int i = 0; i < me.local; ++i) {
+            dst.push_back(std::make_unique<Host>(DType::kFloat32, count, i));
+            dsts.push_back(dst.back()->tensor);
+          }
+          Status s = ops.broadcast(source.tensor, Mirrored<Tensor>(dsts), root).wait();
+          if (!s.ok()) check.fail("broadcast root %d: %s", root, s.to_string().c_str());
+          for (int i = 0; s.ok() && i < me.local; ++i) {
+            for (int64_t j = 0; j < count; ++j) {
+              if (dst[static_cast<size_t>(i)]->get(j) != static_cast<double>(root * 1000 + j)) {
+                check.fail("broadcast root %d count %lld: destination %d element %lld is %g", root,
+                           static_cast<long long>(count), i, static_cast<long long>(j),
+                           dst[static_cast<size_t>(i)]->get(j));
+                break;
+              }
+            }
+          }
+        }
+      }
+      // All-gather, int32.
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001}}) {
+        std::vector<std::unique_ptr<Host>> in, out;
+        std::vector<Tensor> ins, outs;
+        for (int i = 0; i < me.local; ++i) {
+          const int64_t g = static_cast<int64_t>(me.rank) * me.local + i;
+          in.push_back(std::make_unique<Host>(DType::kInt32, count, i));
+          for (int64_t j = 0; j < count; ++j) in.back()->set(j, static_cast<double>(g * 100000 + j));
+          out.push_back(std::make_unique<Host>(DType::kInt32, count * n, i));
+          ins.push_back(in.back()->tensor);
+          outs.push_back(out.back()->tensor);
+        }
+        Status s = ops.all_gather(PerReplica<Tensor>(ins), PerReplica<Tensor>(outs)).wait();
+        if (!s.ok()) check.fail("all_gather count %lld: %s", static_cast<long long>(count),
+                                s.to_string().c_str());
+        for (int i = 0; s.ok() && i < me.local; ++i) {
+          for (int64_t k = 0; k < count * n; ++k) {
+            const double want = static_cast<double>((k / count) * 100000 + k % count);
+            if (out[static_cast<size_t>(i)]->get(k) != want) {
+              check.fail("all_gather count %lld: output %d element %lld is %g, want %g",
+                         static_cast<long long>(count), i, static_cast<long long>(k),
+                         out[static_cast<size_t>(i)]->get(k), want);
+              break;
+            }
+          }
+        }
+      }
+      // Reduce-scatter: output i of replica G holds op over g of the inputs' slice G.
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+        for (DType dtype : {DType::kFloat32, DType::kInt32}) {
+          for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001}}) {
+            std::vector<std::unique_ptr<Host>> in, out;
+            std::vector<Tensor> ins, outs;
+            for (int i = 0; i < me.local; ++i) {
+              const int64_t g = static_cast<int64_t>(me.rank) * me.local + i;
+              in.push_back(std::make_unique<Host>(dtype, count * n, i));
+              for (int64_t j = 0; j < count * n; ++j) in.back()->set(j, value_of(g, j, n));
+              out.push_back(std::make_unique<Host>(dtype, count, i));
+              ins.push_back(in.back()->tensor);
+              outs.push_back(out.back()->tensor);
+            }
+            Status s =
+                ops.reduce_scatter(op, PerReplica<Tensor>(ins), PerReplica<Tensor>(outs)).wait();
+            if (!s.ok()) {
+              check.fail("%s reduce_scatter %s %s count %lld: %s", spec.c_str(), op_name(op),
+                         dt_name(dtype), static_cast<long long>(count), s.to_string().c_str());
+              continue;
+            }
+            for (int i = 0; i < me.local; ++i) {
+              const int64_t G = static_cast<int64_t>(me.rank) * me.local + i;
+              for (int64_t k = 0; k < count; ++k) {
+                const double want = dtype_round(dtype, expected_of(op, dtype, G * count + k, n));
+                if (out[static_cast<size_t>(i)]->get(k) != want) {
+                  check.fail("%s reduce_scatter %s %s count %lld: output %d element %lld is %g, "
+                             "want %g", spec.c_str(), op_name(op), dt_name(dtype),
+                             static_cast<long long>(count), i, static_cast<long long>(k),
+                             out[static_cast<size_t>(i)]->get(k), want);
+                  break;
+                }
+              }
+            }
+          }
+        }
+      }
+      // Reduce to one destination, and a batch of two dtypes.
+      {
+        const int64_t count = 33;
+        std::vector<std::unique_ptr<Host>> in;
+        std::vector<Tensor> ins;
+        for (int i = 0; i < me.local; ++i) {
+          const int64_t g = static_cast<int64_t>(me.rank) * me.local + i;
+          in.push_back(std::make_unique<Host>(DType::kFloat64, count, i));
+          for (int64_t j = 0; j < count; ++j) in.back()->set(j, value_of(g, j, n));
+          ins.push_back(in.back()->tensor);
+        }
+        Host dest(DType::kFloat64, count, 0);
+        Status s = ops.reduce(ReduceOp::kSum, PerReplica<Tensor>(ins),
+                              Mirrored<Tensor>({dest.tensor})).wait();
+        if (!s.ok()) check.fail("reduce: %s", s.to_string().c_str());
+        for (int64_t j = 0; s.ok() && j < count; ++j) {
+          if (dest.get(j) != expected_of(ReduceOp::kSum, DType::kFloat64, j, n)) {
+            check.fail("reduce: element %lld is %g", static_cast<long long>(j), dest.get(j));
+            break;
+          }
+        }
+        std::vector<std::unique_ptr<Host>> in2;
+        std::vector<Tensor> ins2;
+        for (int i = 0; i < me.local; ++i) {
+          const int64_t g = static_cast<int64_t>(me.rank) * me.local + i;
+          in2.push_back(std::make_unique<Host>(DType::kInt64, 5, i));
+          for (int64_t j = 0; j < 5; ++j) in2.back()->set(j, value_of(g, j, n));
+          ins2.push_back(in2.back()->tensor);
+        }
+        Host dest2(DType::kInt64, 5, 0);
+        std::vector<ReducePair> pairs = {{PerReplica<Tensor>(ins), Mirrored<Tensor>({dest.tensor})},
+                                         {PerReplica<Tensor>(ins2), Mirrored<Tensor>({dest2.tensor})}};
+        s = ops.batch_reduce(ReduceOp::kMax, pairs).wait();
+        if (!s.ok()) check.fail("batch_reduce: %s", s.to_string().c_str());
+        for (int64_t j = 0; s.ok() && j < count; ++j) {
+          if (dest.get(j) != expected_of(ReduceOp::kMax, DType::kFloat64, j, n) ||
+              (j < 5 && dest2.get(j) != expected_of(ReduceOp::kMax, DType::kInt64, j, n))) {
+            check.fail("batch_reduce: element %lld is %g / %g", static_cast<long long>(j),
+                       dest.get(j), j < 5 ? dest2.get(j) : 0.0);
+            break;
+          }
+        }
+      }
+    }
+    return check.ok() ? 0 : 1;
+  }, 120));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(1, 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_local" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// --- failures ------------------------------------------------------------------------------------
+
+// Loops all-reduces until one fails; returns that Status and how long the failing call took.
+std::pair<Status, double> all_reduce_until_error(CrossDeviceOps& ops, int max_calls) {
+  std::vector<float> buf(4096, 1.0f);
+  Tensor t(buf.data(), DType::kFloat32, Shape{static_cast<int64_t>(buf.size())});
+  for (int i = 0; i < max_calls; ++i) {
+    const auto start = Clock::now();
+    Status s = ops.all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t}))
+                   .wait();
+    const double took = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!s.ok()) return {s, took};
+  }
+  return {Status(), 0.0};
+}
+
+// After a failure, the instance refuses further collectives, quoting the first error.
+void expect_refused_after(CrossDeviceOps& ops, const Status& first, Checker& check) {
+  std::vector<float> buf(16, 1.0f);
+  Tensor t(buf.data(), DType::kFloat32, Shape{16});
+  Status again =
+      ops.all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t})).wait();
+  if (again.code() != StatusCode::kFailedPrecondition ||
+      again.message().find(first.message().substr(0, 40)) == std::string::npos) {
+    check.fail("after '%s' the next call returned '%s'", first.to_string().c_str(),
+               again.to_string().c_str());
+  }
+}
+
+class GlooFault : public ::testing::TestWithParam<const char*> {};
+
+// A peer that exits (its sockets close) or is killed mid-run: the survivors fail with an error, not
+// a hang, well within the timeout, for every algorithm family.
+TEST_P(GlooFault, PeerExitsMidRun) {
+  const std::string spec = std::string("gloo:timeout=5s,algorithm=") + GetParam();
+  const std::vector<int> codes = run_world(3, 1, [&](Rank& me) {
+    Checker check(me.rank);
+    auto made = create(spec, me);
+    if (!made.ok()) {
+      check.fail("%s", made.status().to_string().c_str());
+      return 1;
+    }
+    if (me.rank == 2) {
+      all_reduce_until_error(**made, 20);
+      _exit(0);  // no goodbye: the process is gone with its sockets
+    }
+    const auto [s, took] = all_reduce_until_error(**made, 100000);
+    if (s.ok()) {
+      check.fail("no error although rank 2 exited");
+    } else {
+      fprintf(stderr, "[rank %d] expected error after %.2f s: %s\n", me.rank, took,
+              s.to_string().c_str());
+      if (took > 7.0) check.fail("the error took %.2f s (timeout 5 s)", took);
+      if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kDeadlineExceeded) {
+        check.fail("unexpected code: %s", s.to_string().c_str());
+      }
+      if (s.message().find("all_reduce #") == std::string::npos ||
+          s.message().find("rank " + std::to_string(me.rank)) == std::string::npos) {
+        check.fail("the message does not name the collective and the rank: %s",
+                   s.message().c_str());
+      }
+      expect_refused_after(**made, s, check);
+    }
+    return check.ok() ? 0 : 1;
+  }, 60);
+  expect_all_zero(codes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, GlooFault,
+                         ::testing::Values("ring_chunked", "halving_doubling", "unbound_ring"));
+
+// A peer that stays alive but stops issuing collectives: the others fail within the timeout.
+TEST(GlooFailure, SilentPeerTimesOut) {
+  const std::vector<int> codes = run_world(2, 1, [](Rank& me) {
+    Checker check(me.rank);
+    auto made = create("gloo:timeout=2s", me);
+    if (!made.ok()) {
+      check.fail("%s", made.status().to_string().c_str());
+      return 1;
+    }
+    if (me.rank == 1) {
+      sleep(8);  // silent, sockets open
+      return 0;
+    }
+    const auto [s, took] = all_reduce_until_error(**made, 10);
+    if (s.code() != StatusCode::kDeadlineExceeded) {
+      check.fail("want deadline_exceeded, got %s", s.to_string().c_str());
+    }
+    if (took < 1.5 || took > 4.0) check.fail("the timeout fired after %.2f s (want about 2 s)", took);
+    fprintf(stderr, "[rank 0] expected error after %.2f s: %s\n", took, s.to_string().c_str());
+    return check.ok() ? 0 : 1;
+  }, 30);
+  expect_all_zero(codes);
+}
+
+// Different collectives on different ranks: with verify on, every rank fails with a message naming
+// both sides instead of exchanging mismatched data.
+TEST(GlooFailure, MismatchIsAnErrorOnEveryRank) {
+  const std::vector<int> codes = run_world(2, 1, [](Rank& me) {
+    Checker check(me.rank);
+    auto made = create("gloo:timeout=10s", me);
+    if (!made.ok()) {
+      check.fail("%s", made.status().to_string().c_str());
+      return 1;
+    }
+    std::vector<float> buf(9, 1.0f);
+    Tensor t(buf.data(), DType::kFloat32, Shape{me.rank == 0 ? 8 : 9});
+    Status s =
+        (*made)->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t})).wait();
+    if (s.code() != StatusCode::kAborted || s.message().find("mismatch") == std::string::npos ||
+        s.message().find("rank " + std::to_string(1 - me.rank)) == std::string::npos) {
+      check.fail("want a mismatch naming the other rank, got %s", s.to_string().c_str());
+    }
+    return check.ok() ? 0 : 1;
+  }, 30);
+  expect_all_zero(codes);
+}
+
+// A rendezvous that the other rank never joins: a clear DeadlineExceeded from create().
+TEST(GlooFailure, RendezvousTimeout) {
+  const std::vector<int> codes = run_world(2, 1, [](Rank& me) {
+    if (me.rank == 1) return 0;
+    Checker check(me.rank);
+    const auto start = Clock::now();
+    auto made = create("gloo:timeout=2s", me);
+    const double took = std::chrono::duration<double>(Clock::now() - start).count();
+    if (made.ok()) {
+      check.fail("create() succeeded without a peer");
+    } else {
+      fprintf(stderr, "[rank 0] expected error after %.2f s: %s\n", took,
+              made.status().to_string().c_str());
+      if (made.status().code() != StatusCode::kDeadlineExceeded ||
+          made.status().message().find("rendezvous") == std::string::npos) {
+        check.fail("want a rendezvous deadline, got %s", made.status().to_string().c_str());
+      }
+      if (took > 6.0) check.fail("took %.2f s (timeout 2 s)", took);
+    }
+    return check.ok() ? 0 : 1;
+  }, 30);
+  expect_all_zero(codes);
+}
+
+// --- capabilities --------------------------------------------------------------------------------
+
+TEST(Gloo, RefusesBfloat16AndListsItsOptions) {
+  BackendContext ctx;
+  auto made = builtin_backends().create("gloo", ctx);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  EXPECT_FALSE((*made)->capabilities().supports(DType::kBFloat16));
+  EXPECT_TRUE((*made)->capabilities().supports(DType::kFloat16));
+  std::vector<uint16_t> buf(4, 0);
+  Tensor t(buf.data(), DType::kBFloat16, Shape{4});
+  Status s =
+      (*made)->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t})).wait();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.to_string();
+  auto bad = builtin_backends().create("gloo:algorithm=tree", ctx);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("halving_doubling"), std::string::npos)
+      << bad.status().message();
+  // "auto" prefers ring across processes.
+  const BackendInfo* info = builtin_backends().find("gloo");
+  ASSERT_NE(info, nullptr);
+  EXPECT_LT(info->auto_priority, builtin_backends().find("ring")->auto_priority);
+}
+
+// Every dtype Gloo reduces, world 2, one call each (float16 through gloo::float16).
+TEST(Gloo, EveryDtypeAcrossTwoProcesses) {
+  expect_all_zero(run_world(2, 1, [](Rank& me) {
+    Checker check(me.rank);
+    for (const char* algorithm : {"halving_doubling", "unbound_ring"}) {
+      const std::string spec = std::string("gloo:timeout=20s,algorithm=") + algorithm;
+      auto made = create(spec, me);
+      if (!made.ok()) {
+        check.fail("%s", made.status().to_string().c_str());
+        return 1;
+      }
+      for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kInt32,
+                          DType::kInt64, DType::kInt8, DType::kUInt8}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+          check_all_reduce(**made, me, op, dtype, 1001, false, check, spec);
+        }
+      }
+    }
+    return check.ok() ? 0 : 1;
+  }));
+}
+
+}  // namespace
+}  // namespace tributary
