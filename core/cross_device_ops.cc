@@ -242,6 +242,20 @@ CrossDeviceOps::~CrossDeviceOps() = default;
 
 Status CrossDeviceOps::broken() const { return health_->get(); }
 
+Work CrossDeviceOps::screened(Work work) {
+  // A call refused before it was issued: harmless in one process, but across processes the
+  // peers are about to wait for this rank, so tell them now rather than at their timeout.
+  if (validating_ && world_size() > 1) {
+    Status s = work.error();
+    if (!s.ok() && broken().ok()) {
+      health_->record(s);
+      abandon(s);
+    }
+  }
+  validating_ = false;
+  return work;
+}
+
 std::string CrossDeviceOps::spec() const {
   std::string opts = options_.to_string();
   return opts.empty() ? name_ : name_ + ":" + opts;
@@ -292,6 +306,7 @@ Status CrossDeviceOps::check_device(const Tensor& t, std::string_view name, int 
 }
 
 CallInfo CrossDeviceOps::begin(Collective c, ReduceOp op, DType dtype, int64_t count) {
+  validating_ = false;
   CallInfo call;
   call.sequence = ++sequence_;
   call.collective = c;
@@ -299,6 +314,7 @@ CallInfo CrossDeviceOps::begin(Collective c, ReduceOp op, DType dtype, int64_t c
   call.dtype = dtype;
   call.count = count;
   call.timeout = timeout_;
+  call.start = std::chrono::steady_clock::now();
   return call;
 }
 
@@ -306,16 +322,16 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
   // A collective that failed after validation leaves the group in an unknown state.
   auto health = health_;
   work.on_complete([health](const Status& s) {
-    if (!s.ok() && s.code() != StatusCode::kInvalidArgument &&
-        s.code() != StatusCode::kUnimplemented) {
-      health->record(s);
-    }
+    if (!s.ok()) health->record(s);
   });
   if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {
     std::string what = call.describe();
     std::string prefix = log_prefix_;
-    work.on_complete([what, prefix, work](const Status& s) {
-      auto us = std::chrono::duration_cast<std::chrono::microseconds>(work.elapsed()).count();
+    const auto start = call.start;
+    work.on_complete([what, prefix, start](const Status& s) {
+      auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
       internal::write_log_line(internal::LogLevel::kDebug, prefix,
                                what + (s.ok() ? " done" : " failed: " + s.message()) + " in " +
                                    std::to_string(us) + " us");
@@ -365,6 +381,12 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
 
 Work CrossDeviceOps::all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
                                 const PerReplica<Tensor>& outputs) {
+  validating_ = true;
+  return screened(all_reduce_front(op, inputs, outputs));
+}
+
+Work CrossDeviceOps::all_reduce_front(ReduceOp op, const PerReplica<Tensor>& inputs,
+                                const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "all_reduce";
   Validator v(kCall);
   TRIBUTARY_REFUSE_IF_BROKEN(kCall);
@@ -388,6 +410,12 @@ Work CrossDeviceOps::all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
 }
 
 Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,
+                            const Mirrored<Tensor>& destinations) {
+  validating_ = true;
+  return screened(reduce_front(op, value, destinations));
+}
+
+Work CrossDeviceOps::reduce_front(ReduceOp op, const PerReplica<Tensor>& value,
                             const Mirrored<Tensor>& destinations) {
   ReducePair pair{value, destinations};
   constexpr std::string_view kCall = "reduce";
@@ -419,6 +447,11 @@ Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,
 }
 
 Work CrossDeviceOps::batch_reduce(ReduceOp op, std::span<const ReducePair> pairs) {
+  validating_ = true;
+  return screened(batch_reduce_front(op, pairs));
+}
+
+Work CrossDeviceOps::batch_reduce_front(ReduceOp op, std::span<const ReducePair> pairs) {
   constexpr std::string_view kCall = "batch_reduce";
   Validator v(kCall);
   TRIBUTARY_REFUSE_IF_BROKEN(kCall);
@@ -478,6 +511,12 @@ Work CrossDeviceOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
 
 Work CrossDeviceOps::broadcast(const Tensor& source, const Mirrored<Tensor>& destinations,
                                int root) {
+  validating_ = true;
+  return screened(broadcast_front(source, destinations, root));
+}
+
+Work CrossDeviceOps::broadcast_front(const Tensor& source, const Mirrored<Tensor>& destinations,
+                               int root) {
   constexpr std::string_view kCall = "broadcast";
   Validator v(kCall);
   TRIBUTARY_REFUSE_IF_BROKEN(kCall);
@@ -515,6 +554,12 @@ Work CrossDeviceOps::broadcast(const Tensor& source, const Mirrored<Tensor>& des
 }
 
 Work CrossDeviceOps::all_gather(const PerReplica<Tensor>& inputs,
+                                const PerReplica<Tensor>& outputs) {
+  validating_ = true;
+  return screened(all_gather_front(inputs, outputs));
+}
+
+Work CrossDeviceOps::all_gather_front(const PerReplica<Tensor>& inputs,
                                 const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "all_gather";
   Validator v(kCall);
@@ -561,6 +606,12 @@ Work CrossDeviceOps::all_gather(const PerReplica<Tensor>& inputs,
 }
 
 Work CrossDeviceOps::reduce_scatter(ReduceOp op, const PerReplica<Tensor>& inputs,
+                                    const PerReplica<Tensor>& outputs) {
+  validating_ = true;
+  return screened(reduce_scatter_front(op, inputs, outputs));
+}
+
+Work CrossDeviceOps::reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>& inputs,
                                     const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "reduce_scatter";
   Validator v(kCall);

@@ -55,6 +55,15 @@ namespace {
 // Why `info` cannot serve `context`, or OK.
 Status can_serve(const BackendInfo& info, const BackendContext& context) {
   if (context.devices.empty()) return invalid_argument("the context has no devices");
+  for (size_t i = 0; i < context.devices.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (context.devices[i] == context.devices[j]) {
+        // As TF's MirroredStrategy: "No duplicates allowed in `devices` argument".
+        return invalid_argument("device " + context.devices[i].to_string() +
+                                " is listed twice; each local replica needs its own device");
+      }
+    }
+  }
   for (const Device& d : context.devices) {
     if (!info.capabilities.supports(d.type())) {
       return unimplemented("it does not support " + std::string(device_type_name(d.type())) +
@@ -118,6 +127,10 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
   TRIBUTARY_ASSIGN_OR_RETURN(
       Options options, Options::resolve(info->name, options_of(*info), resolved.options,
                                         context.config));
+  if (const Options::Value* t = options.find("timeout"); t && t->i <= 0) {
+    return invalid_argument("backend '" + info->name + "': timeout must be positive, not " +
+                            t->text + " (from " + t->source + ")");
+  }
   return info->create(context, std::move(options));
 }
 

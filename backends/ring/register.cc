@@ -9,11 +9,14 @@
 namespace tributary {
 namespace {
 
-// TRIBUTARY_SECRET, else the file named by the secret_file option or TRIBUTARY_SECRET_FILE.
+// The secret_file option, else TRIBUTARY_SECRET, else the file TRIBUTARY_SECRET_FILE names
+// (explicit option > environment); "" = no authentication.
 StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file) {
-  if (auto s = config.get("TRIBUTARY_SECRET"); s && !s->empty()) return *s;
   std::string path = secret_file;
-  if (path.empty()) path = config.get("TRIBUTARY_SECRET_FILE").value_or("");
+  if (path.empty()) {
+    if (auto s = config.get("TRIBUTARY_SECRET"); s && !s->empty()) return *s;
+    path = config.get("TRIBUTARY_SECRET_FILE").value_or("");
+  }
   if (path.empty()) return std::string();
   std::ifstream in(path);
   if (!in) return not_found("cannot read the secret file '" + path + "'");
@@ -44,7 +47,7 @@ Status register_ring(BackendRegistry& registry) {
        .default_value = "256KiB",
        .help = "ring steps move their chunk in segments of this size, so that receiving the next "
                "segment overlaps reducing this one",
-       .min = 1},
+       .min = 4096},
       {.name = "bytes_per_pack",
        .type = OptionType::kSize,
        .default_value = "0",
@@ -58,8 +61,8 @@ Status register_ring(BackendRegistry& registry) {
       {.name = "secret_file",
        .type = OptionType::kString,
        .default_value = "",
-       .help = "file holding the shared secret peers must prove (default TRIBUTARY_SECRET, then "
-               "TRIBUTARY_SECRET_FILE; none = no authentication)"},
+       .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then "
+               "the file TRIBUTARY_SECRET_FILE names; none = no authentication)"},
   };
   Capabilities caps;
   caps.device_types = {DeviceType::kCpu};
@@ -86,6 +89,10 @@ Status register_ring(BackendRegistry& registry) {
       t.coordinator = context.coordinator_host;
       t.secret = std::move(secret);
       t.cluster_id = context.cluster_id;
+      t.layout = "local_replicas=" + std::to_string(context.devices.size()) +
+                 ",algorithm=" + options.get_string("algorithm") +
+                 ",segment_bytes=" + options.find("segment_bytes")->text +
+                 ",bytes_per_pack=" + options.find("bytes_per_pack")->text;
       t.timeout = options.get_duration("timeout");
       const uint64_t instance = (*context.instances)++;
       PrefixStore store("ring/" + std::to_string(instance), context.store);

@@ -32,9 +32,15 @@ RingOps::RingOps(BackendContext context, Options options, Capabilities caps,
 }
 
 algorithms::AlgorithmContext RingOps::algorithm_context(const CallInfo& call) {
+  // Saturate: a huge timeout must not overflow the clock.
+  const auto timeout = std::min<std::chrono::nanoseconds>(call.timeout, std::chrono::hours(24 * 365));
   return algorithms::AlgorithmContext{*transport_, algorithms::MessageTag::of(call),
-                                      std::chrono::steady_clock::now() + call.timeout,
-                                      segment_bytes_, &scratch_};
+                                      std::chrono::steady_clock::now() + timeout, segment_bytes_,
+                                      &scratch_};
+}
+
+void RingOps::abandon(const Status& why) {
+  transport_->abort(aborted("rank " + std::to_string(rank()) + " refused its part: " + why.message()));
 }
 
 std::byte* RingOps::staging(size_t bytes) {
@@ -113,7 +119,7 @@ Work RingOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
       }
       Tensor result(staging(bytes), dtype, Shape{total}, devices()[0]);
       CallInfo pack_call = call;
-      pack_call.collective = Collective::kAllReduce;
+      pack_call.collective = Collective::kBatchReduce;
       pack_call.dtype = dtype;
       pack_call.count = total;
       Status s = reduce_everywhere(pack_call, op, views, result);

@@ -41,6 +41,7 @@ class RingOps final : public CrossDeviceOps {
                        const PerReplica<Tensor>& outputs) override;
   Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
                            const PerReplica<Tensor>& outputs) override;
+  void abandon(const Status& why) override;
 
  private:
   algorithms::AlgorithmContext algorithm_context(const CallInfo& call);

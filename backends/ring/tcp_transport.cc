@@ -3,7 +3,10 @@
 #include <boost/asio.hpp>
 #include <sys/socket.h>
 
+#include <ifaddrs.h>
+
 #include <array>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <random>
@@ -69,6 +72,7 @@ struct Hello {
   uint32_t magic = kHelloMagic;
   uint32_t version = kProtocolVersion;
   uint64_t cluster = 0;
+  uint64_t layout = 0;
   int32_t world = 0;
   int32_t rank = 0;
   std::array<uint8_t, 32> nonce{};
@@ -77,6 +81,7 @@ struct HelloAck {
   uint32_t magic = kHelloMagic;
   uint32_t version = kProtocolVersion;
   uint64_t cluster = 0;
+  uint64_t layout = 0;
   int32_t world = 0;
   int32_t rank = 0;
   std::array<uint8_t, 32> nonce{};
@@ -320,7 +325,8 @@ struct TcpTransport::Impl {
                       got.describe() + " (" + std::to_string(h.length) + " bytes) but rank " +
                       std::to_string(rank) + " expects " + op.tag.describe() + " (" +
                       std::to_string(op.length) +
-                      " bytes); every rank must issue the same collectives in the same order");
+                      " bytes); every rank must issue the same collectives in the same order, "
+                      "with the same backend options");
       }
     }
     if (!bad.ok()) {
@@ -361,6 +367,7 @@ struct TcpTransport::Impl {
                            "rank " + std::to_string(peer) + " gave up while rank " +
                            std::to_string(rank) + " waited for " + waiting_for.describe() + ": " +
                            (ec ? std::string("(no reason received)") : *reason));
+                       if (!error.ok()) s = error;
                        if (!q.recvs.empty()) complete(q.recvs.front().id, s);
                        fail(s);
                      });
@@ -414,7 +421,23 @@ std::string interface_towards(asio::io_context& io, const std::string& coordinat
   probe.open(target.protocol(), ec);
   if (!ec) probe.connect(target, ec);
   if (ec) return "127.0.0.1";
-  return probe.local_endpoint(ec).address().to_string();
+  asio::ip::address chosen = probe.local_endpoint(ec).address();
+  if (ec) return "127.0.0.1";
+  if (!chosen.is_loopback()) return chosen.to_string();
+  // The coordinator's name resolves to loopback here (Debian maps the host's own name to
+  // 127.0.1.1): publishing that would keep other hosts out. Take a real interface instead.
+  ifaddrs* list = nullptr;
+  std::string found;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+      auto* sin = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+      asio::ip::address_v4 a(ntohl(sin->sin_addr.s_addr));
+      if (!a.is_loopback()) found = a.to_string();
+    }
+    freeifaddrs(list);
+  }
+  return found.empty() ? chosen.to_string() : found;
 }
 
 template <typename Impl, typename Buffer>
@@ -469,6 +492,10 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
   impl->peers.resize(static_cast<size_t>(size));
   const Deadline deadline = Clock::now() + options.timeout;
   const uint64_t cluster = cluster_hash(options.cluster_id);
+  const uint64_t layout = cluster_hash(options.layout);
+  const std::string layout_advice =
+      "every process must use the same number of local replicas and the same ring options "
+      "(this rank: " + options.layout + ")";
   const std::string who = "ring transport (rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ")";
   if (size == 1) return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
@@ -497,9 +524,21 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     if (!address.ok()) return address.status().with_context(who + ": waiting for rank " + std::to_string(peer));
     const std::string& text = *address;
     const size_t colon = text.rfind(':');
-    tcp::endpoint target(asio::ip::make_address(text.substr(0, colon), ec),
-                         static_cast<uint16_t>(std::stoi(text.substr(colon + 1))));
-    if (ec) return internal_error(who + ": rank " + std::to_string(peer) + " published a bad address '" + text + "'");
+    unsigned port = 0;
+    const char* port_begin = text.data() + (colon == std::string::npos ? text.size() : colon + 1);
+    auto [end, perr] = std::from_chars(port_begin, text.data() + text.size(), port);
+    tcp::endpoint target;
+    if (colon != std::string::npos && perr == std::errc() && end == text.data() + text.size() &&
+        port >= 1 && port <= 65535) {
+      target = tcp::endpoint(asio::ip::make_address(text.substr(0, colon), ec),
+                             static_cast<uint16_t>(port));
+    } else {
+      ec = asio::error::invalid_argument;
+    }
+    if (ec) {
+      return internal_error(who + ": rank " + std::to_string(peer) + " published a bad address '" +
+                            text + "' (a stale store, or another version of tributary?)");
+    }
     auto socket = std::make_unique<tcp::socket>(impl->io);
     bool connected = false;
     boost::system::error_code cec;
@@ -518,6 +557,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     tune(*socket);
     Hello hello;
     hello.cluster = cluster;
+    hello.layout = layout;
     hello.world = size;
     hello.rank = rank;
     hello.nonce = random_nonce();
@@ -532,6 +572,10 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     if (ack.cluster != cluster || ack.world != size || ack.rank != peer) {
       return unavailable(ctx + ": the process there belongs to another job (cluster, world size "
                          "or rank differ); check the cluster spec");
+    }
+    if (ack.layout != layout) {
+      return invalid_argument(ctx + ": rank " + std::to_string(peer) + " is set up differently; " +
+                              layout_advice);
     }
     Auth auth;
     auth.mac = proof(options.secret, 'C', ack.nonce, rank, peer);
@@ -582,11 +626,18 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     HelloAck ack;
     if (s.ok()) {
       ack.cluster = cluster;
+      ack.layout = layout;
       ack.world = size;
       ack.rank = rank;
       ack.nonce = random_nonce();
       ack.mac = proof(options.secret, 'A', hello.nonce, rank, hello.rank);
       s = write_exact(*impl, *socket, asio::buffer(&ack, sizeof ack), hs_deadline, "hello answer");
+    }
+    // A different layout: the answer (with ours) lets the other side name it too; then refuse.
+    if (s.ok() && hello.layout != layout) {
+      // The group cannot form: no point waiting for the others.
+      return invalid_argument(who + ": rank " + std::to_string(hello.rank) +
+                              " is set up differently; " + layout_advice);
     }
     Auth auth;
     if (s.ok()) s = read_exact(*impl, *socket, asio::buffer(&auth, sizeof auth), hs_deadline, "authentication");
@@ -644,7 +695,9 @@ StatusOr<Request> TcpTransport::irecv(int peer, const MessageTag& tag, std::span
 Status TcpTransport::wait(Request request, Deadline deadline) {
   Impl& m = *impl_;
   auto it = m.requests.find(request);
-  if (it == m.requests.end()) return invalid_argument("ring transport: unknown request");
+  if (it == m.requests.end()) {
+    return m.error.ok() ? invalid_argument("ring transport: unknown request") : m.error;
+  }
   const bool finished = m.run_until(deadline, [&] { return it->second.done || !m.error.ok(); });
   if (!finished) {
     const Impl::RequestState& r = it->second;

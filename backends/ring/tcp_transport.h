@@ -35,6 +35,9 @@ struct TcpTransportOptions {
   std::string coordinator; // the store's host, used to pick the interface when host is ""
   std::string secret;      // "" = no authentication
   std::string cluster_id;  // ranks of different jobs refuse each other
+  // What every rank must agree on besides the cluster (local replica count, algorithm options):
+  // ranks whose layout differs refuse each other at setup with a message naming both.
+  std::string layout;
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
 };
 

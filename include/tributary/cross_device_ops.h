@@ -9,7 +9,9 @@
 // dtypes, element counts, devices, null data, overlapping buffers, capabilities), assign a sequence
 // number, time and log the call, and only then call the backend's *_impl. A call that fails
 // validation returns a completed Work carrying an InvalidArgument/Unimplemented Status and touches
-// no buffer. All processes must issue collectives in the same order.
+// no buffer. All processes must issue collectives in the same order: in a multi-process group a
+// call refused on one rank fails the group (its peers are told at once, instead of waiting for
+// their timeout), and the instance is then unusable.
 //
 // Semantics (differences from TF are noted):
 //  - reduce: reduce the per-replica values and write the result to every destination tensor
@@ -106,6 +108,7 @@ struct CallInfo {
   DType dtype = DType::kFloat32;
   int64_t count = 0;  // elements per local input
   std::chrono::nanoseconds timeout{0};
+  std::chrono::steady_clock::time_point start;  // when the front door issued it
   std::string describe() const;  // "all_reduce #17 (4 MiB float32, sum)"
 };
 
@@ -160,12 +163,25 @@ class CrossDeviceOps {
                                    const PerReplica<Tensor>& outputs) = 0;
 
   const BackendContext& context() const { return context_; }
+  // Called when this rank refuses a call that its peers will issue (a multi-process backend should
+  // tell them, e.g. by aborting its transport with `why`). Default: nothing.
+  virtual void abandon(const Status& why) { (void)why; }
   // Logs at debug level with the "[rank r/name]" prefix; cheap when the level is off.
   void log_debug(const std::string& message) const;
   void log_info(const std::string& message) const;
   void log_warning(const std::string& message) const;
 
  private:
+  Work all_reduce_front(ReduceOp op, const PerReplica<Tensor>& inputs,
+                        const PerReplica<Tensor>& outputs);
+  Work reduce_front(ReduceOp op, const PerReplica<Tensor>& value,
+                    const Mirrored<Tensor>& destinations);
+  Work batch_reduce_front(ReduceOp op, std::span<const ReducePair> pairs);
+  Work broadcast_front(const Tensor& source, const Mirrored<Tensor>& destinations, int root);
+  Work all_gather_front(const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs);
+  Work reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>& inputs,
+                            const PerReplica<Tensor>& outputs);
+  Work screened(Work work);
   CallInfo begin(Collective c, ReduceOp op, DType dtype, int64_t count);
   Work finish(const CallInfo& call, Work work);
   Status check_supported(Collective c, ReduceOp op, DType dtype) const;
@@ -181,6 +197,7 @@ class CrossDeviceOps {
   std::string log_prefix_;
   struct Health;
   std::shared_ptr<Health> health_;
+  bool validating_ = false;  // between a public call's start and its begin()
 };
 
 }  // namespace tributary

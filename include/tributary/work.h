@@ -30,7 +30,8 @@ class Work {
   bool test() const;
   // The error of a completed Work; OK while pending or after success.
   Status error() const;
-  // Wall time from creation to completion (zero while pending).
+  // Wall time from the Work's creation to its completion (zero while pending). Backends that run
+  // the collective before returning hand back an already complete Work: time the call instead.
   std::chrono::nanoseconds elapsed() const;
 
   // For backends: completes the Work (later calls are ignored) and runs the callbacks.

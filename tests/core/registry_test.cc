@@ -80,9 +80,12 @@ TEST(Registry, UnknownBackendListsAvailable) {
   auto made = r.create("no_such_backend", two_cpus());
   ASSERT_FALSE(made.ok());
   EXPECT_EQ(made.status().code(), StatusCode::kNotFound);
+  // The list is what this build has; the in-process and ring backends are always there.
+  std::string list;
+  for (const std::string& n : r.names()) list += ", " + n;
   EXPECT_EQ(made.status().message(),
-            "unknown backend 'no_such_backend'; available backends: auto, "
-            "reduction_to_one_device, hierarchical_copy, ring");
+            "unknown backend 'no_such_backend'; available backends: auto" + list);
+  EXPECT_NE(list.find(", reduction_to_one_device, hierarchical_copy, ring"), std::string::npos);
 }
 
 TEST(Registry, SpecOptionsReachTheBackend) {

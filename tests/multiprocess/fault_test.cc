@@ -155,6 +155,34 @@ TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
   }
 }
 
+// A call one rank refuses (bad arguments) fails the group at once, not at the peers' timeout.
+TEST_P(RingFaults, CallRefusedOnOneRankFailsThePeersQuickly) {
+  const std::string spec = GetParam() + ",timeout=30s";
+  const std::string dir = make_temp_dir("refused");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok()) return kChildFailed;
+    std::vector<float> in(64, 1.0f), out(rank == 1 ? 63 : 64);  // rank 1's output is too small
+    PerReplica<Tensor> x{Tensor(in.data(), DType::kFloat32, int64_t{64})};
+    PerReplica<Tensor> y{Tensor(out.data(), DType::kFloat32, static_cast<int64_t>(out.size()))};
+    const auto start = Clock::now();
+    Status s = (*ops)->all_reduce(ReduceOp::kSum, x, y).wait(60s);
+    write_note(dir, rank, s.to_string() + "\nseconds=" +
+                              std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
+    return s.ok() ? kChildOk : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_NE(read_note(dir, 1).find("invalid_argument: all_reduce: outputs[0] has 63 elements"),
+            std::string::npos) << read_note(dir, 1);
+  for (int r : {0, 2}) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    EXPECT_NE(read_note(dir, r).find("rank 1 refused its part: all_reduce: outputs[0] has 63"),
+              std::string::npos) << read_note(dir, r);
+    EXPECT_LT(seconds_in(read_note(dir, r)), 5.0) << read_note(dir, r);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
                          ::testing::Values("ring:algorithm=ring", "ring:algorithm=halving_doubling"),
                          [](const auto& info) {
@@ -190,6 +218,30 @@ TEST(RingSecurity, SecretsMustMatch) {
     if (!c.joins) {
       EXPECT_NE(read_note(dir, 1).find("authentication failed"), std::string::npos) << read_note(dir, 1);
       EXPECT_NE(read_note(dir, 0).find("rejected"), std::string::npos) << read_note(dir, 0);
+    }
+  }
+}
+
+// Ranks laid out differently (local replica counts, ring options) refuse each other at setup: MEAN
+// would otherwise divide by different counts on different ranks.
+TEST(RingSetup, DifferentLayoutsAreRefusedNamingThem) {
+  for (bool differ_in_options : {false, true}) {
+    const std::string dir = make_temp_dir("layout");
+    GroupResult g = run_group(2, 60s, [&](int rank) {
+      const int local = !differ_in_options && rank == 0 ? 2 : 1;
+      auto ctx = group_context(rank, 2, local, dir);
+      const std::string spec = differ_in_options && rank == 1
+                                   ? "ring:timeout=5s,segment_bytes=64KiB"
+                                   : "ring:timeout=5s";
+      auto ops = builtin_backends().create(spec, *ctx);
+      write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
+      return ops.ok() ? kChildOk : kChildSawError;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+      EXPECT_NE(read_note(dir, r).find("is set up differently"), std::string::npos)
+          << read_note(dir, r);
     }
   }
 }
