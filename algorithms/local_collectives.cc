@@ -28,6 +28,10 @@ Status local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<const T
   if (srcs.empty()) return invalid_argument("local_reduce needs at least one source");
   const int64_t count = srcs[0].num_elements();
   if (count == 0 || dsts.empty()) return Status();
+  // One source: a copy (or nothing, in place), unless MEAN has a division to do.
+  if (srcs.size() == 1 && (op != ReduceOp::kMean || mean_divisor == 1)) {
+    return local_copy(srcs[0], dsts);
+  }
   // Pointer arrays live on the stack for up to kInline replicas (no allocation per call).
   constexpr size_t kInline = 16;
   const void* s_inline[kInline];

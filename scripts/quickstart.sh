@@ -16,5 +16,10 @@ echo "== tributary-bench: all-reduce across 4 CPU replicas, every in-process bac
 "$build/bench/tributary-bench" --replicas 4 -b 8 -e 64M --ceiling \
   --json "$out/allreduce.json" --csv "$out/allreduce.csv" --plot "$out/allreduce.png"
 echo
-echo "Table above; figures in $out/allreduce.json and .csv; the plot is $out/allreduce.png."
+echo "== tributary-bench: all-reduce across 2 local processes (TCP loopback), every multi-process backend =="
+"$build/bench/tributary-bench" --np 2 --replicas 1 -b 8 -e 64M --ceiling \
+  --json "$out/allreduce_np2.json" --csv "$out/allreduce_np2.csv" --plot "$out/allreduce_np2.png"
+echo
+echo "Tables above; figures in $out/allreduce*.json and .csv; the plots are $out/allreduce.png"
+echo "(in-process replicas) and $out/allreduce_np2.png (2 processes)."
 echo "Compare other backends or options with --backend SPEC (repeatable); see '$build/tools/tributary-info'."

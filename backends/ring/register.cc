@@ -1,4 +1,6 @@
+#include <cstdlib>
 #include <fstream>
+#include <thread>
 #include <memory>
 #include <sstream>
 
@@ -28,6 +30,27 @@ StatusOr<std::string> read_secret(const Config& config, const std::string& secre
   return secret;
 }
 
+// Ranks on this host: the launcher's LOCAL_WORLD_SIZE, else all of them when the coordinator is
+// this host's loopback, else one.
+int local_ranks(const BackendContext& context) {
+  for (const char* key : {"TRIBUTARY_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"}) {
+    if (auto v = context.config.get(key)) {
+      int n = std::atoi(v->c_str());
+      if (n > 0) return n;
+    }
+  }
+  const std::string& h = context.coordinator_host;
+  return h == "localhost" || h.rfind("127.", 0) == 0 ? context.world_size : 1;
+}
+
+std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context) {
+  const auto on = std::chrono::microseconds(50);
+  if (mode == "on") return on;
+  if (mode == "off") return std::chrono::nanoseconds(0);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return local_ranks(context) <= cores ? std::chrono::nanoseconds(on) : std::chrono::nanoseconds(0);
+}
+
 }  // namespace
 
 Status register_ring(BackendRegistry& registry) {
@@ -53,6 +76,13 @@ Status register_ring(BackendRegistry& registry) {
        .default_value = "0",
        .help = "batch_reduce packs tensors into groups of at least this many bytes (TF's rule); "
                "0 = one pack per dtype"},
+      {.name = "poll",
+       .type = OptionType::kEnum,
+       .default_value = "auto",
+       .help = "whether a wait polls 50 us before sleeping: on (lowest latency), off, or auto (on "
+               "unless this host runs more ranks than it has cores, where polling steals the CPU "
+               "from the peers)",
+       .choices = {"auto", "on", "off"}},
       {.name = "host",
        .type = OptionType::kString,
        .default_value = "",
@@ -94,6 +124,7 @@ Status register_ring(BackendRegistry& registry) {
                  ",segment_bytes=" + options.find("segment_bytes")->text +
                  ",bytes_per_pack=" + options.find("bytes_per_pack")->text;
       t.timeout = options.get_duration("timeout");
+      t.poll_before_sleep = poll_duration(options.get_string("poll"), context);
       const uint64_t instance = (*context.instances)++;
       PrefixStore store("ring/" + std::to_string(instance), context.store);
       auto made = backends::TcpTransport::create(store, context.rank, context.world_size, t);

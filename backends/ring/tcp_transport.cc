@@ -1,14 +1,21 @@
 #include "backends/ring/tcp_transport.h"
 
 #include <boost/asio.hpp>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <ifaddrs.h>
 
 #include <array>
+#include <cerrno>
 #include <charconv>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -122,6 +129,191 @@ std::string endpoint_text(const tcp::endpoint& e) {
   return e.address().to_string() + ":" + std::to_string(e.port());
 }
 
+// Sends run on a writer thread, so that a rank sends and receives at the same time on two cores:
+// one thread doing both halves the throughput of a loopback link used both ways. A send to a peer
+// with nothing queued is first tried inline (non-blocking), so small messages never wait for the
+// thread. Only the writer thread touches a socket while a frame of it is queued; the waiting thread
+// reads. Completions go back through a queue, and wake() kicks the waiting thread's io_context.
+class Writer {
+ public:
+  struct Op {
+    Request id;
+    FrameHeader header;
+    const std::byte* data;
+    size_t length;
+    size_t sent = 0;  // of header + payload
+    size_t total() const { return sizeof header + length; }
+  };
+  struct Done {
+    Request id;
+    int peer;
+    int error;  // errno, 0 = sent
+    MessageTag tag;
+  };
+
+  Writer(size_t peers, std::function<void()> wake)
+      : queues_(peers), busy_(peers, 0), fds_(peers, -1), wake_(std::move(wake)) {
+    thread_ = std::jthread([this](std::stop_token st) { loop(st); });
+  }
+  ~Writer() { stop(); }
+
+  void set_fd(int peer, int fd) { fds_[static_cast<size_t>(peer)] = fd; }
+
+  // Queues `op`, or sends it at once; true when it is already complete.
+  bool submit(int peer, Op op) {
+    std::lock_guard lock(mu_);
+    auto& q = queues_[static_cast<size_t>(peer)];
+    if (stopping_) {
+      done_.push_back({op.id, peer, ECANCELED, tag_of(op.header)});
+      return false;
+    }
+    if (q.empty()) {
+      int err = push(fds_[static_cast<size_t>(peer)], op);
+      if (err == 0 && op.sent == op.total()) return true;
+      if (err != 0 && err != EAGAIN) {
+        done_.push_back({op.id, peer, err, tag_of(op.header)});
+        return false;
+      }
+    }
+    q.push_back(op);
+    cv_.notify_one();
+    return false;
+  }
+
+  std::vector<Done> take() {
+    std::lock_guard lock(mu_);
+    std::vector<Done> out;
+    out.swap(done_);
+    return out;
+  }
+
+  // After a failure: no new frame starts; queued ones that have not started are dropped. Returns
+  // whether `peer` is between frames (safe to write an abort frame on, and to close).
+  void quiesce() {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    for (size_t p = 0; p < queues_.size(); ++p) {
+      auto& q = queues_[p];
+      const size_t keep = !q.empty() && (busy_[p] || q.front().sent > 0) ? 1 : 0;
+      while (q.size() > keep) {
+        done_.push_back({q.back().id, static_cast<int>(p), ECANCELED, tag_of(q.back().header)});
+        q.pop_back();
+      }
+    }
+    cv_.notify_one();
+  }
+  bool between_frames(int peer) {
+    std::lock_guard lock(mu_);
+    return queues_[static_cast<size_t>(peer)].empty();
+  }
+  bool idle() {
+    std::lock_guard lock(mu_);
+    for (auto& q : queues_) {
+      if (!q.empty()) return false;
+    }
+    return true;
+  }
+  void stop() {
+    if (thread_.joinable()) {
+      thread_.request_stop();
+      {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+      }
+      cv_.notify_one();
+      thread_.join();
+    }
+  }
+
+ private:
+  // One non-blocking sendmsg of what is left of `op`; 0 or an errno.
+  static int push(int fd, Op& op) {
+    while (op.sent < op.total()) {
+      iovec iov[2];
+      int n = 0;
+      if (op.sent < sizeof op.header) {
+        iov[n++] = {reinterpret_cast<char*>(&op.header) + op.sent, sizeof op.header - op.sent};
+        if (op.length) iov[n++] = {const_cast<std::byte*>(op.data), op.length};
+      } else {
+        const size_t off = op.sent - sizeof op.header;
+        iov[n++] = {const_cast<std::byte*>(op.data) + off, op.length - off};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      const ssize_t w = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return errno == EWOULDBLOCK ? EAGAIN : errno;
+      }
+      op.sent += static_cast<size_t>(w);
+    }
+    return 0;
+  }
+
+  void loop(std::stop_token st) {
+    std::vector<pollfd> waiting;
+    while (!st.stop_requested()) {
+      bool progress = false;
+      waiting.clear();
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] {
+          if (st.stop_requested()) return true;
+          for (auto& q : queues_) {
+            if (!q.empty()) return true;
+          }
+          return false;
+        });
+        if (st.stop_requested()) return;
+      }
+      for (size_t p = 0; p < queues_.size(); ++p) {
+        Op* op = nullptr;
+        {
+          std::lock_guard lock(mu_);
+          if (!queues_[p].empty()) {
+            op = &queues_[p].front();  // stays put: only this thread pops the front
+            busy_[p] = 1;
+          }
+        }
+        if (op == nullptr) continue;
+        const size_t before = op->sent;
+        const int err = push(fds_[p], *op);
+        progress = progress || op->sent != before;
+        if (err == EAGAIN) {
+          std::lock_guard lock(mu_);
+          busy_[p] = 0;
+          waiting.push_back({fds_[p], POLLOUT, 0});
+          continue;
+        }
+        {
+          std::lock_guard lock(mu_);
+          busy_[p] = 0;
+          done_.push_back({op->id, static_cast<int>(p), err, tag_of(op->header)});
+          queues_[p].pop_front();
+          if (err != 0) {  // the socket is dead: so is everything queued behind
+            for (Op& rest : queues_[p]) done_.push_back({rest.id, static_cast<int>(p), err, tag_of(rest.header)});
+            queues_[p].clear();
+          }
+        }
+        progress = true;
+        wake_();
+      }
+      if (!progress && !waiting.empty()) ::poll(waiting.data(), waiting.size(), 20);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::deque<Op>> queues_;
+  std::vector<char> busy_;  // the thread is pushing the front op of this peer
+  std::vector<int> fds_;
+  std::vector<Done> done_;
+  bool stopping_ = false;
+  std::function<void()> wake_;
+  std::jthread thread_;
+};
+
 }  // namespace
 
 struct TcpTransport::Impl {
@@ -132,12 +324,6 @@ struct TcpTransport::Impl {
     bool is_send = false;
     MessageTag tag;
   };
-  struct SendOp {
-    Request id;
-    FrameHeader header;
-    const std::byte* data;
-    size_t length;
-  };
   struct RecvOp {
     Request id;
     MessageTag tag;
@@ -146,8 +332,6 @@ struct TcpTransport::Impl {
   };
   struct Peer {
     std::unique_ptr<tcp::socket> socket;
-    std::deque<SendOp> sends;
-    bool writing = false;
     std::deque<RecvOp> recvs;
     bool reading = false;
     FrameHeader incoming;
@@ -162,9 +346,40 @@ struct TcpTransport::Impl {
   Status error;
   std::string abort_frame;
   bool settled = false;
+  std::unique_ptr<Writer> writer;  // after the sockets are connected
 
   ~Impl() {
+    if (writer) writer->stop();  // before the sockets it writes to close
     for (Peer& p : peers) close(p);
+  }
+
+  void start_writer() {
+    writer = std::make_unique<Writer>(peers.size(), [this] { asio::post(io, [] {}); });
+    for (size_t p = 0; p < peers.size(); ++p) {
+      if (peers[p].socket) writer->set_fd(static_cast<int>(p), peers[p].socket->native_handle());
+    }
+  }
+
+  bool between_frames(int peer) { return !writer || writer->between_frames(peer); }
+
+  // Takes the writer's completions (waiting thread only).
+  void absorb() {
+    if (!writer) return;
+    for (const Writer::Done& d : writer->take()) {
+      Status st;
+      if (d.error == ECANCELED) {
+        st = error.ok() ? aborted("send cancelled") : error;
+      } else if (d.error != 0) {
+        st = abort_reason_from(d.peer, "sent " + d.tag.describe());
+        if (st.ok()) {
+          st = unavailable("sending " + d.tag.describe() + " to rank " + std::to_string(d.peer) +
+                           " failed: " + std::strerror(d.error) + " (did rank " +
+                           std::to_string(d.peer) + " exit or fail? see its log)");
+        }
+      }
+      complete(d.id, st);
+      if (!st.ok()) fail(st);
+    }
   }
 
   static void close(Peer& p) {
@@ -187,8 +402,9 @@ struct TcpTransport::Impl {
     h.length = reason.size();
     abort_frame.assign(reinterpret_cast<const char*>(&h), sizeof h);
     abort_frame += reason;
-    for (Peer& p : peers) {
-      if (!p.writing) send_abort_and_close(p);
+    if (writer) writer->quiesce();
+    for (size_t p = 0; p < peers.size(); ++p) {
+      if (between_frames(static_cast<int>(p))) send_abort_and_close(peers[p]);
     }
   }
 
@@ -205,16 +421,20 @@ struct TcpTransport::Impl {
   void settle() {
     if (settled || error.ok()) return;
     settled = true;
-    auto writing = [&] {
-      for (const Peer& p : peers) {
-        if (p.writing && p.socket && p.socket->is_open()) return true;
-      }
-      return false;
-    };
-    run_until(Clock::now() + std::chrono::milliseconds(500), [&] { return !writing(); });
-    for (Peer& p : peers) {
-      if (!p.writing) send_abort_and_close(p);
-      close(p);
+    const Deadline until = Clock::now() + std::chrono::milliseconds(500);
+    while (writer && !writer->idle() && Clock::now() < until) {
+      if (io.stopped()) io.restart();
+      io.poll();
+      absorb();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::vector<char> clean(peers.size());
+    for (size_t p = 0; p < peers.size(); ++p) clean[p] = between_frames(static_cast<int>(p));
+    if (writer) writer->stop();
+    absorb();
+    for (size_t p = 0; p < peers.size(); ++p) {
+      if (clean[p]) send_abort_and_close(peers[p]);
+      close(peers[p]);
     }
   }
 
@@ -223,36 +443,6 @@ struct TcpTransport::Impl {
     if (it == requests.end()) return;
     it->second.done = true;
     it->second.status = std::move(s);
-  }
-
-  // --- sending -----------------------------------------------------------------------------------
-  void start_write(int peer) {
-    Peer& p = peers[static_cast<size_t>(peer)];
-    if (p.writing || p.sends.empty() || !error.ok()) return;
-    p.writing = true;
-    SendOp& op = p.sends.front();
-    std::array<asio::const_buffer, 2> bufs = {asio::buffer(&op.header, sizeof op.header),
-                                              asio::buffer(op.data, op.length)};
-    asio::async_write(*p.socket, bufs, [this, peer](const boost::system::error_code& ec, size_t) {
-      Peer& q = peers[static_cast<size_t>(peer)];
-      q.writing = false;
-      if (q.sends.empty()) return;  // aborted meanwhile
-      SendOp op = q.sends.front();
-      q.sends.pop_front();
-      if (ec) {
-        Status s = abort_reason_from(peer, "sent " + tag_of(op.header).describe());
-        if (s.ok()) {
-          s = unavailable("sending " + tag_of(op.header).describe() + " to rank " +
-                          std::to_string(peer) + " failed: " + ec.message() + " (did rank " +
-                          std::to_string(peer) + " exit or fail? see its log)");
-        }
-        complete(op.id, s);
-        fail(s);
-        return;
-      }
-      complete(op.id, Status());
-      start_write(peer);
-    });
   }
 
   // When a peer gave up it sent its reason before closing; a send that fails finds it here if it is
@@ -489,6 +679,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
   impl->size = size;
+  impl->spin = options.poll_before_sleep;
   impl->peers.resize(static_cast<size_t>(size));
   const Deadline deadline = Clock::now() + options.timeout;
   const uint64_t cluster = cluster_hash(options.cluster_id);
@@ -498,7 +689,10 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
       "(this rank: " + options.layout + ")";
   const std::string who = "ring transport (rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ")";
-  if (size == 1) return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
+  if (size == 1) {
+    impl->start_writer();
+    return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
+  }
 
   // Listen and publish.
   boost::system::error_code ec;
@@ -657,6 +851,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     impl->peers[static_cast<size_t>(hello.rank)].socket = std::move(socket);
     --expected;
   }
+  impl->start_writer();
   return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
 }
 
@@ -672,9 +867,9 @@ StatusOr<Request> TcpTransport::isend(int peer, const MessageTag& tag,
   }
   Request id = m.next_request++;
   m.requests[id] = Impl::RequestState{false, Status(), peer, true, tag};
-  m.peers[static_cast<size_t>(peer)].sends.push_back(
-      Impl::SendOp{id, header_for(tag, data.size()), data.data(), data.size()});
-  m.start_write(peer);
+  if (m.writer->submit(peer, Writer::Op{id, header_for(tag, data.size()), data.data(), data.size()})) {
+    m.complete(id, Status());
+  }
   return id;
 }
 
@@ -698,7 +893,10 @@ Status TcpTransport::wait(Request request, Deadline deadline) {
   if (it == m.requests.end()) {
     return m.error.ok() ? invalid_argument("ring transport: unknown request") : m.error;
   }
-  const bool finished = m.run_until(deadline, [&] { return it->second.done || !m.error.ok(); });
+  const bool finished = m.run_until(deadline, [&] {
+    m.absorb();
+    return it->second.done || !m.error.ok();
+  });
   if (!finished) {
     const Impl::RequestState& r = it->second;
     Status s = deadline_exceeded(

@@ -39,6 +39,9 @@ struct TcpTransportOptions {
   // ranks whose layout differs refuse each other at setup with a message naming both.
   std::string layout;
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
+  // How long a wait polls before sleeping in epoll: a message is often microseconds away and
+  // waking costs more, but polling steals the CPU from peers when ranks outnumber cores.
+  std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
 };
 
 class TcpTransport final : public algorithms::Transport {
