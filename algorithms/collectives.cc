@@ -47,8 +47,13 @@ struct Blocks {
   int64_t length(int c) const { return base + (c < rem ? 1 : 0); }
 };
 
-// One ring step: send [send_off, +send_len) to `next` and receive `recv_len` elements from `prev`,
-// in segments; `on_segment(offset_in_chunk, elements, received)` consumes each received segment.
+// One ring step: send `send_len` elements to `next` and receive `recv_len` from `prev`, both in
+// segments of ctx.segment_bytes; `on_segment(offset, elements, data)` consumes each received
+// segment. With `recv` == nullptr the segments land in a window of kWindow scratch slots reused in
+// turn, which stay in cache between the receive and the reduction (a chunk-sized scratch buffer
+// would go to memory and back); otherwise they land at recv + offset.
+constexpr int64_t kWindow = 4;
+
 template <typename OnSegment>
 Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const std::byte* send,
                  int64_t send_len, std::byte* recv, int64_t recv_len, size_t elem,
@@ -56,29 +61,38 @@ Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const
   Transport& t = ctx.transport;
   const MessageTag tag = ctx.tag.at_step(step);
   const int64_t seg = std::max<int64_t>(1, static_cast<int64_t>(ctx.segment_bytes / elem));
-  // Post every receive first, then every send: a peer doing the same never blocks on us.
-  std::vector<Request> recvs, sends;
-  for (int64_t o = 0; o < recv_len || (o == 0 && recv_len == 0); o += seg) {
-    int64_t n = std::min(seg, recv_len - o);
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        Request r, t.irecv(prev, tag, {recv + static_cast<size_t>(o) * elem, static_cast<size_t>(n) * elem}));
-    recvs.push_back(r);
-    if (recv_len == 0) break;
+  const int64_t nrecv = recv_len == 0 ? 1 : (recv_len + seg - 1) / seg;
+  const int64_t nsend = send_len == 0 ? 1 : (send_len + seg - 1) / seg;
+  std::byte* window =
+      recv == nullptr ? scratch_for(ctx, static_cast<size_t>(std::min(nrecv, kWindow) * seg) * elem)
+                      : nullptr;
+  auto recv_at = [&](int64_t k) {
+    return recv != nullptr ? recv + static_cast<size_t>(k * seg) * elem
+                           : window + static_cast<size_t>((k % kWindow) * seg) * elem;
+  };
+  auto length = [&](int64_t total, int64_t k) { return std::max<int64_t>(0, std::min(seg, total - k * seg)); };
+  // Post the first receives, then every send: a peer doing the same never blocks on us.
+  std::vector<Request> recvs(static_cast<size_t>(nrecv)), sends;
+  const int64_t first = recv == nullptr ? std::min(nrecv, kWindow) : nrecv;
+  for (int64_t k = 0; k < first; ++k) {
+    TRIBUTARY_ASSIGN_OR_RETURN(recvs[static_cast<size_t>(k)],
+                               t.irecv(prev, tag, {recv_at(k), static_cast<size_t>(length(recv_len, k)) * elem}));
   }
-  for (int64_t o = 0; o < send_len || (o == 0 && send_len == 0); o += seg) {
-    int64_t n = std::min(seg, send_len - o);
+  for (int64_t k = 0; k < nsend; ++k) {
     TRIBUTARY_ASSIGN_OR_RETURN(
-        Request s,
-        t.isend(next, tag, {send + static_cast<size_t>(o) * elem, static_cast<size_t>(n) * elem}));
+        Request s, t.isend(next, tag, {send + static_cast<size_t>(k * seg) * elem,
+                                       static_cast<size_t>(length(send_len, k)) * elem}));
     sends.push_back(s);
-    if (send_len == 0) break;
   }
-  int64_t o = 0;
-  for (Request r : recvs) {
-    TRIBUTARY_RETURN_IF_ERROR(t.wait(r, ctx.deadline));
-    int64_t n = std::min(seg, recv_len - o);
-    if (n > 0) on_segment(o, n);
-    o += seg;
+  for (int64_t k = 0; k < nrecv; ++k) {
+    TRIBUTARY_RETURN_IF_ERROR(t.wait(recvs[static_cast<size_t>(k)], ctx.deadline));
+    const int64_t n = length(recv_len, k);
+    if (n > 0) on_segment(k * seg, n, static_cast<const std::byte*>(recv_at(k)));
+    if (k + first < nrecv) {  // the slot is free again
+      const int64_t j = k + first;
+      TRIBUTARY_ASSIGN_OR_RETURN(recvs[static_cast<size_t>(j)],
+                                 t.irecv(prev, tag, {recv_at(j), static_cast<size_t>(length(recv_len, j)) * elem}));
+    }
   }
   for (Request s : sends) TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
   return Status();
@@ -140,7 +154,6 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
   }
   const size_t elem = dtype_size(dtype);
   const Blocks blocks(count, n);
-  std::byte* scratch = scratch_for(ctx, static_cast<size_t>(blocks.length(0)) * elem);
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   uint32_t step = 0;
   // Reduce-scatter: after n-1 steps this rank holds the reduced block (r + 1) % n.
@@ -150,9 +163,9 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
     std::byte* target = at(data, blocks.offset(recv_c), elem);
     TRIBUTARY_RETURN_IF_ERROR(ring_step(
         ctx, step++, next, prev, at(data, blocks.offset(send_c), elem), blocks.length(send_c),
-        scratch, blocks.length(recv_c), elem, [&](int64_t off, int64_t len) {
-          combine(last ? op : partial_op(op), dtype, target + static_cast<size_t>(off) * elem,
-                  scratch + static_cast<size_t>(off) * elem, len, mean_divisor);
+        nullptr, blocks.length(recv_c), elem, [&](int64_t off, int64_t len, const std::byte* got) {
+          combine(last ? op : partial_op(op), dtype, target + static_cast<size_t>(off) * elem, got,
+                  len, mean_divisor);
         }));
   }
   // All-gather: pass the reduced blocks around, received straight into place.
@@ -161,7 +174,8 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
     TRIBUTARY_RETURN_IF_ERROR(ring_step(ctx, step++, next, prev,
                                         at(data, blocks.offset(send_c), elem),
                                         blocks.length(send_c), at(data, blocks.offset(recv_c), elem),
-                                        blocks.length(recv_c), elem, [](int64_t, int64_t) {}));
+                                        blocks.length(recv_c), elem,
+                                        [](int64_t, int64_t, const std::byte*) {}));
   }
   return Status();
 }
@@ -321,7 +335,7 @@ Status ring_all_gather(AlgorithmContext& ctx, void* data, size_t bytes_per_rank)
     TRIBUTARY_RETURN_IF_ERROR(ring_step(
         ctx, static_cast<uint32_t>(s), next, prev, at(data, send_c, bytes_per_rank),
         static_cast<int64_t>(bytes_per_rank), at(data, recv_c, bytes_per_rank),
-        static_cast<int64_t>(bytes_per_rank), 1, [](int64_t, int64_t) {}));
+        static_cast<int64_t>(bytes_per_rank), 1, [](int64_t, int64_t, const std::byte*) {}));
   }
   return Status();
 }
@@ -337,7 +351,6 @@ Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t
     if (op == ReduceOp::kMean) divide_in_place(dtype, out, count, mean_divisor);
     return Status();
   }
-  std::byte* scratch = scratch_for(ctx, block_bytes);
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   // After n-1 steps the last block received and reduced is this rank's own.
   for (int s = 0; s < n - 1; ++s) {
@@ -347,9 +360,9 @@ Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t
     std::byte* result = last ? static_cast<std::byte*>(out) : target;
     TRIBUTARY_RETURN_IF_ERROR(ring_step(
         ctx, static_cast<uint32_t>(s), next, prev, at(data, static_cast<int64_t>(send_c) * count, elem),
-        count, scratch, count, elem, [&](int64_t off, int64_t len) {
+        count, nullptr, count, elem, [&](int64_t off, int64_t len, const std::byte* got) {
           const size_t b = static_cast<size_t>(off) * elem;
-          const void* srcs[2] = {target + b, scratch + b};
+          const void* srcs[2] = {target + b, got};
           void* dsts[1] = {result + b};
           reduce(last ? op : partial_op(op), dtype, srcs, dsts, static_cast<size_t>(len),
                  mean_divisor);
