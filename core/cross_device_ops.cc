@@ -245,9 +245,10 @@ Status CrossDeviceOps::broken() const { return health_->get(); }
 Work CrossDeviceOps::screened(Work work) {
   // A call refused before it was issued: harmless in one process, but across processes the
   // peers are about to wait for this rank, so tell them now rather than at their timeout.
+  // Capability refusals (Unimplemented) are the same on every rank and break nothing.
   if (validating_ && world_size() > 1) {
     Status s = work.error();
-    if (!s.ok() && broken().ok()) {
+    if (s.code() == StatusCode::kInvalidArgument && broken().ok()) {
       health_->record(s);
       abandon(s);
     }

@@ -579,7 +579,10 @@ struct TcpTransport::Impl {
   template <typename Done>
   bool run_until(Deadline deadline, Done&& done) {
     if (done()) return true;
-    const Deadline spin_until = std::min(deadline, Clock::now() + spin);
+    // Not while the writer thread has work: on a busy link it needs the core more than we do.
+    const bool writer_busy = writer && !writer->idle();
+    const Deadline spin_until =
+        writer_busy ? Clock::now() : std::min(deadline, Clock::now() + spin);
     while (Clock::now() < spin_until) {
       if (io.stopped()) io.restart();
       io.poll();

@@ -10,7 +10,7 @@
 // number, time and log the call, and only then call the backend's *_impl. A call that fails
 // validation returns a completed Work carrying an InvalidArgument/Unimplemented Status and touches
 // no buffer. All processes must issue collectives in the same order: in a multi-process group a
-// call refused on one rank fails the group (its peers are told at once, instead of waiting for
+// call refused for its arguments (InvalidArgument) on one rank fails the group (its peers are told at once, instead of waiting for
 // their timeout), and the instance is then unusable.
 //
 // Semantics (differences from TF are noted):

@@ -1,0 +1,271 @@
+#include "backends/gloo/gloo_algorithms.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgather_ring.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_bcube.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/broadcast.h>
+#include <gloo/broadcast_one_to_all.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/types.h>
+
+#include <array>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace tributary::backends {
+namespace {
+
+constexpr std::array<std::string_view, 7> kNames = {
+    "auto", "ring", "ring_chunked", "halving_doubling", "bcube", "unbound_ring", "unbound_bcube"};
+
+// Calls f(std::type_identity<T>{}) with T the Gloo element type of `dtype`. The half type is
+// gloo::float16, whose bits are IEEE binary16 like tributary's float16.
+template <typename F>
+decltype(auto) with_gloo_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f(std::type_identity<float>{});
+    case DType::kFloat64:
+      return f(std::type_identity<double>{});
+    case DType::kFloat16:
+      return f(std::type_identity<gloo::float16>{});
+    case DType::kInt32:
+      return f(std::type_identity<int32_t>{});
+    case DType::kInt64:
+      return f(std::type_identity<int64_t>{});
+    case DType::kInt8:
+      return f(std::type_identity<int8_t>{});
+    case DType::kUInt8:
+      return f(std::type_identity<uint8_t>{});
+    case DType::kBFloat16:
+      break;
+  }
+  // The capabilities exclude bfloat16, so the front door never lets one through.
+  throw std::logic_error("Gloo has no element type for dtype " + std::string(dtype_name(dtype)));
+}
+
+template <typename T>
+const gloo::ReductionFunction<T>* reduction_function(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      return gloo::ReductionFunction<T>::sum;
+    case ReduceOp::kProd:
+      return gloo::ReductionFunction<T>::product;
+    case ReduceOp::kMin:
+      return gloo::ReductionFunction<T>::min;
+    case ReduceOp::kMax:
+      return gloo::ReductionFunction<T>::max;
+  }
+  return gloo::ReductionFunction<T>::sum;
+}
+
+// The element-wise function of gloo::allreduce(): Gloo's own kernels (gloo/math.h).
+template <typename T>
+gloo::AllreduceOptions::Func unbound_function(ReduceOp op) {
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      return static_cast<Fn>(&gloo::sum<T>);
+    case ReduceOp::kProd:
+      return static_cast<Fn>(&gloo::product<T>);
+    case ReduceOp::kMin:
+      return static_cast<Fn>(&gloo::min<T>);
+    case ReduceOp::kMax:
+      return static_cast<Fn>(&gloo::max<T>);
+  }
+  return static_cast<Fn>(&gloo::sum<T>);
+}
+
+// Gloo's own buffers per classic instance, in multiples of the message (an estimate for the cache
+// budget): ring and ring_chunked malloc two message-sized boxes, halving-doubling and bcube receive
+// into about one message, the reduce-scatter into two.
+uint64_t gloo_overhead_factor(ClassicKind kind) {
+  switch (kind) {
+    case ClassicKind::kBroadcast:
+      return 0;
+    case ClassicKind::kAllGather:
+      return 1;  // the block count is per process; the buffer holds P + 1 of them
+    case ClassicKind::kRing:
+    case ClassicKind::kRingChunked:
+    case ClassicKind::kReduceScatterHalvingDoubling:
+      return 2;
+    case ClassicKind::kHalvingDoubling:
+    case ClassicKind::kBcube:
+      return 1;
+  }
+  return 2;
+}
+
+template <typename A, typename... Args>
+AlgorithmPtr owned(Args&&... args) {
+  return AlgorithmPtr(std::make_unique<A>(std::forward<Args>(args)...).release());
+}
+
+AlgorithmPtr make_classic(ClassicKind kind, const std::shared_ptr<gloo::Context>& context,
+                          void* data, int count, DType dtype, ReduceOp op, int root) {
+  // The byte movers: uint8_t elements, `count` bytes.
+  if (kind == ClassicKind::kBroadcast) {
+    std::vector<uint8_t*> ptrs{static_cast<uint8_t*>(data)};
+    return owned<gloo::BroadcastOneToAll<uint8_t>>(context, ptrs, static_cast<size_t>(count), root);
+  }
+  if (kind == ClassicKind::kAllGather) {
+    auto* out = static_cast<uint8_t*>(data);
+    std::vector<const uint8_t*> in{out + static_cast<size_t>(context->size) * count};
+    return owned<gloo::AllgatherRing<uint8_t>>(context, in, out, count);
+  }
+  return with_gloo_type(dtype, [&]<typename T>(std::type_identity<T>) -> AlgorithmPtr {
+    std::vector<T*> ptrs{static_cast<T*>(data)};
+    const gloo::ReductionFunction<T>* fn = reduction_function<T>(op);
+    switch (kind) {
+      case ClassicKind::kRing:
+        return owned<gloo::AllreduceRing<T>>(context, ptrs, count, fn);
+      case ClassicKind::kRingChunked:
+        return owned<gloo::AllreduceRingChunked<T>>(context, ptrs, count, fn);
+      case ClassicKind::kHalvingDoubling:
+        return owned<gloo::AllreduceHalvingDoubling<T>>(context, ptrs, count, fn);
+      case ClassicKind::kBcube:
+        return owned<gloo::AllreduceBcube<T>>(context, ptrs, count, fn);
+      case ClassicKind::kReduceScatterHalvingDoubling: {
+        // Equal blocks: the caller's count is num_replicas_in_sync * per-replica count.
+        std::vector<int> recv(static_cast<size_t>(context->size), count / context->size);
+        return owned<gloo::ReduceScatterHalvingDoubling<T>>(context, ptrs, count, recv, fn);
+      }
+      case ClassicKind::kBroadcast:
+      case ClassicKind::kAllGather:
+        break;  // handled above
+    }
+    throw std::logic_error("unknown classic Gloo algorithm");
+  });
+}
+
+}  // namespace
+
+std::span<const std::string_view> gloo_algorithm_names() { return kNames; }
+
+std::string_view gloo_algorithm_name(GlooAlgorithm a) { return kNames[static_cast<size_t>(a)]; }
+
+GlooAlgorithm parse_gloo_algorithm(std::string_view name) {
+  for (size_t i = 0; i < kNames.size(); ++i) {
+    if (kNames[i] == name) return static_cast<GlooAlgorithm>(i);
+  }
+  return GlooAlgorithm::kAuto;
+}
+
+bool gloo_supports(DType dtype) { return dtype != DType::kBFloat16; }
+
+std::vector<DType> gloo_dtypes() {
+  std::vector<DType> out;
+  for (DType d : all_dtypes()) {
+    if (gloo_supports(d)) out.push_back(d);
+  }
+  return out;
+}
+
+void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Context>& context,
+                        void* data, size_t count, DType dtype, ReduceOp op, uint32_t tag,
+                        std::chrono::milliseconds timeout) {
+  with_gloo_type(dtype, [&]<typename T>(std::type_identity<T>) {
+    gloo::AllreduceOptions opts(context);
+    opts.setAlgorithm(algorithm == GlooAlgorithm::kUnboundBcube
+                          ? gloo::AllreduceOptions::Algorithm::BCUBE
+                          : gloo::AllreduceOptions::Algorithm::RING);
+    opts.setOutput<T>(static_cast<T*>(data), count);
+    opts.setReduceFunction(unbound_function<T>(op));
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allreduce(opts);
+  });
+}
+
+void unbound_all_gather(const std::shared_ptr<gloo::Context>& context, void* data,
+                        size_t block_bytes, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::AllgatherOptions opts(context);
+  // No input: in place, this rank's block already sits at its position in the output.
+  opts.setOutput<uint8_t>(static_cast<uint8_t*>(data),
+                          block_bytes * static_cast<size_t>(context->size));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+}
+
+void unbound_broadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
+                       int root, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::BroadcastOptions opts(context);
+  // No input: the root sends its output buffer.
+  opts.setOutput<uint8_t>(static_cast<uint8_t*>(data), bytes);
+  opts.setRoot(root);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::broadcast(opts);
+}
+
+void AlgorithmDeleter::operator()(gloo::Algorithm* algorithm) const noexcept {
+  try {
+    delete algorithm;
+  } catch (...) {
+    // A transport that failed may make Gloo's destructor throw; the instance is gone either way.
+  }
+}
+
+void BoundAlgorithm::run() { algorithm->run(); }
+
+void* BoundAlgorithm::input() const { return buffer.get() + input_offset; }
+
+AlgorithmCache::AlgorithmCache(std::shared_ptr<gloo::Context> context, uint64_t max_bytes)
+    : context_(std::move(context)), max_bytes_(max_bytes) {}
+
+AlgorithmCache::~AlgorithmCache() { clear(); }
+
+BoundAlgorithm& AlgorithmCache::get(ClassicKind kind, DType dtype, ReduceOp op, int64_t count,
+                                    int root) {
+  if (op == ReduceOp::kMean) op = ReduceOp::kSum;
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->kind == kind && it->dtype == dtype && it->op == op && it->count == count &&
+        it->root == root) {
+      entries_.splice(entries_.begin(), entries_, it);
+      return entries_.front();
+    }
+  }
+  const uint64_t message = static_cast<uint64_t>(count) * dtype_size(dtype);
+  // All-gather: P blocks of output, then the input block.
+  const uint64_t bytes = kind == ClassicKind::kAllGather
+                             ? message * (static_cast<uint64_t>(context_->size) + 1)
+                             : message;
+  const uint64_t footprint = bytes * (1 + gloo_overhead_factor(kind));
+  // Make room first, so that peak memory stays near the budget. Every rank evicts the same
+  // entries at the same call, and all of their sends completed within earlier collectives.
+  while (!entries_.empty() && bytes_ + footprint > max_bytes_) {
+    bytes_ -= entries_.back().footprint;
+    entries_.pop_back();
+  }
+  BoundAlgorithm entry{.kind = kind,
+                       .dtype = dtype,
+                       .op = op,
+                       .count = count,
+                       .root = root,
+                       .input_offset = kind == ClassicKind::kAllGather
+                                           ? static_cast<size_t>(message) * context_->size
+                                           : 0,
+                       .footprint = footprint};
+  entry.buffer = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  entry.algorithm =
+      make_classic(kind, context_, entry.buffer.get(), static_cast<int>(count), dtype, op, root);
+  entries_.push_front(std::move(entry));
+  bytes_ += footprint;
+  return entries_.front();
+}
+
+void AlgorithmCache::clear() noexcept {
+  entries_.clear();
+  bytes_ = 0;
+}
+
+}  // namespace tributary::backends

@@ -1,0 +1,153 @@
+// Gloo's collective algorithms behind one typed dispatch: which all-reduce algorithms the installed
+// Gloo offers, how tributary's dtypes and reduce ops map onto Gloo's templates, and a cache of the
+// "classic" algorithm instances (gloo/allreduce_ring.h and friends), which are expensive to build.
+//
+// Two families of Gloo collectives exist in the installed headers:
+//  - classic: AllreduceRing, AllreduceRingChunked, AllreduceHalvingDoubling, AllreduceBcube (and
+//    ReduceScatterHalvingDoubling). Each instance is built once over fixed buffers: construction
+//    allocates Gloo's receive buffers and claims transport slots, and run() may be called many
+//    times. Building one per call would cost an allocation (fresh pages) per call, so instances
+//    live in an AlgorithmCache, each bound to a host buffer that the cache owns; the backend copies
+//    into it and out of it. Their element and byte counts are `int`s, so the backend runs larger
+//    messages through them in pieces of kGlooClassicMaxBytes. They are the only ones that work
+//    when the pairs are in Gloo's sync mode (the calling thread reads its own sockets).
+//  - unbound: gloo::allreduce() (gloo/allreduce.h; the API PyTorch's ProcessGroupGloo uses) with
+//    its RING or BCUBE algorithm, gloo::broadcast, gloo::allgather. They work on the caller's
+//    buffers per call, matched by tag, and need Gloo's I/O thread (async mode).
+//
+// Per algorithm (P processes, S bytes; from Gloo's docs/algorithms.md):
+//   ring              P-1 steps, P*S bytes sent per process (whole buffer each step)
+//   ring_chunked      4P steps, 2S bytes per process (2P chunks, double-buffered)
+//   halving_doubling  2 lg P steps, 2S bytes per process (Rabenseifner; binary blocks when P is
+//                     not a power of two)
+//   bcube             2 log_B P steps, 2 * sum_s S/B^s bytes (B = the context's base, which must
+//                     divide P; the backend picks the smallest divisor >= 2 of P)
+//   unbound_ring      gloo::allreduce ring: reduce-scatter then all-gather, pipelined in segments
+//                     of at most 1 MiB; about 2S(P-1)/P bytes per process
+//   unbound_bcube     gloo::allreduce bcube
+// Besides all-reduce: BroadcastOneToAll (the root sends to every process), AllgatherRing (P-1
+// steps), ReduceScatterHalvingDoubling; and gloo::broadcast / gloo::allgather (unbound).
+//
+// Every function here may throw Gloo's exceptions (gloo::IoException, gloo::EnforceNotMet, ...)
+// or std::bad_alloc; the backend's boundary (GlooOps::guarded) converts them to Status.
+// Threading: an AlgorithmCache is used by one thread at a time (its backend's calling thread).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "tributary/dtype.h"
+
+namespace gloo {
+class Algorithm;
+class Context;
+}  // namespace gloo
+
+namespace tributary::backends {
+
+enum class GlooAlgorithm : uint8_t {
+  kAuto,
+  kRing,
+  kRingChunked,
+  kHalvingDoubling,
+  kBcube,
+  kUnboundRing,
+  kUnboundBcube,
+};
+
+// Spec names ("auto", "ring", "ring_chunked", "halving_doubling", "bcube", "unbound_ring",
+// "unbound_bcube"), in declaration order.
+std::span<const std::string_view> gloo_algorithm_names();
+std::string_view gloo_algorithm_name(GlooAlgorithm a);
+GlooAlgorithm parse_gloo_algorithm(std::string_view name);  // kAuto for unknown names
+
+// Classic algorithms count elements and bytes in int: the backend runs larger messages through
+// them in pieces of at most this many bytes.
+inline constexpr uint64_t kGlooClassicMaxBytes = uint64_t{1} << 30;
+
+// The dtypes Gloo's templates reduce: float32, float64, float16 (gloo::float16), int32, int64,
+// int8, uint8. Not bfloat16 (Gloo has no such type).
+bool gloo_supports(DType dtype);
+std::vector<DType> gloo_dtypes();
+
+// gloo::allreduce() over `data` (count elements) in place. MEAN reduces as SUM (the caller
+// divides).
+void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Context>& context,
+                        void* data, size_t count, DType dtype, ReduceOp op, uint32_t tag,
+                        std::chrono::milliseconds timeout);
+// gloo::allgather() in place: `data` holds context->size blocks of `block_bytes`, this rank's
+// already filled.
+void unbound_all_gather(const std::shared_ptr<gloo::Context>& context, void* data,
+                        size_t block_bytes, uint32_t tag, std::chrono::milliseconds timeout);
+// gloo::broadcast() of `bytes` at `data` from `root`, in place.
+void unbound_broadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
+                       int root, uint32_t tag, std::chrono::milliseconds timeout);
+
+// Deletes a Gloo algorithm. Gloo declares ~Algorithm() noexcept(false), and unique_ptr's own
+// deleter would turn a throw into std::terminate; this one swallows it (destructors never throw).
+struct AlgorithmDeleter {
+  void operator()(gloo::Algorithm* algorithm) const noexcept;
+};
+using AlgorithmPtr = std::unique_ptr<gloo::Algorithm, AlgorithmDeleter>;
+
+// What a cached classic instance computes.
+enum class ClassicKind : uint8_t {
+  kRing,
+  kRingChunked,
+  kHalvingDoubling,
+  kBcube,
+  kReduceScatterHalvingDoubling,  // each process keeps count / P elements, at the buffer's start
+  kBroadcast,                     // BroadcastOneToAll of `count` bytes (dtype uint8) from `root`
+  kAllGather,  // AllgatherRing of `count` bytes per process: data() holds P blocks, then the
+               // input block (input())
+};
+
+// A classic instance and the host buffer it runs on (`count` elements of `dtype`).
+struct BoundAlgorithm {
+  ClassicKind kind;
+  DType dtype;
+  ReduceOp op;
+  int64_t count = 0;
+  int root = 0;             // kBroadcast
+  size_t input_offset = 0;  // kAllGather: where input() starts in the buffer
+  uint64_t footprint = 0;   // bytes held: the buffer and an estimate of Gloo's own buffers
+  std::unique_ptr<std::byte[]> buffer;
+  AlgorithmPtr algorithm;
+
+  void* data() const { return buffer.get(); }
+  void* input() const;  // kAllGather: where this process's block goes before run()
+  void run();
+};
+
+// Instances by (kind, dtype, op, count), least recently used evicted first while the footprint
+// exceeds `max_bytes` (the instance just asked for is always kept). Every rank must see the same
+// sequence of get() calls, which the collective order guarantees, so that ranks build, reuse and
+// evict the same instances at the same time and their transport slots match.
+class AlgorithmCache {
+ public:
+  AlgorithmCache(std::shared_ptr<gloo::Context> context, uint64_t max_bytes);
+  ~AlgorithmCache();
+  AlgorithmCache(const AlgorithmCache&) = delete;
+  AlgorithmCache& operator=(const AlgorithmCache&) = delete;
+
+  // The instance for this call, built on a miss. `op` is the op Gloo applies (SUM for MEAN).
+  // count * element size must be in (0, kGlooClassicMaxBytes].
+  BoundAlgorithm& get(ClassicKind kind, DType dtype, ReduceOp op, int64_t count, int root = 0);
+  // Destroys every instance.
+  void clear() noexcept;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::shared_ptr<gloo::Context> context_;
+  uint64_t max_bytes_;
+  uint64_t bytes_ = 0;
+  std::list<BoundAlgorithm> entries_;  // most recently used first
+};
+
+}  // namespace tributary::backends

@@ -1,0 +1,294 @@
+#include "backends/gloo/gloo_context.h"
+
+#include <arpa/inet.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+#include <new>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "backends/gloo/gloo_store.h"
+#include "tributary/options.h"
+#include "tributary/store.h"
+
+namespace tributary::backends {
+namespace {
+
+// The local address whose route reaches `coordinator` (a UDP connect sends no packet); loopback
+// when there is no coordinator or it is local.
+std::string interface_towards(const std::string& coordinator) {
+  if (coordinator.empty() || coordinator == "localhost" || coordinator.rfind("127.", 0) == 0 ||
+      coordinator == "::1") {
+    return "127.0.0.1";
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(coordinator.c_str(), "1", &hints, &found) != 0 || found == nullptr) {
+    return "127.0.0.1";
+  }
+  std::string result = "127.0.0.1";
+  int fd = socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char text[INET6_ADDRSTRLEN] = {};
+    if (connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* addr =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) result = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return result;
+}
+
+// An address as text, "[10.0.0.2]:41234". Gloo's tcp::Address::str() prints the port as stored,
+// in network byte order; `as_gloo` prints it that way, to compare with Gloo's texts.
+std::string address_text(const sockaddr_storage& a, bool as_gloo) {
+  char text[INET6_ADDRSTRLEN] = {};
+  uint16_t port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    port = in->sin_port;
+  } else if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    port = in6->sin6_port;
+  } else {
+    return "";
+  }
+  return "[" + std::string(text) + "]:" + std::to_string(as_gloo ? port : ntohs(port));
+}
+
+struct OpenSocket {
+  std::string local, remote;            // as the OS has them
+  std::string gloo_local, gloo_remote;  // as Gloo's str() prints them
+  bool healthy = true;                  // established (no FIN or reset seen)
+};
+
+// Every connected TCP socket of this process.
+std::vector<OpenSocket> open_tcp_sockets() {
+  std::vector<OpenSocket> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
+    sockaddr_storage local{}, remote{};
+    socklen_t llen = sizeof(local), rlen = sizeof(remote);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0) continue;
+    OpenSocket s{address_text(local, false), address_text(remote, false), address_text(local, true),
+                 address_text(remote, true)};
+    // Not SO_ERROR: reading it would clear an error that Gloo has yet to see.
+    tcp_info info{};
+    socklen_t ilen = sizeof(info);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &ilen) == 0) {
+      s.healthy = info.tcpi_state == TCP_ESTABLISHED;
+    }
+    if (!s.local.empty() && !s.remote.empty()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string socket_key(const OpenSocket& s) { return s.local + "->" + s.remote; }
+
+// Bcube needs a base that divides the number of processes.
+int smallest_divisor(int n) {
+  for (int d = 2; d * d <= n; ++d) {
+    if (n % d == 0) return d;
+  }
+  return n < 2 ? 2 : n;
+}
+
+}  // namespace
+
+SigpipeGuard::SigpipeGuard() {
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+  already_blocked_ = sigismember(&old_, SIGPIPE) == 1;
+}
+
+SigpipeGuard::~SigpipeGuard() {
+  if (already_blocked_) return;
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    timespec zero{};
+    while (sigtimedwait(&pipe, nullptr, &zero) == -1 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+}
+
+PeerDirectory PeerDirectory::learn(gloo::Context& context, GlooStore& store) {
+  PeerDirectory made;
+  const int rank = context.rank, size = context.size;
+  const auto n = static_cast<size_t>(size);
+  made.addresses_.assign(n, {});
+  made.sockets_.assign(n, "");
+  std::vector<std::string> mine(n);
+  std::string list;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    mine[static_cast<size_t>(p)] = context.getPair(p)->address().str();
+    list += std::to_string(p) + "=" + mine[static_cast<size_t>(p)] + "\n";
+  }
+  store.set("addresses/" + std::to_string(rank), std::vector<char>(list.begin(), list.end()));
+  const std::string key = std::to_string(rank) + "=";
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const std::vector<char> theirs = store.get("addresses/" + std::to_string(p));
+    std::string_view rest(theirs.data(), theirs.size());
+    while (!rest.empty()) {
+      const size_t end = std::min(rest.find('\n'), rest.size());
+      if (rest.substr(0, end).starts_with(key)) {
+        made.addresses_[static_cast<size_t>(p)].emplace_back(
+            rest.substr(key.size(), end - key.size()));
+      }
+      rest.remove_prefix(std::min(end + 1, rest.size()));
+    }
+  }
+  // Gloo's I/O thread may still be accepting when connectFullMesh returns: look again, briefly.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  for (;;) {
+    bool all = true;
+    const std::vector<OpenSocket> sockets = open_tcp_sockets();
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const auto& theirs = made.addresses_[static_cast<size_t>(p)];
+      for (const OpenSocket& s : sockets) {
+        const bool far = std::find(theirs.begin(), theirs.end(), s.gloo_remote) != theirs.end();
+        if (far || s.gloo_local == mine[static_cast<size_t>(p)]) {
+          made.sockets_[static_cast<size_t>(p)] = socket_key(s);
+        }
+      }
+      all = all && !made.sockets_[static_cast<size_t>(p)].empty();
+    }
+    if (all || std::chrono::steady_clock::now() > give_up) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return made;
+}
+
+int PeerDirectory::peer_in(const std::string& gloo_message) const {
+  for (size_t r = 0; r < addresses_.size(); ++r) {
+    for (const std::string& a : addresses_[r]) {
+      // "[127.0.0.1]:4000" must not match "[127.0.0.1]:40001".
+      const size_t at = gloo_message.find(a);
+      if (at == std::string::npos) continue;
+      const size_t after = at + a.size();
+      if (after < gloo_message.size() &&
+          std::isdigit(static_cast<unsigned char>(gloo_message[after]))) {
+        continue;
+      }
+      return static_cast<int>(r);
+    }
+  }
+  // Else the one peer whose connection is closed, closing (it sent FIN) or in error.
+  const std::vector<OpenSocket> sockets = open_tcp_sockets();
+  int gone = -1;
+  for (size_t r = 0; r < sockets_.size(); ++r) {
+    if (sockets_[r].empty()) continue;
+    const bool open = std::any_of(sockets.begin(), sockets.end(), [&](const OpenSocket& s) {
+      return s.healthy && socket_key(s) == sockets_[r];
+    });
+    if (open) continue;
+    if (gone >= 0) return -1;
+    gone = static_cast<int>(r);
+  }
+  return gone;
+}
+
+StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<Store> store,
+                                      const GlooConnectOptions& options) {
+  const std::string who =
+      "backend 'gloo' on rank " + std::to_string(rank) + " of " + std::to_string(world_size);
+  gloo::transport::tcp::attr attr;
+  std::string where;
+  if (!options.iface.empty()) {
+    attr.iface = options.iface;
+    where = "interface " + options.iface;
+  } else {
+    attr.hostname = options.host.empty() ? interface_towards(options.coordinator) : options.host;
+    where = "address " + attr.hostname;
+  }
+  const std::string timeout = format_duration(options.timeout);
+  const std::string store_name = store->describe();
+  try {
+    // Gloo's I/O thread, started by CreateDevice, inherits the blocked SIGPIPE.
+    SigpipeGuard guard;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    const int base = options.bcube_base > 0 ? options.bcube_base : smallest_divisor(world_size);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size, base);
+    context->setTimeout(options.timeout);
+    GlooStore rendezvous(store, options.timeout);
+    context->connectFullMesh(rendezvous, device);
+    GlooConnection made;
+    made.peers = PeerDirectory::learn(*context, rendezvous);
+    if (options.sync) {
+      for (int p = 0; p < world_size; ++p) {
+        if (p != rank) context->getPair(p)->setSync(true, options.busy_poll);
+      }
+    }
+    made.context = std::move(context);
+    return made;
+  } catch (const StoreError& e) {
+    Status s = e.status();
+    std::string hint = s.code() == StatusCode::kDeadlineExceeded
+                           ? "; did every rank create its 'gloo' backend, in the same order as its "
+                             "other multi-process backends?"
+                           : "";
+    return Status(s.code(), who + ": rendezvous failed: " + s.message() + hint);
+  } catch (const gloo::IoException& e) {
+    std::string what = e.what();
+    const bool timed_out =
+        what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos;
+    std::string m = who + ": connecting Gloo's TCP mesh (listening on " + where +
+                    ") failed: " + what +
+                    "; check that every rank can reach every other at the address it " +
+                    "published, or set host= or iface= in the gloo spec";
+    return timed_out ? deadline_exceeded(m + " (timeout " + timeout + ")") : unavailable(m);
+  } catch (const gloo::EnforceNotMet& e) {
+    return unavailable(who + ": Gloo could not set up its TCP device on " + where + ": " +
+                       e.what() +
+                       "; set host= to an address of this machine or iface= to one of "
+                       "its interfaces");
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(who + ": out of memory while connecting Gloo's TCP mesh");
+  } catch (const std::exception& e) {
+    return internal_error(who + ": connecting Gloo's TCP mesh through " + store_name +
+                          " failed: " + e.what());
+  } catch (...) {
+    return internal_error(who + ": connecting Gloo's TCP mesh failed with an unknown exception");
+  }
+}
+
+}  // namespace tributary::backends

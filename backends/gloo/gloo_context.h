@@ -1,0 +1,88 @@
+// Setting up the gloo backend's connections: Gloo's TCP device and full mesh, with rendezvous
+// through a tributary Store; a directory of which connection is which peer's, so that Gloo's I/O
+// errors can name the peer's rank; and the SIGPIPE guard every call into Gloo's transport runs
+// under.
+//
+// connect_gloo() never throws: Gloo's exceptions and the store's errors come back as a Status
+// naming this rank, the address it listens on and the store. The other functions are called inside
+// the backend's exception boundary.
+#pragma once
+
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tributary/status.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace tributary {
+class Store;
+}  // namespace tributary
+
+namespace tributary::backends {
+
+class GlooStore;
+
+// Holds SIGPIPE back in this thread while alive. A write to a peer that has died raises SIGPIPE,
+// whose default action kills the process; blocked, the write fails with EPIPE instead and Gloo
+// reports an I/O error. A SIGPIPE raised meanwhile is discarded before the mask is restored.
+// Threads started meanwhile (Gloo's I/O loop, by CreateDevice) inherit the blocked mask for good.
+class SigpipeGuard {
+ public:
+  SigpipeGuard();
+  ~SigpipeGuard();
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t old_;
+  bool already_blocked_ = false;
+};
+
+// Which connection is which peer's. Each rank publishes (through the store) the address of its end
+// of each pair as Gloo prints it; this rank's connection with peer p is the socket whose far end is
+// p's published address, or whose near end is this rank's. Best effort: where nothing matches,
+// errors say "a peer". Linux: the sockets are found under /proc/self/fd.
+class PeerDirectory {
+ public:
+  // After connectFullMesh. Throws what the store throws (StoreError).
+  static PeerDirectory learn(gloo::Context& context, GlooStore& store);
+  // The rank whose connection failed: the one whose published address Gloo's message names, else
+  // the one peer whose connection is closed, closing or in error; -1 when that is not clear.
+  int peer_in(const std::string& gloo_message) const;
+
+ private:
+  std::vector<std::vector<std::string>> addresses_;  // by rank, as Gloo prints them
+  std::vector<std::string> sockets_;                 // by rank: "local->remote", or ""
+};
+
+struct GlooConnectOptions {
+  std::string host;         // address/hostname to listen on; "" = the one that reaches coordinator
+  std::string iface;        // network interface to listen on (overrides host), e.g. "eth0"
+  std::string coordinator;  // the store's host
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  int bcube_base = 0;  // 0: the smallest divisor >= 2 of the world size
+  // Gloo's sync mode: the calling thread reads its own sockets (no hand-off through Gloo's I/O
+  // thread), spinning on them with busy_poll. Only classic algorithms work then.
+  bool sync = false;
+  bool busy_poll = false;
+};
+
+// A connected full mesh (null context for one process) and its peers.
+struct GlooConnection {
+  std::shared_ptr<gloo::Context> context;
+  PeerDirectory peers;
+};
+
+// Creates Gloo's TCP device and connects the full mesh through `store` (already scoped to this
+// instance). Never throws.
+StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<Store> store,
+                                      const GlooConnectOptions& options);
+
+}  // namespace tributary::backends

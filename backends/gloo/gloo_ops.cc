@@ -1,0 +1,510 @@
+#include "backends/gloo/gloo_ops.h"
+
+#include <gloo/barrier.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/context.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "algorithms/local_collectives.h"
+#include "algorithms/packing.h"
+#include "backends/gloo/gloo_store.h"
+#include "tributary/options.h"
+
+namespace tributary::backends {
+namespace {
+
+ReduceOp partial_op(ReduceOp op) { return op == ReduceOp::kMean ? ReduceOp::kSum : op; }
+
+// With one source, the final op is a copy to every output; for MEAN it also divides, once.
+ReduceOp final_op(ReduceOp op) { return op == ReduceOp::kMean ? ReduceOp::kMean : ReduceOp::kSum; }
+
+std::span<const Tensor> one(const Tensor& t) { return std::span<const Tensor>(&t, 1); }
+
+std::optional<ClassicKind> classic_kind(GlooAlgorithm a) {
+  switch (a) {
+    case GlooAlgorithm::kRing:
+      return ClassicKind::kRing;
+    case GlooAlgorithm::kRingChunked:
+      return ClassicKind::kRingChunked;
+    case GlooAlgorithm::kHalvingDoubling:
+      return ClassicKind::kHalvingDoubling;
+    case GlooAlgorithm::kBcube:
+      return ClassicKind::kBcube;
+    default:
+      return std::nullopt;
+  }
+}
+
+// What every rank sends before a collective when verify is on. Fixed layout: it crosses hosts.
+struct Fingerprint {
+  uint64_t sequence = 0;
+  int64_t count = 0;
+  int32_t root = 0;
+  int32_t local_replicas = 0;
+  uint8_t collective = 0;
+  uint8_t op = 0;
+  uint8_t dtype = 0;
+  uint8_t valid = 0;
+  uint32_t magic = 0;
+};
+static_assert(sizeof(Fingerprint) == 32);
+constexpr uint32_t kFingerprintMagic = 0x676c6f6f;  // "gloo"
+
+Fingerprint fingerprint_of(const CallInfo& call, int root, int local_replicas) {
+  Fingerprint f;
+  f.sequence = call.sequence;
+  f.count = call.count;
+  f.root = root;
+  f.local_replicas = local_replicas;
+  f.collective = static_cast<uint8_t>(call.collective);
+  f.op = static_cast<uint8_t>(call.op);
+  f.dtype = static_cast<uint8_t>(call.dtype);
+  f.valid = 1;
+  f.magic = kFingerprintMagic;
+  return f;
+}
+
+bool same_call(const Fingerprint& a, const Fingerprint& b) {
+  return a.sequence == b.sequence && a.count == b.count && a.root == b.root &&
+         a.local_replicas == b.local_replicas && a.collective == b.collective && a.op == b.op &&
+         a.dtype == b.dtype;
+}
+
+std::string describe(const Fingerprint& f) {
+  if (f.magic != kFingerprintMagic || f.valid != 1 || f.collective > 5 || f.op > 4 || f.dtype > 7) {
+    return "something that is not a tributary 'gloo' collective";
+  }
+  CallInfo c;
+  c.sequence = f.sequence;
+  c.count = f.count;
+  c.collective = static_cast<Collective>(f.collective);
+  c.op = static_cast<ReduceOp>(f.op);
+  c.dtype = static_cast<DType>(f.dtype);
+  std::string s = c.describe();
+  if (c.collective == Collective::kBroadcast) s += " from root " + std::to_string(f.root);
+  return s + " with " + std::to_string(f.local_replicas) + " local replica(s)";
+}
+
+}  // namespace
+
+std::string resolve_gloo_mode(const std::string& mode, const std::string& algorithm) {
+  if (mode != "auto") return mode;
+  return algorithm.rfind("unbound_", 0) == 0 ? "async" : "sync";
+}
+
+GlooOps::GlooOps(BackendContext context, Options options, Capabilities caps, GlooConnection gloo)
+    : CrossDeviceOps("gloo", std::move(context), std::move(options), std::move(caps)),
+      gloo_(std::move(gloo.context)),
+      peers_(std::move(gloo.peers)) {
+  algorithm_ = parse_gloo_algorithm(this->options().get_string("algorithm"));
+  const std::string& rs = this->options().get_string("reduce_scatter");
+  reduce_scatter_ = rs == "halving_doubling" ? GlooReduceScatter::kHalvingDoubling
+                    : rs == "all_reduce"     ? GlooReduceScatter::kAllReduce
+                                             : GlooReduceScatter::kAuto;
+  auto_threshold_ = this->options().get_size("auto_threshold");
+  bytes_per_pack_ = this->options().get_size("bytes_per_pack");
+  verify_ = this->options().get_bool("verify");
+  sync_ = resolve_gloo_mode(this->options().get_string("mode"),
+                            this->options().get_string("algorithm")) != "async";
+  if (gloo_) {
+    cache_ = std::make_unique<AlgorithmCache>(gloo_, this->options().get_size("cache_bytes"));
+  }
+}
+
+GlooOps::~GlooOps() {
+  if (gloo_ && failure_.ok()) {
+    // Gloo's waits check for a closed connection before checking for data that has arrived, so a
+    // rank that finished the last collective and closed at once could fail a peer still reading
+    // that collective's (delivered) data. A barrier first makes every rank leave it before anyone
+    // closes. Bounded: in async mode by min(timeout, 10 s); in sync mode (a classic all-reduce of
+    // one element) by the timeout.
+    try {
+      SigpipeGuard guard;
+      if (sync_) {
+        cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64, ReduceOp::kSum, 1).run();
+      } else {
+        gloo::BarrierOptions opts(gloo_);
+        opts.setTag(0);
+        opts.setTimeout(std::min(std::chrono::ceil<std::chrono::milliseconds>(timeout()),
+                                 std::chrono::milliseconds(10000)));
+        gloo::barrier(opts);
+      }
+    } catch (...) {
+      // Destructors never throw; the connections close below either way.
+    }
+  }
+  // Instances first: they hold buffers registered with the context's pairs.
+  cache_.reset();
+  gloo_.reset();
+}
+
+template <typename Body>
+Status GlooOps::guarded(const CallInfo& call, Body&& body) {
+  if (!failure_.ok()) {
+    return failed_precondition(call.describe() +
+                               ": backend 'gloo' is unusable after an earlier "
+                               "failure; create a new one. The failure was: " +
+                               failure_.message());
+  }
+  // Formatted only when something failed: this runs on every collective.
+  const auto where = [&] {
+    return call.describe() + " on rank " + std::to_string(rank()) + " of " +
+           std::to_string(world_size());
+  };
+  Status s;
+  {
+    SigpipeGuard guard;
+    try {
+      s = body();
+    } catch (const gloo::IoException& e) {
+      const std::string what = e.what();
+      const int peer = peers_.peer_in(what);
+      const std::string who = peer < 0 ? "a peer" : "rank " + std::to_string(peer);
+      if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos) {
+        s = deadline_exceeded(where() + ": " + who + " did not answer within " +
+                              format_duration(call.timeout) + " (Gloo: " + what +
+                              "); is every rank still running and issuing the same collectives? "
+                              "raise timeout= in the gloo spec to wait longer");
+      } else {
+        s = unavailable(where() + ": the connection with " + who + " failed (Gloo: " + what +
+                        "); " + who +
+                        " may have died, or closed its connections after an error of its "
+                        "own");
+      }
+    } catch (const gloo::EnforceNotMet& e) {
+      s = internal_error(where() + ": a Gloo check failed: " + e.what());
+    } catch (const gloo::Exception& e) {
+      s = aborted(where() + ": Gloo error: " + e.what());
+    } catch (const StoreError& e) {
+      s = e.status().with_context(where());
+    } catch (const std::bad_alloc&) {
+      s = resource_exhausted(where() + ": out of memory");
+    } catch (const std::exception& e) {
+      s = internal_error(where() + ": " + e.what());
+    } catch (...) {
+      s = internal_error(where() + ": unknown exception from Gloo");
+    }
+  }
+  if (!s.ok() && gloo_) {
+    failure_ = s;
+    // Peers may be waiting for this rank: closing the connections fails them at once instead of
+    // at their timeout. The instance is unusable from here on anyway.
+    try {
+      SigpipeGuard guard;
+      gloo_->closeConnections();
+    } catch (...) {
+    }
+  }
+  return s;
+}
+
+uint32_t GlooOps::tag(const CallInfo& call) const {
+  return static_cast<uint32_t>(call.sequence & 0x7fffffffu);
+}
+
+std::chrono::milliseconds GlooOps::call_timeout(const CallInfo& call) const {
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(call.timeout);
+  return ms.count() < 1 ? std::chrono::milliseconds(1) : ms;
+}
+
+std::byte* GlooOps::staging(size_t bytes) {
+  if (staging_.size() < bytes) staging_.resize(bytes);
+  return staging_.data();
+}
+
+GlooAlgorithm GlooOps::resolve(uint64_t bytes) const {
+  GlooAlgorithm a = algorithm_;
+  if (a == GlooAlgorithm::kAuto) {
+    a = bytes < auto_threshold_ ? GlooAlgorithm::kHalvingDoubling : GlooAlgorithm::kRingChunked;
+  }
+  return a;
+}
+
+bool GlooOps::runs_unbound(const CallInfo& call) const {
+  return !classic_kind(resolve(static_cast<uint64_t>(call.count) * dtype_size(call.dtype)));
+}
+
+Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound) {
+  if (!verify_ || !gloo_) return Status();
+  unbound = unbound && !sync_;
+  // Every rank fills its own row of a table that all of them then hold. The exchange goes the way
+  // the collective's data will, classic or unbound: a classic exchange right before an unbound
+  // collective (or the reverse) stalled Gloo's TCP pairs for seconds in our tests.
+  const size_t n = static_cast<size_t>(world_size());
+  std::vector<Fingerprint> all(n);
+  if (unbound) {
+    all[static_cast<size_t>(rank())] = fingerprint_of(call, root, num_local_replicas());
+    // Its own tag space (high bit), apart from the collectives' tags.
+    unbound_all_gather(gloo_, all.data(), sizeof(Fingerprint), tag(call) | 0x80000000u,
+                       call_timeout(call));
+  } else {
+    // A small halving-doubling sum over a zeroed table: a cached classic instance costs far less
+    // than gloo::allgather's per-call handshakes.
+    constexpr size_t kWords = sizeof(Fingerprint) / sizeof(int64_t);
+    BoundAlgorithm& table = cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64,
+                                        ReduceOp::kSum, static_cast<int64_t>(n * kWords));
+    auto* rows = static_cast<Fingerprint*>(table.data());
+    std::fill(rows, rows + n, Fingerprint{});
+    rows[rank()] = fingerprint_of(call, root, num_local_replicas());
+    table.run();
+    std::copy(rows, rows + n, all.begin());
+  }
+  const Fingerprint& mine = all[static_cast<size_t>(rank())];
+  for (size_t r = 0; r < n; ++r) {
+    if (same_call(all[r], mine)) continue;
+    return aborted("collective mismatch: rank " + std::to_string(r) + " issued " +
+                   describe(all[r]) + " but rank " + std::to_string(rank()) + " issued " +
+                   describe(mine) +
+                   "; every rank must issue the same collectives in the same "
+                   "order");
+  }
+  return Status();
+}
+
+Status GlooOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
+                                  std::span<const Tensor> outputs) {
+  const int64_t n = num_replicas_in_sync();
+  if (!gloo_) return algorithms::local_reduce(op, inputs, outputs, n);
+  const int64_t count = inputs[0].num_elements();
+  if (count == 0) return Status();
+  const DType dtype = inputs[0].dtype();
+  const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+  const GlooAlgorithm algorithm = resolve(bytes);
+  if (std::optional<ClassicKind> kind = classic_kind(algorithm)) {
+    return classic_all_reduce(*kind, op, inputs, outputs);
+  }
+  // gloo::allreduce works on the caller's buffer: the first output holds the local reduction.
+  const Tensor& first = outputs[0];
+  if (inputs.size() != 1 || inputs[0].data() != first.data()) {
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(partial_op(op), inputs, one(first), n));
+  }
+  unbound_all_reduce(algorithm, gloo_, first.data(), static_cast<size_t>(count), dtype,
+                     partial_op(op), tag(call), call_timeout(call));
+  if (op == ReduceOp::kMean) return algorithms::local_reduce(op, one(first), outputs, n);
+  return algorithms::local_copy(first, outputs.subspan(1));
+}
+
+Status GlooOps::classic_all_reduce(ClassicKind kind, ReduceOp op, std::span<const Tensor> inputs,
+                                   std::span<const Tensor> outputs) {
+  // Classic instances run on their own buffer: reduce into it, run, copy out (dividing for MEAN),
+  // in pieces of at most kGlooClassicMaxBytes (their counts are ints).
+  const int64_t n = num_replicas_in_sync();
+  const int64_t count = inputs[0].num_elements();
+  const DType dtype = inputs[0].dtype();
+  const int64_t piece = static_cast<int64_t>(kGlooClassicMaxBytes / dtype_size(dtype));
+  std::vector<Tensor> in_slices, out_slices;
+  for (int64_t offset = 0; offset < count; offset += piece) {
+    const int64_t len = std::min(piece, count - offset);
+    std::span<const Tensor> ins = inputs, outs = outputs;
+    if (len != count) {
+      in_slices.clear();
+      out_slices.clear();
+      for (const Tensor& t : inputs) in_slices.push_back(t.slice(offset, len));
+      for (const Tensor& t : outputs) out_slices.push_back(t.slice(offset, len));
+      ins = in_slices;
+      outs = out_slices;
+    }
+    BoundAlgorithm& bound = cache_->get(kind, dtype, partial_op(op), len);
+    const Tensor buffer(bound.data(), dtype, Shape{len}, devices()[0]);
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(partial_op(op), ins, one(buffer), n));
+    bound.run();
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(final_op(op), one(buffer), outs, n));
+  }
+  return Status();
+}
+
+void GlooOps::classic_broadcast(std::byte* data, size_t bytes, int root) {
+  for (size_t offset = 0; offset < bytes; offset += kGlooClassicMaxBytes) {
+    const size_t len = std::min<size_t>(kGlooClassicMaxBytes, bytes - offset);
+    BoundAlgorithm& bound = cache_->get(ClassicKind::kBroadcast, DType::kUInt8, ReduceOp::kSum,
+                                        static_cast<int64_t>(len), root);
+    if (rank() == root) std::memcpy(bound.data(), data + offset, len);
+    bound.run();
+    if (rank() != root) std::memcpy(data + offset, bound.data(), len);
+  }
+}
+
+void GlooOps::classic_all_gather(std::byte* data, size_t block_bytes) {
+  // In pieces of each process's block: piece k of every block is gathered, then put in place.
+  const size_t p = static_cast<size_t>(world_size());
+  const size_t most = std::max<size_t>(1, kGlooClassicMaxBytes / (p + 1));
+  std::byte* mine = data + static_cast<size_t>(rank()) * block_bytes;
+  for (size_t offset = 0; offset < block_bytes; offset += most) {
+    const size_t len = std::min(most, block_bytes - offset);
+    BoundAlgorithm& bound = cache_->get(ClassicKind::kAllGather, DType::kUInt8, ReduceOp::kSum,
+                                        static_cast<int64_t>(len));
+    std::memcpy(bound.input(), mine + offset, len);
+    bound.run();
+    const auto* gathered = static_cast<const std::byte*>(bound.data());
+    for (size_t r = 0; r < p; ++r) {
+      if (r != static_cast<size_t>(rank())) {
+        std::memcpy(data + r * block_bytes + offset, gathered + r * len, len);
+      }
+    }
+  }
+}
+
+Work GlooOps::all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                              const PerReplica<Tensor>& outputs) {
+  return finish(guarded(call, [&] {
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, runs_unbound(call)));
+    return reduce_everywhere(call, op, inputs.values(), outputs.values());
+  }));
+}
+
+Work GlooOps::reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& value,
+                          const Mirrored<Tensor>& destinations) {
+  // As TF's CollectiveAllReduce: all-reduce, then place the result on every destination.
+  return finish(guarded(call, [&] {
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, runs_unbound(call)));
+    return reduce_everywhere(call, op, value.values(), destinations.values());
+  }));
+}
+
+Work GlooOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
+                                std::span<const ReducePair> pairs) {
+  // Pack by dtype and by TF's bytes_per_pack rule, then one all-reduce per pack; every rank packs
+  // the same way, so the packs match (and verify checks each one).
+  return finish(guarded(call, [&]() -> Status {
+    std::map<DType, std::vector<size_t>> by_dtype;
+    for (size_t i = 0; i < pairs.size(); ++i) by_dtype[pairs[i].value[0].dtype()].push_back(i);
+    const size_t replicas = devices().size();
+    for (const auto& [dtype, members] : by_dtype) {
+      std::vector<uint64_t> sizes;
+      for (size_t i : members) sizes.push_back(pairs[i].value[0].nbytes());
+      for (const std::vector<size_t>& group : algorithms::group_by_size(sizes, bytes_per_pack_)) {
+        int64_t total = 0;
+        for (size_t g : group) total += pairs[members[g]].value[0].num_elements();
+        CallInfo pack_call = call;
+        pack_call.collective = Collective::kAllReduce;
+        pack_call.dtype = dtype;
+        pack_call.count = total;
+        TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1, runs_unbound(pack_call)));
+        if (total == 0) continue;
+        std::vector<Buffer> packed(replicas);
+        std::vector<Tensor> views(replicas);
+        for (size_t r = 0; r < replicas; ++r) {
+          auto b = Buffer::allocate(dtype, Shape{total}, devices()[r]);
+          if (!b.ok()) return b.status();
+          packed[r] = std::move(b).value();
+          views[r] = packed[r].tensor();
+          std::vector<Tensor> parts;
+          for (size_t g : group) parts.push_back(pairs[members[g]].value[r]);
+          algorithms::pack(parts, packed[r].data());
+        }
+        const size_t bytes = static_cast<size_t>(total) * dtype_size(dtype);
+        const Tensor result(staging(bytes), dtype, Shape{total}, devices()[0]);
+        TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, one(result)));
+        size_t offset = 0;
+        for (size_t g : group) {
+          const ReducePair& p = pairs[members[g]];
+          const size_t nbytes = p.value[0].nbytes();
+          for (const Tensor& d : p.destinations) {
+            if (nbytes) std::memcpy(d.data(), staging_.data() + offset, nbytes);
+          }
+          offset += nbytes;
+        }
+      }
+    }
+    return Status();
+  }));
+}
+
+Work GlooOps::broadcast_impl(const CallInfo& call, const Tensor& source,
+                             const Mirrored<Tensor>& destinations, int root) {
+  return finish(guarded(call, [&]() -> Status {
+    if (!gloo_) return algorithms::local_copy(source, destinations.values());
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, root, /*unbound=*/true));
+    const Tensor& first = destinations[0];
+    if (first.nbytes() == 0) return Status();
+    if (rank() == root) TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(source, one(first)));
+    if (sync_) {
+      classic_broadcast(static_cast<std::byte*>(first.data()), first.nbytes(), root);
+    } else {
+      unbound_broadcast(gloo_, first.data(), first.nbytes(), root, tag(call), call_timeout(call));
+    }
+    return algorithms::local_copy(first, std::span<const Tensor>(destinations.values()).subspan(1));
+  }));
+}
+
+Work GlooOps::all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& inputs,
+                              const PerReplica<Tensor>& outputs) {
+  return finish(guarded(call, [&]() -> Status {
+    if (!gloo_) return algorithms::local_all_gather(inputs.values(), outputs.values());
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, /*unbound=*/true));
+    const int64_t count = inputs[0].num_elements();
+    if (count == 0) return Status();
+    const int64_t local = num_local_replicas();
+    const Tensor& first = outputs[0];
+    // This process's replicas fill their blocks of outputs[0]; Gloo fills the rest.
+    for (int64_t i = 0; i < local; ++i) {
+      const Tensor slot = first.slice((rank() * local + i) * count, count);
+      TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(inputs[static_cast<size_t>(i)], one(slot)));
+    }
+    const size_t block = static_cast<size_t>(local * count) * dtype_size(first.dtype());
+    if (sync_) {
+      classic_all_gather(static_cast<std::byte*>(first.data()), block);
+    } else {
+      unbound_all_gather(gloo_, first.data(), block, tag(call), call_timeout(call));
+    }
+    return algorithms::local_copy(first, std::span<const Tensor>(outputs.values()).subspan(1));
+  }));
+}
+
+Work GlooOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
+                                  const PerReplica<Tensor>& inputs,
+                                  const PerReplica<Tensor>& outputs) {
+  return finish(guarded(call, [&]() -> Status {
+    const int64_t n = num_replicas_in_sync();
+    if (!gloo_) {
+      return algorithms::local_reduce_scatter(op, inputs.values(), outputs.values(), n);
+    }
+    const int64_t count = outputs[0].num_elements();
+    const DType dtype = inputs[0].dtype();
+    const size_t elem = dtype_size(dtype);
+    const int64_t total = inputs[0].num_elements();
+    const int64_t local = num_local_replicas();
+    const uint64_t bytes = static_cast<uint64_t>(total) * elem;
+    const bool halving_doubling =
+        reduce_scatter_ != GlooReduceScatter::kAllReduce && bytes < kGlooClassicMaxBytes;
+    CallInfo whole = call;  // the all-reduce of the composition moves `total` elements
+    whole.count = total;
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, !halving_doubling && runs_unbound(whole)));
+    if (count == 0) return Status();
+    std::byte* mine = nullptr;  // this process's `local * count` reduced elements
+    if (halving_doubling) {
+      BoundAlgorithm& bound =
+          cache_->get(ClassicKind::kReduceScatterHalvingDoubling, dtype, partial_op(op), total);
+      const Tensor buffer(bound.data(), dtype, Shape{total}, devices()[0]);
+      TRIBUTARY_RETURN_IF_ERROR(
+          algorithms::local_reduce(partial_op(op), inputs.values(), one(buffer), n));
+      bound.run();
+      mine = static_cast<std::byte*>(bound.data());  // Gloo leaves it at the start
+    } else {
+      // All-reduce everything, keep this process's slice: twice the bytes, any size.
+      const Tensor full(staging(bytes), dtype, Shape{total}, devices()[0]);
+      TRIBUTARY_RETURN_IF_ERROR(
+          reduce_everywhere(call, partial_op(op), inputs.values(), one(full)));
+      mine = staging_.data() + static_cast<size_t>(rank() * local * count) * elem;
+    }
+    for (int64_t i = 0; i < local; ++i) {
+      const Tensor part(mine + static_cast<size_t>(i * count) * elem, dtype, Shape{count},
+                        devices()[0]);
+      TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(final_op(op), one(part),
+                                                         one(outputs[static_cast<size_t>(i)]), n));
+    }
+    return Status();
+  }));
+}
+
+}  // namespace tributary::backends

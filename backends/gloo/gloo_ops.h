@@ -1,0 +1,127 @@
+// gloo: collectives across processes (and hosts) with Gloo's own algorithms and its TCP transport
+// (Debian's libgloo-dev), the peer that `ring` is measured against and a backend users may choose.
+//
+// Every collective runs in three stages, as in `ring`: the process's local replicas are reduced (or
+// gathered) into one host buffer, that buffer goes through Gloo across processes, and the result is
+// copied to every local output. The all-reduce algorithm is the spec's choice among everything the
+// installed Gloo offers (gloo_algorithms.h: ring, ring_chunked, halving_doubling, bcube,
+// unbound_ring, unbound_bcube); `auto` takes halving_doubling below `auto_threshold` (default
+// 4 MiB) and ring_chunked from there on. Reduce-scatter is Gloo's ReduceScatterHalvingDoubling
+// (or, with reduce_scatter=all_reduce, an all-reduce that keeps this process's slice); reduce is an
+// all-reduce whose result is copied to the destinations, as TF's CollectiveAllReduce does. MEAN is
+// Gloo's SUM divided once, at the end, by num_replicas_in_sync. With one process no Gloo context
+// exists: the local stage is all there is. Dtypes: those of Gloo's templates (no bfloat16).
+//
+// Modes (option `mode`): in async mode Gloo's I/O thread reads the sockets and wakes the caller;
+// every algorithm works, and broadcast / all-gather are gloo::broadcast / gloo::allgather. In sync
+// mode the calling thread reads its own sockets (busy_poll: spinning), which saves a thread
+// hand-off per message (several times lower latency on a loaded machine), but only the classic
+// algorithms work: broadcast and all-gather become BroadcastOneToAll and AllgatherRing, and the
+// unbound_* all-reduces are refused. `auto` (the default) is sync, or async for unbound_*.
+//
+// Rendezvous: Gloo's TCP addresses are exchanged through the context's store (GlooStore), under
+// "gloo/<instance>/", the instance numbered by creation order as every multi-process backend is.
+//
+// Collectives run on the calling thread and the returned Work is complete. Every blocking step
+// honours `timeout` (Gloo's context timeout). Failure: every exception Gloo throws is caught here
+// and becomes a Status naming the collective, this rank and, where it can be told, the peer's rank;
+// an I/O error says that the peer may have died. After one, this rank closes its connections (so
+// that peers waiting for it fail at once) and the instance refuses every later collective with
+// FailedPrecondition quoting the first error (create a new one).
+// Ordering: with verify=true (the default) every collective first exchanges a 32-byte fingerprint
+// (sequence, collective, op, dtype, count, root, local replicas), so that ranks issuing different
+// collectives fail on every rank with a message naming both sides instead of combining unrelated
+// data; verify=false saves that round trip (to measure Gloo itself).
+// Destruction is collective: a barrier first (at most min(timeout, 10 s) in async mode, timeout in
+// sync mode), because Gloo fails a wait on a closed connection even when its data has arrived, so
+// a rank that closed at once could fail a slower peer. Writes to a dead peer would raise SIGPIPE:
+// SIGPIPE is blocked in Gloo's I/O thread and, during each collective, in the calling thread, and
+// a pending one is discarded.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/gloo/gloo_algorithms.h"
+#include "backends/gloo/gloo_context.h"
+#include "tributary/cross_device_ops.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace tributary::backends {
+
+// The mode an instance runs in: "auto" becomes "async" for the unbound_* algorithms (they need
+// Gloo's I/O thread) and "sync" otherwise; other modes are returned as given.
+std::string resolve_gloo_mode(const std::string& mode, const std::string& algorithm);
+
+// How the reduce-scatter runs across processes.
+enum class GlooReduceScatter : uint8_t { kAuto, kHalvingDoubling, kAllReduce };
+
+class GlooOps final : public CrossDeviceOps {
+ public:
+  GlooOps(BackendContext context, Options options, Capabilities caps, GlooConnection gloo);
+  ~GlooOps() override;
+
+ protected:
+  Work reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& value,
+                   const Mirrored<Tensor>& destinations) override;
+  Work batch_reduce_impl(const CallInfo& call, ReduceOp op,
+                         std::span<const ReducePair> pairs) override;
+  Work all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                       const PerReplica<Tensor>& outputs) override;
+  Work broadcast_impl(const CallInfo& call, const Tensor& source,
+                      const Mirrored<Tensor>& destinations, int root) override;
+  Work all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& inputs,
+                       const PerReplica<Tensor>& outputs) override;
+  Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                           const PerReplica<Tensor>& outputs) override;
+
+ private:
+  // Runs `body` with SIGPIPE held back, converts whatever it throws into a Status naming `call`,
+  // and remembers the first failure; refuses to run once one is remembered.
+  template <typename Body>
+  Status guarded(const CallInfo& call, Body&& body);
+  Work finish(Status s) { return Work::completed(std::move(s)); }
+
+  // With verify on, exchanges the call's fingerprint with every rank; a mismatch is Aborted.
+  // `unbound`: through gloo::allgather rather than a classic instance, as the data will go.
+  Status verify_order(const CallInfo& call, int root, bool unbound);
+  // Whether an all-reduce of `call` goes through gloo::allreduce (an unbound algorithm).
+  bool runs_unbound(const CallInfo& call) const;
+  // Reduces `inputs` (one per local replica) across every replica of every process, writing the
+  // result (the full op, MEAN divided) to every tensor of `outputs`.
+  Status reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
+                           std::span<const Tensor> outputs);
+  // A classic all-reduce, in pieces of at most kGlooClassicMaxBytes.
+  Status classic_all_reduce(ClassicKind kind, ReduceOp op, std::span<const Tensor> inputs,
+                            std::span<const Tensor> outputs);
+  // Sync mode's broadcast and all-gather (BroadcastOneToAll, AllgatherRing), in pieces; `data`
+  // holds P blocks of `block_bytes` for the all-gather, this rank's filled.
+  void classic_broadcast(std::byte* data, size_t bytes, int root);
+  void classic_all_gather(std::byte* data, size_t block_bytes);
+  // The algorithm that runs `bytes` (auto resolved).
+  GlooAlgorithm resolve(uint64_t bytes) const;
+  uint32_t tag(const CallInfo& call) const;
+  std::chrono::milliseconds call_timeout(const CallInfo& call) const;
+  // A host buffer of at least `bytes`, reused across calls.
+  std::byte* staging(size_t bytes);
+
+  std::shared_ptr<gloo::Context> gloo_;
+  PeerDirectory peers_;
+  std::unique_ptr<AlgorithmCache> cache_;
+  GlooAlgorithm algorithm_;
+  GlooReduceScatter reduce_scatter_;
+  uint64_t auto_threshold_;
+  uint64_t bytes_per_pack_;
+  bool verify_;
+  bool sync_;       // Gloo's sync mode (mode=sync or busy_poll): classic algorithms only
+  Status failure_;  // the first failure of a collective
+  std::vector<std::byte> staging_;
+};
+
+}  // namespace tributary::backends

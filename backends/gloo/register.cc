@@ -1,0 +1,138 @@
+#include <memory>
+#include <string>
+
+#include "backends/gloo/gloo_ops.h"
+#include "tributary/registry.h"
+#include "tributary/store.h"
+
+namespace tributary {
+
+Status register_gloo(BackendRegistry& registry) {
+  BackendInfo info;
+  info.name = "gloo";
+  info.summary =
+      "across processes and hosts with Gloo's own algorithms and TCP transport "
+      "(ring, ring_chunked, halving_doubling, bcube all-reduce; rendezvous through "
+      "the store)";
+  std::vector<std::string> algorithms;
+  for (std::string_view a : backends::gloo_algorithm_names()) algorithms.emplace_back(a);
+  info.options = {
+      {.name = "algorithm",
+       .type = OptionType::kEnum,
+       .default_value = "auto",
+       .help = "all-reduce algorithm: auto (halving_doubling below auto_threshold, ring_chunked "
+               "from there), ring (gloo/allreduce_ring.h: P-1 steps, whole buffer each), "
+               "ring_chunked (2S bytes, double-buffered chunks), halving_doubling (2 lg P steps), "
+               "bcube (base = smallest divisor of P), unbound_ring / unbound_bcube "
+               "(gloo::allreduce, gloo/allreduce.h, on the caller's buffers)",
+       .choices = algorithms},
+      {.name = "auto_threshold",
+       .type = OptionType::kSize,
+       .default_value = "4MiB",
+       .help = "with algorithm=auto, messages of fewer bytes use halving_doubling (fewest steps), "
+               "larger ones ring_chunked (pipelined chunks)"},
+      {.name = "reduce_scatter",
+       .type = OptionType::kEnum,
+       .default_value = "auto",
+       .help = "reduce-scatter across processes: halving_doubling (Gloo's "
+               "ReduceScatterHalvingDoubling), all_reduce (all-reduce, keep this process's "
+               "slice), auto (halving_doubling below 2 GiB)",
+       .choices = {"auto", "halving_doubling", "all_reduce"}},
+      {.name = "bytes_per_pack",
+       .type = OptionType::kSize,
+       .default_value = "0",
+       .help = "batch_reduce packs tensors into groups of at least this many bytes (TF's rule); "
+               "0 = one pack per dtype"},
+      {.name = "cache_bytes",
+       .type = OptionType::kSize,
+       .default_value = "1GiB",
+       .help = "memory for reusable Gloo algorithm instances (one per algorithm, dtype, op and "
+               "count, each with its own buffer); least recently used ones are dropped beyond it"},
+      {.name = "verify",
+       .type = OptionType::kBool,
+       .default_value = "true",
+       .help = "exchange a fingerprint (sequence, collective, op, dtype, count) before each "
+               "collective, so that ranks issuing different collectives fail with an error "
+               "naming both; false saves one small all-gather per collective"},
+      {.name = "mode",
+       .type = OptionType::kEnum,
+       .default_value = "auto",
+       .help = "how Gloo waits for data: async (its I/O thread reads and wakes the caller; every "
+               "algorithm), sync (the calling thread reads its sockets: lower latency, classic "
+               "algorithms only, broadcast and all-gather through BroadcastOneToAll and "
+               "AllgatherRing), busy_poll (sync, spinning: lowest latency, a core busy while "
+               "waiting), auto (sync, or async for the unbound_* algorithms)",
+       .choices = {"auto", "async", "sync", "busy_poll"}},
+      {.name = "host",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "address or hostname Gloo listens on and publishes (default: the interface that "
+               "reaches the coordinator, 127.0.0.1 without one)"},
+      {.name = "iface",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "network interface Gloo listens on (e.g. eth0); overrides host"},
+      {.name = "bcube_base",
+       .type = OptionType::kInt,
+       .default_value = "0",
+       .help = "peers per bcube step; must divide the number of processes (0: the smallest "
+               "divisor >= 2)",
+       .min = 0},
+  };
+  Capabilities caps;
+  caps.device_types = {DeviceType::kCpu};
+  caps.dtypes = backends::gloo_dtypes();  // no bfloat16: Gloo has no such type
+  caps.ops.assign(all_reduce_ops().begin(), all_reduce_ops().end());
+  caps.collectives.assign(all_collectives().begin(), all_collectives().end());
+  caps.multi_process = true;
+  info.capabilities = caps;
+  info.auto_priority = 6;  // below ring (8): "auto" prefers our own TCP backend
+  info.create = [caps](const BackendContext& context,
+                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+    if (context.world_size < 1 || context.rank < 0 || context.rank >= context.world_size) {
+      return invalid_argument("backend 'gloo': rank " + std::to_string(context.rank) +
+                              " is not in a world of " + std::to_string(context.world_size) +
+                              " process(es)");
+    }
+    const std::string& algorithm = options.get_string("algorithm");
+    const std::string mode = backends::resolve_gloo_mode(options.get_string("mode"), algorithm);
+    if (mode != "async" && algorithm.rfind("unbound_", 0) == 0) {
+      return invalid_argument("backend 'gloo': algorithm=" + algorithm +
+                              " (gloo::allreduce) needs Gloo's I/O thread, which mode=" + mode +
+                              " turns off; use mode=async, or a classic algorithm (ring, "
+                              "ring_chunked, halving_doubling, bcube, auto)");
+    }
+    backends::GlooConnection gloo;
+    if (context.world_size > 1) {
+      if (!context.store) {
+        return failed_precondition(
+            "backend 'gloo' across " + std::to_string(context.world_size) +
+            " processes needs a rendezvous store; create the context with "
+            "make_backend_context() (it reads TF_CONFIG, RANK/WORLD_SIZE/MASTER_ADDR, Slurm...)");
+      }
+      backends::GlooConnectOptions c;
+      c.host = options.get_string("host");
+      c.iface = options.get_string("iface");
+      c.coordinator = context.coordinator_host;
+      c.timeout = std::chrono::ceil<std::chrono::milliseconds>(options.get_duration("timeout"));
+      c.bcube_base = static_cast<int>(options.get_int("bcube_base"));
+      c.sync = mode != "async";
+      c.busy_poll = mode == "busy_poll";
+      if (c.bcube_base > 0 && context.world_size % c.bcube_base != 0) {
+        return invalid_argument("backend 'gloo': bcube_base=" + std::to_string(c.bcube_base) +
+                                " does not divide the number of processes (" +
+                                std::to_string(context.world_size) + ")");
+      }
+      const uint64_t instance = (*context.instances)++;
+      auto store = std::make_shared<PrefixStore>("gloo/" + std::to_string(instance), context.store);
+      auto made = backends::connect_gloo(context.rank, context.world_size, store, c);
+      if (!made.ok()) return made.status();
+      gloo = std::move(made).value();
+    }
+    return std::unique_ptr<CrossDeviceOps>(
+        std::make_unique<backends::GlooOps>(context, std::move(options), caps, std::move(gloo)));
+  };
+  return registry.add(std::move(info));
+}
+
+}  // namespace tributary
