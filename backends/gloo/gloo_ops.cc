@@ -98,8 +98,11 @@ std::string describe(const Fingerprint& f) {
 }  // namespace
 
 std::string resolve_gloo_mode(const std::string& mode, const std::string& algorithm) {
-  if (mode != "auto") return mode;
-  return algorithm.rfind("unbound_", 0) == 0 ? "async" : "sync";
+  // auto = async: in Gloo's sync modes the calling thread writes with blocking sends, and two
+  // ranks that each send a message larger than the socket buffers to the other before reading
+  // deadlock (seen here at 64 MiB with ring_chunked). Sync modes stay available for small messages.
+  (void)algorithm;
+  return mode == "auto" ? "async" : mode;
 }
 
 GlooOps::GlooOps(BackendContext context, Options options, Capabilities caps, GlooConnection gloo)

@@ -61,7 +61,8 @@ Status register_gloo(BackendRegistry& registry) {
                "algorithm), sync (the calling thread reads its sockets: lower latency, classic "
                "algorithms only, broadcast and all-gather through BroadcastOneToAll and "
                "AllgatherRing), busy_poll (sync, spinning: lowest latency, a core busy while "
-               "waiting), auto (sync, or async for the unbound_* algorithms)",
+               "waiting), auto (= async). The sync modes can deadlock when messages exceed the "
+               "socket buffers (both ranks blocked sending): use them for small messages only",
        .choices = {"auto", "async", "sync", "busy_poll"}},
       {.name = "host",
        .type = OptionType::kString,
