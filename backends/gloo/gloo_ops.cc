@@ -479,7 +479,7 @@ Work GlooOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
     const int64_t local = num_local_replicas();
     const uint64_t bytes = static_cast<uint64_t>(total) * elem;
     const bool halving_doubling =
-        reduce_scatter_ != GlooReduceScatter::kAllReduce && bytes < kGlooClassicMaxBytes;
+        reduce_scatter_ == GlooReduceScatter::kHalvingDoubling && bytes < kGlooClassicMaxBytes;
     CallInfo whole = call;  // the all-reduce of the composition moves `total` elements
     whole.count = total;
     TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, !halving_doubling && runs_unbound(whole)));

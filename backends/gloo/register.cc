@@ -36,7 +36,9 @@ Status register_gloo(BackendRegistry& registry) {
        .default_value = "auto",
        .help = "reduce-scatter across processes: halving_doubling (Gloo's "
                "ReduceScatterHalvingDoubling), all_reduce (all-reduce, keep this process's "
-               "slice), auto (halving_doubling below 2 GiB)",
+               "slice), auto (= all_reduce). halving_doubling needs mode=sync or busy_poll: "
+               "in async mode it returned misplaced elements here (2 processes x 2 replicas, "
+               "odd counts)",
        .choices = {"auto", "halving_doubling", "all_reduce"}},
       {.name = "bytes_per_pack",
        .type = OptionType::kSize,
@@ -97,6 +99,12 @@ Status register_gloo(BackendRegistry& registry) {
     }
     const std::string& algorithm = options.get_string("algorithm");
     const std::string mode = backends::resolve_gloo_mode(options.get_string("mode"), algorithm);
+    if (options.get_string("reduce_scatter") == "halving_doubling" && mode == "async") {
+      return invalid_argument(
+          "backend 'gloo': reduce_scatter=halving_doubling needs mode=sync or mode=busy_poll "
+          "(Gloo's ReduceScatterHalvingDoubling misplaced elements in async mode here); use "
+          "reduce_scatter=all_reduce, or pick a sync mode for small messages");
+    }
     if (mode != "async" && algorithm.rfind("unbound_", 0) == 0) {
       return invalid_argument("backend 'gloo': algorithm=" + algorithm +
                               " (gloo::allreduce) needs Gloo's I/O thread, which mode=" + mode +

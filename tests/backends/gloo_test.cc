@@ -270,6 +270,13 @@ TEST_P(GlooWorld, BroadcastAllGatherReduceScatter) {
           const std::string spec =
               "gloo:timeout=20s,mode=" + mode + ",reduce_scatter=" + std::string(rs);
           auto made = create(spec, me);
+          if (mode == "async" && std::string(rs) == "halving_doubling") {
+            // Refused: Gloo's ReduceScatterHalvingDoubling misplaced elements in async mode.
+            if (made.ok() || made.status().code() != StatusCode::kInvalidArgument) {
+              check.fail("%s should be refused", spec.c_str());
+            }
+            continue;
+          }
           if (!made.ok()) {
             check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
             continue;
