@@ -48,6 +48,11 @@ Allocator* cuda_allocator() {
   return &allocator;
 }
 
+int cuda_device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
 bool cuda_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;

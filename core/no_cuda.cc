@@ -4,4 +4,5 @@
 namespace tributary {
 Allocator* cuda_allocator() { return nullptr; }
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
 }  // namespace tributary

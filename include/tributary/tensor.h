@@ -76,6 +76,7 @@ class Allocator {
 // error that says so. The returned allocators live for the whole program.
 StatusOr<Allocator*> allocator_for(const Device& device);
 bool cuda_available();  // built with CUDA and at least one device visible
+int cuda_device_count();  // visible CUDA devices; 0 without CUDA
 
 // An owning, move-only buffer. Memory is 64-byte aligned on CPU.
 class Buffer {

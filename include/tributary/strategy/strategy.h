@@ -1,0 +1,331 @@
+// Strategy and ReplicaContext: tf.distribute's strategy layer in C++.
+//
+// A Strategy is a placement policy (which local devices hold replicas, where variables live) plus
+// one CrossDeviceOps (the backend that reduces across replicas and processes) plus an input policy.
+// The concrete strategies (strategies.h) are selections of these three; they add no mechanism.
+//
+// Contexts, as in TF (distribute_lib): code runs in exactly one of
+//  - replica context: inside the function given to run(), one thread per local replica, each with
+//    its ReplicaContext (get_replica_context() returns it);
+//  - cross-replica context: inside a scope() or a merge_call function (get_replica_context()
+//    returns null, in_cross_replica_context() is true);
+//  - the default replica context: outside any scope, where get_strategy() is the default strategy.
+// Cross-replica methods (reduce, gather, reduce_to, ...) called from replica context fail with TF's
+// message ("Method requires being in cross-replica context, use get_replica_context().merge_call()");
+// a method of strategy A used inside strategy B's scope or run fails with "Mixing different
+// tf.distribute.Strategy objects: A is not B".
+//
+// run(): calls `fn` once per local replica, concurrently, on persistent replica threads (one per
+// local device; a one-replica strategy runs `fn` on the calling thread). An error Status or an
+// exception from any replica ends run() with that error (the lowest failing replica's, with its id).
+// Cross-replica calls made from replica context (all_reduce, all_gather, merge_call, synchronized
+// variable updates) are meeting points: every local replica must make the same calls in the same
+// order. A replica that returns or fails while others wait at a meeting point, or that makes a
+// different call there, fails every waiting replica at once with an error that says so (TF's "Some
+// replicas made a different number of replica_context().merge_call() calls."); a replica that never
+// arrives fails the others after the backend's timeout. Nothing hangs.
+//
+// Where C++ differs from TF (keeping the meaning):
+//  - No exceptions cross the API: failures are Status values, and TF's ValueError/RuntimeError
+//    become kInvalidArgument/kFailedPrecondition with TF's message text.
+//  - run() takes `fn(ReplicaContext&, args...)`; PerReplica/Mirrored arguments are unwrapped per
+//    replica (select_replica), Variables and plain values are passed whole. Results come back as a
+//    PerReplica, always (C++ has no "unwrap when identical" rule; read values()[0]).
+//  - Values are Arrays (array.h), not nests: a batch of several tensors is a std::vector<Array>.
+//  - merge_call's result is handed to every replica as is (no per-replica unwrapping).
+//  - A Strategy is driven by one user thread at a time (the thread that calls run(), reduce(), ...),
+//    like a CrossDeviceOps. Every process of a multi-worker job must make the same cross-replica
+//    calls, variable creations and reads of ON_READ variables, in the same order.
+#pragma once
+
+#include <any>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tributary/cross_device_ops.h"
+#include "tributary/status.h"
+#include "tributary/strategy/array.h"
+#include "tributary/values.h"
+
+namespace tributary {
+
+class Strategy;
+class Variable;
+struct VariableImpl;
+
+// Component `i` of a per-replica value, the value itself otherwise (TF's select_replica).
+template <typename T>
+const T& select_replica(int i, const PerReplica<T>& v) {
+  return v[static_cast<size_t>(i)];
+}
+template <typename T>
+const T& select_replica(int i, const Mirrored<T>& v) {
+  return v[static_cast<size_t>(i)];
+}
+template <typename T>
+const T& select_replica(int, const T& v) {
+  return v;
+}
+
+// TF's ValueContext: what distribute_values_from_function's function is told.
+struct ValueContext {
+  int replica_id_in_sync_group = 0;
+  int num_replicas_in_sync = 1;
+};
+
+class ReplicaContext {
+ public:
+  Strategy& strategy() const { return *strategy_; }
+  // Global id (TF: replica_id_in_sync_group): worker index * local replicas + local id.
+  int replica_id_in_sync_group() const;
+  int local_replica_id() const { return local_id_; }
+  int num_replicas_in_sync() const;
+  const Device& device() const;
+
+  // Reduces `value` across every replica in sync (all workers); every replica gets the result.
+  StatusOr<Array> all_reduce(ReduceOp op, const Array& value);
+  // Several values in one meeting (TF's nest): one fused batch_reduce when the backend fuses.
+  StatusOr<std::vector<Array>> all_reduce(ReduceOp op, std::span<const Array> values);
+  // Concatenates every replica's value along `axis` in global replica order. Sizes along `axis`
+  // may differ between replicas (as TF's collective all_gather allows); everything else must match.
+  StatusOr<Array> all_gather(const Array& value, int axis);
+
+  // Pauses every local replica, runs `fn` once in cross-replica context with each replica's `arg`
+  // (in local replica order), and returns its result to every replica.
+  template <typename R, typename A>
+  StatusOr<R> merge_call(const std::function<StatusOr<R>(Strategy&, const PerReplica<A>&)>& fn,
+                         A arg);
+
+  // For the strategy layer: a meeting of the local replicas. Every replica passes `arg`; the last
+  // to arrive runs `fn` on all of them (in cross-replica context) and every replica gets its result.
+  // `what` names the call, so that replicas making different calls are told which.
+  using MergeFn = std::function<StatusOr<std::any>(std::vector<std::any>& args)>;
+  StatusOr<std::any> meet(std::string_view what, std::any arg, MergeFn fn);
+
+ private:
+  friend class Strategy;
+  ReplicaContext(Strategy* strategy, int local_id) : strategy_(strategy), local_id_(local_id) {}
+  Strategy* strategy_;
+  int local_id_;
+};
+
+// The strategy in scope on this thread, else the default strategy.
+Strategy& get_strategy();
+// True inside a non-default strategy's scope or run().
+bool has_strategy();
+// This thread's replica context: the running replica's inside run(), null in cross-replica context
+// (a scope or merge_call), the default strategy's (replica 0) elsewhere.
+ReplicaContext* get_replica_context();
+bool in_cross_replica_context();
+
+// Entered by Strategy::scope(); leaves on destruction. Move-only; thread-bound.
+class [[nodiscard]] StrategyScope {
+ public:
+  StrategyScope(StrategyScope&& other) noexcept;
+  StrategyScope& operator=(StrategyScope&&) = delete;
+  StrategyScope(const StrategyScope&) = delete;
+  ~StrategyScope();
+
+ private:
+  friend class Strategy;
+  explicit StrategyScope(Strategy* s) : strategy_(s) {}
+  Strategy* strategy_;
+};
+
+// TF's tf.VariableSynchronization and tf.VariableAggregation.
+enum class VariableSynchronization { kAuto, kNone, kOnWrite, kOnRead };
+enum class VariableAggregation { kNone, kSum, kMean, kOnlyFirstReplica };
+std::string_view variable_synchronization_name(VariableSynchronization s);  // "ON_WRITE"
+std::string_view variable_aggregation_name(VariableAggregation a);          // "SUM"
+
+struct VariableOptions {
+  std::string name = "Variable";
+  VariableSynchronization synchronization = VariableSynchronization::kAuto;  // AUTO = ON_WRITE
+  VariableAggregation aggregation = VariableAggregation::kNone;
+  bool trainable = true;
+};
+
+enum class StrategyKind { kDefault, kOneDevice, kMirrored, kMultiWorkerMirrored, kCentralStorage };
+
+// What a concrete strategy selects (strategies.h builds these).
+struct StrategyParts {
+  StrategyKind kind = StrategyKind::kDefault;
+  std::string name = "DefaultStrategy";      // TF's class name, for messages
+  std::vector<Device> devices = {Device::cpu()};  // local replicas, in order
+  std::unique_ptr<CrossDeviceOps> cross_device_ops;  // spans devices x workers
+  // Where variables live: one copy per replica (mirrored), or one copy on `parameter_device`.
+  bool central_variables = false;
+  Device parameter_device = Device::cpu();
+  int worker_index = 0;  // this process among the workers
+  int num_workers = 1;
+  bool is_chief = true;
+};
+
+class Strategy {
+ public:
+  explicit Strategy(StrategyParts parts);
+  ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  StrategyKind kind() const { return parts_.kind; }
+  const std::string& name() const { return parts_.name; }
+  // "MirroredStrategy(devices=[CPU:0, CPU:1], cross_device_ops=reduction_to_one_device:...)"
+  std::string describe() const;
+  int num_replicas_in_sync() const;
+  int num_local_replicas() const { return static_cast<int>(parts_.devices.size()); }
+  const std::vector<Device>& worker_devices() const { return parts_.devices; }
+  // Where variables live: the replica devices, or CentralStorage's parameter device.
+  std::vector<Device> parameter_devices() const;
+  int worker_index() const { return parts_.worker_index; }
+  int num_workers() const { return parts_.num_workers; }
+  bool is_chief() const { return parts_.is_chief; }
+  // TF's should_checkpoint: only the chief writes checkpoints.
+  bool should_checkpoint() const { return parts_.is_chief; }
+  CrossDeviceOps& cross_device_ops() const { return *parts_.cross_device_ops; }
+  bool central_variables() const { return parts_.central_variables; }
+
+  // Enters this strategy's cross-replica context on this thread (re-entering the same strategy is
+  // counted; entering another strategy's scope inside it is "Must not nest tf.distribute.Strategy
+  // scopes.").
+  StatusOr<StrategyScope> scope();
+
+  // --- replica context ---------------------------------------------------------------------------
+  Status run(const std::function<Status(ReplicaContext&)>& fn);
+  // fn(ReplicaContext&, select_replica(i, args)...) returning StatusOr<R>, R or Status; the results
+  // come back per replica.
+  template <typename Fn, typename... Args>
+  auto run(Fn&& fn, const Args&... args);
+
+  // --- cross-replica context ---------------------------------------------------------------------
+  // TF's Strategy.reduce. axis none: reduce across replicas. axis given: reduce each replica's value
+  // along `axis` first; MEAN then divides by the global number of elements along `axis`, so partial
+  // and empty batches give the exact global mean.
+  StatusOr<Array> reduce(ReduceOp op, const PerReplica<Array>& value,
+                         std::optional<int> axis = std::nullopt);
+  // A value that is not distributed (TF's reduce_non_distributed_value): MEAN returns it, SUM
+  // returns it with one replica in sync and is an error otherwise.
+  StatusOr<Array> reduce(ReduceOp op, const Array& value, std::optional<int> axis = std::nullopt);
+  // Concatenation of every replica's value along `axis`, in global replica order.
+  StatusOr<Array> gather(const PerReplica<Array>& value, int axis);
+  // The local components (TF's experimental_local_results).
+  std::vector<Array> local_results(const PerReplica<Array>& value) const { return value.values(); }
+  // value_fn(ValueContext) per local replica, always a PerReplica.
+  StatusOr<PerReplica<Array>> distribute_values_from_function(
+      const std::function<StatusOr<Array>(const ValueContext&)>& value_fn);
+
+  // --- StrategyExtended --------------------------------------------------------------------------
+  // Reduces to the devices of `destination` (without updating it): one result per device.
+  StatusOr<Mirrored<Array>> reduce_to(ReduceOp op, const PerReplica<Array>& value,
+                                      const Variable& destination);
+  StatusOr<Mirrored<Array>> reduce_to(ReduceOp op, const PerReplica<Array>& value,
+                                      const std::vector<Device>& destinations);
+  // Several all-reduces (destinations = the values' own devices), fused by the backend.
+  StatusOr<std::vector<Mirrored<Array>>> batch_reduce_to(ReduceOp op,
+                                                         std::span<const PerReplica<Array>> values);
+  // Copies `value` (the chief's, in multi-worker) to every device of `destination`.
+  StatusOr<Mirrored<Array>> broadcast_to(const Array& value, const Variable& destination);
+  // TF's extended.update: `fn(component_index, current_value)` gives each component's new value;
+  // every new value is computed and checked before any component changes.
+  Status update(Variable& variable,
+                const std::function<StatusOr<Array>(int component, const Array& current)>& fn);
+
+  // --- variables ---------------------------------------------------------------------------------
+  // Creates a variable placed by this strategy: a MirroredVariable (ON_WRITE), a
+  // SyncOnReadVariable (ON_READ), or, for CentralStorage, one copy on the parameter device.
+  // Multi-worker: the chief's initial value is broadcast, so every replica starts identical (every
+  // worker must create its variables in the same order). Cross-replica context only.
+  StatusOr<Variable> create_variable(const Array& initial_value, VariableOptions options = {});
+
+  // For the strategy layer: fails unless this thread may make cross-replica calls on this
+  // strategy; `method` names the caller in the message.
+  Status require_cross_replica(std::string_view method) const;
+  // Replica 0's context, which code outside any scope sees for the default strategy.
+  ReplicaContext* default_replica_context() const { return contexts_[0].get(); }
+
+ private:
+  friend class ReplicaContext;
+  friend class StrategyScope;
+  friend struct VariableImpl;
+  struct Pool;
+  Status run_erased(const std::function<Status(ReplicaContext&)>& fn);
+  StatusOr<std::vector<Array>> all_reduce_local(ReduceOp op, std::span<const Array> per_replica);
+  StatusOr<std::vector<Array>> all_gather_local(std::span<const Array> per_replica, int axis);
+
+  StrategyParts parts_;
+  std::vector<std::unique_ptr<ReplicaContext>> contexts_;
+  std::unique_ptr<Pool> pool_;
+};
+
+// The default strategy: one replica on CPU:0, run() calls fn on the calling thread, reduce returns
+// its input. One per program (TF's singleton), created on first use.
+Strategy& default_strategy();
+
+// --- template definitions ------------------------------------------------------------------------
+namespace internal {
+template <typename T>
+struct UnwrapStatusOr {
+  using type = T;
+};
+template <typename T>
+struct UnwrapStatusOr<StatusOr<T>> {
+  using type = T;
+};
+}  // namespace internal
+
+template <typename Fn, typename... Args>
+auto Strategy::run(Fn&& fn, const Args&... args) {
+  using Raw = std::invoke_result_t<Fn&, ReplicaContext&, decltype(select_replica(0, args))...>;
+  if constexpr (std::is_same_v<Raw, Status> || std::is_void_v<Raw>) {
+    return run_erased([&](ReplicaContext& ctx) -> Status {
+      if constexpr (std::is_void_v<Raw>) {
+        fn(ctx, select_replica(ctx.local_replica_id(), args)...);
+        return ok_status();
+      } else {
+        return fn(ctx, select_replica(ctx.local_replica_id(), args)...);
+      }
+    });
+  } else {
+    using R = typename internal::UnwrapStatusOr<Raw>::type;
+    std::vector<std::optional<R>> slots(static_cast<size_t>(num_local_replicas()));
+    Status s = run_erased([&](ReplicaContext& ctx) -> Status {
+      Raw r = fn(ctx, select_replica(ctx.local_replica_id(), args)...);
+      if constexpr (std::is_same_v<Raw, R>) {
+        slots[ctx.local_replica_id()].emplace(std::move(r));
+      } else {
+        if (!r.ok()) return r.status();
+        slots[ctx.local_replica_id()].emplace(std::move(r).value());
+      }
+      return ok_status();
+    });
+    if (!s.ok()) return StatusOr<PerReplica<R>>(s);
+    std::vector<R> out;
+    out.reserve(slots.size());
+    for (auto& slot : slots) out.push_back(std::move(*slot));
+    return StatusOr<PerReplica<R>>(PerReplica<R>(std::move(out)));
+  }
+}
+
+template <typename R, typename A>
+StatusOr<R> ReplicaContext::merge_call(
+    const std::function<StatusOr<R>(Strategy&, const PerReplica<A>&)>& fn, A arg) {
+  Strategy* s = strategy_;
+  StatusOr<std::any> r = meet("merge_call", std::any(std::move(arg)),
+                              [&fn, s](std::vector<std::any>& args) -> StatusOr<std::any> {
+                                std::vector<A> values;
+                                values.reserve(args.size());
+                                for (auto& a : args) values.push_back(std::any_cast<A>(std::move(a)));
+                                StatusOr<R> out = fn(*s, PerReplica<A>(std::move(values)));
+                                if (!out.ok()) return out.status();
+                                return std::any(std::move(out).value());
+                              });
+  if (!r.ok()) return r.status();
+  return std::any_cast<R>(*r);
+}
+
+}  // namespace tributary

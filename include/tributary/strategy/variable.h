@@ -1,0 +1,85 @@
+// Variable: a variable created in a strategy (Strategy::create_variable), with tf.distribute's
+// synchronization and aggregation rules (values.py, values_util.py; reference §5).
+//
+//   synchronization ON_WRITE (AUTO): a MirroredVariable, one copy per replica kept identical.
+//     read(): replica context -> the replica's copy; cross-replica -> the primary (replica 0's).
+//     assign/assign_add/assign_sub in cross-replica context: applied to every copy.
+//     In replica context, by aggregation:
+//       NONE               each replica updates its own copy only (newest TF; copies may diverge);
+//       SUM / MEAN         the replicas' values are all-reduced (across workers too) and the
+//                          result applied to every copy, so every replica sees the same value;
+//                          MEAN on a non-floating variable is TF's error;
+//       ONLY_FIRST_REPLICA global replica 0's value is applied to every copy.
+//   synchronization ON_READ: a SyncOnReadVariable, one unsynchronised copy per replica.
+//     In replica context reads and writes touch the replica's own copy only.
+//     read() in cross-replica context aggregates: SUM, MEAN (all-reduce across every replica of
+//     every worker, so all workers must read together), ONLY_FIRST_REPLICA (replica 0's copy);
+//     NONE is TF's error. assign(x) with SUM gives every copy x / num_replicas_in_sync (so the
+//     aggregated read returns x), else x; assign_add/assign_sub with SUM are TF's errors.
+//   synchronization NONE: TF's error at creation.
+// CentralStorage keeps one copy on the parameter device: replica-context updates with SUM/MEAN
+// reduce the replicas' values and apply the result once; NONE applies each replica's update in
+// turn (TF's AggregatingVariable semantics).
+//
+// Every update is all or nothing: new values are computed and checked (dtype, shape) before any
+// copy changes, and a collective that fails leaves every copy as it was. Reads return a snapshot:
+// the Array does not change when the variable does. Variables are handles: copies share the state.
+// Where C++ differs: TF's "Python literal" rule (a constant passed by every replica is not
+// aggregated) has no counterpart, every value is an Array and is aggregated; a PerReplica cannot be
+// passed to assign (TF's TypeError) because assign takes an Array.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tributary/status.h"
+#include "tributary/strategy/array.h"
+#include "tributary/strategy/strategy.h"
+
+namespace tributary {
+
+class Variable {
+ public:
+  Variable() = default;  // an empty handle; every method but valid() is an error on it
+
+  bool valid() const { return state_ != nullptr; }
+  const std::string& name() const;
+  DType dtype() const;
+  const Shape& shape() const;
+  VariableSynchronization synchronization() const;  // ON_WRITE or ON_READ (AUTO resolved)
+  VariableAggregation aggregation() const;
+  bool trainable() const;
+  Strategy& strategy() const;
+  // The devices of the copies, in replica order (one entry for central storage).
+  std::vector<Device> devices() const;
+
+  StatusOr<Array> read() const;
+  Status assign(const Array& value);
+  Status assign_add(const Array& delta);
+  Status assign_sub(const Array& delta);
+
+  // Snapshots of the local copies, in replica order (TF's experimental_local_results).
+  std::vector<Array> values() const;
+
+  struct State;
+  friend struct VariableImpl;
+  explicit Variable(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  const std::shared_ptr<State>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Checkpoints of a strategy's variables (every variable must belong to one strategy; names must be
+// unique). save_checkpoint reads each variable as TF saves it (ON_READ: the aggregated value, so
+// every worker must call it) and the chief alone writes `path` (atomically: a temporary file, then
+// a rename). restore_checkpoint: the chief reads `path` and broadcasts every value, so workers need
+// not share a file system; ON_READ SUM values are divided evenly across the replicas (TF's rule),
+// everything else is assigned to every copy. A missing file, a missing or mismatched variable, or
+// a corrupt file fails on every worker with the chief's message, and no variable changes.
+Status save_checkpoint(const std::string& path, std::span<const Variable> variables);
+Status restore_checkpoint(const std::string& path, std::span<const Variable> variables);
+
+}  // namespace tributary

@@ -1,0 +1,468 @@
+// Cross-replica operations (Strategy::reduce, gather, reduce_to, ...) and the replica-context
+// collectives they share with ReplicaContext, all through the strategy's one CrossDeviceOps.
+#include <cstring>
+
+#include "fmt/format.h"
+#include "strategy/internal.h"
+#include "tributary/strategy/variable.h"
+
+namespace tributary {
+namespace {
+
+PerReplica<Tensor> tensors_of(std::span<const Array> arrays) {
+  std::vector<Tensor> t;
+  t.reserve(arrays.size());
+  for (const Array& a : arrays) t.push_back(a.tensor());
+  return PerReplica<Tensor>(std::move(t));
+}
+
+Status wait(Work work) { return work.wait(); }
+
+// [outer, A, inner] -> [A, outer, inner] (to_front) or back.
+StatusOr<Array> move_axis(const Array& a, int axis, bool to_front, Shape result_shape) {
+  int64_t outer = 1, inner = 1;
+  const Shape& logical = to_front ? a.shape() : result_shape;
+  for (int i = 0; i < axis; ++i) outer *= logical[i];
+  for (size_t i = axis + 1; i < logical.size(); ++i) inner *= logical[i];
+  const int64_t size = logical[axis];
+  TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(a.dtype(), std::move(result_shape)));
+  const size_t block = static_cast<size_t>(inner) * dtype_size(a.dtype());
+  const auto* src = a.data<unsigned char>();
+  auto* dst = out.mutable_data<unsigned char>();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t k = 0; k < size; ++k) {
+      const int64_t natural = (o * size + k), front = (k * outer + o);
+      const int64_t from = to_front ? natural : front, to = to_front ? front : natural;
+      if (block) std::memcpy(dst + to * block, src + from * block, block);
+    }
+  }
+  return out;
+}
+
+Status check_per_replica(const Strategy& s, std::span<const Array> values, std::string_view what) {
+  if (static_cast<int>(values.size()) != s.num_local_replicas()) {
+    return invalid_argument(fmt::format("{}: expected one value per local replica ({}), got {}",
+                                        what, s.num_local_replicas(), values.size()));
+  }
+  for (size_t i = 1; i < values.size(); ++i) {
+    if (values[i].dtype() != values[0].dtype()) {
+      return invalid_argument(fmt::format("{}: replica {} has {} but replica 0 has {}", what, i,
+                                          values[i].tensor().to_string(),
+                                          values[0].tensor().to_string()));
+    }
+  }
+  return ok_status();
+}
+
+// The values placed on the strategy's replica devices (CPU replicas share storage).
+StatusOr<std::vector<Array>> place(const Strategy& s, std::span<const Array> values) {
+  std::vector<Array> out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i < s.worker_devices().size()) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array a, values[i].to_device(s.worker_devices()[i]));
+      out.push_back(std::move(a));
+    } else {
+      out.push_back(values[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+using strategy_internal::thread_context;
+
+std::string_view variable_synchronization_name(VariableSynchronization s) {
+  switch (s) {
+    case VariableSynchronization::kAuto: return "AUTO";
+    case VariableSynchronization::kNone: return "NONE";
+    case VariableSynchronization::kOnWrite: return "ON_WRITE";
+    case VariableSynchronization::kOnRead: return "ON_READ";
+  }
+  return "?";
+}
+
+std::string_view variable_aggregation_name(VariableAggregation a) {
+  switch (a) {
+    case VariableAggregation::kNone: return "NONE";
+    case VariableAggregation::kSum: return "SUM";
+    case VariableAggregation::kMean: return "MEAN";
+    case VariableAggregation::kOnlyFirstReplica: return "ONLY_FIRST_REPLICA";
+  }
+  return "?";
+}
+
+std::string Strategy::describe() const {
+  std::string devices;
+  for (const Device& d : parts_.devices) devices += (devices.empty() ? "" : ", ") + d.to_string();
+  std::string s = fmt::format("{}(devices=[{}]", parts_.name, devices);
+  if (parts_.central_variables) s += ", parameter_device=" + parts_.parameter_device.to_string();
+  if (parts_.num_workers > 1) {
+    s += fmt::format(", worker={}/{}", parts_.worker_index, parts_.num_workers);
+  }
+  if (parts_.cross_device_ops) s += ", cross_device_ops=" + parts_.cross_device_ops->spec();
+  return s + ")";
+}
+
+int Strategy::num_replicas_in_sync() const { return num_local_replicas() * parts_.num_workers; }
+
+std::vector<Device> Strategy::parameter_devices() const {
+  if (parts_.central_variables) return {parts_.parameter_device};
+  return parts_.devices;
+}
+
+Status Strategy::require_cross_replica(std::string_view method) const {
+  const auto& t = thread_context();
+  if (t.replica != nullptr && t.merge == nullptr) {
+    if (&t.replica->strategy() != this) return strategy_internal::mixing_error(*this, t.replica->strategy());
+    if (method == "gather") {
+      return failed_precondition(
+          "tf.distribute.Strategy.gather method requires cross-replica context, use "
+          "get_replica_context().all_gather() instead");
+    }
+    return failed_precondition(fmt::format(
+        "Method requires being in cross-replica context, use get_replica_context().merge_call() "
+        "(called {} from replica {})",
+        method, t.replica->local_replica_id()));
+  }
+  Strategy* current = strategy_internal::current_strategy();
+  if (current != nullptr && current != this) return strategy_internal::mixing_error(*this, *current);
+  return ok_status();
+}
+
+StatusOr<std::vector<Array>> Strategy::all_reduce_local(ReduceOp op,
+                                                        std::span<const Array> per_replica) {
+  TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, per_replica, "all_reduce"));
+  std::vector<Array> inputs, outputs;
+  for (int i = 0; i < num_local_replicas(); ++i) {
+    if (per_replica[i].shape() != per_replica[0].shape()) {
+      return invalid_argument(fmt::format(
+          "all_reduce: replica {} has {} but replica 0 has {}; every replica must reduce the "
+          "same shape",
+          i, per_replica[i].tensor().to_string(), per_replica[0].tensor().to_string()));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(Array in, per_replica[i].to_device(parts_.devices[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array out,
+                               Array::zeros(in.dtype(), in.shape(), parts_.devices[i]));
+    inputs.push_back(std::move(in));
+    outputs.push_back(std::move(out));
+  }
+  TRIBUTARY_RETURN_IF_ERROR(
+      wait(parts_.cross_device_ops->all_reduce(op, tensors_of(inputs), tensors_of(outputs))));
+  return outputs;
+}
+
+StatusOr<std::vector<Array>> Strategy::all_gather_local(std::span<const Array> per_replica,
+                                                        int axis) {
+  TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, per_replica, "all_gather"));
+  const int n_local = num_local_replicas();
+  const int n = num_replicas_in_sync();
+  CrossDeviceOps& cdo = *parts_.cross_device_ops;
+  // 1. Every replica's shape, so that sizes along `axis` may differ (TF's collective all_gather
+  //    pads to the largest and slices back) and mismatches are seen alike by every replica.
+  constexpr int kMaxRank = 8;
+  std::vector<Array> shape_in, shape_out;
+  for (int i = 0; i < n_local; ++i) {
+    const Array& v = per_replica[i];
+    if (v.rank() == 0 || v.rank() > kMaxRank) {
+      return invalid_argument(fmt::format(
+          "all_gather: component tensors must have a non-zero rank (at most {}); replica {} has {}",
+          kMaxRank, i, v.tensor().to_string()));
+    }
+    std::vector<int64_t> desc(kMaxRank + 1, -1);
+    desc[0] = v.rank();
+    for (int d = 0; d < v.rank(); ++d) desc[d + 1] = v.shape()[d];
+    TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::from_vector(desc));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array dev_a, a.to_device(parts_.devices[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array out, Array::zeros(DType::kInt64, Shape{(kMaxRank + 1) * n}, parts_.devices[i]));
+    shape_in.push_back(std::move(dev_a));
+    shape_out.push_back(std::move(out));
+  }
+  TRIBUTARY_RETURN_IF_ERROR(wait(cdo.all_gather(tensors_of(shape_in), tensors_of(shape_out))));
+  std::vector<int64_t> all = shape_out[0].to_vector<int64_t>();
+  const int64_t* first = all.data();
+  const int rank = static_cast<int>(first[0]);
+  if (axis < 0 || axis >= rank) {
+    return invalid_argument(fmt::format("all_gather: `axis` = {} out of range for `value` with rank {}",
+                                        axis, rank));
+  }
+  int64_t max_along = 0, total_along = 0;
+  std::vector<int64_t> along(n);
+  for (int r = 0; r < n; ++r) {
+    const int64_t* d = first + r * (kMaxRank + 1);
+    bool same = d[0] == rank;
+    for (int k = 0; same && k < rank; ++k) same = k == axis || d[k + 1] == first[k + 1];
+    if (!same) {
+      return invalid_argument(fmt::format(
+          "all_gather: replica {}'s shape differs from replica 0's outside axis {}; shapes may "
+          "differ only along the gathered axis",
+          r, axis));
+    }
+    along[r] = d[axis + 1];
+    max_along = std::max(max_along, along[r]);
+    total_along += along[r];
+  }
+  // 2. Move `axis` to the front, pad to the largest size, gather, and slice each replica's rows.
+  std::vector<Array> padded, gathered;
+  int64_t row_elems = 1;
+  for (int k = 0; k < rank; ++k) {
+    if (k != axis) row_elems *= first[k + 1];
+  }
+  for (int i = 0; i < n_local; ++i) {
+    const Array& v = per_replica[i];
+    Shape front = v.shape();
+    front.erase(front.begin() + axis);
+    front.insert(front.begin(), v.shape()[axis]);
+    Array moved = v;
+    if (axis != 0) {
+      TRIBUTARY_ASSIGN_OR_RETURN(moved, move_axis(v, axis, true, front));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(Array pad,
+                               Array::zeros(v.dtype(), Shape{max_along * row_elems}, parts_.devices[i]));
+    if (moved.nbytes()) std::memcpy(pad.mutable_data<void>(), moved.data<void>(), moved.nbytes());
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array out, Array::zeros(v.dtype(), Shape{n * max_along * row_elems}, parts_.devices[i]));
+    padded.push_back(std::move(pad));
+    gathered.push_back(std::move(out));
+  }
+  TRIBUTARY_RETURN_IF_ERROR(wait(cdo.all_gather(tensors_of(padded), tensors_of(gathered))));
+  std::vector<Array> results;
+  for (int i = 0; i < n_local; ++i) {
+    Shape front_shape;
+    front_shape.push_back(total_along);
+    for (int k = 0; k < rank; ++k) {
+      if (k != axis) front_shape.push_back(first[k + 1]);
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(Array compact, Array::zeros(per_replica[i].dtype(), front_shape));
+    const size_t row_bytes = static_cast<size_t>(row_elems) * dtype_size(compact.dtype());
+    auto* dst = compact.mutable_data<unsigned char>();
+    const auto* src = gathered[i].data<unsigned char>();
+    size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      const size_t bytes = static_cast<size_t>(along[r]) * row_bytes;
+      if (bytes) std::memcpy(dst + at, src + static_cast<size_t>(r * max_along) * row_bytes, bytes);
+      at += bytes;
+    }
+    if (axis != 0) {
+      Shape natural = per_replica[i].shape();
+      natural[axis] = total_along;
+      TRIBUTARY_ASSIGN_OR_RETURN(compact, move_axis(compact, axis, false, natural));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(Array placed, compact.to_device(parts_.devices[i]));
+    results.push_back(std::move(placed));
+  }
+  return results;
+}
+
+// --- ReplicaContext --------------------------------------------------------------------------------
+
+int ReplicaContext::replica_id_in_sync_group() const {
+  return strategy_->worker_index() * strategy_->num_local_replicas() + local_id_;
+}
+int ReplicaContext::num_replicas_in_sync() const { return strategy_->num_replicas_in_sync(); }
+const Device& ReplicaContext::device() const { return strategy_->worker_devices()[local_id_]; }
+
+StatusOr<Array> ReplicaContext::all_reduce(ReduceOp op, const Array& value) {
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_reduce(op, std::span<const Array>(&value, 1)));
+  return r[0];
+}
+
+StatusOr<std::vector<Array>> ReplicaContext::all_reduce(ReduceOp op, std::span<const Array> values) {
+  Strategy* s = strategy_;
+  std::vector<Array> mine(values.begin(), values.end());
+  StatusOr<std::any> r = meet(
+      "all_reduce", std::any(std::move(mine)),
+      [s, op](std::vector<std::any>& args) -> StatusOr<std::any> {
+        const size_t n = args.size();
+        std::vector<std::vector<Array>> per_replica(n);
+        for (size_t i = 0; i < n; ++i) per_replica[i] = std::any_cast<std::vector<Array>>(args[i]);
+        const size_t count = per_replica[0].size();
+        for (size_t i = 1; i < n; ++i) {
+          if (per_replica[i].size() != count) {
+            return invalid_argument(fmt::format(
+                "all_reduce: replica {} passed {} value(s) but replica 0 passed {}", i,
+                per_replica[i].size(), count));
+          }
+        }
+        // result[k][i]: value k for replica i.
+        std::vector<std::vector<Array>> result(count);
+        for (size_t k = 0; k < count; ++k) {
+          std::vector<Array> column;
+          for (size_t i = 0; i < n; ++i) column.push_back(per_replica[i][k]);
+          TRIBUTARY_ASSIGN_OR_RETURN(result[k], s->all_reduce_local(op, column));
+        }
+        return std::any(std::move(result));
+      });
+  if (!r.ok()) return r.status();
+  const auto& result = std::any_cast<const std::vector<std::vector<Array>>&>(*r);
+  std::vector<Array> out;
+  for (const auto& column : result) out.push_back(column[local_id_]);
+  return out;
+}
+
+StatusOr<Array> ReplicaContext::all_gather(const Array& value, int axis) {
+  Strategy* s = strategy_;
+  StatusOr<std::any> r =
+      meet("all_gather", std::any(value), [s, axis](std::vector<std::any>& args) -> StatusOr<std::any> {
+        std::vector<Array> values;
+        for (auto& a : args) values.push_back(std::any_cast<Array>(a));
+        TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> out, s->all_gather_local(values, axis));
+        return std::any(std::move(out));
+      });
+  if (!r.ok()) return r.status();
+  return std::any_cast<const std::vector<Array>&>(*r)[local_id_];
+}
+
+// --- Strategy: cross-replica -------------------------------------------------------------------------
+
+StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
+                                 std::optional<int> axis) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+  TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, value.values(), "reduce"));
+  if (!axis) {
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_reduce_local(op, value.values()));
+    return r[0].to_device(Device::cpu());
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+    return invalid_argument(fmt::format(
+        "reduce with an axis supports ReduceOp SUM and MEAN (as tf.distribute), not {}",
+        reduce_op_name(op)));
+  }
+  std::vector<Array> numer, denom;
+  for (const Array& v : value) {
+    if (*axis < 0 || *axis >= v.rank()) {
+      return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
+                                          v.rank()));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(v, *axis));
+    numer.push_back(std::move(s));
+    denom.push_back(Array::scalar(static_cast<double>(v.shape()[*axis])));
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> total, all_reduce_local(ReduceOp::kSum, numer));
+  if (op == ReduceOp::kSum) return total[0].to_device(Device::cpu());
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> count, all_reduce_local(ReduceOp::kSum, denom));
+  const double n = count[0].at(0);
+  std::vector<double> q = total[0].to_doubles();
+  for (double& x : q) x /= n;  // 0/0 is NaN, as TF's division of an empty batch
+  return Array::from_doubles(total[0].dtype(), q, total[0].shape());
+}
+
+StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<int> axis) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+    return invalid_argument(fmt::format(
+        "reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
+        reduce_op_name(op)));
+  }
+  if (op == ReduceOp::kSum && num_replicas_in_sync() != 1) {
+    return invalid_argument(fmt::format(
+        "A non-DistributedValues value {} cannot be reduced with the given reduce op "
+        "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
+        "one per local replica.)",
+        value.to_string(), num_replicas_in_sync()));
+  }
+  if (!axis) return value;
+  if (*axis < 0 || *axis >= value.rank()) {
+    return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
+                                        value.rank()));
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, *axis));
+  if (op == ReduceOp::kSum) return total;
+  std::vector<double> q = total.to_doubles();
+  for (double& x : q) x /= static_cast<double>(value.shape()[*axis]);
+  return Array::from_doubles(total.dtype(), q, total.shape());
+}
+
+StatusOr<Array> Strategy::gather(const PerReplica<Array>& value, int axis) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("gather"));
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_gather_local(value.values(), axis));
+  return r[0].to_device(Device::cpu());
+}
+
+StatusOr<PerReplica<Array>> Strategy::distribute_values_from_function(
+    const std::function<StatusOr<Array>(const ValueContext&)>& value_fn) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("distribute_values_from_function"));
+  std::vector<Array> out;
+  for (int i = 0; i < num_local_replicas(); ++i) {
+    ValueContext ctx{worker_index() * num_local_replicas() + i, num_replicas_in_sync()};
+    StatusOr<Array> v = value_fn(ctx);
+    if (!v.ok()) return v.status().with_context(fmt::format("replica {}", ctx.replica_id_in_sync_group));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array placed, v->to_device(parts_.devices[i]));
+    out.push_back(std::move(placed));
+  }
+  return PerReplica<Array>(std::move(out));
+}
+
+StatusOr<Mirrored<Array>> Strategy::reduce_to(ReduceOp op, const PerReplica<Array>& value,
+                                              const Variable& destination) {
+  if (!destination.valid()) return invalid_argument("reduce_to: the destination variable is empty");
+  return reduce_to(op, value, destination.devices());
+}
+
+StatusOr<Mirrored<Array>> Strategy::reduce_to(ReduceOp op, const PerReplica<Array>& value,
+                                              const std::vector<Device>& destinations) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce_to"));
+  if (destinations.empty()) return invalid_argument("destinations can not be empty");
+  if (value.empty()) return invalid_argument("`per_replica_value` must be non-empty");
+  std::vector<Device> value_devices;
+  for (const Array& v : value) value_devices.push_back(v.device());
+  // TF's shortcut: one worker, one component already where it is going: returned as is.
+  if (num_workers() == 1 && value.size() == 1 && value_devices == destinations) {
+    return Mirrored<Array>({value[0]});
+  }
+  std::vector<Array> outs;
+  for (const Device& d : destinations) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value[0].dtype(), value[0].shape(), d));
+    outs.push_back(std::move(out));
+  }
+  std::vector<Tensor> dst;
+  for (const Array& a : outs) dst.push_back(a.tensor());
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, value.values()));
+  TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->reduce(
+      op, tensors_of(placed), Mirrored<Tensor>(std::move(dst)))));
+  return Mirrored<Array>(std::move(outs));
+}
+
+StatusOr<std::vector<Mirrored<Array>>> Strategy::batch_reduce_to(
+    ReduceOp op, std::span<const PerReplica<Array>> values) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("batch_reduce_to"));
+  std::vector<ReducePair> pairs;
+  std::vector<std::vector<Array>> inputs;
+  std::vector<std::vector<Array>> outs(values.size());
+  for (size_t k = 0; k < values.size(); ++k) {
+    TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, values[k].values(), "batch_reduce_to"));
+    std::vector<Tensor> dst;
+    for (size_t i = 0; i < values[k].size(); ++i) {
+      const Array& v = values[k][i];
+      TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(v.dtype(), v.shape(), parts_.devices[i]));
+      dst.push_back(out.tensor());
+      outs[k].push_back(std::move(out));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, values[k].values()));
+    pairs.push_back(ReducePair{tensors_of(placed), Mirrored<Tensor>(std::move(dst))});
+    inputs.push_back(std::move(placed));  // alive until the collective is done
+  }
+  if (pairs.empty()) return std::vector<Mirrored<Array>>{};
+  TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->batch_reduce(op, pairs)));
+  std::vector<Mirrored<Array>> result;
+  for (auto& o : outs) result.emplace_back(std::move(o));
+  return result;
+}
+
+StatusOr<Mirrored<Array>> Strategy::broadcast_to(const Array& value, const Variable& destination) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("broadcast_to"));
+  if (!destination.valid()) return invalid_argument("broadcast_to: the destination variable is empty");
+  std::vector<Array> outs;
+  std::vector<Tensor> dst;
+  for (const Device& d : destination.devices()) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value.dtype(), value.shape(), d));
+    dst.push_back(out.tensor());
+    outs.push_back(std::move(out));
+  }
+  TRIBUTARY_RETURN_IF_ERROR(
+      wait(parts_.cross_device_ops->broadcast(value.tensor(), Mirrored<Tensor>(std::move(dst)), 0)));
+  return Mirrored<Array>(std::move(outs));
+}
+
+}  // namespace tributary

@@ -1,0 +1,324 @@
+// Variables: creation, reads and the ON_WRITE / ON_READ update rules (values.py, values_util.py).
+#include "tributary/strategy/variable.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "fmt/format.h"
+#include "strategy/internal.h"
+
+namespace tributary {
+
+struct Variable::State {
+  Strategy* strategy = nullptr;
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  VariableSynchronization sync = VariableSynchronization::kOnWrite;
+  VariableAggregation aggregation = VariableAggregation::kNone;
+  bool trainable = true;
+  bool central = false;  // one copy on the parameter device
+  std::vector<Array> components;  // owned storage, updated in place under `mu`
+  mutable std::mutex mu;
+};
+
+namespace {
+
+enum class UpdateKind { kAssign, kAdd, kSub };
+
+std::string_view update_name(UpdateKind k) {
+  switch (k) {
+    case UpdateKind::kAssign: return "assign";
+    case UpdateKind::kAdd: return "assign_add";
+    case UpdateKind::kSub: return "assign_sub";
+  }
+  return "?";
+}
+
+StatusOr<ReduceOp> reduce_op_of(VariableAggregation a) {
+  if (a == VariableAggregation::kSum) return ReduceOp::kSum;
+  if (a == VariableAggregation::kMean) return ReduceOp::kMean;
+  return invalid_argument(fmt::format(
+      "Could not convert from `tf.VariableAggregation` {} to`tf.distribute.ReduceOp` type",
+      variable_aggregation_name(a)));
+}
+
+// The replica context of `s` this thread runs in, if any.
+ReplicaContext* replica_of(const Strategy& s) {
+  const auto& t = strategy_internal::thread_context();
+  if (t.replica != nullptr && t.merge == nullptr && &t.replica->strategy() == &s) return t.replica;
+  return nullptr;
+}
+
+}  // namespace
+
+struct VariableImpl {
+  using State = Variable::State;
+
+  static Status check_value(const State& v, const Array& value, std::string_view what) {
+    if (value.dtype() != v.dtype || value.shape() != v.shape) {
+      return invalid_argument(fmt::format(
+          "{} on variable '{}' ({}{}): the value is {}; dtype and shape must match", what, v.name,
+          dtype_name(v.dtype), shape_to_string(v.shape), value.tensor().to_string()));
+    }
+    return ok_status();
+  }
+
+  static StatusOr<Array> on_cpu(const Array& a) { return a.to_device(Device::cpu()); }
+
+  static StatusOr<Array> apply(UpdateKind k, const Array& current, const Array& value) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array cur, on_cpu(current));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array val, on_cpu(value));
+    switch (k) {
+      case UpdateKind::kAssign: return val;
+      case UpdateKind::kAdd: return add(cur, val);
+      case UpdateKind::kSub: return subtract(cur, val);
+    }
+    return internal_error("unknown update");
+  }
+
+  static Array snapshot(const State& v, size_t i) {
+    std::lock_guard lock(v.mu);
+    return v.components[i].deep_copy();
+  }
+
+  // Writes new values into the components whose index is in `which` (all when empty).
+  static Status commit(State& v, const std::vector<std::pair<size_t, Array>>& updates) {
+    std::lock_guard lock(v.mu);
+    for (const auto& [i, value] : updates) {
+      Array& c = v.components[i];
+      if (c.nbytes() == 0) continue;
+      if (c.device().is_cpu() && value.device().is_cpu()) {
+        std::memcpy(c.mutable_data<void>(), value.data<void>(), c.nbytes());
+      } else {
+        TRIBUTARY_ASSIGN_OR_RETURN(Allocator * alloc,
+                                   allocator_for(c.device().is_cpu() ? value.device() : c.device()));
+        TRIBUTARY_RETURN_IF_ERROR(alloc->copy(c.mutable_data<void>(), c.device(),
+                                              value.data<void>(), value.device(), c.nbytes()));
+      }
+    }
+    return ok_status();
+  }
+
+  // Applies `k` with `value` to every component: computed first, then committed.
+  static Status update_all(State& v, UpdateKind k, const Array& value) {
+    std::vector<std::pair<size_t, Array>> updates;
+    for (size_t i = 0; i < v.components.size(); ++i) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, snapshot(v, i), value));
+      updates.emplace_back(i, std::move(next));
+    }
+    return commit(v, updates);
+  }
+
+  static Status update_one(State& v, size_t i, UpdateKind k, const Array& value) {
+    std::lock_guard serial(one_at_a_time_);  // central copies take each replica's update in turn
+    TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, snapshot(v, i), value));
+    return commit(v, {{i, std::move(next)}});
+  }
+
+  static Status update(State& v, UpdateKind k, const Array& value) {
+    TRIBUTARY_RETURN_IF_ERROR(check_value(v, value, update_name(k)));
+    Strategy& s = *v.strategy;
+    if (ReplicaContext* ctx = replica_of(s)) return update_in_replica(v, *ctx, k, value);
+    TRIBUTARY_RETURN_IF_ERROR(s.require_cross_replica(fmt::format("{} on variable '{}'",
+                                                                  update_name(k), v.name)));
+    if (v.sync == VariableSynchronization::kOnRead) {
+      if (v.aggregation == VariableAggregation::kSum) {
+        if (k != UpdateKind::kAssign) {
+          return invalid_argument(fmt::format(
+              "SyncOnReadVariable does not support `{}` in cross-replica context when "
+              "aggregation is set to `tf.VariableAggregation.SUM`. (variable '{}')",
+              update_name(k), v.name));
+        }
+        // Each copy gets x / N so that the aggregated read returns x.
+        TRIBUTARY_ASSIGN_OR_RETURN(Array part, on_cpu(value));
+        TRIBUTARY_ASSIGN_OR_RETURN(part, scale(part, 1.0 / s.num_replicas_in_sync()));
+        return update_all(v, k, part);
+      }
+    }
+    return update_all(v, k, value);
+  }
+
+  static Status update_in_replica(State& v, ReplicaContext& ctx, UpdateKind k, const Array& value) {
+    const size_t local = static_cast<size_t>(ctx.local_replica_id());
+    if (v.sync == VariableSynchronization::kOnRead) return update_one(v, local, k, value);
+    if (v.aggregation == VariableAggregation::kNone) {
+      return update_one(v, v.central ? 0 : local, k, value);
+    }
+    Strategy& s = *v.strategy;
+    State* state = &v;
+    const std::string what = fmt::format("{} on variable '{}'", update_name(k), v.name);
+    StatusOr<std::any> r = ctx.meet(
+        what, std::any(value), [&s, state, k](std::vector<std::any>& args) -> StatusOr<std::any> {
+          std::vector<Array> values;
+          for (auto& a : args) values.push_back(std::any_cast<Array>(a));
+          Array agreed;
+          if (state->aggregation == VariableAggregation::kOnlyFirstReplica) {
+            agreed = values[0];
+            if (s.num_workers() > 1) {
+              // Global replica 0 (the chief's first) decides, on every worker.
+              TRIBUTARY_ASSIGN_OR_RETURN(Array out,
+                                         Array::zeros(agreed.dtype(), agreed.shape()));
+              TRIBUTARY_RETURN_IF_ERROR(
+                  s.cross_device_ops()
+                      .broadcast(values[0].tensor(), Mirrored<Tensor>({out.tensor()}), 0)
+                      .wait());
+              agreed = out;
+            }
+          } else {
+            TRIBUTARY_ASSIGN_OR_RETURN(ReduceOp op, reduce_op_of(state->aggregation));
+            TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> reduced, s.all_reduce_local(op, values));
+            agreed = reduced[0];
+          }
+          TRIBUTARY_RETURN_IF_ERROR(update_all(*state, k, agreed));
+          return std::any();
+        });
+    return r.ok() ? ok_status() : r.status();
+  }
+
+  static StatusOr<Array> read(const State& v) {
+    Strategy& s = *v.strategy;
+    if (ReplicaContext* ctx = replica_of(s)) {
+      return snapshot(v, v.central ? 0 : static_cast<size_t>(ctx->local_replica_id()));
+    }
+    TRIBUTARY_RETURN_IF_ERROR(s.require_cross_replica(fmt::format("read of variable '{}'", v.name)));
+    if (v.sync == VariableSynchronization::kOnWrite ||
+        v.aggregation == VariableAggregation::kOnlyFirstReplica) {
+      return snapshot(v, 0);
+    }
+    StatusOr<ReduceOp> op = reduce_op_of(v.aggregation);
+    if (!op.ok()) {
+      return op.status().with_context(fmt::format(
+          "reading SyncOnReadVariable '{}' in cross-replica context needs an aggregation", v.name));
+    }
+    std::vector<Array> copies;
+    for (size_t i = 0; i < v.components.size(); ++i) copies.push_back(snapshot(v, i));
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, s.all_reduce_local(*op, copies));
+    return r[0].to_device(Device::cpu());
+  }
+
+  static inline std::mutex one_at_a_time_;
+};
+
+StatusOr<Variable> Strategy::create_variable(const Array& initial_value, VariableOptions options) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica(
+      fmt::format("create_variable ('{}'; create variables outside run(), e.g. in scope())",
+                  options.name)));
+  VariableSynchronization sync = options.synchronization;
+  if (sync == VariableSynchronization::kAuto) sync = VariableSynchronization::kOnWrite;
+  if (sync == VariableSynchronization::kNone) {
+    return invalid_argument(fmt::format(
+        "`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
+        "Please change the `synchronization` for variable: {}",
+        options.name));
+  }
+  if (options.aggregation == VariableAggregation::kMean && !dtype_is_floating(initial_value.dtype())) {
+    return invalid_argument(fmt::format(
+        "creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is not "
+        "supported, please use a different aggregation or dtype (variable '{}', {})",
+        options.name, dtype_name(initial_value.dtype())));
+  }
+  auto state = std::make_shared<Variable::State>();
+  state->strategy = this;
+  state->name = options.name;
+  state->dtype = initial_value.dtype();
+  state->shape = initial_value.shape();
+  state->sync = sync;
+  state->aggregation = options.aggregation;
+  state->trainable = options.trainable;
+  // CentralStorage keeps ON_WRITE variables once; ON_READ ones stay per replica (they are
+  // per-replica accumulators by definition).
+  state->central = parts_.central_variables && sync == VariableSynchronization::kOnWrite;
+  const std::vector<Device> devices =
+      state->central ? std::vector<Device>{parts_.parameter_device} : parts_.devices;
+  TRIBUTARY_ASSIGN_OR_RETURN(Array initial, initial_value.to_device(Device::cpu()));
+  for (const Device& d : devices) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array c, Array::zeros(state->dtype, state->shape, d));
+    state->components.push_back(std::move(c));
+  }
+  if (num_workers() > 1) {
+    // Every replica starts from the chief's value (TF: broadcast from the chief).
+    std::vector<Tensor> dst;
+    for (const Array& c : state->components) dst.push_back(c.tensor());
+    TRIBUTARY_RETURN_IF_ERROR(
+        parts_.cross_device_ops->broadcast(initial.tensor(), Mirrored<Tensor>(std::move(dst)), 0)
+            .wait()
+            .with_context(fmt::format("broadcasting the initial value of variable '{}'",
+                                      options.name)));
+  } else {
+    std::vector<std::pair<size_t, Array>> init;
+    for (size_t i = 0; i < state->components.size(); ++i) init.emplace_back(i, initial);
+    TRIBUTARY_RETURN_IF_ERROR(VariableImpl::commit(*state, init));
+  }
+  return Variable(std::move(state));
+}
+
+Status Strategy::update(Variable& variable,
+                        const std::function<StatusOr<Array>(int, const Array&)>& fn) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("update"));
+  if (!variable.valid()) return invalid_argument("update: the variable is empty");
+  Variable::State& v = *variable.state();
+  if (v.strategy != this) {
+    return invalid_argument(fmt::format("update: variable '{}' was created by {}, not {}", v.name,
+                                        v.strategy->describe(), describe()));
+  }
+  std::vector<std::pair<size_t, Array>> updates;
+  for (size_t i = 0; i < v.components.size(); ++i) {
+    StatusOr<Array> next = fn(static_cast<int>(i), VariableImpl::snapshot(v, i));
+    if (!next.ok()) return next.status().with_context(fmt::format("update of component {}", i));
+    TRIBUTARY_RETURN_IF_ERROR(VariableImpl::check_value(v, *next, "update"));
+    updates.emplace_back(i, std::move(*next));
+  }
+  return VariableImpl::commit(v, updates);
+}
+
+// --- Variable ------------------------------------------------------------------------------------
+
+namespace {
+const Variable::State& must(const std::shared_ptr<Variable::State>& s) {
+  assert(s && "use of an empty Variable handle");
+  return *s;
+}
+}  // namespace
+
+const std::string& Variable::name() const { return must(state_).name; }
+DType Variable::dtype() const { return must(state_).dtype; }
+const Shape& Variable::shape() const { return must(state_).shape; }
+VariableSynchronization Variable::synchronization() const { return must(state_).sync; }
+VariableAggregation Variable::aggregation() const { return must(state_).aggregation; }
+bool Variable::trainable() const { return must(state_).trainable; }
+Strategy& Variable::strategy() const { return *must(state_).strategy; }
+
+std::vector<Device> Variable::devices() const {
+  std::vector<Device> d;
+  for (const Array& c : must(state_).components) d.push_back(c.device());
+  return d;
+}
+
+StatusOr<Array> Variable::read() const {
+  if (!state_) return failed_precondition("read of an empty Variable handle");
+  return VariableImpl::read(*state_);
+}
+
+Status Variable::assign(const Array& value) {
+  if (!state_) return failed_precondition("assign to an empty Variable handle");
+  return VariableImpl::update(*state_, UpdateKind::kAssign, value);
+}
+Status Variable::assign_add(const Array& delta) {
+  if (!state_) return failed_precondition("assign_add to an empty Variable handle");
+  return VariableImpl::update(*state_, UpdateKind::kAdd, delta);
+}
+Status Variable::assign_sub(const Array& delta) {
+  if (!state_) return failed_precondition("assign_sub to an empty Variable handle");
+  return VariableImpl::update(*state_, UpdateKind::kSub, delta);
+}
+
+std::vector<Array> Variable::values() const {
+  std::vector<Array> out;
+  for (size_t i = 0; i < must(state_).components.size(); ++i) {
+    out.push_back(VariableImpl::snapshot(*state_, i));
+  }
+  return out;
+}
+
+}  // namespace tributary

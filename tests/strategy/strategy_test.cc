@@ -1,0 +1,405 @@
+// Strategy, ReplicaContext and the context rules (reference §4), against the real in-process
+// backends (parameterised) and, for what the layer asks of its backend, a fake CrossDeviceOps.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+
+#include "tests/strategy/strategy_test_util.h"
+#include "tributary/strategy/strategies.h"
+#include "tributary/strategy/strategy.h"
+
+namespace tributary {
+namespace {
+
+using testing::HasSubstr;
+
+class MirroredTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<Strategy> make(int replicas) {
+    std::vector<Device> devices;
+    for (int i = 0; i < replicas; ++i) devices.push_back(Device::cpu(i));
+    auto s = make_mirrored_strategy({devices, GetParam(), nullptr});
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    return std::move(*s);
+  }
+};
+
+TEST_P(MirroredTest, RunCallsEveryReplicaOnItsOwnThreadWithItsContext) {
+  auto s = make(3);
+  EXPECT_EQ(s->num_replicas_in_sync(), 3);
+  std::vector<std::thread::id> ids(3);
+  auto r = s->run([&](ReplicaContext& ctx) -> StatusOr<int> {
+    ids[ctx.local_replica_id()] = std::this_thread::get_id();
+    EXPECT_EQ(get_replica_context(), &ctx);
+    EXPECT_FALSE(in_cross_replica_context());
+    EXPECT_EQ(&get_strategy(), s.get());
+    EXPECT_TRUE(has_strategy());
+    EXPECT_EQ(ctx.num_replicas_in_sync(), 3);
+    EXPECT_EQ(ctx.device(), Device::cpu(ctx.local_replica_id()));
+    return ctx.replica_id_in_sync_group() * 10;
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->values(), (std::vector<int>{0, 10, 20}));
+  EXPECT_NE(ids[0], ids[1]);
+  EXPECT_NE(ids[1], ids[2]);
+  EXPECT_NE(ids[0], std::this_thread::get_id());
+  // The threads persist across run() calls.
+  std::vector<std::thread::id> again(3);
+  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) { again[ctx.local_replica_id()] = std::this_thread::get_id(); }).ok());
+  EXPECT_EQ(ids, again);
+}
+
+TEST_P(MirroredTest, RunUnwrapsPerReplicaArgumentsAndPassesOthersWhole) {
+  auto s = make(2);
+  PerReplica<int> per({5, 7});
+  Mirrored<int> mirrored({1, 1});
+  int plain = 100;
+  auto r = s->run([](ReplicaContext&, int a, int b, int c) { return a + b + c; }, per, mirrored, plain);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->values(), (std::vector<int>{106, 108}));
+}
+
+TEST_P(MirroredTest, AllReduceSumAndMeanInReplicaContext) {
+  auto s = make(3);
+  auto r = s->run([](ReplicaContext& ctx) -> StatusOr<Array> {
+    const double id = ctx.replica_id_in_sync_group();
+    TRIBUTARY_ASSIGN_OR_RETURN(Array v, Array::from_vector<float>({float(id + 1), float(2 * id)}));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array sum, ctx.all_reduce(ReduceOp::kSum, v));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array mean, ctx.all_reduce(ReduceOp::kMean, v));
+    return concat(std::vector<Array>{sum, mean}, 0);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const Array& a : *r) EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{6, 6, 2, 2}));
+}
+
+TEST_P(MirroredTest, AllReduceOfSeveralValuesAtOnce) {
+  auto s = make(2);
+  auto r = s->run([](ReplicaContext& ctx) -> StatusOr<std::vector<Array>> {
+    std::vector<Array> values = {Array::scalar<int32_t>(ctx.local_replica_id() + 1),
+                                 *Array::from_vector<double>({1.5, -1})};
+    return ctx.all_reduce(ReduceOp::kSum, values);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& v : *r) {
+    EXPECT_EQ(v[0].to_vector<int32_t>(), std::vector<int32_t>{3});
+    EXPECT_EQ(v[1].to_vector<double>(), (std::vector<double>{3, -2}));
+  }
+}
+
+TEST_P(MirroredTest, AllGatherAlongAnyAxisWithUnequalSizes) {
+  auto s = make(2);
+  auto r = s->run([](ReplicaContext& ctx) -> StatusOr<std::vector<Array>> {
+    // replica 0: [[0,1]] (1x2); replica 1: [[10,11],[12,13]] (2x2)
+    Array rows = ctx.local_replica_id() == 0 ? *Array::from_vector<float>({0, 1}, {1, 2})
+                                             : *Array::from_vector<float>({10, 11, 12, 13}, {2, 2});
+    TRIBUTARY_ASSIGN_OR_RETURN(Array g0, ctx.all_gather(rows, 0));
+    // Axis 1: replica 0 has [2,1], replica 1 [2,2].
+    Array cols = ctx.local_replica_id() == 0 ? *Array::from_vector<float>({0, 1}, {2, 1})
+                                             : *Array::from_vector<float>({10, 11, 12, 13}, {2, 2});
+    TRIBUTARY_ASSIGN_OR_RETURN(Array g1, ctx.all_gather(cols, 1));
+    return std::vector<Array>{g0, g1};
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& v : *r) {
+    EXPECT_EQ(v[0].shape(), (Shape{3, 2}));
+    EXPECT_EQ(v[0].to_vector<float>(), (std::vector<float>{0, 1, 10, 11, 12, 13}));
+    EXPECT_EQ(v[1].shape(), (Shape{2, 3}));
+    EXPECT_EQ(v[1].to_vector<float>(), (std::vector<float>{0, 10, 11, 1, 12, 13}));
+  }
+}
+
+TEST_P(MirroredTest, ReduceAcrossReplicasAndAlongAxisWithPartialBatches) {
+  auto s = make(2);
+  // TF's docstring: per-replica batches of 4 and 2 rows; axis=0 MEAN uses the true count (6).
+  PerReplica<Array> v({*Array::from_vector<float>({1, 2, 3, 4}, {4, 1}),
+                       *Array::from_vector<float>({5, 6}, {2, 1})});
+  auto mean = s->reduce(ReduceOp::kMean, v, 0);
+  ASSERT_TRUE(mean.ok()) << mean.status().to_string();
+  EXPECT_EQ(mean->to_vector<float>(), std::vector<float>{3.5f});
+  auto sum = s->reduce(ReduceOp::kSum, v, 0);
+  ASSERT_TRUE(sum.ok());
+  EXPECT_EQ(sum->to_vector<float>(), std::vector<float>{21});
+  // axis none: replica values reduced element-wise (shapes must match).
+  PerReplica<Array> same({*Array::from_vector<float>({1, 2}), *Array::from_vector<float>({3, 5})});
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, same)->to_vector<float>(), (std::vector<float>{4, 7}));
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, same)->to_vector<float>(), (std::vector<float>{2, 3.5}));
+  // An empty replica batch (a zero-size partial batch) counts zero rows.
+  PerReplica<Array> empty({*Array::from_vector<float>({2, 4}, {2, 1}),
+                           *Array::zeros(DType::kFloat32, {0, 1})});
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, empty, 0)->to_vector<float>(), std::vector<float>{3});
+  // Errors
+  auto bad_axis = s->reduce(ReduceOp::kSum, v, 2);
+  EXPECT_THAT(bad_axis.status().message(), HasSubstr("`axis` = 2 out of range for `value` with rank 2"));
+  auto wrong_count = s->reduce(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f)}));
+  EXPECT_THAT(wrong_count.status().message(), HasSubstr("one value per local replica (2)"));
+}
+
+TEST_P(MirroredTest, ReduceOfANonDistributedValueFollowsTf) {
+  auto s = make(2);
+  Array x = *Array::from_vector<float>({1, 2});
+  EXPECT_TRUE(s->reduce(ReduceOp::kMean, x)->equals(x));
+  auto sum = s->reduce(ReduceOp::kSum, x);
+  EXPECT_EQ(sum.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(sum.status().message(),
+              HasSubstr("A non-DistributedValues value float32[2]{1, 2} cannot be reduced with the "
+                        "given reduce op ReduceOp.SUM."));
+}
+
+TEST_P(MirroredTest, GatherConcatenatesInReplicaOrder) {
+  auto s = make(3);
+  PerReplica<Array> v({*Array::from_vector<int32_t>({0}, {1, 1}),
+                       *Array::from_vector<int32_t>({1, 2}, {2, 1}),
+                       *Array::from_vector<int32_t>({3}, {1, 1})});
+  auto g = s->gather(v, 0);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_EQ(g->shape(), (Shape{4, 1}));
+  EXPECT_EQ(g->to_vector<int32_t>(), (std::vector<int32_t>{0, 1, 2, 3}));
+  auto scalar = s->gather(PerReplica<Array>({Array::scalar(1), Array::scalar(2), Array::scalar(3)}), 0);
+  EXPECT_THAT(scalar.status().message(), HasSubstr("non-zero rank"));
+}
+
+TEST_P(MirroredTest, MergeCallRunsOnceInCrossReplicaContextWithEveryArgument) {
+  auto s = make(3);
+  std::atomic<int> calls{0};
+  auto r = s->run([&](ReplicaContext& ctx) -> StatusOr<int> {
+    std::function<StatusOr<int>(Strategy&, const PerReplica<int>&)> merge =
+        [&](Strategy& strategy, const PerReplica<int>& args) -> StatusOr<int> {
+      ++calls;
+      EXPECT_EQ(&strategy, s.get());
+      EXPECT_TRUE(in_cross_replica_context());
+      EXPECT_EQ(get_replica_context(), nullptr);
+      // Cross-replica methods work here.
+      EXPECT_TRUE(strategy.reduce(ReduceOp::kMean, Array::scalar(1.0f)).ok());
+      int total = 0;
+      for (int a : args) total += a;
+      return total;
+    };
+    return ctx.merge_call(merge, ctx.local_replica_id() + 1);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(r->values(), (std::vector<int>{6, 6, 6}));
+}
+
+TEST_P(MirroredTest, CrossReplicaMethodsFromReplicaContextFailWithTfsMessage) {
+  auto s = make(2);
+  Status st = s->run([&](ReplicaContext& ctx) -> Status {
+    PerReplica<Array> v({Array::scalar(1.0f), Array::scalar(2.0f)});
+    auto reduced = ctx.strategy().reduce(ReduceOp::kSum, v);
+    EXPECT_EQ(reduced.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(reduced.status().message(),
+                HasSubstr("Method requires being in cross-replica context, use "
+                          "get_replica_context().merge_call()"));
+    auto gathered = ctx.strategy().gather(v, 0);
+    EXPECT_THAT(gathered.status().message(),
+                HasSubstr("tf.distribute.Strategy.gather method requires cross-replica context, "
+                          "use get_replica_context().all_gather() instead"));
+    auto nested = ctx.strategy().run([](ReplicaContext&) {});
+    EXPECT_EQ(nested.code(), StatusCode::kFailedPrecondition);
+    return ok_status();
+  });
+  EXPECT_TRUE(st.ok()) << st.to_string();
+}
+
+TEST_P(MirroredTest, ReplicaCollectivesFromCrossReplicaContextFail) {
+  auto s = make(2);
+  ReplicaContext* leaked = nullptr;
+  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) { if (ctx.local_replica_id() == 0) leaked = &ctx; }).ok());
+  auto r = leaked->all_reduce(ReduceOp::kSum, Array::scalar(1.0f));
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("must be called in replica context"));
+}
+
+TEST_P(MirroredTest, ReplicasMakingDifferentNumbersOfCallsFailInsteadOfHanging) {
+  auto s = make(3);
+  Status st = s->run([](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 1) return ok_status();  // skips the all_reduce
+    return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+  });
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("Some replicas made a different number of "
+                                      "replica_context().merge_call() calls"));
+  EXPECT_THAT(st.message(), HasSubstr("replica 1 returned"));
+  // The strategy stays usable.
+  auto ok = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)); });
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ((*ok)[2].to_vector<float>(), std::vector<float>{3});
+}
+
+TEST_P(MirroredTest, ReplicasMakingDifferentCallsAreTold) {
+  auto s = make(2);
+  Status st = s->run([](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 0) return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+    return ctx.all_gather(*Array::from_vector<float>({1}), 0).status();
+  });
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("replica 0 called all_reduce but replica 1 called all_gather"));
+}
+
+TEST_P(MirroredTest, AFailureOnOneReplicaSurfacesAndReleasesTheOthers) {
+  auto s = make(3);
+  Status st = s->run([](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 2) return invalid_argument("bad batch on this replica");
+    return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+  });
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("replica 2: bad batch on this replica"));
+  // An exception is converted, with the replica named.
+  st = s->run([](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 0) throw std::runtime_error("boom");
+    return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+  });
+  EXPECT_EQ(st.code(), StatusCode::kAborted);
+  EXPECT_THAT(st.message(), HasSubstr("replica 0 threw an exception: boom"));
+}
+
+TEST_P(MirroredTest, ScopesAndMixingStrategies) {
+  auto a = make(2);
+  auto b = make(2);
+  EXPECT_EQ(&get_strategy(), &default_strategy());
+  EXPECT_FALSE(has_strategy());
+  EXPECT_NE(get_replica_context(), nullptr);  // the default replica context
+  {
+    auto scope = a->scope();
+    ASSERT_TRUE(scope.ok());
+    EXPECT_EQ(&get_strategy(), a.get());
+    EXPECT_TRUE(in_cross_replica_context());
+    {
+      auto again = a->scope();  // re-entering the same strategy is counted
+      ASSERT_TRUE(again.ok());
+    }
+    EXPECT_EQ(&get_strategy(), a.get());
+    auto other = b->scope();
+    EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(other.status().message(), HasSubstr("Must not nest tf.distribute.Strategy scopes"));
+    PerReplica<Array> v({Array::scalar(1.0f), Array::scalar(2.0f)});
+    auto mixed = b->reduce(ReduceOp::kSum, v);
+    EXPECT_THAT(mixed.status().message(), HasSubstr("Mixing different tf.distribute.Strategy objects"));
+    EXPECT_TRUE(a->reduce(ReduceOp::kSum, v).ok());
+  }
+  EXPECT_EQ(&get_strategy(), &default_strategy());
+  // Strategy B's method inside strategy A's run.
+  Status st = a->run([&](ReplicaContext&) -> Status {
+    PerReplica<Array> v({Array::scalar(1.0f), Array::scalar(2.0f)});
+    return b->reduce(ReduceOp::kSum, v).status();
+  });
+  EXPECT_THAT(st.message(), HasSubstr("Mixing different tf.distribute.Strategy objects"));
+}
+
+TEST_P(MirroredTest, DistributeValuesFromFunctionAndLocalResults) {
+  auto s = make(2);
+  auto v = s->distribute_values_from_function([](const ValueContext& ctx) -> StatusOr<Array> {
+    return Array::scalar(static_cast<float>(ctx.replica_id_in_sync_group + 10 * ctx.num_replicas_in_sync));
+  });
+  ASSERT_TRUE(v.ok());
+  auto local = s->local_results(*v);
+  ASSERT_EQ(local.size(), 2u);
+  EXPECT_EQ(local[0].to_vector<float>(), std::vector<float>{20});
+  EXPECT_EQ(local[1].to_vector<float>(), std::vector<float>{21});
+  EXPECT_EQ(local[1].device(), Device::cpu(1));
+}
+
+TEST_P(MirroredTest, BatchReduceToAndReduceToDevices) {
+  auto s = make(2);
+  std::vector<PerReplica<Array>> values = {
+      PerReplica<Array>({Array::scalar(1.0f), Array::scalar(2.0f)}),
+      PerReplica<Array>({*Array::from_vector<int64_t>({1, 2}), *Array::from_vector<int64_t>({3, 4})})};
+  auto r = s->batch_reduce_to(ReduceOp::kSum, values);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0][1].to_vector<float>(), std::vector<float>{3});
+  EXPECT_EQ((*r)[1][0].to_vector<int64_t>(), (std::vector<int64_t>{4, 6}));
+  auto to_host = s->reduce_to(ReduceOp::kMean, values[0], std::vector<Device>{Device::cpu(0)});
+  ASSERT_TRUE(to_host.ok()) << to_host.status().to_string();
+  ASSERT_EQ(to_host->size(), 1u);
+  EXPECT_EQ((*to_host)[0].to_vector<float>(), std::vector<float>{1.5});
+  auto none = s->reduce_to(ReduceOp::kSum, values[0], std::vector<Device>{});
+  EXPECT_THAT(none.status().message(), HasSubstr("destinations can not be empty"));
+}
+
+INSTANTIATE_TEST_SUITE_P(InProcessBackends, MirroredTest,
+                         ::testing::Values("reduction_to_one_device", "hierarchical_copy"),
+                         [](const auto& info) { return info.param; });
+
+TEST(DefaultStrategyTest, PassThrough) {
+  Strategy& d = default_strategy();
+  EXPECT_EQ(d.num_replicas_in_sync(), 1);
+  EXPECT_EQ(d.kind(), StrategyKind::kDefault);
+  auto r = d.run([](ReplicaContext& ctx) -> StatusOr<Array> {
+    EXPECT_EQ(ctx.replica_id_in_sync_group(), 0);
+    return ctx.all_reduce(ReduceOp::kSum, Array::scalar(5.0f));
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)[0].to_vector<float>(), std::vector<float>{5});
+  // reduce returns its input (SUM allowed: one replica in sync).
+  Array x = *Array::from_vector<float>({1, 2, 3});
+  EXPECT_TRUE(d.reduce(ReduceOp::kSum, x)->equals(x));
+  EXPECT_EQ(d.reduce(ReduceOp::kSum, x, 0)->to_vector<float>(), std::vector<float>{6});
+  // Outside any scope, the default replica context accepts collectives directly.
+  ReplicaContext* ctx = get_replica_context();
+  ASSERT_NE(ctx, nullptr);
+  auto direct = ctx->all_reduce(ReduceOp::kMean, Array::scalar(4.0f));
+  ASSERT_TRUE(direct.ok()) << direct.status().to_string();
+  EXPECT_EQ(direct->to_vector<float>(), std::vector<float>{4});
+}
+
+TEST(OneDeviceStrategyTest, ReduceReturnsTheValueOrItsAxisReduction) {
+  auto s = make_one_device_strategy(Device::cpu(0));
+  ASSERT_TRUE(s.ok());
+  // TF's docstring: t = range(10); reduce(SUM, t, axis=None) -> t; axis=0 -> 45.
+  std::vector<int32_t> ten = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  Array t = *Array::from_vector(ten);
+  auto none = (*s)->reduce(ReduceOp::kSum, PerReplica<Array>({t}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->equals(t));
+  EXPECT_EQ((*s)->reduce(ReduceOp::kSum, PerReplica<Array>({t}), 0)->to_vector<int32_t>(),
+            std::vector<int32_t>{45});
+  EXPECT_EQ((*s)->num_replicas_in_sync(), 1);
+}
+
+TEST(StrategyFactoryTest, BadDeviceListsAndBackends) {
+  auto empty_dup = make_mirrored_strategy({{Device::cpu(0), Device::cpu(0)}, "", nullptr});
+  EXPECT_THAT(empty_dup.status().message(), HasSubstr("No duplicates allowed in `devices` argument"));
+  auto unknown = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "no_such_backend", nullptr});
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("no_such_backend"));
+  auto by_name = make_strategy("mirrorred", 2);
+  EXPECT_THAT(by_name.status().message(), HasSubstr("unknown strategy 'mirrorred'; valid: default"));
+  // TF's default choice on CPUs: reduction_to_one_device.
+  auto m = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "", nullptr});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ((*m)->cross_device_ops().name(), "reduction_to_one_device");
+  EXPECT_THAT((*m)->describe(), HasSubstr("MirroredStrategy(devices=[CPU:0, CPU:1]"));
+}
+
+TEST(FakeBackendTest, BatchReduceToIsOneFusedBackendCall) {
+  FakeBackend fake;
+  auto s = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "fake", &fake.registry});
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::vector<PerReplica<Array>> values(3, PerReplica<Array>({Array::scalar(1.0f), Array::scalar(2.0f)}));
+  ASSERT_TRUE((*s)->batch_reduce_to(ReduceOp::kSum, values).ok());
+  EXPECT_EQ(fake.log(), std::vector<std::string>{"batch_reduce sum x3"});
+  // A replica-context all_reduce of two values is one meeting and one collective per value.
+  fake.clear();
+  ASSERT_TRUE((*s)->run([](ReplicaContext& ctx) {
+    std::vector<Array> v = {Array::scalar(1.0f), Array::scalar(2.0f)};
+    return ctx.all_reduce(ReduceOp::kMean, v).status();
+  }).ok());
+  EXPECT_EQ(fake.log(), (std::vector<std::string>{"all_reduce mean", "all_reduce mean"}));
+}
+
+TEST(FakeBackendTest, ABackendFailureReachesEveryReplica) {
+  FakeBackend fake;
+  auto s = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "fake", &fake.registry});
+  ASSERT_TRUE(s.ok());
+  fake.fail_next(unavailable("peer 3 is gone"));
+  Status st = (*s)->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status(); });
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr("peer 3 is gone"));
+}
+
+}  // namespace
+}  // namespace tributary
