@@ -1,0 +1,274 @@
+// Variables (reference §5): creation checks, the ON_WRITE/ON_READ update matrix of §5.5, reads in
+// each context, extended.update, all-or-nothing updates, and checkpoints.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "tributary/strategy/strategies.h"
+#include "tributary/strategy/variable.h"
+
+namespace tributary {
+namespace {
+
+using testing::HasSubstr;
+using VS = VariableSynchronization;
+using VA = VariableAggregation;
+
+std::unique_ptr<Strategy> mirrored(int n, std::string backend = "reduction_to_one_device") {
+  std::vector<Device> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(Device::cpu(i));
+  auto s = make_mirrored_strategy({devices, std::move(backend), nullptr});
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return std::move(*s);
+}
+
+float scalar_of(const Array& a) { return a.to_vector<float>().at(0); }
+
+std::vector<float> components(const Variable& v) {
+  std::vector<float> out;
+  for (const Array& a : v.values()) out.push_back(scalar_of(a));
+  return out;
+}
+
+struct MatrixCase {
+  VS sync;
+  VA aggregation;
+  std::vector<float> after;  // per-component values
+  std::optional<float> cross_replica_read;  // nullopt = error
+};
+
+// Reference §5.5: 2 replicas, initial 0.0, replica r calls assign_add(r + 1) in replica context.
+class UpdateMatrixTest : public ::testing::TestWithParam<MatrixCase> {};
+
+TEST_P(UpdateMatrixTest, AssignAddInReplicaContext) {
+  const MatrixCase& c = GetParam();
+  auto s = mirrored(2);
+  auto v = s->create_variable(Array::scalar(0.0f), {"v", c.sync, c.aggregation});
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  Status st = s->run([&](ReplicaContext& ctx) {
+    return v->assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1)));
+  });
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(components(*v), c.after);
+  auto read = v->read();
+  if (c.cross_replica_read) {
+    ASSERT_TRUE(read.ok()) << read.status().to_string();
+    EXPECT_EQ(scalar_of(*read), *c.cross_replica_read);
+  } else {
+    EXPECT_EQ(read.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(read.status().message(),
+                HasSubstr("Could not convert from `tf.VariableAggregation` NONE to`tf.distribute.ReduceOp` type"));
+  }
+  // In replica context every replica reads its own copy.
+  auto local = s->run([&](ReplicaContext&) { return v->read(); });
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(scalar_of((*local)[0]), c.after[0]);
+  EXPECT_EQ(scalar_of((*local)[1]), c.after[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Reference55, UpdateMatrixTest,
+    ::testing::Values(MatrixCase{VS::kOnWrite, VA::kNone, {1, 2}, 1.0f},
+                      MatrixCase{VS::kAuto, VA::kSum, {3, 3}, 3.0f},
+                      MatrixCase{VS::kOnWrite, VA::kMean, {1.5, 1.5}, 1.5f},
+                      MatrixCase{VS::kOnWrite, VA::kOnlyFirstReplica, {1, 1}, 1.0f},
+                      MatrixCase{VS::kOnRead, VA::kSum, {1, 2}, 3.0f},
+                      MatrixCase{VS::kOnRead, VA::kMean, {1, 2}, 1.5f},
+                      MatrixCase{VS::kOnRead, VA::kOnlyFirstReplica, {1, 2}, 1.0f},
+                      MatrixCase{VS::kOnRead, VA::kNone, {1, 2}, std::nullopt}));
+
+TEST(VariableTest, CreationChecksAndInitialValuesOnEveryReplica) {
+  auto s = mirrored(3);
+  auto none = s->create_variable(Array::scalar(1.0f), {"w", VS::kNone, VA::kNone});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(),
+              HasSubstr("`NONE` variable synchronization mode is not supported with tf.distribute "
+                        "strategy. Please change the `synchronization` for variable: w"));
+  auto mean_int = s->create_variable(Array::scalar<int32_t>(1), {"steps", VS::kOnWrite, VA::kMean});
+  EXPECT_THAT(mean_int.status().message(),
+              HasSubstr("creating distributed tf.Variable with aggregation=MEAN and a non-floating "
+                        "dtype is not supported"));
+  auto v = s->create_variable(*Array::from_vector<float>({1, 2}), {"w"});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->synchronization(), VS::kOnWrite);  // AUTO
+  ASSERT_EQ(v->values().size(), 3u);
+  for (const Array& a : v->values()) EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(v->devices(), (std::vector<Device>{Device::cpu(0), Device::cpu(1), Device::cpu(2)}));
+  // Not from replica context.
+  Status st = s->run([&](ReplicaContext&) { return s->create_variable(Array::scalar(0.0f)).status(); });
+  EXPECT_THAT(st.message(), HasSubstr("Method requires being in cross-replica context"));
+}
+
+TEST(VariableTest, CrossReplicaAssignRules) {
+  auto s = mirrored(2);
+  auto on_write = *s->create_variable(Array::scalar(1.0f), {"a", VS::kOnWrite, VA::kSum});
+  ASSERT_TRUE(on_write.assign_add(Array::scalar(2.0f)).ok());
+  EXPECT_EQ(components(on_write), (std::vector<float>{3, 3}));
+  // ON_READ SUM: assign(x) gives each copy x / N, so the aggregated read is x.
+  auto sum = *s->create_variable(Array::scalar(0.0f), {"s", VS::kOnRead, VA::kSum});
+  ASSERT_TRUE(sum.assign(Array::scalar(8.0f)).ok());
+  EXPECT_EQ(components(sum), (std::vector<float>{4, 4}));
+  EXPECT_EQ(scalar_of(*sum.read()), 8.0f);
+  Status add = sum.assign_add(Array::scalar(1.0f));
+  EXPECT_EQ(add.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(add.message(), HasSubstr("SyncOnReadVariable does not support `assign_add` in "
+                                       "cross-replica context when aggregation is set to "
+                                       "`tf.VariableAggregation.SUM`."));
+  EXPECT_THAT(sum.assign_sub(Array::scalar(1.0f)).message(), HasSubstr("`assign_sub`"));
+  EXPECT_EQ(components(sum), (std::vector<float>{4, 4}));  // untouched
+  // ON_READ MEAN: assign_add applies to every copy.
+  auto mean = *s->create_variable(Array::scalar(1.0f), {"m", VS::kOnRead, VA::kMean});
+  ASSERT_TRUE(mean.assign_add(Array::scalar(1.0f)).ok());
+  EXPECT_EQ(components(mean), (std::vector<float>{2, 2}));
+  // dtype/shape mismatches change nothing.
+  Status bad = on_write.assign(*Array::from_vector<float>({1, 2}));
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("variable 'a'"));
+  EXPECT_EQ(components(on_write), (std::vector<float>{3, 3}));
+}
+
+TEST(VariableTest, AReplicaThatSkipsASynchronizedUpdateLeavesEveryCopyUnchanged) {
+  auto s = mirrored(2);
+  auto v = *s->create_variable(Array::scalar(5.0f), {"v", VS::kOnWrite, VA::kSum});
+  Status st = s->run([&](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 1) return invalid_argument("no gradient on this replica");
+    return v.assign_add(Array::scalar(1.0f));
+  });
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("replica 1: no gradient on this replica"));
+  EXPECT_EQ(components(v), (std::vector<float>{5, 5}));
+  // A wrong shape on one replica is caught before the meeting; the other replica is released.
+  st = s->run([&](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 0) return v.assign_add(*Array::from_vector<float>({1, 1}));
+    return v.assign_add(Array::scalar(1.0f));
+  });
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(components(v), (std::vector<float>{5, 5}));
+}
+
+TEST(VariableTest, ExtendedUpdateAndReduceToVariable) {
+  auto s = mirrored(2);
+  auto v = *s->create_variable(Array::scalar(0.0f), {"v"});
+  // TF's docstring: in merge_fn, reduce_to(SUM, 1.0 per replica, var) then update -> 2.0 on both.
+  auto r = s->run([&](ReplicaContext& ctx) -> Status {
+    std::function<StatusOr<int>(Strategy&, const PerReplica<Array>&)> merge =
+        [&](Strategy& strategy, const PerReplica<Array>& value) -> StatusOr<int> {
+      TRIBUTARY_ASSIGN_OR_RETURN(Mirrored<Array> reduced, strategy.reduce_to(ReduceOp::kSum, value, v));
+      TRIBUTARY_RETURN_IF_ERROR(strategy.update(v, [&](int i, const Array&) -> StatusOr<Array> {
+        return reduced[static_cast<size_t>(i)];
+      }));
+      return 0;
+    };
+    return ctx.merge_call(merge, Array::scalar(1.0f)).status();
+  });
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  EXPECT_EQ(components(v), (std::vector<float>{2, 2}));
+  // update is all or nothing: a failure on component 1 leaves component 0 unchanged too.
+  Status st = s->update(v, [](int i, const Array& cur) -> StatusOr<Array> {
+    if (i == 1) return invalid_argument("nope");
+    return add(cur, Array::scalar(1.0f));
+  });
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(components(v), (std::vector<float>{2, 2}));
+  // broadcast_to
+  auto b = s->broadcast_to(Array::scalar(7.0f), v);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(scalar_of((*b)[1]), 7.0f);
+}
+
+TEST(VariableTest, CentralStorageKeepsOneCopyAndAggregatesReplicaUpdates) {
+  CentralStorageStrategyOptions o;
+  o.compute_devices = {Device::cpu(0), Device::cpu(1)};
+  auto s = make_central_storage_strategy(o);
+  ASSERT_TRUE(s.ok());
+  auto v = *(*s)->create_variable(Array::scalar(0.0f), {"w", VS::kOnWrite, VA::kSum});
+  EXPECT_EQ(v.devices(), std::vector<Device>{Device::cpu(0)});
+  ASSERT_TRUE((*s)->run([&](ReplicaContext& ctx) {
+    return v.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1)));
+  }).ok());
+  EXPECT_EQ(components(v), std::vector<float>{3});
+  auto none = *(*s)->create_variable(Array::scalar(0.0f), {"n", VS::kOnWrite, VA::kNone});
+  ASSERT_TRUE((*s)->run([&](ReplicaContext& ctx) {
+    return none.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1)));
+  }).ok());
+  EXPECT_EQ(components(none), std::vector<float>{3});  // each replica's update applied in turn
+  // TF's reduce_to docstring: CentralStorage with 2 compute devices -> 2.0.
+  auto r = (*s)->reduce_to(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f), Array::scalar(1.0f)}), v);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(scalar_of((*r)[0]), 2.0f);
+}
+
+TEST(VariableTest, OneDeviceReduceToVariable) {
+  auto s = make_one_device_strategy(Device::cpu(0));
+  auto v = *(*s)->create_variable(Array::scalar(0.0f));
+  auto r = (*s)->reduce_to(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f)}), v);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(scalar_of((*r)[0]), 1.0f);  // TF: OneDevice -> 1.0
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  std::string path_ = (std::filesystem::temp_directory_path() /
+                       ("tributary_ckpt_" + std::to_string(::getpid()) + ".bin")).string();
+  void TearDown() override { std::remove(path_.c_str()); }
+};
+
+TEST_F(CheckpointTest, RoundTripWithTfsOnReadSumRule) {
+  auto s = mirrored(2);
+  auto w = *s->create_variable(*Array::from_vector<float>({1, 2}), {"w"});
+  auto count = *s->create_variable(Array::scalar(0.0f), {"count", VS::kOnRead, VA::kSum});
+  auto mean = *s->create_variable(Array::scalar(0.0f), {"mean", VS::kOnRead, VA::kMean});
+  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) -> Status {
+    TRIBUTARY_RETURN_IF_ERROR(count.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1))));
+    return mean.assign(Array::scalar(static_cast<float>(10 * (ctx.local_replica_id() + 1))));
+  }).ok());
+  std::vector<Variable> vars = {w, count, mean};
+  ASSERT_TRUE(save_checkpoint(path_, vars).ok());
+  // Change everything, then restore into a fresh strategy's variables of the same names.
+  auto s2 = mirrored(2);
+  auto w2 = *s2->create_variable(*Array::from_vector<float>({0, 0}), {"w"});
+  auto count2 = *s2->create_variable(Array::scalar(5.0f), {"count", VS::kOnRead, VA::kSum});
+  auto mean2 = *s2->create_variable(Array::scalar(5.0f), {"mean", VS::kOnRead, VA::kMean});
+  std::vector<Variable> vars2 = {w2, count2, mean2};
+  Status st = restore_checkpoint(path_, vars2);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(w2.values()[1].to_vector<float>(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(components(count2), (std::vector<float>{1.5, 1.5}));  // saved 3, split over 2
+  EXPECT_EQ(scalar_of(*count2.read()), 3.0f);
+  EXPECT_EQ(components(mean2), (std::vector<float>{15, 15}));  // saved mean 15, assigned to each
+}
+
+TEST_F(CheckpointTest, BadFilesAndMismatchesChangeNothing) {
+  auto s = mirrored(2);
+  auto w = *s->create_variable(*Array::from_vector<float>({1, 2}), {"w"});
+  std::vector<Variable> vars = {w};
+  Status missing = restore_checkpoint(path_ + ".absent", vars);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  ASSERT_TRUE(save_checkpoint(path_, vars).ok());
+  auto other = *s->create_variable(*Array::from_vector<float>({9, 9, 9}), {"w"});
+  std::vector<Variable> wrong_shape = {other};
+  Status shape = restore_checkpoint(path_, wrong_shape);
+  EXPECT_THAT(shape.message(), HasSubstr("variable 'w' was saved as float32[2]"));
+  auto x = *s->create_variable(Array::scalar(0.0f), {"x"});
+  std::vector<Variable> two = {w, x};
+  Status absent = restore_checkpoint(path_, two);
+  EXPECT_THAT(absent.message(), HasSubstr("has no variable 'x' (it has: w)"));
+  // Corrupt one byte of data: refused.
+  {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    f.put('\x7f');
+  }
+  ASSERT_TRUE(w.assign(*Array::from_vector<float>({4, 4})).ok());
+  Status corrupt = restore_checkpoint(path_, vars);
+  EXPECT_THAT(corrupt.message(), HasSubstr("corrupt or truncated"));
+  EXPECT_EQ(w.values()[0].to_vector<float>(), (std::vector<float>{4, 4}));
+  std::vector<Variable> dup = {w, w};
+  EXPECT_THAT(save_checkpoint(path_, dup).message(), HasSubstr("two variables are named 'w'"));
+}
+
+}  // namespace
+}  // namespace tributary
