@@ -108,10 +108,19 @@ StatusOr<std::unique_ptr<Strategy>> make_mirrored_strategy(MirroredStrategyOptio
 
 StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
     MultiWorkerMirroredStrategyOptions options) {
-  std::vector<Device> devices = options.devices.empty() ? default_devices() : options.devices;
+  std::vector<Device> devices = options.context ? options.context->devices
+                                                : options.devices.empty() ? default_devices()
+                                                                          : options.devices;
   TRIBUTARY_RETURN_IF_ERROR(check_devices(devices, "devices"));
   Config config = options.config ? *options.config : Config::from_environment();
-  TRIBUTARY_ASSIGN_OR_RETURN(ClusterSpec cluster, resolve_cluster_spec(config));
+  ClusterSpec cluster;
+  if (options.context) {
+    cluster.rank = options.context->rank;
+    cluster.task_index = options.context->rank;
+    cluster.world_size = options.context->world_size;
+  } else {
+    TRIBUTARY_ASSIGN_OR_RETURN(cluster, resolve_cluster_spec(config));
+  }
   const BackendRegistry& registry = registry_or_builtin(options.registry);
   const CommunicationOptions& comm = options.communication;
   if (comm.bytes_per_pack < 0) {
@@ -145,8 +154,12 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
   }
   for (const std::string& e : extra) spec += (spec.find(':') == std::string::npos ? ":" : ",") + e;
 
-  TRIBUTARY_ASSIGN_OR_RETURN(BackendContext context,
-                             make_backend_context(devices, config, options.startup_timeout));
+  BackendContext context;
+  if (options.context) {
+    context = *options.context;
+  } else {
+    TRIBUTARY_ASSIGN_OR_RETURN(context, make_backend_context(devices, config, options.startup_timeout));
+  }
   TRIBUTARY_ASSIGN_OR_RETURN(auto ops, create_backend(registry, spec, context));
   StrategyParts parts;
   parts.kind = StrategyKind::kMultiWorkerMirrored;

@@ -55,6 +55,9 @@ struct MultiWorkerMirroredStrategyOptions {
   const BackendRegistry* registry = nullptr;
   // How long to wait for every worker at rendezvous.
   std::chrono::milliseconds startup_timeout = std::chrono::minutes(5);
+  // For trainers with their own rendezvous: an already-made context (its devices, rank, world
+  // size and store are used; `devices` and `config` are then ignored). Chief = rank 0.
+  std::optional<BackendContext> context;
 };
 StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
     MultiWorkerMirroredStrategyOptions options = {});
