@@ -83,6 +83,14 @@ Status register_ring(BackendRegistry& registry) {
                "unless this host runs more ranks than it has cores, where polling steals the CPU "
                "from the peers)",
        .choices = {"auto", "on", "off"}},
+      {.name = "sockets_per_peer",
+       .type = OptionType::kInt,
+       .default_value = "1",
+       .help = "TCP connections to each peer; messages of 64 KiB or more are striped across "
+               "them, which helps where one TCP stream cannot fill the link (long fat pipes, "
+               "per-flow limits, bonded NICs); every process must use the same value",
+       .min = 1,
+       .max = 16},
       {.name = "host",
        .type = OptionType::kString,
        .default_value = "",
@@ -122,9 +130,11 @@ Status register_ring(BackendRegistry& registry) {
       t.layout = "local_replicas=" + std::to_string(context.devices.size()) +
                  ",algorithm=" + options.get_string("algorithm") +
                  ",segment_bytes=" + options.find("segment_bytes")->text +
-                 ",bytes_per_pack=" + options.find("bytes_per_pack")->text;
+                 ",bytes_per_pack=" + options.find("bytes_per_pack")->text +
+                 ",sockets_per_peer=" + options.find("sockets_per_peer")->text;
       t.timeout = options.get_duration("timeout");
       t.poll_before_sleep = poll_duration(options.get_string("poll"), context);
+      t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
       const uint64_t instance = (*context.instances)++;
       PrefixStore store("ring/" + std::to_string(instance), context.store);
       auto made = backends::TcpTransport::create(store, context.rank, context.world_size, t);

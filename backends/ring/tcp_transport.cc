@@ -1,26 +1,23 @@
 #include "backends/ring/tcp_transport.h"
 
 #include <boost/asio.hpp>
-#include <poll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 
 #include <ifaddrs.h>
 
 #include <array>
 #include <cerrno>
 #include <charconv>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <functional>
-#include <mutex>
-#include <thread>
 #include <random>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "backends/ring/tcp_wire.h"
+#include "backends/ring/tcp_writer.h"
 #include "core/crypto/sha256.h"
 
 namespace tributary::backends {
@@ -32,75 +29,7 @@ using Clock = std::chrono::steady_clock;
 using algorithms::Deadline;
 using algorithms::MessageTag;
 using Request = algorithms::Transport::Request;
-
-constexpr uint32_t kFrameMagic = 0x54524246;  // "TRBF"
-constexpr uint32_t kHelloMagic = 0x54524248;  // "TRBH"
-constexpr uint32_t kAbortMagic = 0x54524241;  // "TRBA": the sender gave up; a reason follows
-constexpr uint32_t kProtocolVersion = 1;
-constexpr size_t kMaxAbortReason = 4096;
-
-struct FrameHeader {
-  uint32_t magic = kFrameMagic;
-  uint32_t step = 0;
-  uint64_t sequence = 0;
-  int64_t count = 0;
-  uint8_t collective = 0, op = 0, dtype = 0, pad = 0;
-  uint32_t reserved = 0;
-  uint64_t length = 0;
-  uint64_t reserved2 = 0;
-};
-static_assert(sizeof(FrameHeader) == 48);
-
-FrameHeader header_for(const MessageTag& tag, size_t length) {
-  FrameHeader h;
-  h.step = tag.step;
-  h.sequence = tag.sequence;
-  h.count = tag.count;
-  h.collective = static_cast<uint8_t>(tag.collective);
-  h.op = static_cast<uint8_t>(tag.op);
-  h.dtype = static_cast<uint8_t>(tag.dtype);
-  h.length = length;
-  return h;
-}
-
-MessageTag tag_of(const FrameHeader& h) {
-  MessageTag t;
-  t.sequence = h.sequence;
-  t.step = h.step;
-  t.count = h.count;
-  t.collective = static_cast<Collective>(h.collective);
-  t.op = static_cast<ReduceOp>(h.op);
-  t.dtype = static_cast<DType>(h.dtype);
-  return t;
-}
-
-// Handshake messages (see the header comment for the exchange).
-struct Hello {
-  uint32_t magic = kHelloMagic;
-  uint32_t version = kProtocolVersion;
-  uint64_t cluster = 0;
-  uint64_t layout = 0;
-  int32_t world = 0;
-  int32_t rank = 0;
-  std::array<uint8_t, 32> nonce{};
-};
-struct HelloAck {
-  uint32_t magic = kHelloMagic;
-  uint32_t version = kProtocolVersion;
-  uint64_t cluster = 0;
-  uint64_t layout = 0;
-  int32_t world = 0;
-  int32_t rank = 0;
-  std::array<uint8_t, 32> nonce{};
-  std::array<uint8_t, 32> mac{};
-};
-struct Auth {
-  std::array<uint8_t, 32> mac{};
-};
-struct Verdict {
-  uint32_t magic = kHelloMagic;
-  uint32_t accepted = 0;
-};
+using wire::FrameHeader;
 
 std::array<uint8_t, 32> random_nonce() {
   std::random_device rd;
@@ -129,190 +58,13 @@ std::string endpoint_text(const tcp::endpoint& e) {
   return e.address().to_string() + ":" + std::to_string(e.port());
 }
 
-// Sends run on a writer thread, so that a rank sends and receives at the same time on two cores:
-// one thread doing both halves the throughput of a loopback link used both ways. A send to a peer
-// with nothing queued is first tried inline (non-blocking), so small messages never wait for the
-// thread. Only the writer thread touches a socket while a frame of it is queued; the waiting thread
-// reads. Completions go back through a queue, and wake() kicks the waiting thread's io_context.
-class Writer {
- public:
-  struct Op {
-    Request id;
-    FrameHeader header;
-    const std::byte* data;
-    size_t length;
-    size_t sent = 0;  // of header + payload
-    size_t total() const { return sizeof header + length; }
-  };
-  struct Done {
-    Request id;
-    int peer;
-    int error;  // errno, 0 = sent
-    MessageTag tag;
-  };
-
-  Writer(size_t peers, std::function<void()> wake)
-      : queues_(peers), busy_(peers, 0), fds_(peers, -1), wake_(std::move(wake)) {
-    thread_ = std::jthread([this](std::stop_token st) { loop(st); });
-  }
-  ~Writer() { stop(); }
-
-  void set_fd(int peer, int fd) { fds_[static_cast<size_t>(peer)] = fd; }
-
-  // Queues `op`, or sends it at once; true when it is already complete.
-  bool submit(int peer, Op op) {
-    std::lock_guard lock(mu_);
-    auto& q = queues_[static_cast<size_t>(peer)];
-    if (stopping_) {
-      done_.push_back({op.id, peer, ECANCELED, tag_of(op.header)});
-      return false;
-    }
-    if (q.empty()) {
-      int err = push(fds_[static_cast<size_t>(peer)], op);
-      if (err == 0 && op.sent == op.total()) return true;
-      if (err != 0 && err != EAGAIN) {
-        done_.push_back({op.id, peer, err, tag_of(op.header)});
-        return false;
-      }
-    }
-    q.push_back(op);
-    cv_.notify_one();
-    return false;
-  }
-
-  std::vector<Done> take() {
-    std::lock_guard lock(mu_);
-    std::vector<Done> out;
-    out.swap(done_);
-    return out;
-  }
-
-  // After a failure: no new frame starts; queued ones that have not started are dropped. Returns
-  // whether `peer` is between frames (safe to write an abort frame on, and to close).
-  void quiesce() {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    for (size_t p = 0; p < queues_.size(); ++p) {
-      auto& q = queues_[p];
-      const size_t keep = !q.empty() && (busy_[p] || q.front().sent > 0) ? 1 : 0;
-      while (q.size() > keep) {
-        done_.push_back({q.back().id, static_cast<int>(p), ECANCELED, tag_of(q.back().header)});
-        q.pop_back();
-      }
-    }
-    cv_.notify_one();
-  }
-  bool between_frames(int peer) {
-    std::lock_guard lock(mu_);
-    return queues_[static_cast<size_t>(peer)].empty();
-  }
-  bool idle() {
-    std::lock_guard lock(mu_);
-    for (auto& q : queues_) {
-      if (!q.empty()) return false;
-    }
-    return true;
-  }
-  void stop() {
-    if (thread_.joinable()) {
-      thread_.request_stop();
-      {
-        std::lock_guard lock(mu_);
-        stopping_ = true;
-      }
-      cv_.notify_one();
-      thread_.join();
-    }
-  }
-
- private:
-  // One non-blocking sendmsg of what is left of `op`; 0 or an errno.
-  static int push(int fd, Op& op) {
-    while (op.sent < op.total()) {
-      iovec iov[2];
-      int n = 0;
-      if (op.sent < sizeof op.header) {
-        iov[n++] = {reinterpret_cast<char*>(&op.header) + op.sent, sizeof op.header - op.sent};
-        if (op.length) iov[n++] = {const_cast<std::byte*>(op.data), op.length};
-      } else {
-        const size_t off = op.sent - sizeof op.header;
-        iov[n++] = {const_cast<std::byte*>(op.data) + off, op.length - off};
-      }
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(n);
-      const ssize_t w = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return errno == EWOULDBLOCK ? EAGAIN : errno;
-      }
-      op.sent += static_cast<size_t>(w);
-    }
-    return 0;
-  }
-
-  void loop(std::stop_token st) {
-    std::vector<pollfd> waiting;
-    while (!st.stop_requested()) {
-      bool progress = false;
-      waiting.clear();
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] {
-          if (st.stop_requested()) return true;
-          for (auto& q : queues_) {
-            if (!q.empty()) return true;
-          }
-          return false;
-        });
-        if (st.stop_requested()) return;
-      }
-      for (size_t p = 0; p < queues_.size(); ++p) {
-        Op* op = nullptr;
-        {
-          std::lock_guard lock(mu_);
-          if (!queues_[p].empty()) {
-            op = &queues_[p].front();  // stays put: only this thread pops the front
-            busy_[p] = 1;
-          }
-        }
-        if (op == nullptr) continue;
-        const size_t before = op->sent;
-        const int err = push(fds_[p], *op);
-        progress = progress || op->sent != before;
-        if (err == EAGAIN) {
-          std::lock_guard lock(mu_);
-          busy_[p] = 0;
-          waiting.push_back({fds_[p], POLLOUT, 0});
-          continue;
-        }
-        {
-          std::lock_guard lock(mu_);
-          busy_[p] = 0;
-          done_.push_back({op->id, static_cast<int>(p), err, tag_of(op->header)});
-          queues_[p].pop_front();
-          if (err != 0) {  // the socket is dead: so is everything queued behind
-            for (Op& rest : queues_[p]) done_.push_back({rest.id, static_cast<int>(p), err, tag_of(rest.header)});
-            queues_[p].clear();
-          }
-        }
-        progress = true;
-        wake_();
-      }
-      if (!progress && !waiting.empty()) ::poll(waiting.data(), waiting.size(), 20);
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::deque<Op>> queues_;
-  std::vector<char> busy_;  // the thread is pushing the front op of this peer
-  std::vector<int> fds_;
-  std::vector<Done> done_;
-  bool stopping_ = false;
-  std::function<void()> wake_;
-  std::jthread thread_;
-};
+// The header of stripe `k` of `stripes` of a message of `bytes`.
+FrameHeader stripe_header(const MessageTag& tag, size_t bytes, int stripes, int k) {
+  FrameHeader h = wire::header_for(tag, wire::stripe_of(bytes, stripes, k).length);
+  h.message = bytes;
+  h.stripe = static_cast<uint32_t>(k);
+  return h;
+}
 
 }  // namespace
 
@@ -323,16 +75,21 @@ struct TcpTransport::Impl {
     int peer = -1;
     bool is_send = false;
     MessageTag tag;
+    int pending = 1;  // frames (stripes) not yet sent or received
   };
-  struct RecvOp {
+  // A frame a connection is to receive: a whole message, or one stripe of it.
+  struct RecvPart {
     Request id;
     MessageTag tag;
     std::byte* data;
-    size_t length;
+    size_t length;   // of this frame
+    size_t message;  // of the whole message
+    uint32_t stripe;
   };
-  struct Peer {
+  // One socket to a peer; connection c belongs to peer c / sockets_per_peer.
+  struct Connection {
     std::unique_ptr<tcp::socket> socket;
-    std::deque<RecvOp> recvs;
+    std::deque<RecvPart> recvs;
     bool reading = false;
     FrameHeader incoming;
   };
@@ -340,41 +97,56 @@ struct TcpTransport::Impl {
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> guard{io.get_executor()};
   int rank = 0, size = 1;
-  std::vector<Peer> peers;
+  int sockets_per_peer = 1;
+  std::vector<Connection> conns;  // size x sockets_per_peer (this rank's own stay empty)
   std::unordered_map<Request, RequestState> requests;
   Request next_request = 1;
   Status error;
   std::string abort_frame;
   bool settled = false;
-  std::unique_ptr<Writer> writer;  // after the sockets are connected
+  std::unique_ptr<TcpWriter> writer;  // after the sockets are connected
 
   ~Impl() {
     if (writer) writer->stop();  // before the sockets it writes to close
-    for (Peer& p : peers) close(p);
+    for (Connection& c : conns) close(c);
+  }
+
+  int conn_index(int peer, int k) const { return peer * sockets_per_peer + k; }
+  Connection& conn(int peer, int k) { return conns[static_cast<size_t>(conn_index(peer, k))]; }
+  int peer_of(int c) const { return c / sockets_per_peer; }
+  // "rank 2", or "rank 2 (socket 1 of 3)" when there are several.
+  std::string link_name(int c) const {
+    std::string s = "rank " + std::to_string(peer_of(c));
+    if (sockets_per_peer > 1) {
+      s += " (socket " + std::to_string(c % sockets_per_peer) + " of " +
+           std::to_string(sockets_per_peer) + ")";
+    }
+    return s;
   }
 
   void start_writer() {
-    writer = std::make_unique<Writer>(peers.size(), [this] { asio::post(io, [] {}); });
-    for (size_t p = 0; p < peers.size(); ++p) {
-      if (peers[p].socket) writer->set_fd(static_cast<int>(p), peers[p].socket->native_handle());
+    writer = std::make_unique<TcpWriter>(conns.size(), [this] { asio::post(io, [] {}); });
+    for (size_t c = 0; c < conns.size(); ++c) {
+      if (conns[c].socket) writer->set_fd(static_cast<int>(c), conns[c].socket->native_handle());
     }
   }
 
-  bool between_frames(int peer) { return !writer || writer->between_frames(peer); }
+  bool between_frames(int c) { return !writer || writer->between_frames(c); }
 
   // Takes the writer's completions (waiting thread only).
   void absorb() {
     if (!writer) return;
-    for (const Writer::Done& d : writer->take()) {
+    for (const TcpWriter::Done& d : writer->take()) {
+      const int peer = peer_of(d.socket);
       Status st;
       if (d.error == ECANCELED) {
         st = error.ok() ? aborted("send cancelled") : error;
       } else if (d.error != 0) {
-        st = abort_reason_from(d.peer, "sent " + d.tag.describe());
+        st = abort_reason_from(peer, "sent " + d.tag.describe());
         if (st.ok()) {
-          st = unavailable("sending " + d.tag.describe() + " to rank " + std::to_string(d.peer) +
+          st = unavailable("sending " + d.tag.describe() + " to " + link_name(d.socket) +
                            " failed: " + std::strerror(d.error) + " (did rank " +
-                           std::to_string(d.peer) + " exit or fail? see its log)");
+                           std::to_string(peer) + " exit or fail? see its log)");
         }
       }
       complete(d.id, st);
@@ -382,11 +154,11 @@ struct TcpTransport::Impl {
     }
   }
 
-  static void close(Peer& p) {
-    if (p.socket && p.socket->is_open()) {
+  static void close(Connection& c) {
+    if (c.socket && c.socket->is_open()) {
       boost::system::error_code ignored;
-      p.socket->shutdown(tcp::socket::shutdown_both, ignored);
-      p.socket->close(ignored);
+      c.socket->shutdown(tcp::socket::shutdown_both, ignored);
+      c.socket->close(ignored);
     }
   }
 
@@ -396,24 +168,24 @@ struct TcpTransport::Impl {
   void fail(const Status& s) {
     if (!error.ok()) return;
     error = s;
-    std::string reason = s.message().substr(0, kMaxAbortReason);
+    std::string reason = s.message().substr(0, wire::kMaxAbortReason);
     FrameHeader h;
-    h.magic = kAbortMagic;
+    h.magic = wire::kAbortMagic;
     h.length = reason.size();
     abort_frame.assign(reinterpret_cast<const char*>(&h), sizeof h);
     abort_frame += reason;
     if (writer) writer->quiesce();
-    for (size_t p = 0; p < peers.size(); ++p) {
-      if (between_frames(static_cast<int>(p))) send_abort_and_close(peers[p]);
+    for (size_t c = 0; c < conns.size(); ++c) {
+      if (between_frames(static_cast<int>(c))) send_abort_and_close(conns[c]);
     }
   }
 
-  void send_abort_and_close(Peer& p) {
-    if (p.socket && p.socket->is_open()) {
-      (void)::send(p.socket->native_handle(), abort_frame.data(), abort_frame.size(),
+  void send_abort_and_close(Connection& c) {
+    if (c.socket && c.socket->is_open()) {
+      (void)::send(c.socket->native_handle(), abort_frame.data(), abort_frame.size(),
                    MSG_DONTWAIT | MSG_NOSIGNAL);
     }
-    close(p);
+    close(c);
   }
 
   // After a failure, outside any handler: lets frames in flight finish (briefly), then sends the
@@ -428,148 +200,153 @@ struct TcpTransport::Impl {
       absorb();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    std::vector<char> clean(peers.size());
-    for (size_t p = 0; p < peers.size(); ++p) clean[p] = between_frames(static_cast<int>(p));
+    std::vector<char> clean(conns.size());
+    for (size_t c = 0; c < conns.size(); ++c) clean[c] = between_frames(static_cast<int>(c));
     if (writer) writer->stop();
     absorb();
-    for (size_t p = 0; p < peers.size(); ++p) {
-      if (clean[p]) send_abort_and_close(peers[p]);
-      close(peers[p]);
+    for (size_t c = 0; c < conns.size(); ++c) {
+      if (clean[c]) send_abort_and_close(conns[c]);
+      close(conns[c]);
     }
   }
 
+  // One frame of request `id` is done (sent or received): the request is when all are, or at the
+  // first that failed.
   void complete(Request id, Status s) {
     auto it = requests.find(id);
-    if (it == requests.end()) return;
-    it->second.done = true;
-    it->second.status = std::move(s);
+    if (it == requests.end() || it->second.done) return;
+    RequestState& r = it->second;
+    if (!s.ok()) {
+      r.done = true;
+      r.status = std::move(s);
+    } else if (--r.pending <= 0) {
+      r.done = true;
+    }
   }
 
-  // When a peer gave up it sent its reason before closing; a send that fails finds it here if it is
-  // the next thing on the socket (non-blocking; OK when there is none).
+  // When a peer gave up it sent its reason on each of its sockets before closing; a send that fails
+  // finds it here if it is the next thing on one (non-blocking; OK when there is none).
   Status abort_reason_from(int peer, const std::string& doing) {
-    Peer& p = peers[static_cast<size_t>(peer)];
-    if (!p.socket || !p.socket->is_open()) return Status();
-    const int fd = p.socket->native_handle();
-    FrameHeader h;
-    if (::recv(fd, &h, sizeof h, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof h) ||
-        h.magic != kAbortMagic || h.length > kMaxAbortReason) {
-      return Status();
+    for (int k = 0; k < sockets_per_peer; ++k) {
+      Connection& c = conn(peer, k);
+      if (!c.socket || !c.socket->is_open()) continue;
+      const int fd = c.socket->native_handle();
+      FrameHeader h;
+      if (::recv(fd, &h, sizeof h, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof h) ||
+          h.magic != wire::kAbortMagic || h.length > wire::kMaxAbortReason) {
+        continue;
+      }
+      std::string frame(sizeof h + h.length, '\0');
+      const ssize_t got = ::recv(fd, frame.data(), frame.size(), MSG_DONTWAIT);
+      if (got != static_cast<ssize_t>(frame.size())) continue;
+      return aborted("rank " + std::to_string(peer) + " gave up while rank " +
+                     std::to_string(rank) + " " + doing + ": " + frame.substr(sizeof h));
     }
-    std::string frame(sizeof h + h.length, '\0');
-    const ssize_t got = ::recv(fd, frame.data(), frame.size(), MSG_DONTWAIT);
-    if (got != static_cast<ssize_t>(frame.size())) return Status();
-    return aborted("rank " + std::to_string(peer) + " gave up while rank " + std::to_string(rank) +
-                   " " + doing + ": " + frame.substr(sizeof h));
+    return Status();
   }
 
   // --- receiving ---------------------------------------------------------------------------------
-  Status peer_closed(int peer, const RecvOp& op, const boost::system::error_code& ec) {
+  Status peer_closed(int c, const RecvPart& part, const boost::system::error_code& ec) {
     if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-      return unavailable("rank " + std::to_string(peer) +
-                         " closed the connection while rank " + std::to_string(rank) +
-                         " waited for " + op.tag.describe() +
+      return unavailable(link_name(c) + " closed the connection while rank " +
+                         std::to_string(rank) + " waited for " + part.tag.describe() +
                          "; it may have exited or failed (see its log)");
     }
-    return unavailable("receiving " + op.tag.describe() + " from rank " + std::to_string(peer) +
+    return unavailable("receiving " + part.tag.describe() + " from " + link_name(c) +
                        " failed: " + ec.message());
   }
 
-  void start_read(int peer) {
-    Peer& p = peers[static_cast<size_t>(peer)];
-    if (p.reading || p.recvs.empty() || !error.ok()) return;
-    p.reading = true;
-    asio::async_read(
-        *p.socket, asio::buffer(&p.incoming, sizeof p.incoming),
-        [this, peer](const boost::system::error_code& ec, size_t) { on_header(peer, ec); });
+  // Ends the read in progress on connection `c` with `s` (an error): fails the request and the
+  // transport.
+  void read_failed(int c, Status s) {
+    Connection& x = conns[static_cast<size_t>(c)];
+    x.reading = false;
+    if (!error.ok()) s = error;
+    if (!x.recvs.empty()) complete(x.recvs.front().id, s);
+    fail(s);
   }
 
-  void on_header(int peer, const boost::system::error_code& ec) {
-    Peer& p = peers[static_cast<size_t>(peer)];
-    if (p.recvs.empty()) {
-      p.reading = false;
+  void start_read(int c) {
+    Connection& x = conns[static_cast<size_t>(c)];
+    if (x.reading || x.recvs.empty() || !error.ok()) return;
+    x.reading = true;
+    asio::async_read(*x.socket, asio::buffer(&x.incoming, sizeof x.incoming),
+                     [this, c](const boost::system::error_code& ec, size_t) { on_header(c, ec); });
+  }
+
+  // Checks a frame header against the part posted for it; OK or why not.
+  Status check_header(int c, const FrameHeader& h, const RecvPart& part) const {
+    const int peer = peer_of(c);
+    if (h.magic != wire::kFrameMagic) {
+      return aborted(link_name(c) +
+                     " sent bytes that are not a tributary frame while this rank "
+                     "waited for " +
+                     part.tag.describe() + "; the stream is corrupt");
+    }
+    MessageTag got = wire::tag_of(h);
+    if (!got.same_collective(part.tag) || got.step != part.tag.step || h.message != part.message) {
+      return aborted("collective mismatch: rank " + std::to_string(peer) + " sent " +
+                     got.describe() + " (" + std::to_string(h.message) + " bytes) but rank " +
+                     std::to_string(rank) + " expects " + part.tag.describe() + " (" +
+                     std::to_string(part.message) +
+                     " bytes); every rank must issue the same collectives in the same order, "
+                     "with the same backend options");
+    }
+    // Same message, so the same cut: anything else is a broken sender, not a user error.
+    if (h.stripe != part.stripe || h.length != part.length) {
+      return aborted(link_name(c) + " sent stripe " + std::to_string(h.stripe) + " (" +
+                     std::to_string(h.length) + " bytes) of " + part.tag.describe() +
+                     " where stripe " + std::to_string(part.stripe) + " (" +
+                     std::to_string(part.length) + " bytes) belongs; the stream is corrupt");
+    }
+    return Status();
+  }
+
+  void on_header(int c, const boost::system::error_code& ec) {
+    Connection& x = conns[static_cast<size_t>(c)];
+    if (x.recvs.empty()) {
+      x.reading = false;
       return;
     }
-    RecvOp& op = p.recvs.front();
-    if (ec) {
-      p.reading = false;
-      Status s = error.ok() ? peer_closed(peer, op, ec) : error;
-      complete(op.id, s);
-      fail(s);
-      return;
+    const RecvPart& part = x.recvs.front();
+    if (ec) return read_failed(c, error.ok() ? peer_closed(c, part, ec) : error);
+    const FrameHeader& h = x.incoming;
+    if (h.magic == wire::kAbortMagic && h.length <= wire::kMaxAbortReason) {
+      return read_abort_reason(c, part.tag, h.length);
     }
-    const FrameHeader& h = p.incoming;
-    Status bad;
-    if (h.magic == kAbortMagic && h.length <= kMaxAbortReason) {
-      read_abort_reason(peer, op.tag, h.length);
-      return;
-    }
-    if (h.magic != kFrameMagic) {
-      bad = aborted("rank " + std::to_string(peer) +
-                    " sent bytes that are not a tributary frame while this rank waited for " +
-                    op.tag.describe() + "; the stream is corrupt");
-    } else {
-      MessageTag got = tag_of(h);
-      if (!got.same_collective(op.tag) || got.step != op.tag.step || h.length != op.length) {
-        bad = aborted("collective mismatch: rank " + std::to_string(peer) + " sent " +
-                      got.describe() + " (" + std::to_string(h.length) + " bytes) but rank " +
-                      std::to_string(rank) + " expects " + op.tag.describe() + " (" +
-                      std::to_string(op.length) +
-                      " bytes); every rank must issue the same collectives in the same order, "
-                      "with the same backend options");
-      }
-    }
-    if (!bad.ok()) {
-      p.reading = false;
-      complete(op.id, bad);
-      fail(bad);
-      return;
-    }
-    if (op.length == 0) {
-      finish_recv(peer);
-      return;
-    }
-    asio::async_read(*p.socket, asio::buffer(op.data, op.length),
-                     [this, peer](const boost::system::error_code& ec2, size_t) {
-                       Peer& q = peers[static_cast<size_t>(peer)];
-                       if (q.recvs.empty()) {
-                         q.reading = false;
-                         return;
+    if (Status bad = check_header(c, h, part); !bad.ok()) return read_failed(c, std::move(bad));
+    if (part.length == 0) return finish_recv(c);
+    asio::async_read(*x.socket, asio::buffer(part.data, part.length),
+                     [this, c](const boost::system::error_code& ec2, size_t) {
+                       Connection& y = conns[static_cast<size_t>(c)];
+                       if (y.recvs.empty()) {
+                         y.reading = false;
+                       } else if (ec2) {
+                         read_failed(c, error.ok() ? peer_closed(c, y.recvs.front(), ec2) : error);
+                       } else {
+                         finish_recv(c);
                        }
-                       if (ec2) {
-                         q.reading = false;
-                         Status s = error.ok() ? peer_closed(peer, q.recvs.front(), ec2) : error;
-                         complete(q.recvs.front().id, s);
-                         fail(s);
-                         return;
-                       }
-                       finish_recv(peer);
                      });
   }
 
-  void read_abort_reason(int peer, const MessageTag& waiting_for, size_t length) {
+  void read_abort_reason(int c, const MessageTag& waiting_for, size_t length) {
     auto reason = std::make_shared<std::string>(length, '\0');
-    asio::async_read(*peers[static_cast<size_t>(peer)].socket, asio::buffer(*reason),
-                     [this, peer, waiting_for, reason](const boost::system::error_code& ec, size_t) {
-                       Peer& q = peers[static_cast<size_t>(peer)];
-                       q.reading = false;
-                       Status s = aborted(
-                           "rank " + std::to_string(peer) + " gave up while rank " +
-                           std::to_string(rank) + " waited for " + waiting_for.describe() + ": " +
-                           (ec ? std::string("(no reason received)") : *reason));
-                       if (!error.ok()) s = error;
-                       if (!q.recvs.empty()) complete(q.recvs.front().id, s);
-                       fail(s);
-                     });
+    asio::async_read(
+        *conns[static_cast<size_t>(c)].socket, asio::buffer(*reason),
+        [this, c, waiting_for, reason](const boost::system::error_code& ec, size_t) {
+          read_failed(c, aborted("rank " + std::to_string(peer_of(c)) + " gave up while rank " +
+                                 std::to_string(rank) + " waited for " + waiting_for.describe() +
+                                 ": " + (ec ? std::string("(no reason received)") : *reason)));
+        });
   }
 
-  void finish_recv(int peer) {
-    Peer& p = peers[static_cast<size_t>(peer)];
-    Request id = p.recvs.front().id;
-    p.recvs.pop_front();
-    p.reading = false;
+  void finish_recv(int c) {
+    Connection& x = conns[static_cast<size_t>(c)];
+    Request id = x.recvs.front().id;
+    x.recvs.pop_front();
+    x.reading = false;
     complete(id, Status());
-    start_read(peer);
+    start_read(c);
   }
 
   // --- driving -----------------------------------------------------------------------------------
@@ -679,19 +456,33 @@ TcpTransport::~TcpTransport() = default;
 
 StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int rank, int size,
                                                              const TcpTransportOptions& options) {
+  const int sockets = options.sockets_per_peer;
+  const std::string who =
+      "ring transport (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  if (sockets < 1 || sockets > wire::kMaxSocketsPerPeer) {
+    return invalid_argument(who + ": sockets_per_peer must be 1 to " +
+                            std::to_string(wire::kMaxSocketsPerPeer) + ", not " +
+                            std::to_string(sockets));
+  }
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
   impl->size = size;
   impl->spin = options.poll_before_sleep;
-  impl->peers.resize(static_cast<size_t>(size));
+  impl->sockets_per_peer = sockets;
+  impl->conns.resize(static_cast<size_t>(size) * static_cast<size_t>(sockets));
   const Deadline deadline = Clock::now() + options.timeout;
   const uint64_t cluster = cluster_hash(options.cluster_id);
   const uint64_t layout = cluster_hash(options.layout);
   const std::string layout_advice =
       "every process must use the same number of local replicas and the same ring options "
       "(this rank: " + options.layout + ")";
-  const std::string who = "ring transport (rank " + std::to_string(rank) + " of " +
-                          std::to_string(size) + ")";
+  // The socket count is in the layout too; checked first, so that the message names both values.
+  auto sockets_differ = [&](const std::string& ctx, int peer, int theirs) {
+    return invalid_argument(
+        ctx + ": rank " + std::to_string(peer) +
+        " is set up differently: it uses sockets_per_peer=" + std::to_string(theirs) +
+        ", this rank sockets_per_peer=" + std::to_string(sockets) + "; " + layout_advice);
+  };
   if (size == 1) {
     impl->start_writer();
     return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
@@ -714,7 +505,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
   const std::string my_address = endpoint_text(acceptor.local_endpoint());
   TRIBUTARY_RETURN_IF_ERROR(store.set("addr/" + std::to_string(rank), my_address));
 
-  // Connect to every lower rank.
+  // Connect to every lower rank, `sockets` connections each.
   for (int peer = 0; peer < rank; ++peer) {
     const auto remaining = std::chrono::duration_cast<Store::Duration>(deadline - Clock::now());
     auto address = store.get("addr/" + std::to_string(peer), remaining);
@@ -736,59 +527,81 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
       return internal_error(who + ": rank " + std::to_string(peer) + " published a bad address '" +
                             text + "' (a stale store, or another version of tributary?)");
     }
-    auto socket = std::make_unique<tcp::socket>(impl->io);
-    bool connected = false;
-    boost::system::error_code cec;
-    socket->async_connect(target, [&](const boost::system::error_code& e) {
-      cec = e;
-      connected = true;
-    });
-    if (!impl->run_until(deadline, [&] { return connected; })) {
-      return deadline_exceeded(who + ": could not connect to rank " + std::to_string(peer) +
-                               " at " + text + " before the timeout");
+    for (int k = 0; k < sockets; ++k) {
+      const std::string ctx = who + ": handshake with rank " + std::to_string(peer) + " at " +
+                              text + (sockets > 1 ? " (socket " + std::to_string(k) + ")" : "");
+      auto socket = std::make_unique<tcp::socket>(impl->io);
+      bool connected = false;
+      boost::system::error_code cec;
+      socket->async_connect(target, [&](const boost::system::error_code& e) {
+        cec = e;
+        connected = true;
+      });
+      if (!impl->run_until(deadline, [&] { return connected; })) {
+        return deadline_exceeded(who + ": could not connect to rank " + std::to_string(peer) +
+                                 " at " + text + " before the timeout");
+      }
+      if (cec) {
+        return unavailable(who + ": connecting to rank " + std::to_string(peer) + " at " + text +
+                           " failed: " + cec.message() + "; is it running and reachable?");
+      }
+      tune(*socket);
+      wire::Hello hello;
+      hello.cluster = cluster;
+      hello.layout = layout;
+      hello.world = size;
+      hello.rank = rank;
+      hello.sockets = sockets;
+      hello.socket = k;
+      hello.nonce = random_nonce();
+      TRIBUTARY_RETURN_IF_ERROR(
+          write_exact(*impl, *socket, asio::buffer(&hello, sizeof hello), deadline, "hello")
+              .with_context(ctx));
+      wire::HelloAck ack;
+      TRIBUTARY_RETURN_IF_ERROR(
+          read_exact(*impl, *socket, asio::buffer(&ack, sizeof ack), deadline, "hello answer")
+              .with_context(ctx));
+      if (ack.magic != wire::kHelloMagic || ack.version != wire::kProtocolVersion) {
+        return unavailable(ctx + ": the peer does not speak tributary's protocol version " +
+                           std::to_string(wire::kProtocolVersion));
+      }
+      if (ack.cluster != cluster || ack.world != size || ack.rank != peer) {
+        return unavailable(ctx +
+                           ": the process there belongs to another job (cluster, world size "
+                           "or rank differ); check the cluster spec");
+      }
+      if (ack.sockets != sockets) return sockets_differ(ctx, peer, ack.sockets);
+      if (ack.layout != layout) {
+        return invalid_argument(ctx + ": rank " + std::to_string(peer) +
+                                " is set up differently; " + layout_advice);
+      }
+      if (ack.socket != k) {
+        return internal_error(ctx + ": the peer filed this connection as socket " +
+                              std::to_string(ack.socket));
+      }
+      wire::Auth auth;
+      auth.mac = proof(options.secret, 'C', ack.nonce, rank, peer);
+      TRIBUTARY_RETURN_IF_ERROR(
+          write_exact(*impl, *socket, asio::buffer(&auth, sizeof auth), deadline, "authentication")
+              .with_context(ctx));
+      wire::Verdict verdict;
+      TRIBUTARY_RETURN_IF_ERROR(
+          read_exact(*impl, *socket, asio::buffer(&verdict, sizeof verdict), deadline, "verdict")
+              .with_context(ctx));
+      const bool peer_proved =
+          internal::digest_equal(ack.mac, proof(options.secret, 'A', hello.nonce, peer, rank));
+      if (!verdict.accepted || !peer_proved) {
+        return unavailable(ctx +
+                           ": authentication failed; every process must be given the same "
+                           "secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE), or none");
+      }
+      impl->conn(peer, k).socket = std::move(socket);
     }
-    if (cec) {
-      return unavailable(who + ": connecting to rank " + std::to_string(peer) + " at " + text +
-                         " failed: " + cec.message() + "; is it running and reachable?");
-    }
-    tune(*socket);
-    Hello hello;
-    hello.cluster = cluster;
-    hello.layout = layout;
-    hello.world = size;
-    hello.rank = rank;
-    hello.nonce = random_nonce();
-    const std::string ctx = who + ": handshake with rank " + std::to_string(peer) + " at " + text;
-    TRIBUTARY_RETURN_IF_ERROR(write_exact(*impl, *socket, asio::buffer(&hello, sizeof hello), deadline, "hello").with_context(ctx));
-    HelloAck ack;
-    TRIBUTARY_RETURN_IF_ERROR(read_exact(*impl, *socket, asio::buffer(&ack, sizeof ack), deadline, "hello answer").with_context(ctx));
-    if (ack.magic != kHelloMagic || ack.version != kProtocolVersion) {
-      return unavailable(ctx + ": the peer does not speak tributary's protocol version " +
-                         std::to_string(kProtocolVersion));
-    }
-    if (ack.cluster != cluster || ack.world != size || ack.rank != peer) {
-      return unavailable(ctx + ": the process there belongs to another job (cluster, world size "
-                         "or rank differ); check the cluster spec");
-    }
-    if (ack.layout != layout) {
-      return invalid_argument(ctx + ": rank " + std::to_string(peer) + " is set up differently; " +
-                              layout_advice);
-    }
-    Auth auth;
-    auth.mac = proof(options.secret, 'C', ack.nonce, rank, peer);
-    TRIBUTARY_RETURN_IF_ERROR(write_exact(*impl, *socket, asio::buffer(&auth, sizeof auth), deadline, "authentication").with_context(ctx));
-    Verdict verdict;
-    TRIBUTARY_RETURN_IF_ERROR(read_exact(*impl, *socket, asio::buffer(&verdict, sizeof verdict), deadline, "verdict").with_context(ctx));
-    const bool peer_proved = internal::digest_equal(ack.mac, proof(options.secret, 'A', hello.nonce, peer, rank));
-    if (!verdict.accepted || !peer_proved) {
-      return unavailable(ctx + ": authentication failed; every process must be given the same "
-                         "secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE), or none");
-    }
-    impl->peers[static_cast<size_t>(peer)].socket = std::move(socket);
   }
 
-  // Accept every higher rank; connections that fail the handshake are dropped and we go on.
-  int expected = size - 1 - rank;
+  // Accept every higher rank's connections, filed by the socket index of their hello; those that
+  // fail the handshake are dropped and we go on.
+  int expected = (size - 1 - rank) * sockets;
   std::string rejected;
   while (expected > 0) {
     auto socket = std::make_unique<tcp::socket>(impl->io);
@@ -801,9 +614,10 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     if (!impl->run_until(deadline, [&] { return accepted; })) {
       acceptor.cancel();
       impl->run_until(Clock::now() + std::chrono::seconds(1), [&] { return accepted; });
-      return deadline_exceeded(who + ": " + std::to_string(expected) +
-                               " higher rank(s) did not connect before the timeout" +
-                               (rejected.empty() ? "" : "; rejected: " + rejected));
+      return deadline_exceeded(
+          who + ": " + std::to_string(expected) +
+          " connection(s) from higher ranks did not arrive before the timeout" +
+          (rejected.empty() ? "" : "; rejected: " + rejected));
     }
     if (aec) return unavailable(who + ": accept failed: " + aec.message());
     tune(*socket);
@@ -811,36 +625,46 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     const std::string from = endpoint_text(socket->remote_endpoint(pec));
     // A short deadline per handshake, so that a silent client cannot hold up the others.
     const Deadline hs_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(10));
-    Hello hello;
+    wire::Hello hello;
     Status s = read_exact(*impl, *socket, asio::buffer(&hello, sizeof hello), hs_deadline, "hello");
-    if (s.ok() && (hello.magic != kHelloMagic || hello.version != kProtocolVersion)) {
+    if (s.ok() && (hello.magic != wire::kHelloMagic || hello.version != wire::kProtocolVersion)) {
       s = unavailable("not a tributary peer (bad magic or version)");
     }
     if (s.ok() && (hello.cluster != cluster || hello.world != size || hello.rank <= rank ||
-                   hello.rank >= size || impl->peers[static_cast<size_t>(hello.rank)].socket)) {
-      s = unavailable("a peer of another job or a duplicate rank " + std::to_string(hello.rank));
+                   hello.rank >= size)) {
+      s = unavailable("a peer of another job (rank " + std::to_string(hello.rank) + ")");
     }
-    HelloAck ack;
+    const bool same_sockets = hello.sockets == sockets;
+    if (s.ok() && same_sockets &&
+        (hello.socket < 0 || hello.socket >= sockets ||
+         impl->conn(hello.rank, hello.socket).socket)) {
+      s = unavailable("a duplicate or bad connection: rank " + std::to_string(hello.rank) +
+                      " socket " + std::to_string(hello.socket));
+    }
+    wire::HelloAck ack;
     if (s.ok()) {
       ack.cluster = cluster;
       ack.layout = layout;
       ack.world = size;
       ack.rank = rank;
+      ack.sockets = sockets;
+      ack.socket = hello.socket;
       ack.nonce = random_nonce();
       ack.mac = proof(options.secret, 'A', hello.nonce, rank, hello.rank);
       s = write_exact(*impl, *socket, asio::buffer(&ack, sizeof ack), hs_deadline, "hello answer");
     }
     // A different layout: the answer (with ours) lets the other side name it too; then refuse.
+    // The group cannot form: no point waiting for the others.
+    if (s.ok() && !same_sockets) return sockets_differ(who, hello.rank, hello.sockets);
     if (s.ok() && hello.layout != layout) {
-      // The group cannot form: no point waiting for the others.
       return invalid_argument(who + ": rank " + std::to_string(hello.rank) +
                               " is set up differently; " + layout_advice);
     }
-    Auth auth;
+    wire::Auth auth;
     if (s.ok()) s = read_exact(*impl, *socket, asio::buffer(&auth, sizeof auth), hs_deadline, "authentication");
     bool ok = s.ok() && internal::digest_equal(auth.mac, proof(options.secret, 'C', ack.nonce, hello.rank, rank));
     if (s.ok()) {
-      Verdict verdict;
+      wire::Verdict verdict;
       verdict.accepted = ok ? 1 : 0;
       s = write_exact(*impl, *socket, asio::buffer(&verdict, sizeof verdict), hs_deadline, "verdict");
     }
@@ -851,7 +675,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
       socket->close(ignored);
       continue;
     }
-    impl->peers[static_cast<size_t>(hello.rank)].socket = std::move(socket);
+    impl->conn(hello.rank, hello.socket).socket = std::move(socket);
     --expected;
   }
   impl->start_writer();
@@ -869,9 +693,13 @@ StatusOr<Request> TcpTransport::isend(int peer, const MessageTag& tag,
     return invalid_argument("ring transport: bad peer " + std::to_string(peer));
   }
   Request id = m.next_request++;
-  m.requests[id] = Impl::RequestState{false, Status(), peer, true, tag};
-  if (m.writer->submit(peer, Writer::Op{id, header_for(tag, data.size()), data.data(), data.size()})) {
-    m.complete(id, Status());
+  const int stripes = wire::stripes_for(data.size(), m.sockets_per_peer);
+  m.requests[id] = Impl::RequestState{false, Status(), peer, true, tag, stripes};
+  for (int k = 0; k < stripes; ++k) {
+    const wire::Stripe part = wire::stripe_of(data.size(), stripes, k);
+    TcpWriter::Op op{id, stripe_header(tag, data.size(), stripes, k), data.data() + part.offset,
+                     part.length};
+    if (m.writer->submit(m.conn_index(peer, k), op)) m.complete(id, Status());
   }
   return id;
 }
@@ -883,10 +711,14 @@ StatusOr<Request> TcpTransport::irecv(int peer, const MessageTag& tag, std::span
     return invalid_argument("ring transport: bad peer " + std::to_string(peer));
   }
   Request id = m.next_request++;
-  m.requests[id] = Impl::RequestState{false, Status(), peer, false, tag};
-  m.peers[static_cast<size_t>(peer)].recvs.push_back(
-      Impl::RecvOp{id, tag, data.data(), data.size()});
-  m.start_read(peer);
+  const int stripes = wire::stripes_for(data.size(), m.sockets_per_peer);
+  m.requests[id] = Impl::RequestState{false, Status(), peer, false, tag, stripes};
+  for (int k = 0; k < stripes; ++k) {
+    const wire::Stripe part = wire::stripe_of(data.size(), stripes, k);
+    m.conn(peer, k).recvs.push_back(Impl::RecvPart{id, tag, data.data() + part.offset, part.length,
+                                                   data.size(), static_cast<uint32_t>(k)});
+    m.start_read(m.conn_index(peer, k));
+  }
   return id;
 }
 

@@ -2,23 +2,29 @@
 //
 // Setup: every rank listens on an ephemeral port, publishes "host:port" in the store, connects to
 // every lower rank and accepts every higher one (a full mesh), each connection opened by a
-// handshake that carries a protocol version, a cluster id, the world size and both ranks. When a
-// secret is configured (TRIBUTARY_SECRET or a secret file), both sides prove they know it with an
-// HMAC-SHA256 challenge-response over fresh nonces; a process without the secret cannot join, and
-// a connection that fails the handshake (wrong magic, version, cluster, garbage) is dropped
-// without disturbing the others.
+// handshake that carries a protocol version, a cluster id, a layout hash, the world size, both
+// ranks, the number of sockets per peer and the index of this one (with sockets_per_peer = K, two
+// ranks are joined by K connections, each with its own handshake). When a secret is configured
+// (TRIBUTARY_SECRET or a secret file), both sides prove they know it with an HMAC-SHA256
+// challenge-response over fresh nonces; a process without the secret cannot join, and a connection
+// that fails the handshake (wrong magic, version, cluster, garbage) is dropped without disturbing
+// the others.
 //
 // Data: each message is one frame, a 48-byte header (magic, collective sequence number and
-// fingerprint, step, payload length) and the payload, written with TCP_NODELAY. A receive reads a
-// frame only when one has been posted, straight into the caller's buffer, and checks the header
-// against the posted tag and size first: a peer can never make us allocate or write beyond what we
-// posted, and a mismatched collective is reported naming both sides.
+// fingerprint, step, stripe, frame and message length) and the payload, written with TCP_NODELAY.
+// With K > 1 sockets per peer, a message of 64 KiB or more is cut into K contiguous stripes, stripe
+// k a frame on socket k (tcp_wire.h); smaller ones go whole on socket 0, so latency is as with one.
+// A receive reads a frame only when one has been posted, straight into the caller's buffer, and
+// checks every header (tag, message size, stripe index and length) against what was posted first:
+// a peer can never make us allocate or write beyond what we posted, and a mismatched collective is
+// reported naming both sides.
 //
 // Progress: the transport's io_context is driven by the thread that waits (no extra thread, no
-// hand-off latency); every wait has a deadline. Any error (a peer closing, a reset, a deadline, a
-// mismatch) fails the whole transport and closes every socket, so that the other ranks notice at
-// once rather than at their own deadline. Frames are in host byte order: all ranks must share one
-// endianness (every platform tributary builds on is little-endian).
+// hand-off latency); sends run on a writer thread (tcp_writer.h); every wait has a deadline. Any
+// error on any socket (a peer closing, a reset, a deadline, a mismatch) fails the whole transport
+// and closes every socket, so that the other ranks notice at once rather than at their own
+// deadline. Frames are in host byte order: all ranks must share one endianness (every platform
+// tributary builds on is little-endian).
 #pragma once
 
 #include <chrono>
@@ -42,6 +48,9 @@ struct TcpTransportOptions {
   // How long a wait polls before sleeping in epoll: a message is often microseconds away and
   // waking costs more, but polling steals the CPU from peers when ranks outnumber cores.
   std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
+  // TCP connections to each peer, 1 to 16; large messages are striped across them. Every rank must
+  // use the same number (it is checked at setup, naming both values).
+  int sockets_per_peer = 1;
 };
 
 class TcpTransport final : public algorithms::Transport {

@@ -1,0 +1,79 @@
+// TcpWriter: the send side of the ring backend's TCP transport, a thread that writes frames to
+// the transport's sockets.
+//
+// Sends run on this thread so that a rank sends and receives at the same time on two cores: one
+// thread doing both halves the throughput of a loopback link used both ways. A send on a socket
+// with nothing queued is first tried inline (non-blocking), so small messages never wait for the
+// thread. Only the writer touches a socket while a frame of it is queued; the transport's waiting
+// thread reads. Completions go back through a queue (take()), and `wake` kicks the waiting
+// thread's io_context.
+//
+// Sockets are numbered by the transport (peer x sockets per peer + index); the writer knows only
+// file descriptors, which the transport owns and closes after stop().
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "algorithms/transport.h"
+#include "backends/ring/tcp_wire.h"
+
+namespace tributary::backends {
+
+class TcpWriter {
+ public:
+  struct Op {
+    algorithms::Transport::Request id;
+    wire::FrameHeader header;
+    const std::byte* data;
+    size_t length;
+    size_t sent = 0;  // of header + payload
+    size_t total() const { return sizeof header + length; }
+  };
+  struct Done {
+    algorithms::Transport::Request id;
+    int socket;
+    int error;  // errno, 0 = sent
+    algorithms::MessageTag tag;
+  };
+
+  TcpWriter(size_t sockets, std::function<void()> wake);
+  ~TcpWriter();
+  TcpWriter(const TcpWriter&) = delete;
+  TcpWriter& operator=(const TcpWriter&) = delete;
+
+  void set_fd(int socket, int fd);
+
+  // Queues `op` on `socket`, or sends it at once; true when it is already complete (no Done then).
+  bool submit(int socket, Op op);
+  // The completions since the last call.
+  std::vector<Done> take();
+  // After a failure: no new frame starts; queued ones that have not started are dropped (completed
+  // with ECANCELED). A frame already partly written is kept, so that it can be finished.
+  void quiesce();
+  // Nothing queued on `socket`: safe to write an abort frame on it, and to close it.
+  bool between_frames(int socket);
+  bool idle();
+  void stop();
+
+ private:
+  static int push(int fd, Op& op);
+  void loop(std::stop_token st);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::deque<Op>> queues_;
+  std::vector<char> busy_;  // the thread is pushing the front op of this socket
+  std::vector<int> fds_;
+  std::vector<Done> done_;
+  bool stopping_ = false;
+  std::function<void()> wake_;
+  std::jthread thread_;
+};
+
+}  // namespace tributary::backends
