@@ -18,6 +18,7 @@ struct trib_backend {
 namespace {
 
 static_assert(TRIB_INTERNAL == static_cast<int>(StatusCode::kInternal) &&
+                  TRIB_DATA_LOSS == static_cast<int>(StatusCode::kDataLoss) &&
                   TRIB_ABORTED == static_cast<int>(StatusCode::kAborted),
               "trib_status mirrors StatusCode");
 static_assert(TRIB_UINT8 + 1 == 8 && TRIB_PROD + 1 == 5, "C enums mirror all_dtypes/all_reduce_ops");

@@ -15,6 +15,7 @@ std::string_view status_code_name(StatusCode code) {
     case StatusCode::kOutOfRange: return "out_of_range";
     case StatusCode::kResourceExhausted: return "resource_exhausted";
     case StatusCode::kInternal: return "internal";
+    case StatusCode::kDataLoss: return "data_loss";
   }
   return "unknown";
 }

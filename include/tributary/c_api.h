@@ -26,7 +26,8 @@ typedef enum {
   TRIB_ABORTED = 7,
   TRIB_OUT_OF_RANGE = 8,
   TRIB_RESOURCE_EXHAUSTED = 9,
-  TRIB_INTERNAL = 10
+  TRIB_INTERNAL = 10,
+  TRIB_DATA_LOSS = 11
 } trib_status;
 
 typedef enum {

@@ -27,6 +27,7 @@ enum class StatusCode {
   kOutOfRange,         // end of data, index out of range
   kResourceExhausted,  // out of memory
   kInternal,           // a bug in tributary or a vendor library
+  kDataLoss,           // stored data is corrupt or truncated (a bad CRC, a short record)
 };
 
 // The lower-case name of a code ("invalid_argument").
@@ -75,6 +76,7 @@ inline Status resource_exhausted(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 
 // Either a T or a non-OK Status. Accessing value() of an error is a programming error (asserts).
 template <typename T>
@@ -103,6 +105,7 @@ class [[nodiscard]] StatusOr {
   }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
