@@ -1,0 +1,268 @@
+// MultiWorkerMirroredStrategy across real processes (forked, meeting through a file store), over
+// the real ring and gloo backends: chief broadcast of initial values, variable rules across
+// workers, cross-replica reduce/gather, uneven data that must not hang, auto-sharding, checkpoints,
+// and a worker that dies.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "tests/multiprocess/harness.h"
+#include "tributary/strategy/distributed_input.h"
+#include "tributary/strategy/strategies.h"
+#include "tributary/strategy/variable.h"
+
+namespace tributary {
+namespace {
+
+using testing::kChildFailed;
+using testing::kChildOk;
+using testing::kChildSkip;
+
+// In a child: a failed check prints and ends the child with kChildFailed.
+#define CHILD_CHECK(cond)                                                                   \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, \
+                   #cond);                                                                  \
+      return kChildFailed;                                                                  \
+    }                                                                                       \
+  } while (0)
+#define CHILD_OK(expr)                                                                     \
+  do {                                                                                     \
+    Status _s = (expr);                                                                    \
+    if (!_s.ok()) {                                                                        \
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, _s.to_string().c_str()); \
+      return kChildFailed;                                                                 \
+    }                                                                                      \
+  } while (0)
+
+class MultiWorkerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!builtin_backends().find(GetParam())) GTEST_SKIP() << "backend " << GetParam() << " is not built in";
+  }
+  StatusOr<std::unique_ptr<Strategy>> make(int rank, int world, int local) {
+    TRIBUTARY_ASSIGN_OR_RETURN(BackendContext ctx, testing::group_context(rank, world, local, dir_));
+    MultiWorkerMirroredStrategyOptions o;
+    o.context = std::move(ctx);
+    o.communication.implementation = GetParam();
+    o.communication.timeout = std::chrono::seconds(20);
+    return make_multi_worker_mirrored_strategy(std::move(o));
+  }
+  void expect_all_ok(int world, const std::function<int(int)>& fn) {
+    auto r = testing::run_group(world, std::chrono::seconds(60), fn);
+    EXPECT_FALSE(r.watchdog_fired) << r.describe();
+    for (const auto& c : r.children) {
+      if (c.exit_code == kChildSkip) GTEST_SKIP() << "skipped in a child";
+      EXPECT_EQ(c.exit_code, kChildOk) << r.describe();
+    }
+  }
+  std::string dir_ = testing::make_temp_dir("multi_worker_strategy");
+};
+
+TEST_P(MultiWorkerTest, ChiefBroadcastsInitialValuesAndVariablesFollowTfAcrossWorkers) {
+  expect_all_ok(3, [&](int rank) {
+    auto s = make(rank, 3, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    CHILD_CHECK(st.num_replicas_in_sync() == 6);
+    CHILD_CHECK(st.is_chief() == (rank == 0));
+    // Every worker proposes a different initial value; the chief's wins everywhere.
+    auto w = st.create_variable(Array::scalar(static_cast<float>(rank * 10 + 1)),
+                                {"w", VariableSynchronization::kOnWrite, VariableAggregation::kSum});
+    CHILD_OK(w.status());
+    for (const Array& c : w->values()) CHILD_CHECK(c.to_vector<float>()[0] == 1.0f);
+    auto count = st.create_variable(Array::scalar(0.0f),
+                                    {"count", VariableSynchronization::kOnRead, VariableAggregation::kSum});
+    CHILD_OK(count.status());
+    // Replica g (global id) adds g + 1: ON_WRITE SUM gives 1 + 21 everywhere; ON_READ keeps its own.
+    CHILD_OK(st.run([&](ReplicaContext& ctx) -> Status {
+      const float g = static_cast<float>(ctx.replica_id_in_sync_group() + 1);
+      TRIBUTARY_RETURN_IF_ERROR(w->assign_add(Array::scalar(g)));
+      return count->assign_add(Array::scalar(g));
+    }));
+    for (const Array& c : w->values()) CHILD_CHECK(c.to_vector<float>()[0] == 22.0f);
+    CHILD_CHECK(count->values()[1].to_vector<float>()[0] == static_cast<float>(rank * 2 + 2));
+    auto total = count->read();  // an all-reduce: every worker reads together
+    CHILD_OK(total.status());
+    CHILD_CHECK(total->to_vector<float>()[0] == 21.0f);
+    // ONLY_FIRST_REPLICA: global replica 0's value (the chief's) wins on every worker.
+    auto first = st.create_variable(Array::scalar(0.0f),
+                                    {"first", VariableSynchronization::kOnWrite,
+                                     VariableAggregation::kOnlyFirstReplica});
+    CHILD_OK(first.status());
+    CHILD_OK(st.run([&](ReplicaContext& ctx) {
+      return first->assign(Array::scalar(static_cast<float>(100 + ctx.replica_id_in_sync_group())));
+    }));
+    for (const Array& c : first->values()) CHILD_CHECK(c.to_vector<float>()[0] == 100.0f);
+    return kChildOk;
+  });
+}
+
+TEST_P(MultiWorkerTest, ReduceAndGatherSpanWorkersWithPartialBatches) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    // Global replica g holds g + 1 rows of value g: rows 1 + 2 + 3 + 4 = 10, sum 0+2+6+12 = 20.
+    std::vector<Array> local;
+    for (int i = 0; i < 2; ++i) {
+      const int g = rank * 2 + i;
+      std::vector<float> rows(static_cast<size_t>(g + 1), static_cast<float>(g));
+      local.push_back(*Array::from_vector(rows, {g + 1, 1}));
+    }
+    PerReplica<Array> v(local);
+    auto mean = st.reduce(ReduceOp::kMean, v, 0);
+    CHILD_OK(mean.status());
+    CHILD_CHECK(mean->to_vector<float>()[0] == 2.0f);
+    auto gathered = st.gather(v, 0);
+    CHILD_OK(gathered.status());
+    CHILD_CHECK((gathered->to_vector<float>() == std::vector<float>{0, 1, 1, 2, 2, 2, 3, 3, 3, 3}));
+    auto in_replica = st.run([&](ReplicaContext& ctx) {
+      return ctx.all_gather(local[static_cast<size_t>(ctx.local_replica_id())], 0);
+    });
+    CHILD_OK(in_replica.status());
+    CHILD_CHECK((*in_replica)[1].shape() == (Shape{10, 1}));
+    return kChildOk;
+  });
+}
+
+TEST_P(MultiWorkerTest, UnevenDataAcrossWorkersEndsTogetherWithoutHanging) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    // Worker 0 has 10 elements, worker 1 only 4 (per-replica batches of 2).
+    auto dd = distribute_datasets_from_function(st, [](const InputContext& ctx) -> StatusOr<Dataset> {
+      return Dataset::range(ctx.input_pipeline_id() == 0 ? 10 : 4).batch(2);
+    });
+    CHILD_OK(dd.status());
+    auto it = dd->make_iterator();
+    CHILD_OK(it.status());
+    std::vector<int64_t> global_rows;
+    for (int step = 0; step < 10; ++step) {
+      auto batch = it->get_next();
+      if (batch.status().code() == StatusCode::kOutOfRange) break;
+      CHILD_OK(batch.status());
+      // A training step: every replica takes part in an all-reduce, empty batch or not.
+      auto rows = st.run([](ReplicaContext& ctx, const Element& e) -> StatusOr<Array> {
+        return ctx.all_reduce(ReduceOp::kSum, Array::scalar(static_cast<float>(e[0].dim0())));
+      }, *batch);
+      CHILD_OK(rows.status());
+      global_rows.push_back(static_cast<int64_t>((*rows)[0].to_vector<float>()[0]));
+    }
+    // Step 1: 4 + 4 rows; step 2: 4 + 0 (worker 1 is out); step 3: 2 + 0; then both end.
+    CHILD_CHECK((global_rows == std::vector<int64_t>{8, 4, 2}));
+    return kChildOk;
+  });
+}
+
+TEST_P(MultiWorkerTest, AutoShardByDataAndByFile) {
+  // Two TFRecord files of six int64 records each (TF's tutorial: file1 = 0..5, file2 = 6..11).
+  std::vector<std::string> files;
+  for (int f = 0; f < 2; ++f) {
+    std::vector<std::string> records;
+    for (int64_t v = f * 6; v < f * 6 + 6; ++v) records.emplace_back(reinterpret_cast<const char*>(&v), 8);
+    files.push_back(dir_ + "/part" + std::to_string(f) + ".tfrecord");
+    ASSERT_TRUE(write_tfrecord(files.back(), records).ok());
+  }
+  auto as_int64 = [](Element e) -> StatusOr<Element> {
+    int64_t v;
+    std::memcpy(&v, e[0].data<void>(), 8);
+    return Element{Array::scalar(v)};
+  };
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 1);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    auto steps = [&](const Dataset& ds, AutoShardPolicy policy) -> StatusOr<std::vector<std::vector<int64_t>>> {
+      InputOptions o;
+      o.auto_shard_policy = policy;
+      TRIBUTARY_ASSIGN_OR_RETURN(DistributedDataset dd, distribute_dataset(st, ds, o));
+      TRIBUTARY_ASSIGN_OR_RETURN(DistributedIterator it, dd.make_iterator());
+      std::vector<std::vector<int64_t>> out;
+      for (;;) {
+        auto b = it.get_next();
+        if (b.status().code() == StatusCode::kOutOfRange) return out;
+        if (!b.ok()) return b.status();
+        out.push_back((*b)[0][0].to_vector<int64_t>());
+      }
+    };
+    // DATA over one source: worker 0 [0,1],[4,5],[8,9]; worker 1 [2,3],[6,7],[10,11].
+    auto data = steps(Dataset::range(12).batch(4), AutoShardPolicy::kAuto);
+    CHILD_OK(data.status());
+    if (rank == 0) CHILD_CHECK((*data == std::vector<std::vector<int64_t>>{{0, 1}, {4, 5}, {8, 9}}));
+    if (rank == 1) CHILD_CHECK((*data == std::vector<std::vector<int64_t>>{{2, 3}, {6, 7}, {10, 11}}));
+    // FILE: each worker reads its own file; V2 rebatching gives [0,1],[2,3],[4,5] on worker 0.
+    auto by_file = steps(Dataset::tfrecord(files).map(as_int64).batch(4), AutoShardPolicy::kFile);
+    CHILD_OK(by_file.status());
+    if (rank == 0) CHILD_CHECK((*by_file == std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4, 5}}));
+    if (rank == 1) CHILD_CHECK((*by_file == std::vector<std::vector<int64_t>>{{6, 7}, {8, 9}, {10, 11}}));
+    // OFF: every worker reads everything.
+    auto off = steps(Dataset::range(4).batch(4), AutoShardPolicy::kOff);
+    CHILD_OK(off.status());
+    CHILD_CHECK((*off == std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}}));
+    // Fewer files than workers: TF's error, on both workers.
+    auto one_file = steps(Dataset::tfrecord({files[0]}).map(as_int64).batch(4), AutoShardPolicy::kFile);
+    CHILD_CHECK(one_file.status().code() == StatusCode::kInvalidArgument);
+    CHILD_CHECK(one_file.status().message().find("Could not apply FILE based sharding") != std::string::npos);
+    return kChildOk;
+  });
+}
+
+TEST_P(MultiWorkerTest, CheckpointWrittenByTheChiefRestoredEverywhereByBroadcast) {
+  const std::string path = dir_ + "/model.ckpt";
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    auto w = st.create_variable(*Array::from_vector<float>({1, 2}), {"w"});
+    auto count = st.create_variable(Array::scalar(0.0f),
+                                    {"count", VariableSynchronization::kOnRead, VariableAggregation::kSum});
+    CHILD_OK(w.status());
+    CHILD_OK(count.status());
+    CHILD_OK(st.run([&](ReplicaContext&) { return count->assign_add(Array::scalar(2.0f)); }));
+    std::vector<Variable> vars = {*w, *count};
+    CHILD_OK(save_checkpoint(path, vars));  // count saved as 8 (4 replicas x 2)
+    CHILD_CHECK(std::filesystem::exists(path));
+    CHILD_OK(w->assign(*Array::from_vector<float>({0, 0})));
+    CHILD_OK(count->assign(Array::scalar(0.0f)));
+    // Only the chief reads the file: the other worker passes a path that does not exist.
+    CHILD_OK(restore_checkpoint(rank == 0 ? path : path + ".not-here", vars));
+    CHILD_CHECK((w->values()[1].to_vector<float>() == std::vector<float>{1, 2}));
+    CHILD_CHECK(count->values()[0].to_vector<float>()[0] == 2.0f);  // 8 split over 4 replicas
+    // A missing file fails on every worker with the chief's message, nothing changed.
+    Status missing = restore_checkpoint(dir_ + "/absent.ckpt", vars);
+    CHILD_CHECK(missing.code() == StatusCode::kNotFound);
+    CHILD_CHECK(missing.message().find("absent.ckpt") != std::string::npos);
+    CHILD_CHECK((w->values()[0].to_vector<float>() == std::vector<float>{1, 2}));
+    return kChildOk;
+  });
+}
+
+TEST_P(MultiWorkerTest, AWorkerThatDiesFailsTheOthersInsteadOfHangingThem) {
+  auto r = testing::run_group(2, std::chrono::seconds(60), [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    if (rank == 1) _exit(3);  // dies before the first collective
+    Status st = (*s)->run([](ReplicaContext& ctx) {
+      return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+    });
+    CHILD_CHECK(!st.ok());
+    std::fprintf(stderr, "rank 0 got, as expected: %s\n", st.to_string().c_str());
+    return kChildOk;
+  });
+  EXPECT_FALSE(r.watchdog_fired) << r.describe();
+  EXPECT_EQ(r.children[0].exit_code, kChildOk) << r.describe();
+  EXPECT_EQ(r.children[1].exit_code, 3) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MultiWorkerTest, ::testing::Values("ring", "gloo"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tributary
