@@ -33,6 +33,11 @@
 //    PerReplica, always (C++ has no "unwrap when identical" rule; read values()[0]).
 //  - Values are Arrays (array.h), not nests: a batch of several tensors is a std::vector<Array>.
 //  - merge_call's result is handed to every replica as is (no per-replica unwrapping).
+//  - StrategyExtended's operations (reduce_to, batch_reduce_to, broadcast_to, update) are methods of
+//    Strategy itself; update() takes a function returning each copy's new value instead of a
+//    function that assigns it.
+//  - Variables are created with create_variable() in cross-replica context (no variable-creator
+//    scope), not from inside run().
 //  - A Strategy is driven by one user thread at a time (the thread that calls run(), reduce(), ...),
 //    like a CrossDeviceOps. Every process of a multi-worker job must make the same cross-replica
 //    calls, variable creations and reads of ON_READ variables, in the same order.
