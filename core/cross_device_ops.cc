@@ -257,6 +257,12 @@ Work CrossDeviceOps::screened(Work work) {
   return work;
 }
 
+void CrossDeviceOps::abort(const Status& why) {
+  if (why.ok() || !broken().ok()) return;
+  health_->record(why);
+  if (world_size() > 1) abandon(why);
+}
+
 std::string CrossDeviceOps::spec() const {
   std::string opts = options_.to_string();
   return opts.empty() ? name_ : name_ + ":" + opts;

@@ -68,9 +68,26 @@ StatusOr<std::vector<Array>> place(const Strategy& s, std::span<const Array> val
   return out;
 }
 
+// Multi-worker: a failure on this worker only is told to the peers (Strategy::tell_peers).
+template <typename R>
+R told(Strategy& s, R r) {
+  if (!r.ok()) {
+    if constexpr (std::is_same_v<R, Status>) {
+      s.tell_peers(r);
+    } else {
+      s.tell_peers(r.status());
+    }
+  }
+  return r;
+}
+
 }  // namespace
 
 using strategy_internal::thread_context;
+
+void Strategy::tell_peers(const Status& failure) {
+  if (!failure.ok() && parts_.num_workers > 1) parts_.cross_device_ops->abort(failure);
+}
 
 std::string_view variable_synchronization_name(VariableSynchronization s) {
   switch (s) {
@@ -318,66 +335,72 @@ StatusOr<Array> ReplicaContext::all_gather(const Array& value, int axis) {
 
 StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
                                  std::optional<int> axis) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
-  TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, value.values(), "reduce"));
-  if (!axis) {
-    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_reduce_local(op, value.values()));
-    return r[0].to_device(Device::cpu());
-  }
-  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-    return invalid_argument(fmt::format(
-        "reduce with an axis supports ReduceOp SUM and MEAN (as tf.distribute), not {}",
-        reduce_op_name(op)));
-  }
-  std::vector<Array> numer, denom;
-  for (const Array& v : value) {
-    if (*axis < 0 || *axis >= v.rank()) {
-      return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
-                                          v.rank()));
+  return told(*this, [&]() -> StatusOr<Array> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+    TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, value.values(), "reduce"));
+    if (!axis) {
+      TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_reduce_local(op, value.values()));
+      return r[0].to_device(Device::cpu());
     }
-    TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(v, *axis));
-    numer.push_back(std::move(s));
-    denom.push_back(Array::scalar(static_cast<double>(v.shape()[*axis])));
-  }
-  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> total, all_reduce_local(ReduceOp::kSum, numer));
-  if (op == ReduceOp::kSum) return total[0].to_device(Device::cpu());
-  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> count, all_reduce_local(ReduceOp::kSum, denom));
-  const double n = count[0].at(0);
-  std::vector<double> q = total[0].to_doubles();
-  for (double& x : q) x /= n;  // 0/0 is NaN, as TF's division of an empty batch
-  return Array::from_doubles(total[0].dtype(), q, total[0].shape());
+    if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+      return invalid_argument(fmt::format(
+          "reduce with an axis supports ReduceOp SUM and MEAN (as tf.distribute), not {}",
+          reduce_op_name(op)));
+    }
+    std::vector<Array> numer, denom;
+    for (const Array& v : value) {
+      if (*axis < 0 || *axis >= v.rank()) {
+        return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
+                                            v.rank()));
+      }
+      TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(v, *axis));
+      numer.push_back(std::move(s));
+      denom.push_back(Array::scalar(static_cast<double>(v.shape()[*axis])));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> total, all_reduce_local(ReduceOp::kSum, numer));
+    if (op == ReduceOp::kSum) return total[0].to_device(Device::cpu());
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> count, all_reduce_local(ReduceOp::kSum, denom));
+    const double n = count[0].at(0);
+    std::vector<double> q = total[0].to_doubles();
+    for (double& x : q) x /= n;  // 0/0 is NaN, as TF's division of an empty batch
+    return Array::from_doubles(total[0].dtype(), q, total[0].shape());
+  }());
 }
 
 StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<int> axis) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
-  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-    return invalid_argument(fmt::format(
-        "reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
-        reduce_op_name(op)));
-  }
-  if (op == ReduceOp::kSum && num_replicas_in_sync() != 1) {
-    return invalid_argument(fmt::format(
-        "A non-DistributedValues value {} cannot be reduced with the given reduce op "
-        "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
-        "one per local replica.)",
-        value.to_string(), num_replicas_in_sync()));
-  }
-  if (!axis) return value;
-  if (*axis < 0 || *axis >= value.rank()) {
-    return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
-                                        value.rank()));
-  }
-  TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, *axis));
-  if (op == ReduceOp::kSum) return total;
-  std::vector<double> q = total.to_doubles();
-  for (double& x : q) x /= static_cast<double>(value.shape()[*axis]);
-  return Array::from_doubles(total.dtype(), q, total.shape());
+  return told(*this, [&]() -> StatusOr<Array> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+    if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+      return invalid_argument(fmt::format(
+          "reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
+          reduce_op_name(op)));
+    }
+    if (op == ReduceOp::kSum && num_replicas_in_sync() != 1) {
+      return invalid_argument(fmt::format(
+          "A non-DistributedValues value {} cannot be reduced with the given reduce op "
+          "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
+          "one per local replica.)",
+          value.to_string(), num_replicas_in_sync()));
+    }
+    if (!axis) return value;
+    if (*axis < 0 || *axis >= value.rank()) {
+      return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
+                                          value.rank()));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, *axis));
+    if (op == ReduceOp::kSum) return total;
+    std::vector<double> q = total.to_doubles();
+    for (double& x : q) x /= static_cast<double>(value.shape()[*axis]);
+    return Array::from_doubles(total.dtype(), q, total.shape());
+  }());
 }
 
 StatusOr<Array> Strategy::gather(const PerReplica<Array>& value, int axis) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("gather"));
-  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_gather_local(value.values(), axis));
-  return r[0].to_device(Device::cpu());
+  return told(*this, [&]() -> StatusOr<Array> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("gather"));
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_gather_local(value.values(), axis));
+    return r[0].to_device(Device::cpu());
+  }());
 }
 
 StatusOr<PerReplica<Array>> Strategy::distribute_values_from_function(
@@ -402,67 +425,73 @@ StatusOr<Mirrored<Array>> Strategy::reduce_to(ReduceOp op, const PerReplica<Arra
 
 StatusOr<Mirrored<Array>> Strategy::reduce_to(ReduceOp op, const PerReplica<Array>& value,
                                               const std::vector<Device>& destinations) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce_to"));
-  if (destinations.empty()) return invalid_argument("destinations can not be empty");
-  if (value.empty()) return invalid_argument("`per_replica_value` must be non-empty");
-  std::vector<Device> value_devices;
-  for (const Array& v : value) value_devices.push_back(v.device());
-  // TF's shortcut: one worker, one component already where it is going: returned as is.
-  if (num_workers() == 1 && value.size() == 1 && value_devices == destinations) {
-    return Mirrored<Array>({value[0]});
-  }
-  std::vector<Array> outs;
-  for (const Device& d : destinations) {
-    TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value[0].dtype(), value[0].shape(), d));
-    outs.push_back(std::move(out));
-  }
-  std::vector<Tensor> dst;
-  for (const Array& a : outs) dst.push_back(a.tensor());
-  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, value.values()));
-  TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->reduce(
-      op, tensors_of(placed), Mirrored<Tensor>(std::move(dst)))));
-  return Mirrored<Array>(std::move(outs));
+  return told(*this, [&]() -> StatusOr<Mirrored<Array>> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce_to"));
+    if (destinations.empty()) return invalid_argument("destinations can not be empty");
+    if (value.empty()) return invalid_argument("`per_replica_value` must be non-empty");
+    std::vector<Device> value_devices;
+    for (const Array& v : value) value_devices.push_back(v.device());
+    // TF's shortcut: one worker, one component already where it is going: returned as is.
+    if (num_workers() == 1 && value.size() == 1 && value_devices == destinations) {
+      return Mirrored<Array>({value[0]});
+    }
+    std::vector<Array> outs;
+    for (const Device& d : destinations) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value[0].dtype(), value[0].shape(), d));
+      outs.push_back(std::move(out));
+    }
+    std::vector<Tensor> dst;
+    for (const Array& a : outs) dst.push_back(a.tensor());
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, value.values()));
+    TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->reduce(
+        op, tensors_of(placed), Mirrored<Tensor>(std::move(dst)))));
+    return Mirrored<Array>(std::move(outs));
+  }());
 }
 
 StatusOr<std::vector<Mirrored<Array>>> Strategy::batch_reduce_to(
     ReduceOp op, std::span<const PerReplica<Array>> values) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("batch_reduce_to"));
-  std::vector<ReducePair> pairs;
-  std::vector<std::vector<Array>> inputs;
-  std::vector<std::vector<Array>> outs(values.size());
-  for (size_t k = 0; k < values.size(); ++k) {
-    TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, values[k].values(), "batch_reduce_to"));
-    std::vector<Tensor> dst;
-    for (size_t i = 0; i < values[k].size(); ++i) {
-      const Array& v = values[k][i];
-      TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(v.dtype(), v.shape(), parts_.devices[i]));
-      dst.push_back(out.tensor());
-      outs[k].push_back(std::move(out));
+  return told(*this, [&]() -> StatusOr<std::vector<Mirrored<Array>>> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("batch_reduce_to"));
+    std::vector<ReducePair> pairs;
+    std::vector<std::vector<Array>> inputs;
+    std::vector<std::vector<Array>> outs(values.size());
+    for (size_t k = 0; k < values.size(); ++k) {
+      TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, values[k].values(), "batch_reduce_to"));
+      std::vector<Tensor> dst;
+      for (size_t i = 0; i < values[k].size(); ++i) {
+        const Array& v = values[k][i];
+        TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(v.dtype(), v.shape(), parts_.devices[i]));
+        dst.push_back(out.tensor());
+        outs[k].push_back(std::move(out));
+      }
+      TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, values[k].values()));
+      pairs.push_back(ReducePair{tensors_of(placed), Mirrored<Tensor>(std::move(dst))});
+      inputs.push_back(std::move(placed));  // alive until the collective is done
     }
-    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, values[k].values()));
-    pairs.push_back(ReducePair{tensors_of(placed), Mirrored<Tensor>(std::move(dst))});
-    inputs.push_back(std::move(placed));  // alive until the collective is done
-  }
-  if (pairs.empty()) return std::vector<Mirrored<Array>>{};
-  TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->batch_reduce(op, pairs)));
-  std::vector<Mirrored<Array>> result;
-  for (auto& o : outs) result.emplace_back(std::move(o));
-  return result;
+    if (pairs.empty()) return std::vector<Mirrored<Array>>{};
+    TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->batch_reduce(op, pairs)));
+    std::vector<Mirrored<Array>> result;
+    for (auto& o : outs) result.emplace_back(std::move(o));
+    return result;
+  }());
 }
 
 StatusOr<Mirrored<Array>> Strategy::broadcast_to(const Array& value, const Variable& destination) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("broadcast_to"));
-  if (!destination.valid()) return invalid_argument("broadcast_to: the destination variable is empty");
-  std::vector<Array> outs;
-  std::vector<Tensor> dst;
-  for (const Device& d : destination.devices()) {
-    TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value.dtype(), value.shape(), d));
-    dst.push_back(out.tensor());
-    outs.push_back(std::move(out));
-  }
-  TRIBUTARY_RETURN_IF_ERROR(
-      wait(parts_.cross_device_ops->broadcast(value.tensor(), Mirrored<Tensor>(std::move(dst)), 0)));
-  return Mirrored<Array>(std::move(outs));
+  return told(*this, [&]() -> StatusOr<Mirrored<Array>> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("broadcast_to"));
+    if (!destination.valid()) return invalid_argument("broadcast_to: the destination variable is empty");
+    std::vector<Array> outs;
+    std::vector<Tensor> dst;
+    for (const Device& d : destination.devices()) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value.dtype(), value.shape(), d));
+      dst.push_back(out.tensor());
+      outs.push_back(std::move(out));
+    }
+    TRIBUTARY_RETURN_IF_ERROR(
+        wait(parts_.cross_device_ops->broadcast(value.tensor(), Mirrored<Tensor>(std::move(dst)), 0)));
+    return Mirrored<Array>(std::move(outs));
+  }());
 }
 
 }  // namespace tributary

@@ -70,8 +70,8 @@ struct Strategy::Pool {
   std::vector<std::any> args;
   std::vector<std::string> whats;
   std::vector<int> calls;  // meetings each replica has joined in this run
-  std::vector<ReplicaContext::MergeFn*> fns;
   std::any result;
+  bool merging = false;   // the last replica to arrive is running the merge function
   Status failure;         // sticky for the rest of this run
   Status first_error;     // the first replica error, which caused `failure` if any
   int first_error_replica = -1;
@@ -152,7 +152,6 @@ struct Strategy::Pool {
     if (!failure.ok()) return failure;
     args[i] = std::move(arg);
     whats[i] = std::string(what);
-    fns[i] = &fn;
     ++calls[i];
     ++arrived;
     if (arrived == n) {
@@ -167,19 +166,23 @@ struct Strategy::Pool {
         }
       }
       // Everyone else is waiting: run the merge function without the lock, in cross-replica
-      // context.
+      // context. The waiters stop counting their timeout meanwhile (the merge's collectives have
+      // their own), and this replica runs its own function, which is alive on its own stack.
+      merging = true;
       lock.unlock();
       auto& t = thread_context();
       Strategy* saved_merge = t.merge;
       t.merge = strategy;
       StatusOr<std::any> r = internal_error("merge function did not run");
       try {
-        r = (*fns[0])(args);
+        r = fn(args);
       } catch (...) {
         r = aborted("a merge function threw " + describe_exception(std::current_exception()));
       }
       t.merge = saved_merge;
+      if (!r.ok()) strategy->tell_peers(r.status());
       lock.lock();
+      merging = false;
       if (!r.ok()) {
         failure = r.status();
       } else {
@@ -214,14 +217,22 @@ struct Strategy::Pool {
     }
     const uint64_t mine = meeting_generation;
     const auto timeout = strategy->cross_device_ops().timeout();
-    const bool met = cv.wait_for(lock, timeout, [&] {
-      return meeting_generation != mine || !failure.ok();
-    });
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    bool timed_out = false;
+    while (meeting_generation == mine && failure.ok()) {
+      if (merging) {
+        cv.wait(lock);  // everyone arrived; the merge is bounded by its collectives' timeouts
+      } else if (cv.wait_until(lock, deadline) == std::cv_status::timeout && !merging &&
+                 meeting_generation == mine && failure.ok()) {
+        timed_out = true;
+        break;
+      }
+    }
     if (meeting_generation != mine) {
       if (!failure.ok()) return failure;  // the merge function failed
       return result;
     }
-    if (!met) {
+    if (timed_out) {
       std::string absent;
       for (int j = 0; j < n; ++j) {
         if (!whats[j].empty()) continue;
@@ -241,10 +252,10 @@ struct Strategy::Pool {
 
 Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn) {
   auto& t = thread_context();
-  if (t.replica != nullptr && t.merge == nullptr) {
+  if (t.replica != nullptr || t.merge != nullptr) {
     return failed_precondition(
-        "run() was called from replica context (inside a function given to run()); call it from "
-        "cross-replica context");
+        "run() was called from inside a function given to run() or merge_call(); call it from "
+        "cross-replica context (a scope or no scope), not from a replica thread");
   }
   Strategy* current = strategy_internal::current_strategy();
   if (current != nullptr && current != this) return strategy_internal::mixing_error(*this, *current);
@@ -258,12 +269,16 @@ Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn) {
   }
   Pool& p = *pool_;
   std::unique_lock lock(p.mu);
+  if (p.running > 0) {
+    return failed_precondition(
+        "run() was called while another run() of this strategy is in progress on another thread; "
+        "a Strategy is driven by one thread at a time");
+  }
   const int n = p.n;
   p.results.assign(n, Status());
   p.args.assign(n, {});
   p.whats.assign(n, {});
   p.calls.assign(n, 0);
-  p.fns.assign(n, nullptr);
   p.failure = Status();
   p.first_error = Status();
   p.first_error_replica = -1;
@@ -302,8 +317,14 @@ StatusOr<std::any> ReplicaContext::meet(std::string_view what, std::any arg, Mer
     args.push_back(std::move(arg));
     Strategy* saved = t.merge;
     t.merge = strategy_;
-    StatusOr<std::any> r = fn(args);
+    StatusOr<std::any> r = internal_error("merge function did not run");
+    try {
+      r = fn(args);
+    } catch (...) {
+      r = aborted("a merge function threw " + describe_exception(std::current_exception()));
+    }
     t.merge = saved;
+    if (!r.ok()) strategy_->tell_peers(r.status());
     return r;
   }
   return strategy_->pool_->meet(local_id_, what, std::move(arg), fn);

@@ -201,56 +201,60 @@ struct VariableImpl {
 };
 
 StatusOr<Variable> Strategy::create_variable(const Array& initial_value, VariableOptions options) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica(
-      fmt::format("create_variable ('{}'; create variables outside run(), e.g. in scope())",
-                  options.name)));
-  VariableSynchronization sync = options.synchronization;
-  if (sync == VariableSynchronization::kAuto) sync = VariableSynchronization::kOnWrite;
-  if (sync == VariableSynchronization::kNone) {
-    return invalid_argument(fmt::format(
-        "`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
-        "Please change the `synchronization` for variable: {}",
-        options.name));
-  }
-  if (options.aggregation == VariableAggregation::kMean && !dtype_is_floating(initial_value.dtype())) {
-    return invalid_argument(fmt::format(
-        "creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is not "
-        "supported, please use a different aggregation or dtype (variable '{}', {})",
-        options.name, dtype_name(initial_value.dtype())));
-  }
-  auto state = std::make_shared<Variable::State>();
-  state->strategy = this;
-  state->name = options.name;
-  state->dtype = initial_value.dtype();
-  state->shape = initial_value.shape();
-  state->sync = sync;
-  state->aggregation = options.aggregation;
-  state->trainable = options.trainable;
-  // CentralStorage keeps ON_WRITE variables once; ON_READ ones stay per replica (they are
-  // per-replica accumulators by definition).
-  state->central = parts_.central_variables && sync == VariableSynchronization::kOnWrite;
-  const std::vector<Device> devices =
-      state->central ? std::vector<Device>{parts_.parameter_device} : parts_.devices;
-  TRIBUTARY_ASSIGN_OR_RETURN(Array initial, initial_value.to_device(Device::cpu()));
-  for (const Device& d : devices) {
-    TRIBUTARY_ASSIGN_OR_RETURN(Array c, Array::zeros(state->dtype, state->shape, d));
-    state->components.push_back(std::move(c));
-  }
-  if (num_workers() > 1) {
-    // Every replica starts from the chief's value (TF: broadcast from the chief).
-    std::vector<Tensor> dst;
-    for (const Array& c : state->components) dst.push_back(c.tensor());
-    TRIBUTARY_RETURN_IF_ERROR(
-        parts_.cross_device_ops->broadcast(initial.tensor(), Mirrored<Tensor>(std::move(dst)), 0)
-            .wait()
-            .with_context(fmt::format("broadcasting the initial value of variable '{}'",
-                                      options.name)));
-  } else {
-    std::vector<std::pair<size_t, Array>> init;
-    for (size_t i = 0; i < state->components.size(); ++i) init.emplace_back(i, initial);
-    TRIBUTARY_RETURN_IF_ERROR(VariableImpl::commit(*state, init));
-  }
-  return Variable(std::move(state));
+  StatusOr<Variable> made = [&]() -> StatusOr<Variable> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica(
+        fmt::format("create_variable ('{}'; create variables outside run(), e.g. in scope())",
+                    options.name)));
+    VariableSynchronization sync = options.synchronization;
+    if (sync == VariableSynchronization::kAuto) sync = VariableSynchronization::kOnWrite;
+    if (sync == VariableSynchronization::kNone) {
+      return invalid_argument(fmt::format(
+          "`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
+          "Please change the `synchronization` for variable: {}",
+          options.name));
+    }
+    if (options.aggregation == VariableAggregation::kMean && !dtype_is_floating(initial_value.dtype())) {
+      return invalid_argument(fmt::format(
+          "creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is not "
+          "supported, please use a different aggregation or dtype (variable '{}', {})",
+          options.name, dtype_name(initial_value.dtype())));
+    }
+    auto state = std::make_shared<Variable::State>();
+    state->strategy = this;
+    state->name = options.name;
+    state->dtype = initial_value.dtype();
+    state->shape = initial_value.shape();
+    state->sync = sync;
+    state->aggregation = options.aggregation;
+    state->trainable = options.trainable;
+    // CentralStorage keeps ON_WRITE variables once; ON_READ ones stay per replica (they are
+    // per-replica accumulators by definition).
+    state->central = parts_.central_variables && sync == VariableSynchronization::kOnWrite;
+    const std::vector<Device> devices =
+        state->central ? std::vector<Device>{parts_.parameter_device} : parts_.devices;
+    TRIBUTARY_ASSIGN_OR_RETURN(Array initial, initial_value.to_device(Device::cpu()));
+    for (const Device& d : devices) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array c, Array::zeros(state->dtype, state->shape, d));
+      state->components.push_back(std::move(c));
+    }
+    if (num_workers() > 1) {
+      // Every replica starts from the chief's value (TF: broadcast from the chief).
+      std::vector<Tensor> dst;
+      for (const Array& c : state->components) dst.push_back(c.tensor());
+      TRIBUTARY_RETURN_IF_ERROR(
+          parts_.cross_device_ops->broadcast(initial.tensor(), Mirrored<Tensor>(std::move(dst)), 0)
+              .wait()
+              .with_context(fmt::format("broadcasting the initial value of variable '{}'",
+                                        options.name)));
+    } else {
+      std::vector<std::pair<size_t, Array>> init;
+      for (size_t i = 0; i < state->components.size(); ++i) init.emplace_back(i, initial);
+      TRIBUTARY_RETURN_IF_ERROR(VariableImpl::commit(*state, init));
+    }
+    return Variable(std::move(state));
+  }();
+  if (!made.ok()) tell_peers(made.status());
+  return made;
 }
 
 Status Strategy::update(Variable& variable,

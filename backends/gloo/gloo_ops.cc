@@ -198,17 +198,20 @@ Status GlooOps::guarded(const CallInfo& call, Body&& body) {
       s = internal_error(where() + ": unknown exception from Gloo");
     }
   }
-  if (!s.ok() && gloo_) {
-    failure_ = s;
-    // Peers may be waiting for this rank: closing the connections fails them at once instead of
-    // at their timeout. The instance is unusable from here on anyway.
-    try {
-      SigpipeGuard guard;
-      gloo_->closeConnections();
-    } catch (...) {
-    }
-  }
+  if (!s.ok() && gloo_) abandon(s);
   return s;
+}
+
+void GlooOps::abandon(const Status& why) {
+  if (!gloo_) return;
+  if (failure_.ok()) failure_ = why;
+  // Peers may be waiting for this rank: closing the connections fails them at once instead of
+  // at their timeout. The instance is unusable from here on anyway.
+  try {
+    SigpipeGuard guard;
+    gloo_->closeConnections();
+  } catch (...) {
+  }
 }
 
 uint32_t GlooOps::tag(const CallInfo& call) const {

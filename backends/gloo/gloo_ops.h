@@ -80,6 +80,9 @@ class GlooOps final : public CrossDeviceOps {
                        const PerReplica<Tensor>& outputs) override;
   Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
                            const PerReplica<Tensor>& outputs) override;
+  // This rank will not issue the collective its peers wait in: close the connections so that they
+  // fail at once (as after a failure of our own).
+  void abandon(const Status& why) override;
 
  private:
   // Runs `body` with SIGPIPE held back, converts whatever it throws into a Status naming `call`,

@@ -142,6 +142,11 @@ class CrossDeviceOps {
   // OK, or the first failure of a collective (a dead or silent peer, a mismatch): after one, this
   // instance refuses every further collective with FailedPrecondition quoting it.
   Status broken() const;
+  // Gives up on the group: this process will not issue the collective its peers may be waiting in
+  // (e.g. the caller found bad input on this rank only). In a multi-process group the peers are
+  // told at once, so that they fail now rather than at their timeout; this instance is broken from
+  // here on (broken() returns `why`). In one process it only marks the instance broken.
+  void abort(const Status& why);
 
  protected:
   CrossDeviceOps(std::string name, BackendContext context, Options options,

@@ -244,21 +244,61 @@ TEST_P(MultiWorkerTest, CheckpointWrittenByTheChiefRestoredEverywhereByBroadcast
   });
 }
 
+// The collective timeout in these tests is 20 s: failing well before it shows the peers were told.
+constexpr auto kPromptly = std::chrono::seconds(8);
+
 TEST_P(MultiWorkerTest, AWorkerThatDiesFailsTheOthersInsteadOfHangingThem) {
   auto r = testing::run_group(2, std::chrono::seconds(60), [&](int rank) {
     auto s = make(rank, 2, 2);
     CHILD_OK(s.status());
     if (rank == 1) _exit(3);  // dies before the first collective
+    const auto start = std::chrono::steady_clock::now();
     Status st = (*s)->run([](ReplicaContext& ctx) {
       return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
     });
     CHILD_CHECK(!st.ok());
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < kPromptly);
     std::fprintf(stderr, "rank 0 got, as expected: %s\n", st.to_string().c_str());
     return kChildOk;
   });
   EXPECT_FALSE(r.watchdog_fired) << r.describe();
   EXPECT_EQ(r.children[0].exit_code, kChildOk) << r.describe();
   EXPECT_EQ(r.children[1].exit_code, 3) << r.describe();
+}
+
+TEST_P(MultiWorkerTest, BadInputOnOneWorkerOnlyFailsEveryWorkerPromptly) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    const auto start = std::chrono::steady_clock::now();
+    // On worker 1, replica 1 all-reduces a different shape: refused there before the collective.
+    Status st = (*s)->run([&](ReplicaContext& ctx) -> Status {
+      const bool odd = rank == 1 && ctx.local_replica_id() == 1;
+      Array v = odd ? *Array::from_vector<float>({1, 2}, {1, 2}) : *Array::from_vector<float>({1, 2});
+      return ctx.all_reduce(ReduceOp::kSum, v).status();
+    });
+    CHILD_CHECK(!st.ok());
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < kPromptly);
+    if (rank == 1) CHILD_CHECK(st.message().find("every replica must reduce the same shape") != std::string::npos);
+    std::fprintf(stderr, "rank %d got, as expected: %s\n", rank, st.to_string().c_str());
+    // Cross-replica context too: a bad reduce on worker 0 only, with a fresh strategy.
+    return kChildOk;
+  });
+}
+
+TEST_P(MultiWorkerTest, BadCrossReplicaCallOnOneWorkerOnlyFailsEveryWorkerPromptly) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    const auto start = std::chrono::steady_clock::now();
+    PerReplica<Array> v({Array::scalar(1.0f), Array::scalar(2.0f)});
+    // Worker 0 asks for an axis its scalars do not have; worker 1 makes the valid call.
+    auto r = (*s)->reduce(ReduceOp::kSum, v, rank == 0 ? std::optional<int>(0) : std::nullopt);
+    CHILD_CHECK(!r.ok());
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < kPromptly);
+    std::fprintf(stderr, "rank %d got, as expected: %s\n", rank, r.status().to_string().c_str());
+    return kChildOk;
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MultiWorkerTest, ::testing::Values("ring", "gloo"),

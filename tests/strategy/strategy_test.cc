@@ -321,8 +321,64 @@ TEST_P(MirroredTest, BatchReduceToAndReduceToDevices) {
 }
 
 INSTANTIATE_TEST_SUITE_P(InProcessBackends, MirroredTest,
-                         ::testing::Values("reduction_to_one_device", "hierarchical_copy"),
+                         ::testing::Values("reduction_to_one_device", "hierarchical_copy", "ring"),
                          [](const auto& info) { return info.param; });
+
+std::unique_ptr<Strategy> mirrored_with_timeout(int n, const std::string& timeout) {
+  std::vector<Device> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(Device::cpu(i));
+  auto s = make_mirrored_strategy({devices, "reduction_to_one_device:timeout=" + timeout, nullptr});
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return std::move(*s);
+}
+
+TEST(MeetingTest, ASlowMergeIsNotATimeoutButAMissingReplicaIs) {
+  auto s = mirrored_with_timeout(2, "300ms");
+  // Every replica arrives; the merge takes longer than the timeout: no false alarm.
+  auto r = s->run([](ReplicaContext& ctx) {
+    std::function<StatusOr<int>(Strategy&, const PerReplica<int>&)> slow =
+        [](Strategy&, const PerReplica<int>&) -> StatusOr<int> {
+      std::this_thread::sleep_for(std::chrono::milliseconds(900));
+      return 7;
+    };
+    return ctx.merge_call(slow, 0);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->values(), (std::vector<int>{7, 7}));
+  // Replica 1 is stuck elsewhere: replica 0 fails after the timeout, naming it.
+  auto start = std::chrono::steady_clock::now();
+  Status st = s->run([](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+      return ok_status();
+    }
+    return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+  });
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_THAT(st.message(), HasSubstr("replica(s) 1 did not reach all_reduce"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // And the strategy is usable again.
+  auto again = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(2.0f)); });
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ((*again)[1].to_vector<float>(), std::vector<float>{4});
+}
+
+TEST(MeetingTest, RunInsideAMergeFunctionIsRefused) {
+  auto s = mirrored_with_timeout(2, "5s");
+  Status nested;
+  auto r = s->run([&](ReplicaContext& ctx) {
+    std::function<StatusOr<int>(Strategy&, const PerReplica<int>&)> merge =
+        [&](Strategy& strategy, const PerReplica<int>&) -> StatusOr<int> {
+      nested = strategy.run([](ReplicaContext&) {});
+      return 1;
+    };
+    return ctx.merge_call(merge, 0);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(nested.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(nested.message(), HasSubstr("run() was called from inside a function given to run() or merge_call()"));
+  EXPECT_TRUE(s->run([](ReplicaContext&) {}).ok());
+}
 
 TEST(DefaultStrategyTest, PassThrough) {
   Strategy& d = default_strategy();

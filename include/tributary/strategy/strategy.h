@@ -32,6 +32,12 @@
 //    replica (select_replica), Variables and plain values are passed whole. Results come back as a
 //    PerReplica, always (C++ has no "unwrap when identical" rule; read values()[0]).
 //  - Values are Arrays (array.h), not nests: a batch of several tensors is a std::vector<Array>.
+//  - ReduceOp has MIN, MAX and PROD besides TF's SUM and MEAN; reduce (without an axis),
+//    reduce_to, batch_reduce_to and all_reduce accept them (an extension; with an axis only SUM and
+//    MEAN, as TF).
+//  - Multi-worker: an error on one worker before a collective its peers will wait in (bad input to
+//    reduce, a failing merge function, ...) aborts the backend so that every worker fails at once
+//    instead of at its timeout; the strategy is then unusable, as after any failed collective.
 //  - merge_call's result is handed to every replica as is (no per-replica unwrapping).
 //  - StrategyExtended's operations (reduce_to, batch_reduce_to, broadcast_to, update) are methods of
 //    Strategy itself; update() takes a function returning each copy's new value instead of a
@@ -250,6 +256,11 @@ class Strategy {
   // For the strategy layer: fails unless this thread may make cross-replica calls on this
   // strategy; `method` names the caller in the message.
   Status require_cross_replica(std::string_view method) const;
+  // For the strategy layer: `failure` happened on this worker only, before or instead of a
+  // collective its peers will wait in. Multi-worker: the backend is aborted so that the other
+  // workers fail at once rather than at their timeout (the strategy is unusable afterwards, as
+  // after any failed collective). One worker: nothing (the strategy stays usable).
+  void tell_peers(const Status& failure);
   // Replica 0's context, which code outside any scope sees for the default strategy.
   ReplicaContext* default_replica_context() const { return contexts_[0].get(); }
 
