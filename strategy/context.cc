@@ -33,7 +33,7 @@ Strategy& get_strategy() {
 
 bool has_strategy() {
   Strategy* s = strategy_internal::current_strategy();
-  return s != nullptr && s != &default_strategy();
+  return s != nullptr && s->kind() != StrategyKind::kDefault;
 }
 
 ReplicaContext* get_replica_context() {

@@ -363,7 +363,9 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
     const double n = count[0].at(0);
     std::vector<double> q = total[0].to_doubles();
     for (double& x : q) x /= n;  // 0/0 is NaN, as TF's division of an empty batch
-    return Array::from_doubles(total[0].dtype(), q, total[0].shape());
+    // TF's truediv: an integer mean is a float64.
+    const DType out = dtype_is_floating(total[0].dtype()) ? total[0].dtype() : DType::kFloat64;
+    return Array::from_doubles(out, q, total[0].shape());
   }());
 }
 
@@ -391,7 +393,8 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<
     if (op == ReduceOp::kSum) return total;
     std::vector<double> q = total.to_doubles();
     for (double& x : q) x /= static_cast<double>(value.shape()[*axis]);
-    return Array::from_doubles(total.dtype(), q, total.shape());
+    const DType out = dtype_is_floating(total.dtype()) ? total.dtype() : DType::kFloat64;
+    return Array::from_doubles(out, q, total.shape());
   }());
 }
 

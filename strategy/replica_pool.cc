@@ -306,8 +306,9 @@ StatusOr<std::any> ReplicaContext::meet(std::string_view what, std::any arg, Mer
   if (!default_context) {
     if (t.merge != nullptr || t.replica == nullptr) {
       return failed_precondition(fmt::format(
-          "ReplicaContext::{} must be called in replica context (inside a function given to "
-          "run()); in cross-replica context use the Strategy's methods (reduce, gather, ...)",
+          "Need to be inside `call_for_each_replica()`: ReplicaContext::{} must be called in "
+          "replica context (inside a function given to run()); in cross-replica context use the "
+          "Strategy's methods (reduce, gather, ...)",
           what));
     }
     if (t.replica != this) return failed_precondition("Mismatching ReplicaContext.");

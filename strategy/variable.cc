@@ -143,7 +143,16 @@ struct VariableImpl {
     const size_t local = static_cast<size_t>(ctx.local_replica_id());
     if (v.sync == VariableSynchronization::kOnRead) return update_one(v, local, k, value);
     if (v.aggregation == VariableAggregation::kNone) {
-      return update_one(v, v.central ? 0 : local, k, value);
+      if (v.central) {
+        // TF's AggregatingVariable (ps_values.py) refuses this: one copy, many replicas.
+        return invalid_argument(fmt::format(
+            "You must specify an aggregation method to update a variable in Replica Context. You "
+            "can do so by passing an explicit value for argument `aggregation` to tf.Variable(..)."
+            "e.g. `tf.Variable(..., aggregation=tf.VariableAggregation.SUM)` (variable '{}' lives "
+            "once on {}'s parameter device; VariableOptions::aggregation)",
+            v.name, v.strategy->name()));
+      }
+      return update_one(v, local, k, value);
     }
     Strategy& s = *v.strategy;
     State* state = &v;

@@ -130,6 +130,12 @@ TEST_P(MirroredTest, ReduceAcrossReplicasAndAlongAxisWithPartialBatches) {
   PerReplica<Array> empty({*Array::from_vector<float>({2, 4}, {2, 1}),
                            *Array::zeros(DType::kFloat32, {0, 1})});
   EXPECT_EQ(s->reduce(ReduceOp::kMean, empty, 0)->to_vector<float>(), std::vector<float>{3});
+  // An integer mean is a float64 (TF's truediv).
+  PerReplica<Array> ints({*Array::from_vector<int32_t>({1, 2}), *Array::from_vector<int32_t>({4})});
+  auto int_mean = s->reduce(ReduceOp::kMean, ints, 0);
+  ASSERT_TRUE(int_mean.ok()) << int_mean.status().to_string();
+  EXPECT_EQ(int_mean->dtype(), DType::kFloat64);
+  EXPECT_EQ(int_mean->to_vector<double>(), std::vector<double>{7.0 / 3});
   // Errors
   auto bad_axis = s->reduce(ReduceOp::kSum, v, 2);
   EXPECT_THAT(bad_axis.status().message(), HasSubstr("`axis` = 2 out of range for `value` with rank 2"));

@@ -192,10 +192,14 @@ TEST(VariableTest, CentralStorageKeepsOneCopyAndAggregatesReplicaUpdates) {
   }).ok());
   EXPECT_EQ(components(v), std::vector<float>{3});
   auto none = *(*s)->create_variable(Array::scalar(0.0f), {"n", VS::kOnWrite, VA::kNone});
-  ASSERT_TRUE((*s)->run([&](ReplicaContext& ctx) {
+  Status st = (*s)->run([&](ReplicaContext& ctx) {
     return none.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1)));
-  }).ok());
-  EXPECT_EQ(components(none), std::vector<float>{3});  // each replica's update applied in turn
+  });
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("You must specify an aggregation method to update a variable in Replica Context"));
+  EXPECT_EQ(components(none), std::vector<float>{0});
+  ASSERT_TRUE(none.assign_add(Array::scalar(5.0f)).ok());  // cross-replica context is fine
+  EXPECT_EQ(components(none), std::vector<float>{5});
   // TF's reduce_to docstring: CentralStorage with 2 compute devices -> 2.0.
   auto r = (*s)->reduce_to(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f), Array::scalar(1.0f)}), v);
   ASSERT_TRUE(r.ok()) << r.status().to_string();

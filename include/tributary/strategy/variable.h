@@ -17,9 +17,10 @@
 //     NONE is TF's error. assign(x) with SUM gives every copy x / num_replicas_in_sync (so the
 //     aggregated read returns x), else x; assign_add/assign_sub with SUM are TF's errors.
 //   synchronization NONE: TF's error at creation.
-// CentralStorage keeps one copy on the parameter device: replica-context updates with SUM/MEAN
-// reduce the replicas' values and apply the result once; NONE applies each replica's update in
-// turn (TF's AggregatingVariable semantics).
+// CentralStorage keeps ON_WRITE variables once on the parameter device (TF's AggregatingVariable):
+// replica-context updates with SUM/MEAN reduce the replicas' values and apply the result once,
+// ONLY_FIRST_REPLICA applies replica 0's; NONE is TF's error ("You must specify an aggregation
+// method to update a variable in Replica Context..."). Its ON_READ variables stay per replica.
 //
 // Every update is all or nothing: new values are computed and checked (dtype, shape) before any
 // copy changes, and a collective that fails leaves every copy as it was. Reads return a snapshot:
