@@ -17,12 +17,23 @@ ReduceOp partial_op(ReduceOp op) { return op == ReduceOp::kMean ? ReduceOp::kSum
 std::byte* at(void* base, int64_t elem_offset, size_t elem) {
   return static_cast<std::byte*>(base) + static_cast<size_t>(elem_offset) * elem;
 }
+const std::byte* at(const void* base, int64_t elem_offset, size_t elem) {
+  return static_cast<const std::byte*>(base) + static_cast<size_t>(elem_offset) * elem;
+}
 
 // dst = dst op src over `count` elements (dst may be the destination of a final MEAN).
-void combine(ReduceOp op, DType dtype, void* dst, const void* src, int64_t count,
-             int64_t divisor) {
+void combine(ReduceOp op, DType dtype, void* dst, const void* src, int64_t count, int64_t divisor) {
   if (count <= 0) return;
   const void* srcs[2] = {dst, src};
+  void* dsts[1] = {dst};
+  reduce(op, dtype, srcs, dsts, static_cast<size_t>(count), divisor);
+}
+
+// dst = a op b over `count` elements.
+void combine_into(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, int64_t count,
+                  int64_t divisor) {
+  if (count <= 0) return;
+  const void* srcs[2] = {a, b};
   void* dsts[1] = {dst};
   reduce(op, dtype, srcs, dsts, static_cast<size_t>(count), divisor);
 }
@@ -70,18 +81,22 @@ Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const
     return recv != nullptr ? recv + static_cast<size_t>(k * seg) * elem
                            : window + static_cast<size_t>((k % kWindow) * seg) * elem;
   };
-  auto length = [&](int64_t total, int64_t k) { return std::max<int64_t>(0, std::min(seg, total - k * seg)); };
+  auto length = [&](int64_t total, int64_t k) {
+    return std::max<int64_t>(0, std::min(seg, total - k * seg));
+  };
   // Post the first receives, then every send: a peer doing the same never blocks on us.
   std::vector<Request> recvs(static_cast<size_t>(nrecv)), sends;
   const int64_t first = recv == nullptr ? std::min(nrecv, kWindow) : nrecv;
   for (int64_t k = 0; k < first; ++k) {
-    TRIBUTARY_ASSIGN_OR_RETURN(recvs[static_cast<size_t>(k)],
-                               t.irecv(prev, tag, {recv_at(k), static_cast<size_t>(length(recv_len, k)) * elem}));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        recvs[static_cast<size_t>(k)],
+        t.irecv(prev, tag, {recv_at(k), static_cast<size_t>(length(recv_len, k)) * elem}));
   }
   for (int64_t k = 0; k < nsend; ++k) {
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        Request s, t.isend(next, tag, {send + static_cast<size_t>(k * seg) * elem,
-                                       static_cast<size_t>(length(send_len, k)) * elem}));
+    TRIBUTARY_ASSIGN_OR_RETURN(Request s,
+                               t.isend(next, tag,
+                                       {send + static_cast<size_t>(k * seg) * elem,
+                                        static_cast<size_t>(length(send_len, k)) * elem}));
     sends.push_back(s);
   }
   for (int64_t k = 0; k < nrecv; ++k) {
@@ -90,8 +105,9 @@ Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const
     if (n > 0) on_segment(k * seg, n, static_cast<const std::byte*>(recv_at(k)));
     if (k + first < nrecv) {  // the slot is free again
       const int64_t j = k + first;
-      TRIBUTARY_ASSIGN_OR_RETURN(recvs[static_cast<size_t>(j)],
-                                 t.irecv(prev, tag, {recv_at(j), static_cast<size_t>(length(recv_len, j)) * elem}));
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          recvs[static_cast<size_t>(j)],
+          t.irecv(prev, tag, {recv_at(j), static_cast<size_t>(length(recv_len, j)) * elem}));
     }
   }
   for (Request s : sends) TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
@@ -105,9 +121,12 @@ int real_rank(int newrank, int rem) { return newrank < rem ? newrank * 2 + 1 : n
 
 std::string_view all_reduce_algorithm_name(AllReduceAlgorithm a) {
   switch (a) {
-    case AllReduceAlgorithm::kAuto: return "auto";
-    case AllReduceAlgorithm::kRing: return "ring";
-    case AllReduceAlgorithm::kHalvingDoubling: return "halving_doubling";
+    case AllReduceAlgorithm::kAuto:
+      return "auto";
+    case AllReduceAlgorithm::kRing:
+      return "ring";
+    case AllReduceAlgorithm::kHalvingDoubling:
+      return "halving_doubling";
   }
   return "?";
 }
@@ -134,23 +153,32 @@ AllReduceAlgorithm CostModel::choose(size_t bytes, int n) const {
 }
 
 Status all_reduce(AlgorithmContext& ctx, AllReduceAlgorithm algorithm, void* data, int64_t count,
-                  DType dtype, ReduceOp op, int64_t mean_divisor) {
+                  DType dtype, ReduceOp op, int64_t mean_divisor, const void* source) {
   if (algorithm == AllReduceAlgorithm::kAuto) {
-    algorithm = CostModel().choose(static_cast<size_t>(count) * dtype_size(dtype),
-                                   ctx.transport.size());
+    algorithm =
+        CostModel().choose(static_cast<size_t>(count) * dtype_size(dtype), ctx.transport.size());
   }
-  return algorithm == AllReduceAlgorithm::kRing
-             ? ring_all_reduce(ctx, data, count, dtype, op, mean_divisor)
-             : halving_doubling_all_reduce(ctx, data, count, dtype, op, mean_divisor);
+  if (source == data) source = nullptr;
+  if (algorithm == AllReduceAlgorithm::kRing) {
+    return ring_all_reduce(ctx, data, count, dtype, op, mean_divisor, source);
+  }
+  if (source != nullptr && count > 0) {
+    std::memcpy(data, source, static_cast<size_t>(count) * dtype_size(dtype));
+  }
+  return halving_doubling_all_reduce(ctx, data, count, dtype, op, mean_divisor);
 }
 
 Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
-                       int64_t mean_divisor) {
+                       int64_t mean_divisor, const void* source) {
   const int n = ctx.transport.size();
   const int r = ctx.transport.rank();
-  if (n == 1) {
-    if (op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
-    return Status();
+  if (source == data) source = nullptr;
+  if (n == 1 || count == 0) {
+    if (source != nullptr && count > 0) {
+      std::memcpy(data, source, static_cast<size_t>(count) * dtype_size(dtype));
+    }
+    if (n == 1 && op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
+    if (n == 1) return Status();
   }
   const size_t elem = dtype_size(dtype);
   const Blocks blocks(count, n);
@@ -161,21 +189,26 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
     const int send_c = (r - s + n) % n, recv_c = (r - s - 1 + 2 * n) % n;
     const bool last = s == n - 2;
     std::byte* target = at(data, blocks.offset(recv_c), elem);
-    TRIBUTARY_RETURN_IF_ERROR(ring_step(
-        ctx, step++, next, prev, at(data, blocks.offset(send_c), elem), blocks.length(send_c),
-        nullptr, blocks.length(recv_c), elem, [&](int64_t off, int64_t len, const std::byte* got) {
-          combine(last ? op : partial_op(op), dtype, target + static_cast<size_t>(off) * elem, got,
-                  len, mean_divisor);
-        }));
+    // Out of place, this rank's own contribution is always read from `source`: the block being
+    // reduced has not been written to `data` yet, and only the first send is of an unreduced block.
+    const std::byte* base = source ? at(source, blocks.offset(recv_c), elem) : target;
+    const std::byte* outgoing = source && s == 0 ? at(source, blocks.offset(send_c), elem)
+                                                 : at(data, blocks.offset(send_c), elem);
+    TRIBUTARY_RETURN_IF_ERROR(
+        ring_step(ctx, step++, next, prev, outgoing, blocks.length(send_c), nullptr,
+                  blocks.length(recv_c), elem, [&](int64_t off, int64_t len, const std::byte* got) {
+                    const size_t o = static_cast<size_t>(off) * elem;
+                    combine_into(last ? op : partial_op(op), dtype, target + o, base + o, got, len,
+                                 mean_divisor);
+                  }));
   }
   // All-gather: pass the reduced blocks around, received straight into place.
   for (int s = 0; s < n - 1; ++s) {
     const int send_c = (r + 1 - s + n) % n, recv_c = (r - s + n) % n;
-    TRIBUTARY_RETURN_IF_ERROR(ring_step(ctx, step++, next, prev,
-                                        at(data, blocks.offset(send_c), elem),
-                                        blocks.length(send_c), at(data, blocks.offset(recv_c), elem),
-                                        blocks.length(recv_c), elem,
-                                        [](int64_t, int64_t, const std::byte*) {}));
+    TRIBUTARY_RETURN_IF_ERROR(
+        ring_step(ctx, step++, next, prev, at(data, blocks.offset(send_c), elem),
+                  blocks.length(send_c), at(data, blocks.offset(recv_c), elem),
+                  blocks.length(recv_c), elem, [](int64_t, int64_t, const std::byte*) {}));
   }
   return Status();
 }
@@ -232,8 +265,9 @@ Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t co
       TRIBUTARY_ASSIGN_OR_RETURN(
           Request q, t.irecv(partner, m, {scratch, static_cast<size_t>(keep_hi - keep_lo) * elem}));
       TRIBUTARY_ASSIGN_OR_RETURN(
-          Request s, t.isend(partner, m, {at(data, give_lo, elem),
-                                          static_cast<size_t>(give_hi - give_lo) * elem}));
+          Request s,
+          t.isend(partner, m,
+                  {at(data, give_lo, elem), static_cast<size_t>(give_hi - give_lo) * elem}));
       TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
       combine(mask == 1 ? op : partial_op(op), dtype, at(data, keep_lo, elem), scratch,
               keep_hi - keep_lo, mean_divisor);
@@ -250,10 +284,12 @@ Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t co
       const int64_t other_hi = upper ? lo : phi;
       const MessageTag m = tag();
       TRIBUTARY_ASSIGN_OR_RETURN(
-          Request q, t.irecv(partner, m, {at(data, other_lo, elem),
-                                          static_cast<size_t>(other_hi - other_lo) * elem}));
+          Request q,
+          t.irecv(partner, m,
+                  {at(data, other_lo, elem), static_cast<size_t>(other_hi - other_lo) * elem}));
       TRIBUTARY_ASSIGN_OR_RETURN(
-          Request s, t.isend(partner, m, {at(data, lo, elem), static_cast<size_t>(hi - lo) * elem}));
+          Request s,
+          t.isend(partner, m, {at(data, lo, elem), static_cast<size_t>(hi - lo) * elem}));
       TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
       TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
       lo = plo;
@@ -340,8 +376,8 @@ Status ring_all_gather(AlgorithmContext& ctx, void* data, size_t bytes_per_rank)
   return Status();
 }
 
-Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t count,
-                           DType dtype, ReduceOp op, int64_t mean_divisor) {
+Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t count, DType dtype,
+                           ReduceOp op, int64_t mean_divisor) {
   const int n = ctx.transport.size();
   const int r = ctx.transport.rank();
   const size_t elem = dtype_size(dtype);
@@ -358,15 +394,16 @@ Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t
     const bool last = s == n - 2;
     std::byte* target = at(data, static_cast<int64_t>(recv_c) * count, elem);
     std::byte* result = last ? static_cast<std::byte*>(out) : target;
-    TRIBUTARY_RETURN_IF_ERROR(ring_step(
-        ctx, static_cast<uint32_t>(s), next, prev, at(data, static_cast<int64_t>(send_c) * count, elem),
-        count, nullptr, count, elem, [&](int64_t off, int64_t len, const std::byte* got) {
-          const size_t b = static_cast<size_t>(off) * elem;
-          const void* srcs[2] = {target + b, got};
-          void* dsts[1] = {result + b};
-          reduce(last ? op : partial_op(op), dtype, srcs, dsts, static_cast<size_t>(len),
-                 mean_divisor);
-        }));
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(ctx, static_cast<uint32_t>(s), next, prev,
+                                        at(data, static_cast<int64_t>(send_c) * count, elem), count,
+                                        nullptr, count, elem,
+                                        [&](int64_t off, int64_t len, const std::byte* got) {
+                                          const size_t b = static_cast<size_t>(off) * elem;
+                                          const void* srcs[2] = {target + b, got};
+                                          void* dsts[1] = {result + b};
+                                          reduce(last ? op : partial_op(op), dtype, srcs, dsts,
+                                                 static_cast<size_t>(len), mean_divisor);
+                                        }));
   }
   return Status();
 }

@@ -53,10 +53,13 @@ struct CostModel {
   AllReduceAlgorithm choose(size_t bytes, int n) const;
 };
 
+// All-reduce of `data` in place; with `source` (not overlapping `data`), out of place: `source` is
+// the input and `data` only the output, so nothing is copied up front (the ring reads its first
+// block and every reduction's base from `source`; the other algorithms copy first).
 Status all_reduce(AlgorithmContext& ctx, AllReduceAlgorithm algorithm, void* data, int64_t count,
-                  DType dtype, ReduceOp op, int64_t mean_divisor);
+                  DType dtype, ReduceOp op, int64_t mean_divisor, const void* source = nullptr);
 Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
-                       int64_t mean_divisor);
+                       int64_t mean_divisor, const void* source = nullptr);
 Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
                                    ReduceOp op, int64_t mean_divisor);
 Status tree_broadcast(AlgorithmContext& ctx, void* data, size_t bytes, int root);

@@ -33,14 +33,16 @@ RingOps::RingOps(BackendContext context, Options options, Capabilities caps,
 
 algorithms::AlgorithmContext RingOps::algorithm_context(const CallInfo& call) {
   // Saturate: a huge timeout must not overflow the clock.
-  const auto timeout = std::min<std::chrono::nanoseconds>(call.timeout, std::chrono::hours(24 * 365));
+  const auto timeout =
+      std::min<std::chrono::nanoseconds>(call.timeout, std::chrono::hours(24 * 365));
   return algorithms::AlgorithmContext{*transport_, algorithms::MessageTag::of(call),
                                       std::chrono::steady_clock::now() + timeout, segment_bytes_,
                                       &scratch_};
 }
 
 void RingOps::abandon(const Status& why) {
-  transport_->abort(aborted("rank " + std::to_string(rank()) + " refused its part: " + why.message()));
+  transport_->abort(
+      aborted("rank " + std::to_string(rank()) + " refused its part: " + why.message()));
 }
 
 std::byte* RingOps::staging(size_t bytes) {
@@ -61,13 +63,19 @@ Status RingOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<c
   TRIBUTARY_RETURN_IF_ERROR(transport_->error());
   const int64_t n = num_replicas_in_sync();
   const bool across = world_size() > 1;
-  // Local stage: the full op (and MEAN's division) only when there is nothing else to do.
-  TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(across ? partial_op(op) : op, inputs,
-                                                     std::span<const Tensor>(&result, 1), n));
+  // One local replica out of place: the ring reads the input itself, no copy up front.
+  const void* source = nullptr;
+  if (across && inputs.size() == 1 && inputs[0].data() != result.data()) {
+    source = inputs[0].data();
+  } else {
+    // Local stage: the full op (and MEAN's division) only when there is nothing else to do.
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(across ? partial_op(op) : op, inputs,
+                                                       std::span<const Tensor>(&result, 1), n));
+  }
   if (!across) return Status();
   auto ctx = algorithm_context(call);
   return algorithms::all_reduce(ctx, algorithm_, result.data(), result.num_elements(),
-                                result.dtype(), op, n);
+                                result.dtype(), op, n, source);
 }
 
 Work RingOps::all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
@@ -130,7 +138,8 @@ Work RingOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
         const ReducePair& p = pairs[members[g]];
         const size_t nbytes = p.value[0].nbytes();
         for (const Tensor& d : p.destinations) {
-          if (nbytes) std::memcpy(d.data(), static_cast<std::byte*>(result.data()) + offset, nbytes);
+          if (nbytes)
+            std::memcpy(d.data(), static_cast<std::byte*>(result.data()) + offset, nbytes);
         }
         offset += nbytes;
       }
@@ -143,7 +152,8 @@ Work RingOps::broadcast_impl(const CallInfo& call, const Tensor& source,
                              const Mirrored<Tensor>& destinations, int root) {
   Status s = transport_->error();
   const Tensor& first = destinations[0];
-  if (s.ok() && rank() == root) s = algorithms::local_copy(source, std::span<const Tensor>(&first, 1));
+  if (s.ok() && rank() == root)
+    s = algorithms::local_copy(source, std::span<const Tensor>(&first, 1));
   if (s.ok() && world_size() > 1) {
     auto ctx = algorithm_context(call);
     s = algorithms::tree_broadcast(ctx, first.data(), first.nbytes(), root);
@@ -199,7 +209,8 @@ Work RingOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
   if (s.ok()) {
     if (across) {
       auto ctx = algorithm_context(call);
-      s = algorithms::ring_reduce_scatter(ctx, full.data(), mine.data(), local * count, dtype, op, n);
+      s = algorithms::ring_reduce_scatter(ctx, full.data(), mine.data(), local * count, dtype, op,
+                                          n);
     } else {
       std::memcpy(mine.data(), full.data(), mine.nbytes());
     }
