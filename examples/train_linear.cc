@@ -60,20 +60,32 @@ StatusOr<Flags> parse(int argc, char** argv) {
       std::exit(0);
     }
     if (!v) return invalid_argument("missing value for '" + std::string(a) + "'; see --help");
-    if (a == "--strategy") f.strategy = take();
-    else if (a == "--replicas") f.replicas = std::atoi(take().c_str());
-    else if (a == "--backend") f.backend = take();
-    else if (a == "--global-batch") f.global_batch = std::atoll(take().c_str());
-    else if (a == "--examples") f.examples = std::atoll(take().c_str());
-    else if (a == "--epochs") f.epochs = std::atoi(take().c_str());
-    else if (a == "--lr") f.lr = std::atof(take().c_str());
-    else if (a == "--l2") f.l2 = std::atof(take().c_str());
-    else if (a == "--seed") f.seed = std::strtoull(take().c_str(), nullptr, 10);
-    else if (a == "--checkpoint") f.checkpoint = take();
-    else return invalid_argument("unknown argument '" + std::string(a) + "'; see --help");
+    if (a == "--strategy")
+      f.strategy = take();
+    else if (a == "--replicas")
+      f.replicas = std::atoi(take().c_str());
+    else if (a == "--backend")
+      f.backend = take();
+    else if (a == "--global-batch")
+      f.global_batch = std::atoll(take().c_str());
+    else if (a == "--examples")
+      f.examples = std::atoll(take().c_str());
+    else if (a == "--epochs")
+      f.epochs = std::atoi(take().c_str());
+    else if (a == "--lr")
+      f.lr = std::atof(take().c_str());
+    else if (a == "--l2")
+      f.l2 = std::atof(take().c_str());
+    else if (a == "--seed")
+      f.seed = std::strtoull(take().c_str(), nullptr, 10);
+    else if (a == "--checkpoint")
+      f.checkpoint = take();
+    else
+      return invalid_argument("unknown argument '" + std::string(a) + "'; see --help");
   }
   if (f.global_batch < 1) return invalid_argument("--global-batch must be >= 1");
-  if (f.examples < 1 || f.epochs < 1) return invalid_argument("--examples and --epochs must be >= 1");
+  if (f.examples < 1 || f.epochs < 1)
+    return invalid_argument("--examples and --epochs must be >= 1");
   return f;
 }
 
@@ -111,13 +123,16 @@ StatusOr<Array> train_step(const Element& batch, Variable& w, Variable& b, const
     gb += 2.0 * err;
   }
   TRIBUTARY_ASSIGN_OR_RETURN(Array losses, Array::from_vector(per_example, {n}));
-  TRIBUTARY_ASSIGN_OR_RETURN(Array loss, compute_average_loss(losses, std::nullopt, f.global_batch));
-  TRIBUTARY_ASSIGN_OR_RETURN(Array reg, scale_regularization_loss(Array::scalar(float(f.l2 * wf * wf))));
+  TRIBUTARY_ASSIGN_OR_RETURN(Array loss,
+                             compute_average_loss(losses, std::nullopt, f.global_batch));
+  TRIBUTARY_ASSIGN_OR_RETURN(Array reg,
+                             scale_regularization_loss(Array::scalar(float(f.l2 * wf * wf))));
   const int replicas = get_strategy().num_replicas_in_sync();
   // d/dw of mean-squared error over the global batch, plus this replica's share of the L2 term.
   const float grad_w = static_cast<float>(gw / f.global_batch + 2.0 * f.l2 * wf / replicas);
   const float grad_b = static_cast<float>(gb / f.global_batch);
-  TRIBUTARY_RETURN_IF_ERROR(w.assign_sub(*Array::from_vector<float>({float(f.lr * grad_w)}, {1, 1})));
+  TRIBUTARY_RETURN_IF_ERROR(
+      w.assign_sub(*Array::from_vector<float>({float(f.lr * grad_w)}, {1, 1})));
   TRIBUTARY_RETURN_IF_ERROR(b.assign_sub(*Array::from_vector<float>({float(f.lr * grad_b)}, {1})));
   return add(loss, reg);
 }
@@ -140,7 +155,8 @@ int main(int argc, char** argv) {
                 (long long)f.examples, (unsigned long long)f.seed);
   }
   // Variables: the update of every replica is summed, as TF's optimizers do.
-  VariableOptions wopt{"dense/kernel", VariableSynchronization::kOnWrite, VariableAggregation::kSum};
+  VariableOptions wopt{"dense/kernel", VariableSynchronization::kOnWrite,
+                       VariableAggregation::kSum};
   VariableOptions bopt{"dense/bias", VariableSynchronization::kOnWrite, VariableAggregation::kSum};
   auto w = s.create_variable(*Array::from_vector<float>({0.0f}, {1, 1}), wopt);
   if (!w.ok()) return fail(w.status());
@@ -173,8 +189,8 @@ int main(int argc, char** argv) {
     auto bv = b->read();
     if (!wv.ok() || !bv.ok()) return fail(wv.ok() ? bv.status() : wv.status());
     if (chief) {
-      std::printf("epoch %d: loss %.6f w %.6f b %.6f (%d steps)\n", epoch, total / steps,
-                  wv->at(0), bv->at(0), steps);
+      std::printf("epoch %d: loss %.6f w %.6f b %.6f (%d steps)\n", epoch, total / steps, wv->at(0),
+                  bv->at(0), steps);
       std::fflush(stdout);
     }
   }

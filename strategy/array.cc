@@ -122,7 +122,8 @@ StatusOr<Array> Array::to_device(const Device& device) const {
   if (nbytes() == 0) return a;
   const Device& other = device.is_cpu() ? this->device() : device;
   TRIBUTARY_ASSIGN_OR_RETURN(Allocator * alloc, allocator_for(other));
-  TRIBUTARY_RETURN_IF_ERROR(alloc->copy(a.view_.data(), device, view_.data(), this->device(), nbytes()));
+  TRIBUTARY_RETURN_IF_ERROR(
+      alloc->copy(a.view_.data(), device, view_.data(), this->device(), nbytes()));
   return a;
 }
 

@@ -82,9 +82,10 @@ Status check_variables(std::span<const Variable> variables, Strategy*& strategy)
 
 StatusOr<std::map<std::string, Array>> parse(const std::string& path, std::string_view data) {
   auto corrupt = [&](std::string_view why) {
-    return invalid_argument(fmt::format("checkpoint '{}' is corrupt or truncated ({}); was it "
-                                        "written by save_checkpoint and copied whole?",
-                                        path, why));
+    return invalid_argument(
+        fmt::format("checkpoint '{}' is corrupt or truncated ({}); was it "
+                    "written by save_checkpoint and copied whole?",
+                    path, why));
   };
   if (data.size() < kMagic.size() + 16 || data.substr(0, kMagic.size()) != kMagic) {
     return corrupt("bad header");
@@ -170,10 +171,11 @@ Status save_checkpoint(const std::string& path, std::span<const Variable> variab
     f.write(out.data(), static_cast<std::streamsize>(out.size()));
     f.close();
     if (!f) {
-      written = unavailable(fmt::format("could not write checkpoint '{}': {}", tmp, std::strerror(errno)));
+      written = unavailable(
+          fmt::format("could not write checkpoint '{}': {}", tmp, std::strerror(errno)));
     } else if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      written = unavailable(fmt::format("could not rename '{}' to '{}': {}", tmp, path,
-                                        std::strerror(errno)));
+      written = unavailable(
+          fmt::format("could not rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
     }
     if (!written.ok()) std::remove(tmp.c_str());
   }
@@ -190,7 +192,8 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
   if (s->is_chief()) {
     std::ifstream f(path, std::ios::binary);
     if (!f) {
-      loaded = not_found(fmt::format("checkpoint '{}' cannot be opened: {}", path, std::strerror(errno)));
+      loaded = not_found(
+          fmt::format("checkpoint '{}' cannot be opened: {}", path, std::strerror(errno)));
     } else {
       std::stringstream ss;
       ss << f.rdbuf();

@@ -91,20 +91,28 @@ void Strategy::tell_peers(const Status& failure) {
 
 std::string_view variable_synchronization_name(VariableSynchronization s) {
   switch (s) {
-    case VariableSynchronization::kAuto: return "AUTO";
-    case VariableSynchronization::kNone: return "NONE";
-    case VariableSynchronization::kOnWrite: return "ON_WRITE";
-    case VariableSynchronization::kOnRead: return "ON_READ";
+    case VariableSynchronization::kAuto:
+      return "AUTO";
+    case VariableSynchronization::kNone:
+      return "NONE";
+    case VariableSynchronization::kOnWrite:
+      return "ON_WRITE";
+    case VariableSynchronization::kOnRead:
+      return "ON_READ";
   }
   return "?";
 }
 
 std::string_view variable_aggregation_name(VariableAggregation a) {
   switch (a) {
-    case VariableAggregation::kNone: return "NONE";
-    case VariableAggregation::kSum: return "SUM";
-    case VariableAggregation::kMean: return "MEAN";
-    case VariableAggregation::kOnlyFirstReplica: return "ONLY_FIRST_REPLICA";
+    case VariableAggregation::kNone:
+      return "NONE";
+    case VariableAggregation::kSum:
+      return "SUM";
+    case VariableAggregation::kMean:
+      return "MEAN";
+    case VariableAggregation::kOnlyFirstReplica:
+      return "ONLY_FIRST_REPLICA";
   }
   return "?";
 }
@@ -131,7 +139,8 @@ std::vector<Device> Strategy::parameter_devices() const {
 Status Strategy::require_cross_replica(std::string_view method) const {
   const auto& t = thread_context();
   if (t.replica != nullptr && t.merge == nullptr) {
-    if (&t.replica->strategy() != this) return strategy_internal::mixing_error(*this, t.replica->strategy());
+    if (&t.replica->strategy() != this)
+      return strategy_internal::mixing_error(*this, t.replica->strategy());
     if (method == "gather") {
       return failed_precondition(
           "tf.distribute.Strategy.gather method requires cross-replica context, use "
@@ -143,7 +152,8 @@ Status Strategy::require_cross_replica(std::string_view method) const {
         method, t.replica->local_replica_id()));
   }
   Strategy* current = strategy_internal::current_strategy();
-  if (current != nullptr && current != this) return strategy_internal::mixing_error(*this, *current);
+  if (current != nullptr && current != this)
+    return strategy_internal::mixing_error(*this, *current);
   return ok_status();
 }
 
@@ -159,8 +169,7 @@ StatusOr<std::vector<Array>> Strategy::all_reduce_local(ReduceOp op,
           i, per_replica[i].tensor().to_string(), per_replica[0].tensor().to_string()));
     }
     TRIBUTARY_ASSIGN_OR_RETURN(Array in, per_replica[i].to_device(parts_.devices[i]));
-    TRIBUTARY_ASSIGN_OR_RETURN(Array out,
-                               Array::zeros(in.dtype(), in.shape(), parts_.devices[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(in.dtype(), in.shape(), parts_.devices[i]));
     inputs.push_back(std::move(in));
     outputs.push_back(std::move(out));
   }
@@ -201,8 +210,8 @@ StatusOr<std::vector<Array>> Strategy::all_gather_local(std::span<const Array> p
   const int64_t* first = all.data();
   const int rank = static_cast<int>(first[0]);
   if (axis < 0 || axis >= rank) {
-    return invalid_argument(fmt::format("all_gather: `axis` = {} out of range for `value` with rank {}",
-                                        axis, rank));
+    return invalid_argument(
+        fmt::format("all_gather: `axis` = {} out of range for `value` with rank {}", axis, rank));
   }
   int64_t max_along = 0, total_along = 0;
   std::vector<int64_t> along(n);
@@ -235,8 +244,8 @@ StatusOr<std::vector<Array>> Strategy::all_gather_local(std::span<const Array> p
     if (axis != 0) {
       TRIBUTARY_ASSIGN_OR_RETURN(moved, move_axis(v, axis, true, front));
     }
-    TRIBUTARY_ASSIGN_OR_RETURN(Array pad,
-                               Array::zeros(v.dtype(), Shape{max_along * row_elems}, parts_.devices[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array pad, Array::zeros(v.dtype(), Shape{max_along * row_elems}, parts_.devices[i]));
     if (moved.nbytes()) std::memcpy(pad.mutable_data<void>(), moved.data<void>(), moved.nbytes());
     TRIBUTARY_ASSIGN_OR_RETURN(
         Array out, Array::zeros(v.dtype(), Shape{n * max_along * row_elems}, parts_.devices[i]));
@@ -272,7 +281,8 @@ StatusOr<std::vector<Array>> Strategy::all_gather_local(std::span<const Array> p
   return results;
 }
 
-// --- ReplicaContext --------------------------------------------------------------------------------
+// --- ReplicaContext
+// --------------------------------------------------------------------------------
 
 int ReplicaContext::replica_id_in_sync_group() const {
   return strategy_->worker_index() * strategy_->num_local_replicas() + local_id_;
@@ -281,36 +291,39 @@ int ReplicaContext::num_replicas_in_sync() const { return strategy_->num_replica
 const Device& ReplicaContext::device() const { return strategy_->worker_devices()[local_id_]; }
 
 StatusOr<Array> ReplicaContext::all_reduce(ReduceOp op, const Array& value) {
-  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_reduce(op, std::span<const Array>(&value, 1)));
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r,
+                             all_reduce(op, std::span<const Array>(&value, 1)));
   return r[0];
 }
 
-StatusOr<std::vector<Array>> ReplicaContext::all_reduce(ReduceOp op, std::span<const Array> values) {
+StatusOr<std::vector<Array>> ReplicaContext::all_reduce(ReduceOp op,
+                                                        std::span<const Array> values) {
   Strategy* s = strategy_;
   std::vector<Array> mine(values.begin(), values.end());
-  StatusOr<std::any> r = meet(
-      "all_reduce", std::any(std::move(mine)),
-      [s, op](std::vector<std::any>& args) -> StatusOr<std::any> {
-        const size_t n = args.size();
-        std::vector<std::vector<Array>> per_replica(n);
-        for (size_t i = 0; i < n; ++i) per_replica[i] = std::any_cast<std::vector<Array>>(args[i]);
-        const size_t count = per_replica[0].size();
-        for (size_t i = 1; i < n; ++i) {
-          if (per_replica[i].size() != count) {
-            return invalid_argument(fmt::format(
-                "all_reduce: replica {} passed {} value(s) but replica 0 passed {}", i,
-                per_replica[i].size(), count));
-          }
-        }
-        // result[k][i]: value k for replica i.
-        std::vector<std::vector<Array>> result(count);
-        for (size_t k = 0; k < count; ++k) {
-          std::vector<Array> column;
-          for (size_t i = 0; i < n; ++i) column.push_back(per_replica[i][k]);
-          TRIBUTARY_ASSIGN_OR_RETURN(result[k], s->all_reduce_local(op, column));
-        }
-        return std::any(std::move(result));
-      });
+  StatusOr<std::any> r =
+      meet("all_reduce", std::any(std::move(mine)),
+           [s, op](std::vector<std::any>& args) -> StatusOr<std::any> {
+             const size_t n = args.size();
+             std::vector<std::vector<Array>> per_replica(n);
+             for (size_t i = 0; i < n; ++i)
+               per_replica[i] = std::any_cast<std::vector<Array>>(args[i]);
+             const size_t count = per_replica[0].size();
+             for (size_t i = 1; i < n; ++i) {
+               if (per_replica[i].size() != count) {
+                 return invalid_argument(fmt::format(
+                     "all_reduce: replica {} passed {} value(s) but replica 0 passed {}", i,
+                     per_replica[i].size(), count));
+               }
+             }
+             // result[k][i]: value k for replica i.
+             std::vector<std::vector<Array>> result(count);
+             for (size_t k = 0; k < count; ++k) {
+               std::vector<Array> column;
+               for (size_t i = 0; i < n; ++i) column.push_back(per_replica[i][k]);
+               TRIBUTARY_ASSIGN_OR_RETURN(result[k], s->all_reduce_local(op, column));
+             }
+             return std::any(std::move(result));
+           });
   if (!r.ok()) return r.status();
   const auto& result = std::any_cast<const std::vector<std::vector<Array>>&>(*r);
   std::vector<Array> out;
@@ -320,8 +333,8 @@ StatusOr<std::vector<Array>> ReplicaContext::all_reduce(ReduceOp op, std::span<c
 
 StatusOr<Array> ReplicaContext::all_gather(const Array& value, int axis) {
   Strategy* s = strategy_;
-  StatusOr<std::any> r =
-      meet("all_gather", std::any(value), [s, axis](std::vector<std::any>& args) -> StatusOr<std::any> {
+  StatusOr<std::any> r = meet(
+      "all_gather", std::any(value), [s, axis](std::vector<std::any>& args) -> StatusOr<std::any> {
         std::vector<Array> values;
         for (auto& a : args) values.push_back(std::any_cast<Array>(a));
         TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> out, s->all_gather_local(values, axis));
@@ -331,7 +344,8 @@ StatusOr<Array> ReplicaContext::all_gather(const Array& value, int axis) {
   return std::any_cast<const std::vector<Array>&>(*r)[local_id_];
 }
 
-// --- Strategy: cross-replica -------------------------------------------------------------------------
+// --- Strategy: cross-replica
+// -------------------------------------------------------------------------
 
 StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
                                  std::optional<int> axis) {
@@ -350,8 +364,8 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
     std::vector<Array> numer, denom;
     for (const Array& v : value) {
       if (*axis < 0 || *axis >= v.rank()) {
-        return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
-                                            v.rank()));
+        return invalid_argument(
+            fmt::format("`axis` = {} out of range for `value` with rank {}", *axis, v.rank()));
       }
       TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(v, *axis));
       numer.push_back(std::move(s));
@@ -373,9 +387,9 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<
   return told(*this, [&]() -> StatusOr<Array> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
     if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-      return invalid_argument(fmt::format(
-          "reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
-          reduce_op_name(op)));
+      return invalid_argument(
+          fmt::format("reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
+                      reduce_op_name(op)));
     }
     if (op == ReduceOp::kSum && num_replicas_in_sync() != 1) {
       return invalid_argument(fmt::format(
@@ -386,8 +400,8 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<
     }
     if (!axis) return value;
     if (*axis < 0 || *axis >= value.rank()) {
-      return invalid_argument(fmt::format("`axis` = {} out of range for `value` with rank {}", *axis,
-                                          value.rank()));
+      return invalid_argument(
+          fmt::format("`axis` = {} out of range for `value` with rank {}", *axis, value.rank()));
     }
     TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, *axis));
     if (op == ReduceOp::kSum) return total;
@@ -413,7 +427,8 @@ StatusOr<PerReplica<Array>> Strategy::distribute_values_from_function(
   for (int i = 0; i < num_local_replicas(); ++i) {
     ValueContext ctx{worker_index() * num_local_replicas() + i, num_replicas_in_sync()};
     StatusOr<Array> v = value_fn(ctx);
-    if (!v.ok()) return v.status().with_context(fmt::format("replica {}", ctx.replica_id_in_sync_group));
+    if (!v.ok())
+      return v.status().with_context(fmt::format("replica {}", ctx.replica_id_in_sync_group));
     TRIBUTARY_ASSIGN_OR_RETURN(Array placed, v->to_device(parts_.devices[i]));
     out.push_back(std::move(placed));
   }
@@ -446,8 +461,8 @@ StatusOr<Mirrored<Array>> Strategy::reduce_to(ReduceOp op, const PerReplica<Arra
     std::vector<Tensor> dst;
     for (const Array& a : outs) dst.push_back(a.tensor());
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, value.values()));
-    TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->reduce(
-        op, tensors_of(placed), Mirrored<Tensor>(std::move(dst)))));
+    TRIBUTARY_RETURN_IF_ERROR(wait(
+        parts_.cross_device_ops->reduce(op, tensors_of(placed), Mirrored<Tensor>(std::move(dst)))));
     return Mirrored<Array>(std::move(outs));
   }());
 }
@@ -464,7 +479,8 @@ StatusOr<std::vector<Mirrored<Array>>> Strategy::batch_reduce_to(
       std::vector<Tensor> dst;
       for (size_t i = 0; i < values[k].size(); ++i) {
         const Array& v = values[k][i];
-        TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(v.dtype(), v.shape(), parts_.devices[i]));
+        TRIBUTARY_ASSIGN_OR_RETURN(Array out,
+                                   Array::zeros(v.dtype(), v.shape(), parts_.devices[i]));
         dst.push_back(out.tensor());
         outs[k].push_back(std::move(out));
       }
@@ -483,7 +499,8 @@ StatusOr<std::vector<Mirrored<Array>>> Strategy::batch_reduce_to(
 StatusOr<Mirrored<Array>> Strategy::broadcast_to(const Array& value, const Variable& destination) {
   return told(*this, [&]() -> StatusOr<Mirrored<Array>> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("broadcast_to"));
-    if (!destination.valid()) return invalid_argument("broadcast_to: the destination variable is empty");
+    if (!destination.valid())
+      return invalid_argument("broadcast_to: the destination variable is empty");
     std::vector<Array> outs;
     std::vector<Tensor> dst;
     for (const Device& d : destination.devices()) {
@@ -491,8 +508,8 @@ StatusOr<Mirrored<Array>> Strategy::broadcast_to(const Array& value, const Varia
       dst.push_back(out.tensor());
       outs.push_back(std::move(out));
     }
-    TRIBUTARY_RETURN_IF_ERROR(
-        wait(parts_.cross_device_ops->broadcast(value.tensor(), Mirrored<Tensor>(std::move(dst)), 0)));
+    TRIBUTARY_RETURN_IF_ERROR(wait(
+        parts_.cross_device_ops->broadcast(value.tensor(), Mirrored<Tensor>(std::move(dst)), 0)));
     return Mirrored<Array>(std::move(outs));
   }());
 }

@@ -10,8 +10,8 @@ namespace tributary {
 struct DistributedDataset::Pipelines {
   std::vector<Dataset> datasets;  // one per worker (PER_WORKER) or one per local replica
   bool per_replica = false;
-  ElementSpec spec;               // per replica
-  bool partial_batches = false;   // TF's enable_get_next_as_optional
+  ElementSpec spec;              // per replica
+  bool partial_batches = false;  // TF's enable_get_next_as_optional
 };
 
 struct DistributedIterator::Impl {
@@ -36,7 +36,8 @@ bool all_static(const ElementSpec& spec) {
 
 // A zero-size batch shaped like this step's real batches (TF's dummy tensors: dimension 0 is 0,
 // unknown dimensions are 0 too).
-StatusOr<Element> empty_batch(const ElementSpec& spec, const std::vector<std::optional<Element>>& step) {
+StatusOr<Element> empty_batch(const ElementSpec& spec,
+                              const std::vector<std::optional<Element>>& step) {
   const Element* real = nullptr;
   for (const auto& e : step) {
     if (e) real = &*e;
@@ -55,8 +56,9 @@ StatusOr<Element> empty_batch(const ElementSpec& spec, const std::vector<std::op
       for (int64_t& d : shape) d = std::max<int64_t>(d, 0);
     }
     if (shape.empty()) {
-      return invalid_argument("a distributed dataset's elements must be batches (rank >= 1) to "
-                              "give an empty batch to a replica without data");
+      return invalid_argument(
+          "a distributed dataset's elements must be batches (rank >= 1) to "
+          "give an empty batch to a replica without data");
     }
     shape[0] = 0;
     TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::zeros(dtype, shape));
@@ -78,8 +80,8 @@ Status check_options(const InputOptions& o) {
         "experimental_fetch_to_device is True and replication mode is set to `PER_REPLICA`");
   }
   if (o.per_replica_buffer_size < 0) {
-    return invalid_argument(fmt::format("per_replica_buffer_size must be >= 0, not {}",
-                                        o.per_replica_buffer_size));
+    return invalid_argument(
+        fmt::format("per_replica_buffer_size must be >= 0, not {}", o.per_replica_buffer_size));
   }
   return ok_status();
 }
@@ -105,9 +107,9 @@ std::shared_ptr<DistributedDataset::Pipelines> finish(std::vector<Dataset> datas
 
 StatusOr<int64_t> InputContext::get_per_replica_batch_size(int64_t global_batch_size) const {
   if (num_replicas_in_sync_ <= 0 || global_batch_size % num_replicas_in_sync_ != 0) {
-    return invalid_argument(fmt::format(
-        "The `global_batch_size` {} is not divisible by `num_replicas_in_sync` {} ",
-        global_batch_size, num_replicas_in_sync_));
+    return invalid_argument(
+        fmt::format("The `global_batch_size` {} is not divisible by `num_replicas_in_sync` {} ",
+                    global_batch_size, num_replicas_in_sync_));
   }
   return global_batch_size / num_replicas_in_sync_;
 }
@@ -117,7 +119,8 @@ std::string InputContext::to_string() const {
                      input_pipeline_id_, num_input_pipelines_);
 }
 
-DistributedDataset::DistributedDataset(Strategy* strategy, std::shared_ptr<const Pipelines> pipelines)
+DistributedDataset::DistributedDataset(Strategy* strategy,
+                                       std::shared_ptr<const Pipelines> pipelines)
     : strategy_(strategy), pipelines_(std::move(pipelines)) {}
 
 ElementSpec DistributedDataset::element_spec() const { return pipelines_->spec; }
@@ -183,7 +186,8 @@ StatusOr<std::optional<PerReplica<Element>>> DistributedIterator::get_next_as_op
       std::vector<int64_t> v = {i == 0 ? with_data : 0, i == 0 && !local_error.ok() ? 1 : 0};
       TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::from_vector(v));
       TRIBUTARY_ASSIGN_OR_RETURN(Array placed, a.to_device(s.worker_devices()[i]));
-      TRIBUTARY_ASSIGN_OR_RETURN(Array o, Array::zeros(DType::kInt64, Shape{2}, s.worker_devices()[i]));
+      TRIBUTARY_ASSIGN_OR_RETURN(Array o,
+                                 Array::zeros(DType::kInt64, Shape{2}, s.worker_devices()[i]));
       in.push_back(std::move(placed));
       out.push_back(std::move(o));
     }
@@ -201,8 +205,9 @@ StatusOr<std::optional<PerReplica<Element>>> DistributedIterator::get_next_as_op
     }
     if (!local_error.ok()) return local_error;
     if (out[0].data<int64_t>()[1] > 0) {
-      return aborted("the input pipeline failed on another worker (see its log); every worker "
-                     "stops at this step");
+      return aborted(
+          "the input pipeline failed on another worker (see its log); every worker "
+          "stops at this step");
     }
     global = out[0].data<int64_t>()[0];
   } else if (!local_error.ok()) {
@@ -252,7 +257,8 @@ StatusOr<DistributedDataset> distribute_dataset(Strategy& strategy, const Datase
     d = d.rebatch(batch_sizes_for_worker(global_batch, W, R, strategy.worker_index()));
   }
   if (W > 1) {
-    StatusOr<Dataset> sharded = auto_shard(d, W, strategy.worker_index(), options.auto_shard_policy);
+    StatusOr<Dataset> sharded =
+        auto_shard(d, W, strategy.worker_index(), options.auto_shard_policy);
     if (!sharded.ok()) return sharded.status();
     d = std::move(*sharded);
   }
@@ -284,7 +290,8 @@ StatusOr<DistributedDataset> distribute_datasets_from_function(
     }
     return DistributedDataset(&strategy, finish(std::move(datasets), true, strategy));
   }
-  InputContext context(strategy.num_workers(), strategy.worker_index(), strategy.num_replicas_in_sync());
+  InputContext context(strategy.num_workers(), strategy.worker_index(),
+                       strategy.num_replicas_in_sync());
   StatusOr<Dataset> d = dataset_fn(context);
   if (!d.ok()) return d.status().with_context("dataset_fn");
   TRIBUTARY_RETURN_IF_ERROR(d->status());

@@ -65,9 +65,11 @@ StatusOr<Array> compute_average_loss(const Array& per_example_loss,
   double sum = 0;
   for (int64_t i = 0; i < loss.num_elements(); ++i) {
     // TF scales in float32, then casts back to the loss's dtype.
-    sum += dtype_round(loss.dtype(), static_cast<float>(loss.at(i)) * static_cast<float>(weights[i]));
+    sum +=
+        dtype_round(loss.dtype(), static_cast<float>(loss.at(i)) * static_cast<float>(weights[i]));
   }
-  const double value = *global_batch_size == 0 ? 0.0 : sum / static_cast<double>(*global_batch_size);
+  const double value =
+      *global_batch_size == 0 ? 0.0 : sum / static_cast<double>(*global_batch_size);
   double v[1] = {value};
   return Array::from_doubles(loss.dtype(), v, Shape{});
 }

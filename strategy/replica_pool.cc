@@ -45,6 +45,24 @@ Status call_replica_fn(const std::function<Status(ReplicaContext&)>& fn, Replica
   return s;
 }
 
+// Runs a merge function on this thread in cross-replica context. A failure is this worker's
+// alone until its peers are told (they may be about to wait in the collective it did not reach).
+StatusOr<std::any> run_merge(Strategy& strategy, ReplicaContext::MergeFn& fn,
+                             std::vector<std::any>& args) {
+  auto& t = thread_context();
+  Strategy* saved = t.merge;
+  t.merge = &strategy;
+  StatusOr<std::any> r = internal_error("merge function did not run");
+  try {
+    r = fn(args);
+  } catch (...) {
+    r = aborted("a merge function threw " + describe_exception(std::current_exception()));
+  }
+  t.merge = saved;
+  if (!r.ok()) strategy.tell_peers(r.status());
+  return r;
+}
+
 }  // namespace
 
 struct Strategy::Pool {
@@ -71,9 +89,9 @@ struct Strategy::Pool {
   std::vector<std::string> whats;
   std::vector<int> calls;  // meetings each replica has joined in this run
   std::any result;
-  bool merging = false;   // the last replica to arrive is running the merge function
-  Status failure;         // sticky for the rest of this run
-  Status first_error;     // the first replica error, which caused `failure` if any
+  bool merging = false;  // the last replica to arrive is running the merge function
+  Status failure;        // sticky for the rest of this run
+  Status first_error;    // the first replica error, which caused `failure` if any
   int first_error_replica = -1;
 
   void start() {
@@ -170,17 +188,7 @@ struct Strategy::Pool {
       // their own), and this replica runs its own function, which is alive on its own stack.
       merging = true;
       lock.unlock();
-      auto& t = thread_context();
-      Strategy* saved_merge = t.merge;
-      t.merge = strategy;
-      StatusOr<std::any> r = internal_error("merge function did not run");
-      try {
-        r = fn(args);
-      } catch (...) {
-        r = aborted("a merge function threw " + describe_exception(std::current_exception()));
-      }
-      t.merge = saved_merge;
-      if (!r.ok()) strategy->tell_peers(r.status());
+      StatusOr<std::any> r = run_merge(*strategy, fn, args);
       lock.lock();
       merging = false;
       if (!r.ok()) {
@@ -199,9 +207,10 @@ struct Strategy::Pool {
       return result;
     }
     if (!first_error.ok()) {
-      failure = aborted(fmt::format("replica {} failed ({}) before reaching {}; the collective was "
-                                    "abandoned",
-                                    first_error_replica, first_error.to_string(), what));
+      failure =
+          aborted(fmt::format("replica {} failed ({}) before reaching {}; the collective was "
+                              "abandoned",
+                              first_error_replica, first_error.to_string(), what));
       cv.notify_all();
       return failure;
     }
@@ -258,7 +267,8 @@ Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn) {
         "cross-replica context (a scope or no scope), not from a replica thread");
   }
   Strategy* current = strategy_internal::current_strategy();
-  if (current != nullptr && current != this) return strategy_internal::mixing_error(*this, *current);
+  if (current != nullptr && current != this)
+    return strategy_internal::mixing_error(*this, *current);
   if (num_local_replicas() == 1) {
     // One replica: no threads, and meet() runs the merge at once.
     return call_replica_fn(fn, *contexts_[0]);
@@ -316,17 +326,7 @@ StatusOr<std::any> ReplicaContext::meet(std::string_view what, std::any arg, Mer
   if (strategy_->num_local_replicas() == 1) {
     std::vector<std::any> args;
     args.push_back(std::move(arg));
-    Strategy* saved = t.merge;
-    t.merge = strategy_;
-    StatusOr<std::any> r = internal_error("merge function did not run");
-    try {
-      r = fn(args);
-    } catch (...) {
-      r = aborted("a merge function threw " + describe_exception(std::current_exception()));
-    }
-    t.merge = saved;
-    if (!r.ok()) strategy_->tell_peers(r.status());
-    return r;
+    return run_merge(*strategy_, fn, args);
   }
   return strategy_->pool_->meet(local_id_, what, std::move(arg), fn);
 }

@@ -19,8 +19,8 @@ std::vector<Device> default_devices() {
 
 Status check_devices(const std::vector<Device>& devices, std::string_view argument) {
   if (devices.empty()) {
-    return invalid_argument(fmt::format(
-        "Got an empty `{}` list and unable to recognize any local devices.", argument));
+    return invalid_argument(
+        fmt::format("Got an empty `{}` list and unable to recognize any local devices.", argument));
   }
   std::set<Device> seen;
   for (const Device& d : devices) {
@@ -51,17 +51,23 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> create_backend(const BackendRegistry& 
   return ops;
 }
 
+StrategyParts parts_of(StrategyKind kind, std::string name, std::vector<Device> devices,
+                       std::unique_ptr<CrossDeviceOps> ops) {
+  StrategyParts parts;
+  parts.kind = kind;
+  parts.name = std::move(name);
+  parts.devices = std::move(devices);
+  parts.cross_device_ops = std::move(ops);
+  return parts;
+}
+
 StatusOr<std::unique_ptr<Strategy>> single_replica(StrategyKind kind, std::string name,
                                                    Device device) {
   BackendContext context;
   context.devices = {device};
-  TRIBUTARY_ASSIGN_OR_RETURN(auto ops, create_backend(registry_or_builtin(nullptr),
-                                                      "reduction_to_one_device", context));
-  StrategyParts parts;
-  parts.kind = kind;
-  parts.name = std::move(name);
-  parts.devices = {device};
-  parts.cross_device_ops = std::move(ops);
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      auto ops, create_backend(registry_or_builtin(nullptr), "reduction_to_one_device", context));
+  StrategyParts parts = parts_of(kind, std::move(name), {device}, std::move(ops));
   parts.parameter_device = device;
   return std::make_unique<Strategy>(std::move(parts));
 }
@@ -72,7 +78,7 @@ Strategy& default_strategy() {
   static Strategy* const instance = [] {
     StatusOr<std::unique_ptr<Strategy>> s =
         single_replica(StrategyKind::kDefault, "DefaultStrategy", Device::cpu(0));
-    assert(s.ok());  // CPU reduction_to_one_device is always built in
+    assert(s.ok());       // CPU reduction_to_one_device is always built in
     return s->release();  // lives for the whole program, like TF's singleton
   }();
   return *instance;
@@ -98,19 +104,16 @@ StatusOr<std::unique_ptr<Strategy>> make_mirrored_strategy(MirroredStrategyOptio
   if (ops->world_size() != 1) {
     return invalid_argument("MirroredStrategy is single-worker; use MultiWorkerMirroredStrategy");
   }
-  StrategyParts parts;
-  parts.kind = StrategyKind::kMirrored;
-  parts.name = "MirroredStrategy";
-  parts.devices = std::move(devices);
-  parts.cross_device_ops = std::move(ops);
+  StrategyParts parts =
+      parts_of(StrategyKind::kMirrored, "MirroredStrategy", std::move(devices), std::move(ops));
   return std::make_unique<Strategy>(std::move(parts));
 }
 
 StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
     MultiWorkerMirroredStrategyOptions options) {
-  std::vector<Device> devices = options.context ? options.context->devices
-                                                : options.devices.empty() ? default_devices()
-                                                                          : options.devices;
+  std::vector<Device> devices = options.context           ? options.context->devices
+                                : options.devices.empty() ? default_devices()
+                                                          : options.devices;
   TRIBUTARY_RETURN_IF_ERROR(check_devices(devices, "devices"));
   Config config = options.config ? *options.config : Config::from_environment();
   ClusterSpec cluster;
@@ -124,8 +127,8 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
   const BackendRegistry& registry = registry_or_builtin(options.registry);
   const CommunicationOptions& comm = options.communication;
   if (comm.bytes_per_pack < 0) {
-    return invalid_argument(fmt::format("bytes_per_pack must be non-negative, not {}",
-                                        comm.bytes_per_pack));
+    return invalid_argument(
+        fmt::format("bytes_per_pack must be non-negative, not {}", comm.bytes_per_pack));
   }
   std::string spec = comm.implementation.empty() ? "auto" : comm.implementation;
   if (spec == "auto" || spec == "AUTO") {
@@ -146,9 +149,9 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
       for (const OptionDef& o : registry.options_of(*info)) has = has || o.name == "bytes_per_pack";
     }
     if (!has) {
-      return invalid_argument(fmt::format(
-          "communication bytes_per_pack={} is not an option of backend '{}'", comm.bytes_per_pack,
-          parsed.name));
+      return invalid_argument(
+          fmt::format("communication bytes_per_pack={} is not an option of backend '{}'",
+                      comm.bytes_per_pack, parsed.name));
     }
     extra.push_back(fmt::format("bytes_per_pack={}", comm.bytes_per_pack));
   }
@@ -158,14 +161,12 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
   if (options.context) {
     context = *options.context;
   } else {
-    TRIBUTARY_ASSIGN_OR_RETURN(context, make_backend_context(devices, config, options.startup_timeout));
+    TRIBUTARY_ASSIGN_OR_RETURN(context,
+                               make_backend_context(devices, config, options.startup_timeout));
   }
   TRIBUTARY_ASSIGN_OR_RETURN(auto ops, create_backend(registry, spec, context));
-  StrategyParts parts;
-  parts.kind = StrategyKind::kMultiWorkerMirrored;
-  parts.name = "MultiWorkerMirroredStrategy";
-  parts.devices = std::move(devices);
-  parts.cross_device_ops = std::move(ops);
+  StrategyParts parts = parts_of(StrategyKind::kMultiWorkerMirrored, "MultiWorkerMirroredStrategy",
+                                 std::move(devices), std::move(ops));
   parts.worker_index = cluster.rank;
   parts.num_workers = cluster.world_size;
   parts.is_chief = cluster.is_chief();
@@ -190,11 +191,8 @@ StatusOr<std::unique_ptr<Strategy>> make_central_storage_strategy(
   const std::string spec =
       options.cross_device_ops.empty() ? "reduction_to_one_device" : options.cross_device_ops;
   TRIBUTARY_ASSIGN_OR_RETURN(auto ops, create_backend(registry, spec, context));
-  StrategyParts parts;
-  parts.kind = StrategyKind::kCentralStorage;
-  parts.name = "CentralStorageStrategy";
-  parts.devices = std::move(devices);
-  parts.cross_device_ops = std::move(ops);
+  StrategyParts parts = parts_of(StrategyKind::kCentralStorage, "CentralStorageStrategy",
+                                 std::move(devices), std::move(ops));
   parts.central_variables = true;
   parts.parameter_device = parameter;
   return std::make_unique<Strategy>(std::move(parts));

@@ -17,7 +17,7 @@ struct Variable::State {
   VariableSynchronization sync = VariableSynchronization::kOnWrite;
   VariableAggregation aggregation = VariableAggregation::kNone;
   bool trainable = true;
-  bool central = false;  // one copy on the parameter device
+  bool central = false;           // one copy on the parameter device
   std::vector<Array> components;  // owned storage, updated in place under `mu`
   mutable std::mutex mu;
 };
@@ -28,9 +28,12 @@ enum class UpdateKind { kAssign, kAdd, kSub };
 
 std::string_view update_name(UpdateKind k) {
   switch (k) {
-    case UpdateKind::kAssign: return "assign";
-    case UpdateKind::kAdd: return "assign_add";
-    case UpdateKind::kSub: return "assign_sub";
+    case UpdateKind::kAssign:
+      return "assign";
+    case UpdateKind::kAdd:
+      return "assign_add";
+    case UpdateKind::kSub:
+      return "assign_sub";
   }
   return "?";
 }
@@ -70,9 +73,12 @@ struct VariableImpl {
     TRIBUTARY_ASSIGN_OR_RETURN(Array cur, on_cpu(current));
     TRIBUTARY_ASSIGN_OR_RETURN(Array val, on_cpu(value));
     switch (k) {
-      case UpdateKind::kAssign: return val;
-      case UpdateKind::kAdd: return add(cur, val);
-      case UpdateKind::kSub: return subtract(cur, val);
+      case UpdateKind::kAssign:
+        return val;
+      case UpdateKind::kAdd:
+        return add(cur, val);
+      case UpdateKind::kSub:
+        return subtract(cur, val);
     }
     return internal_error("unknown update");
   }
@@ -91,8 +97,8 @@ struct VariableImpl {
       if (c.device().is_cpu() && value.device().is_cpu()) {
         std::memcpy(c.mutable_data<void>(), value.data<void>(), c.nbytes());
       } else {
-        TRIBUTARY_ASSIGN_OR_RETURN(Allocator * alloc,
-                                   allocator_for(c.device().is_cpu() ? value.device() : c.device()));
+        TRIBUTARY_ASSIGN_OR_RETURN(
+            Allocator * alloc, allocator_for(c.device().is_cpu() ? value.device() : c.device()));
         TRIBUTARY_RETURN_IF_ERROR(alloc->copy(c.mutable_data<void>(), c.device(),
                                               value.data<void>(), value.device(), c.nbytes()));
       }
@@ -120,15 +126,15 @@ struct VariableImpl {
     TRIBUTARY_RETURN_IF_ERROR(check_value(v, value, update_name(k)));
     Strategy& s = *v.strategy;
     if (ReplicaContext* ctx = replica_of(s)) return update_in_replica(v, *ctx, k, value);
-    TRIBUTARY_RETURN_IF_ERROR(s.require_cross_replica(fmt::format("{} on variable '{}'",
-                                                                  update_name(k), v.name)));
+    TRIBUTARY_RETURN_IF_ERROR(
+        s.require_cross_replica(fmt::format("{} on variable '{}'", update_name(k), v.name)));
     if (v.sync == VariableSynchronization::kOnRead) {
       if (v.aggregation == VariableAggregation::kSum) {
         if (k != UpdateKind::kAssign) {
-          return invalid_argument(fmt::format(
-              "SyncOnReadVariable does not support `{}` in cross-replica context when "
-              "aggregation is set to `tf.VariableAggregation.SUM`. (variable '{}')",
-              update_name(k), v.name));
+          return invalid_argument(
+              fmt::format("SyncOnReadVariable does not support `{}` in cross-replica context when "
+                          "aggregation is set to `tf.VariableAggregation.SUM`. (variable '{}')",
+                          update_name(k), v.name));
         }
         // Each copy gets x / N so that the aggregated read returns x.
         TRIBUTARY_ASSIGN_OR_RETURN(Array part, on_cpu(value));
@@ -166,8 +172,7 @@ struct VariableImpl {
             agreed = values[0];
             if (s.num_workers() > 1) {
               // Global replica 0 (the chief's first) decides, on every worker.
-              TRIBUTARY_ASSIGN_OR_RETURN(Array out,
-                                         Array::zeros(agreed.dtype(), agreed.shape()));
+              TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(agreed.dtype(), agreed.shape()));
               TRIBUTARY_RETURN_IF_ERROR(
                   s.cross_device_ops()
                       .broadcast(values[0].tensor(), Mirrored<Tensor>({out.tensor()}), 0)
@@ -190,7 +195,8 @@ struct VariableImpl {
     if (ReplicaContext* ctx = replica_of(s)) {
       return snapshot(v, v.central ? 0 : static_cast<size_t>(ctx->local_replica_id()));
     }
-    TRIBUTARY_RETURN_IF_ERROR(s.require_cross_replica(fmt::format("read of variable '{}'", v.name)));
+    TRIBUTARY_RETURN_IF_ERROR(
+        s.require_cross_replica(fmt::format("read of variable '{}'", v.name)));
     if (v.sync == VariableSynchronization::kOnWrite ||
         v.aggregation == VariableAggregation::kOnlyFirstReplica) {
       return snapshot(v, 0);
@@ -211,9 +217,8 @@ struct VariableImpl {
 
 StatusOr<Variable> Strategy::create_variable(const Array& initial_value, VariableOptions options) {
   StatusOr<Variable> made = [&]() -> StatusOr<Variable> {
-    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica(
-        fmt::format("create_variable ('{}'; create variables outside run(), e.g. in scope())",
-                    options.name)));
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica(fmt::format(
+        "create_variable ('{}'; create variables outside run(), e.g. in scope())", options.name)));
     VariableSynchronization sync = options.synchronization;
     if (sync == VariableSynchronization::kAuto) sync = VariableSynchronization::kOnWrite;
     if (sync == VariableSynchronization::kNone) {
@@ -222,7 +227,8 @@ StatusOr<Variable> Strategy::create_variable(const Array& initial_value, Variabl
           "Please change the `synchronization` for variable: {}",
           options.name));
     }
-    if (options.aggregation == VariableAggregation::kMean && !dtype_is_floating(initial_value.dtype())) {
+    if (options.aggregation == VariableAggregation::kMean &&
+        !dtype_is_floating(initial_value.dtype())) {
       return invalid_argument(fmt::format(
           "creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is not "
           "supported, please use a different aggregation or dtype (variable '{}', {})",
@@ -253,8 +259,8 @@ StatusOr<Variable> Strategy::create_variable(const Array& initial_value, Variabl
       TRIBUTARY_RETURN_IF_ERROR(
           parts_.cross_device_ops->broadcast(initial.tensor(), Mirrored<Tensor>(std::move(dst)), 0)
               .wait()
-              .with_context(fmt::format("broadcasting the initial value of variable '{}'",
-                                        options.name)));
+              .with_context(
+                  fmt::format("broadcasting the initial value of variable '{}'", options.name)));
     } else {
       std::vector<std::pair<size_t, Array>> init;
       for (size_t i = 0; i < state->components.size(); ++i) init.emplace_back(i, initial);

@@ -1,11 +1,12 @@
 // Distributed input in one process (reference §6): rebatching across replicas, partial batches,
 // distribute_datasets_from_function, InputContext and the iterator's rules.
+#include "tributary/strategy/distributed_input.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "tributary/strategy/distributed_input.h"
 #include "tributary/strategy/strategies.h"
 
 namespace tributary {
@@ -49,8 +50,7 @@ Steps distribute(int replicas, const Dataset& ds) {
 
 TEST(DistributeDatasetTest, TfTutorialExamplesUnderTheV2Rule) {
   // range(6).batch(4), 2 replicas -> ([0,1],[2,3]) then ([4,5],[]).
-  EXPECT_EQ(distribute(2, Dataset::range(6).batch(4)),
-            (Steps{{{0, 1}, {2, 3}}, {{4, 5}, {}}}));
+  EXPECT_EQ(distribute(2, Dataset::range(6).batch(4)), (Steps{{{0, 1}, {2, 3}}, {{4, 5}, {}}}));
   // range(4).batch(4), 5 replicas -> [0] [1] [2] [3] [].
   EXPECT_EQ(distribute(5, Dataset::range(4).batch(4)), (Steps{{{0}, {1}, {2}, {3}, {}}}));
   // range(8).batch(4), 3 replicas -> ([0,1],[2],[3]) then ([4,5],[6],[7]).
@@ -121,11 +121,13 @@ TEST(DistributeDatasetTest, ElementSpecAndErrors) {
   // A batch size of 0 and a shape change mid-stream are errors from get_next, not crashes.
   auto zero = distribute_dataset(*s, Dataset::range(4).batch(0));
   EXPECT_THAT(zero.status().message(), HasSubstr("Batch size must be greater than zero."));
-  Dataset ragged = Dataset::range(5).map([](Element e) -> StatusOr<Element> {
-    const int64_t n = e[0].to_vector<int64_t>()[0] < 3 ? 2 : 3;
-    TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::zeros(DType::kFloat32, {n}));
-    return Element{a};
-  }).batch(4);
+  Dataset ragged = Dataset::range(5)
+                       .map([](Element e) -> StatusOr<Element> {
+                         const int64_t n = e[0].to_vector<int64_t>()[0] < 3 ? 2 : 3;
+                         TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::zeros(DType::kFloat32, {n}));
+                         return Element{a};
+                       })
+                       .batch(4);
   auto rdd = distribute_dataset(*s, ragged);
   ASSERT_TRUE(rdd.ok()) << rdd.status().to_string();
   auto rit = std::move(*rdd->make_iterator());
@@ -138,7 +140,8 @@ TEST(DistributeDatasetTest, GetNextFromInsideRunIsTfsError) {
   auto s = mirrored(2);
   auto it = std::move(*distribute_dataset(*s, Dataset::range(8).batch(2))->make_iterator());
   Status st = s->run([&](ReplicaContext&) { return it.get_next().status(); });
-  EXPECT_THAT(st.message(), HasSubstr("next(iterator) should be called from outside of replica_fn"));
+  EXPECT_THAT(st.message(),
+              HasSubstr("next(iterator) should be called from outside of replica_fn"));
 }
 
 TEST(DistributeDatasetTest, StaticShapesWithoutPartialHandlingDropAShortStep) {
@@ -156,13 +159,15 @@ TEST(DistributeDatasetsFromFunctionTest, TestIlUnevenBatches) {
   auto s = mirrored(2);
   for (bool drop : {false, true}) {
     std::vector<std::string> contexts;
-    auto dd = distribute_datasets_from_function(*s, [&](const InputContext& ctx) -> StatusOr<Dataset> {
-      contexts.push_back(ctx.to_string());
-      EXPECT_EQ(ctx.num_replicas_in_sync(), 2);
-      return Dataset::range(9).batch(2, drop);
-    });
+    auto dd =
+        distribute_datasets_from_function(*s, [&](const InputContext& ctx) -> StatusOr<Dataset> {
+          contexts.push_back(ctx.to_string());
+          EXPECT_EQ(ctx.num_replicas_in_sync(), 2);
+          return Dataset::range(9).batch(2, drop);
+        });
     ASSERT_TRUE(dd.ok()) << dd.status().to_string();
-    EXPECT_EQ(contexts, std::vector<std::string>{"tf.distribute.InputContext(input pipeline id 0, total: 1)"});
+    EXPECT_EQ(contexts, std::vector<std::string>{
+                            "tf.distribute.InputContext(input pipeline id 0, total: 1)"});
     auto it = std::move(*dd->make_iterator());
     if (drop) {
       EXPECT_EQ(drain(it), (Steps{{{0, 1}, {2, 3}}, {{4, 5}, {6, 7}}}));
@@ -176,10 +181,14 @@ TEST(DistributeDatasetsFromFunctionTest, PerReplicaPipelinesAndInputContext) {
   auto s = mirrored(3);
   InputOptions o;
   o.replication_mode = InputReplicationMode::kPerReplica;
-  auto dd = distribute_datasets_from_function(*s, [](const InputContext& ctx) -> StatusOr<Dataset> {
-    EXPECT_EQ(ctx.num_input_pipelines(), 3);
-    return Dataset::range(ctx.input_pipeline_id() * 100, ctx.input_pipeline_id() * 100 + 2).batch(1);
-  }, o);
+  auto dd = distribute_datasets_from_function(
+      *s,
+      [](const InputContext& ctx) -> StatusOr<Dataset> {
+        EXPECT_EQ(ctx.num_input_pipelines(), 3);
+        return Dataset::range(ctx.input_pipeline_id() * 100, ctx.input_pipeline_id() * 100 + 2)
+            .batch(1);
+      },
+      o);
   ASSERT_TRUE(dd.ok()) << dd.status().to_string();
   auto it = std::move(*dd->make_iterator());
   EXPECT_EQ(drain(it), (Steps{{{0}, {100}, {200}}, {{1}, {101}, {201}}}));
@@ -187,9 +196,9 @@ TEST(DistributeDatasetsFromFunctionTest, PerReplicaPipelinesAndInputContext) {
   EXPECT_EQ(*ctx.get_per_replica_batch_size(8), 2);
   EXPECT_THAT(ctx.get_per_replica_batch_size(6).status().message(),
               HasSubstr("The `global_batch_size` 6 is not divisible by `num_replicas_in_sync` 4"));
-  auto failing = distribute_datasets_from_function(*s, [](const InputContext&) -> StatusOr<Dataset> {
-    return invalid_argument("no data here");
-  });
+  auto failing = distribute_datasets_from_function(
+      *s,
+      [](const InputContext&) -> StatusOr<Dataset> { return invalid_argument("no data here"); });
   EXPECT_THAT(failing.status().message(), HasSubstr("no data here"));
 }
 

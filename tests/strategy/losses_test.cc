@@ -1,8 +1,9 @@
 // compute_average_loss and scale_regularization_loss (reference §7).
+#include "tributary/strategy/losses.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "tributary/strategy/losses.h"
 #include "tributary/strategy/strategies.h"
 
 namespace tributary {
@@ -14,8 +15,10 @@ TEST(LossesTest, AverageOverTheGlobalBatch) {
   Array loss = *Array::from_vector<float>({1, 2, 3, 4});
   // No strategy: global batch = local batch.
   EXPECT_EQ(compute_average_loss(loss)->to_vector<float>(), std::vector<float>{2.5});
-  EXPECT_EQ(compute_average_loss(loss, std::nullopt, 8)->to_vector<float>(), std::vector<float>{1.25});
-  EXPECT_EQ(compute_average_loss(loss, Array::scalar(2.0f))->to_vector<float>(), std::vector<float>{5});
+  EXPECT_EQ(compute_average_loss(loss, std::nullopt, 8)->to_vector<float>(),
+            std::vector<float>{1.25});
+  EXPECT_EQ(compute_average_loss(loss, Array::scalar(2.0f))->to_vector<float>(),
+            std::vector<float>{5});
   Array w = *Array::from_vector<float>({1, 0, 0, 1});
   EXPECT_EQ(compute_average_loss(loss, w)->to_vector<float>(), std::vector<float>{1.25});
   // Per-example weights broadcast over a [batch, 2] loss.
@@ -49,7 +52,8 @@ TEST(LossesTest, InReplicaContextTheDefaultIsLocalBatchTimesReplicas) {
   auto s = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "", nullptr});
   auto r = (*s)->run([](ReplicaContext&) -> StatusOr<std::vector<Array>> {
     TRIBUTARY_ASSIGN_OR_RETURN(Array avg, compute_average_loss(*Array::from_vector<float>({2, 4})));
-    TRIBUTARY_ASSIGN_OR_RETURN(Array reg, scale_regularization_loss(*Array::from_vector<float>({1, 3})));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array reg,
+                               scale_regularization_loss(*Array::from_vector<float>({1, 3})));
     return std::vector<Array>{avg, reg};
   });
   ASSERT_TRUE(r.ok()) << r.status().to_string();

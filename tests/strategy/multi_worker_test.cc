@@ -23,30 +23,32 @@ using testing::kChildOk;
 using testing::kChildSkip;
 
 // In a child: a failed check prints and ends the child with kChildFailed.
-#define CHILD_CHECK(cond)                                                                   \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, \
-                   #cond);                                                                  \
-      return kChildFailed;                                                                  \
-    }                                                                                       \
+#define CHILD_CHECK(cond)                                                                          \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, #cond); \
+      return kChildFailed;                                                                         \
+    }                                                                                              \
   } while (0)
-#define CHILD_OK(expr)                                                                     \
-  do {                                                                                     \
-    Status _s = (expr);                                                                    \
-    if (!_s.ok()) {                                                                        \
-      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, _s.to_string().c_str()); \
-      return kChildFailed;                                                                 \
-    }                                                                                      \
+#define CHILD_OK(expr)                                                       \
+  do {                                                                       \
+    Status _s = (expr);                                                      \
+    if (!_s.ok()) {                                                          \
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, \
+                   _s.to_string().c_str());                                  \
+      return kChildFailed;                                                   \
+    }                                                                        \
   } while (0)
 
 class MultiWorkerTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!builtin_backends().find(GetParam())) GTEST_SKIP() << "backend " << GetParam() << " is not built in";
+    if (!builtin_backends().find(GetParam()))
+      GTEST_SKIP() << "backend " << GetParam() << " is not built in";
   }
   StatusOr<std::unique_ptr<Strategy>> make(int rank, int world, int local) {
-    TRIBUTARY_ASSIGN_OR_RETURN(BackendContext ctx, testing::group_context(rank, world, local, dir_));
+    TRIBUTARY_ASSIGN_OR_RETURN(BackendContext ctx,
+                               testing::group_context(rank, world, local, dir_));
     MultiWorkerMirroredStrategyOptions o;
     o.context = std::move(ctx);
     o.communication.implementation = GetParam();
@@ -72,14 +74,16 @@ TEST_P(MultiWorkerTest, ChiefBroadcastsInitialValuesAndVariablesFollowTfAcrossWo
     CHILD_CHECK(st.num_replicas_in_sync() == 6);
     CHILD_CHECK(st.is_chief() == (rank == 0));
     // Every worker proposes a different initial value; the chief's wins everywhere.
-    auto w = st.create_variable(Array::scalar(static_cast<float>(rank * 10 + 1)),
-                                {"w", VariableSynchronization::kOnWrite, VariableAggregation::kSum});
+    auto w =
+        st.create_variable(Array::scalar(static_cast<float>(rank * 10 + 1)),
+                           {"w", VariableSynchronization::kOnWrite, VariableAggregation::kSum});
     CHILD_OK(w.status());
     for (const Array& c : w->values()) CHILD_CHECK(c.to_vector<float>()[0] == 1.0f);
-    auto count = st.create_variable(Array::scalar(0.0f),
-                                    {"count", VariableSynchronization::kOnRead, VariableAggregation::kSum});
+    auto count = st.create_variable(Array::scalar(0.0f), {"count", VariableSynchronization::kOnRead,
+                                                          VariableAggregation::kSum});
     CHILD_OK(count.status());
-    // Replica g (global id) adds g + 1: ON_WRITE SUM gives 1 + 21 everywhere; ON_READ keeps its own.
+    // Replica g (global id) adds g + 1: ON_WRITE SUM gives 1 + 21 everywhere; ON_READ keeps its
+    // own.
     CHILD_OK(st.run([&](ReplicaContext& ctx) -> Status {
       const float g = static_cast<float>(ctx.replica_id_in_sync_group() + 1);
       TRIBUTARY_RETURN_IF_ERROR(w->assign_add(Array::scalar(g)));
@@ -91,9 +95,9 @@ TEST_P(MultiWorkerTest, ChiefBroadcastsInitialValuesAndVariablesFollowTfAcrossWo
     CHILD_OK(total.status());
     CHILD_CHECK(total->to_vector<float>()[0] == 21.0f);
     // ONLY_FIRST_REPLICA: global replica 0's value (the chief's) wins on every worker.
-    auto first = st.create_variable(Array::scalar(0.0f),
-                                    {"first", VariableSynchronization::kOnWrite,
-                                     VariableAggregation::kOnlyFirstReplica});
+    auto first = st.create_variable(
+        Array::scalar(0.0f),
+        {"first", VariableSynchronization::kOnWrite, VariableAggregation::kOnlyFirstReplica});
     CHILD_OK(first.status());
     CHILD_OK(st.run([&](ReplicaContext& ctx) {
       return first->assign(Array::scalar(static_cast<float>(100 + ctx.replica_id_in_sync_group())));
@@ -137,9 +141,10 @@ TEST_P(MultiWorkerTest, UnevenDataAcrossWorkersEndsTogetherWithoutHanging) {
     CHILD_OK(s.status());
     Strategy& st = **s;
     // Worker 0 has 10 elements, worker 1 only 4 (per-replica batches of 2).
-    auto dd = distribute_datasets_from_function(st, [](const InputContext& ctx) -> StatusOr<Dataset> {
-      return Dataset::range(ctx.input_pipeline_id() == 0 ? 10 : 4).batch(2);
-    });
+    auto dd =
+        distribute_datasets_from_function(st, [](const InputContext& ctx) -> StatusOr<Dataset> {
+          return Dataset::range(ctx.input_pipeline_id() == 0 ? 10 : 4).batch(2);
+        });
     CHILD_OK(dd.status());
     auto it = dd->make_iterator();
     CHILD_OK(it.status());
@@ -149,9 +154,11 @@ TEST_P(MultiWorkerTest, UnevenDataAcrossWorkersEndsTogetherWithoutHanging) {
       if (batch.status().code() == StatusCode::kOutOfRange) break;
       CHILD_OK(batch.status());
       // A training step: every replica takes part in an all-reduce, empty batch or not.
-      auto rows = st.run([](ReplicaContext& ctx, const Element& e) -> StatusOr<Array> {
-        return ctx.all_reduce(ReduceOp::kSum, Array::scalar(static_cast<float>(e[0].dim0())));
-      }, *batch);
+      auto rows = st.run(
+          [](ReplicaContext& ctx, const Element& e) -> StatusOr<Array> {
+            return ctx.all_reduce(ReduceOp::kSum, Array::scalar(static_cast<float>(e[0].dim0())));
+          },
+          *batch);
       CHILD_OK(rows.status());
       global_rows.push_back(static_cast<int64_t>((*rows)[0].to_vector<float>()[0]));
     }
@@ -166,7 +173,8 @@ TEST_P(MultiWorkerTest, AutoShardByDataAndByFile) {
   std::vector<std::string> files;
   for (int f = 0; f < 2; ++f) {
     std::vector<std::string> records;
-    for (int64_t v = f * 6; v < f * 6 + 6; ++v) records.emplace_back(reinterpret_cast<const char*>(&v), 8);
+    for (int64_t v = f * 6; v < f * 6 + 6; ++v)
+      records.emplace_back(reinterpret_cast<const char*>(&v), 8);
     files.push_back(dir_ + "/part" + std::to_string(f) + ".tfrecord");
     ASSERT_TRUE(write_tfrecord(files.back(), records).ok());
   }
@@ -179,7 +187,8 @@ TEST_P(MultiWorkerTest, AutoShardByDataAndByFile) {
     auto s = make(rank, 2, 1);
     CHILD_OK(s.status());
     Strategy& st = **s;
-    auto steps = [&](const Dataset& ds, AutoShardPolicy policy) -> StatusOr<std::vector<std::vector<int64_t>>> {
+    auto steps = [&](const Dataset& ds,
+                     AutoShardPolicy policy) -> StatusOr<std::vector<std::vector<int64_t>>> {
       InputOptions o;
       o.auto_shard_policy = policy;
       TRIBUTARY_ASSIGN_OR_RETURN(DistributedDataset dd, distribute_dataset(st, ds, o));
@@ -195,21 +204,27 @@ TEST_P(MultiWorkerTest, AutoShardByDataAndByFile) {
     // DATA over one source: worker 0 [0,1],[4,5],[8,9]; worker 1 [2,3],[6,7],[10,11].
     auto data = steps(Dataset::range(12).batch(4), AutoShardPolicy::kAuto);
     CHILD_OK(data.status());
-    if (rank == 0) CHILD_CHECK((*data == std::vector<std::vector<int64_t>>{{0, 1}, {4, 5}, {8, 9}}));
-    if (rank == 1) CHILD_CHECK((*data == std::vector<std::vector<int64_t>>{{2, 3}, {6, 7}, {10, 11}}));
+    if (rank == 0)
+      CHILD_CHECK((*data == std::vector<std::vector<int64_t>>{{0, 1}, {4, 5}, {8, 9}}));
+    if (rank == 1)
+      CHILD_CHECK((*data == std::vector<std::vector<int64_t>>{{2, 3}, {6, 7}, {10, 11}}));
     // FILE: each worker reads its own file; V2 rebatching gives [0,1],[2,3],[4,5] on worker 0.
     auto by_file = steps(Dataset::tfrecord(files).map(as_int64).batch(4), AutoShardPolicy::kFile);
     CHILD_OK(by_file.status());
-    if (rank == 0) CHILD_CHECK((*by_file == std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4, 5}}));
-    if (rank == 1) CHILD_CHECK((*by_file == std::vector<std::vector<int64_t>>{{6, 7}, {8, 9}, {10, 11}}));
+    if (rank == 0)
+      CHILD_CHECK((*by_file == std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4, 5}}));
+    if (rank == 1)
+      CHILD_CHECK((*by_file == std::vector<std::vector<int64_t>>{{6, 7}, {8, 9}, {10, 11}}));
     // OFF: every worker reads everything.
     auto off = steps(Dataset::range(4).batch(4), AutoShardPolicy::kOff);
     CHILD_OK(off.status());
     CHILD_CHECK((*off == std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}}));
     // Fewer files than workers: TF's error, on both workers.
-    auto one_file = steps(Dataset::tfrecord({files[0]}).map(as_int64).batch(4), AutoShardPolicy::kFile);
+    auto one_file =
+        steps(Dataset::tfrecord({files[0]}).map(as_int64).batch(4), AutoShardPolicy::kFile);
     CHILD_CHECK(one_file.status().code() == StatusCode::kInvalidArgument);
-    CHILD_CHECK(one_file.status().message().find("Could not apply FILE based sharding") != std::string::npos);
+    CHILD_CHECK(one_file.status().message().find("Could not apply FILE based sharding") !=
+                std::string::npos);
     return kChildOk;
   });
 }
@@ -221,8 +236,8 @@ TEST_P(MultiWorkerTest, CheckpointWrittenByTheChiefRestoredEverywhereByBroadcast
     CHILD_OK(s.status());
     Strategy& st = **s;
     auto w = st.create_variable(*Array::from_vector<float>({1, 2}), {"w"});
-    auto count = st.create_variable(Array::scalar(0.0f),
-                                    {"count", VariableSynchronization::kOnRead, VariableAggregation::kSum});
+    auto count = st.create_variable(Array::scalar(0.0f), {"count", VariableSynchronization::kOnRead,
+                                                          VariableAggregation::kSum});
     CHILD_OK(w.status());
     CHILD_OK(count.status());
     CHILD_OK(st.run([&](ReplicaContext&) { return count->assign_add(Array::scalar(2.0f)); }));
@@ -274,12 +289,15 @@ TEST_P(MultiWorkerTest, BadInputOnOneWorkerOnlyFailsEveryWorkerPromptly) {
     // On worker 1, replica 1 all-reduces a different shape: refused there before the collective.
     Status st = (*s)->run([&](ReplicaContext& ctx) -> Status {
       const bool odd = rank == 1 && ctx.local_replica_id() == 1;
-      Array v = odd ? *Array::from_vector<float>({1, 2}, {1, 2}) : *Array::from_vector<float>({1, 2});
+      Array v =
+          odd ? *Array::from_vector<float>({1, 2}, {1, 2}) : *Array::from_vector<float>({1, 2});
       return ctx.all_reduce(ReduceOp::kSum, v).status();
     });
     CHILD_CHECK(!st.ok());
     CHILD_CHECK(std::chrono::steady_clock::now() - start < kPromptly);
-    if (rank == 1) CHILD_CHECK(st.message().find("every replica must reduce the same shape") != std::string::npos);
+    if (rank == 1)
+      CHILD_CHECK(st.message().find("every replica must reduce the same shape") !=
+                  std::string::npos);
     std::fprintf(stderr, "rank %d got, as expected: %s\n", rank, st.to_string().c_str());
     // Cross-replica context too: a bad reduce on worker 0 only, with a fresh strategy.
     return kChildOk;

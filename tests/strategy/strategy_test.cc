@@ -1,5 +1,7 @@
 // Strategy, ReplicaContext and the context rules (reference §4), against the real in-process
 // backends (parameterised) and, for what the layer asks of its backend, a fake CrossDeviceOps.
+#include "tributary/strategy/strategy.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +11,6 @@
 
 #include "tests/strategy/strategy_test_util.h"
 #include "tributary/strategy/strategies.h"
-#include "tributary/strategy/strategy.h"
 
 namespace tributary {
 namespace {
@@ -48,7 +49,9 @@ TEST_P(MirroredTest, RunCallsEveryReplicaOnItsOwnThreadWithItsContext) {
   EXPECT_NE(ids[0], std::this_thread::get_id());
   // The threads persist across run() calls.
   std::vector<std::thread::id> again(3);
-  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) { again[ctx.local_replica_id()] = std::this_thread::get_id(); }).ok());
+  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) {
+                 again[ctx.local_replica_id()] = std::this_thread::get_id();
+               }).ok());
   EXPECT_EQ(ids, again);
 }
 
@@ -57,7 +60,8 @@ TEST_P(MirroredTest, RunUnwrapsPerReplicaArgumentsAndPassesOthersWhole) {
   PerReplica<int> per({5, 7});
   Mirrored<int> mirrored({1, 1});
   int plain = 100;
-  auto r = s->run([](ReplicaContext&, int a, int b, int c) { return a + b + c; }, per, mirrored, plain);
+  auto r =
+      s->run([](ReplicaContext&, int a, int b, int c) { return a + b + c; }, per, mirrored, plain);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->values(), (std::vector<int>{106, 108}));
 }
@@ -127,8 +131,8 @@ TEST_P(MirroredTest, ReduceAcrossReplicasAndAlongAxisWithPartialBatches) {
   EXPECT_EQ(s->reduce(ReduceOp::kSum, same)->to_vector<float>(), (std::vector<float>{4, 7}));
   EXPECT_EQ(s->reduce(ReduceOp::kMean, same)->to_vector<float>(), (std::vector<float>{2, 3.5}));
   // An empty replica batch (a zero-size partial batch) counts zero rows.
-  PerReplica<Array> empty({*Array::from_vector<float>({2, 4}, {2, 1}),
-                           *Array::zeros(DType::kFloat32, {0, 1})});
+  PerReplica<Array> empty(
+      {*Array::from_vector<float>({2, 4}, {2, 1}), *Array::zeros(DType::kFloat32, {0, 1})});
   EXPECT_EQ(s->reduce(ReduceOp::kMean, empty, 0)->to_vector<float>(), std::vector<float>{3});
   // An integer mean is a float64 (TF's truediv).
   PerReplica<Array> ints({*Array::from_vector<int32_t>({1, 2}), *Array::from_vector<int32_t>({4})});
@@ -138,7 +142,8 @@ TEST_P(MirroredTest, ReduceAcrossReplicasAndAlongAxisWithPartialBatches) {
   EXPECT_EQ(int_mean->to_vector<double>(), std::vector<double>{7.0 / 3});
   // Errors
   auto bad_axis = s->reduce(ReduceOp::kSum, v, 2);
-  EXPECT_THAT(bad_axis.status().message(), HasSubstr("`axis` = 2 out of range for `value` with rank 2"));
+  EXPECT_THAT(bad_axis.status().message(),
+              HasSubstr("`axis` = 2 out of range for `value` with rank 2"));
   auto wrong_count = s->reduce(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f)}));
   EXPECT_THAT(wrong_count.status().message(), HasSubstr("one value per local replica (2)"));
 }
@@ -163,7 +168,8 @@ TEST_P(MirroredTest, GatherConcatenatesInReplicaOrder) {
   ASSERT_TRUE(g.ok()) << g.status().to_string();
   EXPECT_EQ(g->shape(), (Shape{4, 1}));
   EXPECT_EQ(g->to_vector<int32_t>(), (std::vector<int32_t>{0, 1, 2, 3}));
-  auto scalar = s->gather(PerReplica<Array>({Array::scalar(1), Array::scalar(2), Array::scalar(3)}), 0);
+  auto scalar =
+      s->gather(PerReplica<Array>({Array::scalar(1), Array::scalar(2), Array::scalar(3)}), 0);
   EXPECT_THAT(scalar.status().message(), HasSubstr("non-zero rank"));
 }
 
@@ -213,7 +219,9 @@ TEST_P(MirroredTest, CrossReplicaMethodsFromReplicaContextFailWithTfsMessage) {
 TEST_P(MirroredTest, ReplicaCollectivesFromCrossReplicaContextFail) {
   auto s = make(2);
   ReplicaContext* leaked = nullptr;
-  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) { if (ctx.local_replica_id() == 0) leaked = &ctx; }).ok());
+  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) {
+                 if (ctx.local_replica_id() == 0) leaked = &ctx;
+               }).ok());
   auto r = leaked->all_reduce(ReduceOp::kSum, Array::scalar(1.0f));
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("must be called in replica context"));
@@ -230,7 +238,8 @@ TEST_P(MirroredTest, ReplicasMakingDifferentNumbersOfCallsFailInsteadOfHanging) 
                                       "replica_context().merge_call() calls"));
   EXPECT_THAT(st.message(), HasSubstr("replica 1 returned"));
   // The strategy stays usable.
-  auto ok = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)); });
+  auto ok = s->run(
+      [](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)); });
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ((*ok)[2].to_vector<float>(), std::vector<float>{3});
 }
@@ -238,11 +247,13 @@ TEST_P(MirroredTest, ReplicasMakingDifferentNumbersOfCallsFailInsteadOfHanging) 
 TEST_P(MirroredTest, ReplicasMakingDifferentCallsAreTold) {
   auto s = make(2);
   Status st = s->run([](ReplicaContext& ctx) -> Status {
-    if (ctx.local_replica_id() == 0) return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+    if (ctx.local_replica_id() == 0)
+      return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
     return ctx.all_gather(*Array::from_vector<float>({1}), 0).status();
   });
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(st.message(), HasSubstr("replica 0 called all_reduce but replica 1 called all_gather"));
+  EXPECT_THAT(st.message(),
+              HasSubstr("replica 0 called all_reduce but replica 1 called all_gather"));
 }
 
 TEST_P(MirroredTest, AFailureOnOneReplicaSurfacesAndReleasesTheOthers) {
@@ -283,7 +294,8 @@ TEST_P(MirroredTest, ScopesAndMixingStrategies) {
     EXPECT_THAT(other.status().message(), HasSubstr("Must not nest tf.distribute.Strategy scopes"));
     PerReplica<Array> v({Array::scalar(1.0f), Array::scalar(2.0f)});
     auto mixed = b->reduce(ReduceOp::kSum, v);
-    EXPECT_THAT(mixed.status().message(), HasSubstr("Mixing different tf.distribute.Strategy objects"));
+    EXPECT_THAT(mixed.status().message(),
+                HasSubstr("Mixing different tf.distribute.Strategy objects"));
     EXPECT_TRUE(a->reduce(ReduceOp::kSum, v).ok());
   }
   EXPECT_EQ(&get_strategy(), &default_strategy());
@@ -298,7 +310,8 @@ TEST_P(MirroredTest, ScopesAndMixingStrategies) {
 TEST_P(MirroredTest, DistributeValuesFromFunctionAndLocalResults) {
   auto s = make(2);
   auto v = s->distribute_values_from_function([](const ValueContext& ctx) -> StatusOr<Array> {
-    return Array::scalar(static_cast<float>(ctx.replica_id_in_sync_group + 10 * ctx.num_replicas_in_sync));
+    return Array::scalar(
+        static_cast<float>(ctx.replica_id_in_sync_group + 10 * ctx.num_replicas_in_sync));
   });
   ASSERT_TRUE(v.ok());
   auto local = s->local_results(*v);
@@ -312,7 +325,8 @@ TEST_P(MirroredTest, BatchReduceToAndReduceToDevices) {
   auto s = make(2);
   std::vector<PerReplica<Array>> values = {
       PerReplica<Array>({Array::scalar(1.0f), Array::scalar(2.0f)}),
-      PerReplica<Array>({*Array::from_vector<int64_t>({1, 2}), *Array::from_vector<int64_t>({3, 4})})};
+      PerReplica<Array>(
+          {*Array::from_vector<int64_t>({1, 2}), *Array::from_vector<int64_t>({3, 4})})};
   auto r = s->batch_reduce_to(ReduceOp::kSum, values);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   ASSERT_EQ(r->size(), 2u);
@@ -364,7 +378,8 @@ TEST(MeetingTest, ASlowMergeIsNotATimeoutButAMissingReplicaIs) {
   EXPECT_THAT(st.message(), HasSubstr("replica(s) 1 did not reach all_reduce"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   // And the strategy is usable again.
-  auto again = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(2.0f)); });
+  auto again = s->run(
+      [](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(2.0f)); });
   ASSERT_TRUE(again.ok()) << again.status().to_string();
   EXPECT_EQ((*again)[1].to_vector<float>(), std::vector<float>{4});
 }
@@ -382,7 +397,8 @@ TEST(MeetingTest, RunInsideAMergeFunctionIsRefused) {
   });
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(nested.code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(nested.message(), HasSubstr("run() was called from inside a function given to run() or merge_call()"));
+  EXPECT_THAT(nested.message(),
+              HasSubstr("run() was called from inside a function given to run() or merge_call()"));
   EXPECT_TRUE(s->run([](ReplicaContext&) {}).ok());
 }
 
@@ -424,12 +440,15 @@ TEST(OneDeviceStrategyTest, ReduceReturnsTheValueOrItsAxisReduction) {
 
 TEST(StrategyFactoryTest, BadDeviceListsAndBackends) {
   auto empty_dup = make_mirrored_strategy({{Device::cpu(0), Device::cpu(0)}, "", nullptr});
-  EXPECT_THAT(empty_dup.status().message(), HasSubstr("No duplicates allowed in `devices` argument"));
-  auto unknown = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "no_such_backend", nullptr});
+  EXPECT_THAT(empty_dup.status().message(),
+              HasSubstr("No duplicates allowed in `devices` argument"));
+  auto unknown =
+      make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "no_such_backend", nullptr});
   EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(unknown.status().message(), HasSubstr("no_such_backend"));
   auto by_name = make_strategy("mirrorred", 2);
-  EXPECT_THAT(by_name.status().message(), HasSubstr("unknown strategy 'mirrorred'; valid: default"));
+  EXPECT_THAT(by_name.status().message(),
+              HasSubstr("unknown strategy 'mirrorred'; valid: default"));
   // TF's default choice on CPUs: reduction_to_one_device.
   auto m = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "", nullptr});
   ASSERT_TRUE(m.ok());
@@ -441,15 +460,17 @@ TEST(FakeBackendTest, BatchReduceToIsOneFusedBackendCall) {
   FakeBackend fake;
   auto s = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "fake", &fake.registry});
   ASSERT_TRUE(s.ok()) << s.status().to_string();
-  std::vector<PerReplica<Array>> values(3, PerReplica<Array>({Array::scalar(1.0f), Array::scalar(2.0f)}));
+  std::vector<PerReplica<Array>> values(
+      3, PerReplica<Array>({Array::scalar(1.0f), Array::scalar(2.0f)}));
   ASSERT_TRUE((*s)->batch_reduce_to(ReduceOp::kSum, values).ok());
   EXPECT_EQ(fake.log(), std::vector<std::string>{"batch_reduce sum x3"});
   // A replica-context all_reduce of two values is one meeting and one collective per value.
   fake.clear();
   ASSERT_TRUE((*s)->run([](ReplicaContext& ctx) {
-    std::vector<Array> v = {Array::scalar(1.0f), Array::scalar(2.0f)};
-    return ctx.all_reduce(ReduceOp::kMean, v).status();
-  }).ok());
+                    std::vector<Array> v = {Array::scalar(1.0f), Array::scalar(2.0f)};
+                    return ctx.all_reduce(ReduceOp::kMean, v).status();
+                  })
+                  .ok());
   EXPECT_EQ(fake.log(), (std::vector<std::string>{"all_reduce mean", "all_reduce mean"}));
 }
 
@@ -458,7 +479,9 @@ TEST(FakeBackendTest, ABackendFailureReachesEveryReplica) {
   auto s = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "fake", &fake.registry});
   ASSERT_TRUE(s.ok());
   fake.fail_next(unavailable("peer 3 is gone"));
-  Status st = (*s)->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status(); });
+  Status st = (*s)->run([](ReplicaContext& ctx) {
+    return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+  });
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   EXPECT_THAT(st.message(), HasSubstr("peer 3 is gone"));
 }

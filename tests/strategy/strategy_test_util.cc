@@ -20,9 +20,9 @@ class FakeOps final : public CrossDeviceOps {
     return Work::completed(inner_->reduce(op, value, destinations).wait());
   }
   Work batch_reduce_impl(const CallInfo&, ReduceOp op, std::span<const ReducePair> pairs) override {
-    if (Work w; record("batch_reduce " + std::string(reduce_op_name(op)) + " x" +
-                           std::to_string(pairs.size()),
-                       w)) {
+    if (Work w; record(
+            "batch_reduce " + std::string(reduce_op_name(op)) + " x" + std::to_string(pairs.size()),
+            w)) {
       return w;
     }
     return Work::completed(inner_->batch_reduce(op, pairs).wait());
@@ -71,13 +71,13 @@ FakeBackend::FakeBackend() {
   info.name = "fake";
   info.summary = "test double: records calls, delegates to reduction_to_one_device";
   info.capabilities = real->capabilities;
-  info.create = [caps = info.capabilities, shared = shared_](const BackendContext& context,
-                                                            Options options)
-      -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+  info.create = [caps = info.capabilities, shared = shared_](
+                    const BackendContext& context,
+                    Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     auto inner = builtin_backends().create("reduction_to_one_device", context);
     if (!inner.ok()) return inner.status();
-    return std::unique_ptr<CrossDeviceOps>(std::make_unique<FakeOps>(
-        context, std::move(options), caps, std::move(*inner), shared));
+    return std::unique_ptr<CrossDeviceOps>(
+        std::make_unique<FakeOps>(context, std::move(options), caps, std::move(*inner), shared));
   };
   Status s = registry.add(std::move(info));
   (void)s;

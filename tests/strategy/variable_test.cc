@@ -1,5 +1,7 @@
 // Variables (reference §5): creation checks, the ON_WRITE/ON_READ update matrix of §5.5, reads in
 // each context, extended.update, all-or-nothing updates, and checkpoints.
+#include "tributary/strategy/variable.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,7 +10,6 @@
 #include <fstream>
 
 #include "tributary/strategy/strategies.h"
-#include "tributary/strategy/variable.h"
 
 namespace tributary {
 namespace {
@@ -36,7 +37,7 @@ std::vector<float> components(const Variable& v) {
 struct MatrixCase {
   VS sync;
   VA aggregation;
-  std::vector<float> after;  // per-component values
+  std::vector<float> after;                 // per-component values
   std::optional<float> cross_replica_read;  // nullopt = error
 };
 
@@ -60,7 +61,8 @@ TEST_P(UpdateMatrixTest, AssignAddInReplicaContext) {
   } else {
     EXPECT_EQ(read.status().code(), StatusCode::kInvalidArgument);
     EXPECT_THAT(read.status().message(),
-                HasSubstr("Could not convert from `tf.VariableAggregation` NONE to`tf.distribute.ReduceOp` type"));
+                HasSubstr("Could not convert from `tf.VariableAggregation` NONE "
+                          "to`tf.distribute.ReduceOp` type"));
   }
   // In replica context every replica reads its own copy.
   auto local = s->run([&](ReplicaContext&) { return v->read(); });
@@ -98,7 +100,8 @@ TEST(VariableTest, CreationChecksAndInitialValuesOnEveryReplica) {
   for (const Array& a : v->values()) EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1, 2}));
   EXPECT_EQ(v->devices(), (std::vector<Device>{Device::cpu(0), Device::cpu(1), Device::cpu(2)}));
   // Not from replica context.
-  Status st = s->run([&](ReplicaContext&) { return s->create_variable(Array::scalar(0.0f)).status(); });
+  Status st =
+      s->run([&](ReplicaContext&) { return s->create_variable(Array::scalar(0.0f)).status(); });
   EXPECT_THAT(st.message(), HasSubstr("Method requires being in cross-replica context"));
 }
 
@@ -146,7 +149,8 @@ TEST(VariableTest, AReplicaThatSkipsASynchronizedUpdateLeavesEveryCopyUnchanged)
     return v.assign_add(Array::scalar(1.0f));
   });
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(st.message(), HasSubstr("assign_add on variable 'v' (float32[]): the value is float32[2]"));
+  EXPECT_THAT(st.message(),
+              HasSubstr("assign_add on variable 'v' (float32[]): the value is float32[2]"));
   EXPECT_EQ(components(v), (std::vector<float>{5, 5}));
 }
 
@@ -157,7 +161,8 @@ TEST(VariableTest, ExtendedUpdateAndReduceToVariable) {
   auto r = s->run([&](ReplicaContext& ctx) -> Status {
     std::function<StatusOr<int>(Strategy&, const PerReplica<Array>&)> merge =
         [&](Strategy& strategy, const PerReplica<Array>& value) -> StatusOr<int> {
-      TRIBUTARY_ASSIGN_OR_RETURN(Mirrored<Array> reduced, strategy.reduce_to(ReduceOp::kSum, value, v));
+      TRIBUTARY_ASSIGN_OR_RETURN(Mirrored<Array> reduced,
+                                 strategy.reduce_to(ReduceOp::kSum, value, v));
       TRIBUTARY_RETURN_IF_ERROR(strategy.update(v, [&](int i, const Array&) -> StatusOr<Array> {
         return reduced[static_cast<size_t>(i)];
       }));
@@ -188,20 +193,25 @@ TEST(VariableTest, CentralStorageKeepsOneCopyAndAggregatesReplicaUpdates) {
   auto v = *(*s)->create_variable(Array::scalar(0.0f), {"w", VS::kOnWrite, VA::kSum});
   EXPECT_EQ(v.devices(), std::vector<Device>{Device::cpu(0)});
   ASSERT_TRUE((*s)->run([&](ReplicaContext& ctx) {
-    return v.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1)));
-  }).ok());
+                    return v.assign_add(
+                        Array::scalar(static_cast<float>(ctx.local_replica_id() + 1)));
+                  })
+                  .ok());
   EXPECT_EQ(components(v), std::vector<float>{3});
   auto none = *(*s)->create_variable(Array::scalar(0.0f), {"n", VS::kOnWrite, VA::kNone});
   Status st = (*s)->run([&](ReplicaContext& ctx) {
     return none.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1)));
   });
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(st.message(), HasSubstr("You must specify an aggregation method to update a variable in Replica Context"));
+  EXPECT_THAT(
+      st.message(),
+      HasSubstr("You must specify an aggregation method to update a variable in Replica Context"));
   EXPECT_EQ(components(none), std::vector<float>{0});
   ASSERT_TRUE(none.assign_add(Array::scalar(5.0f)).ok());  // cross-replica context is fine
   EXPECT_EQ(components(none), std::vector<float>{5});
   // TF's reduce_to docstring: CentralStorage with 2 compute devices -> 2.0.
-  auto r = (*s)->reduce_to(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f), Array::scalar(1.0f)}), v);
+  auto r = (*s)->reduce_to(ReduceOp::kSum,
+                           PerReplica<Array>({Array::scalar(1.0f), Array::scalar(1.0f)}), v);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(scalar_of((*r)[0]), 2.0f);
 }
@@ -217,7 +227,8 @@ TEST(VariableTest, OneDeviceReduceToVariable) {
 class CheckpointTest : public ::testing::Test {
  protected:
   std::string path_ = (std::filesystem::temp_directory_path() /
-                       ("tributary_ckpt_" + std::to_string(::getpid()) + ".bin")).string();
+                       ("tributary_ckpt_" + std::to_string(::getpid()) + ".bin"))
+                          .string();
   void TearDown() override { std::remove(path_.c_str()); }
 };
 
@@ -226,10 +237,12 @@ TEST_F(CheckpointTest, RoundTripWithTfsOnReadSumRule) {
   auto w = *s->create_variable(*Array::from_vector<float>({1, 2}), {"w"});
   auto count = *s->create_variable(Array::scalar(0.0f), {"count", VS::kOnRead, VA::kSum});
   auto mean = *s->create_variable(Array::scalar(0.0f), {"mean", VS::kOnRead, VA::kMean});
-  ASSERT_TRUE(s->run([&](ReplicaContext& ctx) -> Status {
-    TRIBUTARY_RETURN_IF_ERROR(count.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1))));
-    return mean.assign(Array::scalar(static_cast<float>(10 * (ctx.local_replica_id() + 1))));
-  }).ok());
+  ASSERT_TRUE(
+      s->run([&](ReplicaContext& ctx) -> Status {
+         TRIBUTARY_RETURN_IF_ERROR(
+             count.assign_add(Array::scalar(static_cast<float>(ctx.local_replica_id() + 1))));
+         return mean.assign(Array::scalar(static_cast<float>(10 * (ctx.local_replica_id() + 1))));
+       }).ok());
   std::vector<Variable> vars = {w, count, mean};
   ASSERT_TRUE(save_checkpoint(path_, vars).ok());
   // Change everything, then restore into a fresh strategy's variables of the same names.

@@ -28,13 +28,20 @@ namespace tributary {
 // The DType of a C++ element type (float, double, int32_t, int64_t, int8_t, uint8_t).
 template <typename T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::kFloat32;
-  else if constexpr (std::is_same_v<T, double>) return DType::kFloat64;
-  else if constexpr (std::is_same_v<T, int32_t>) return DType::kInt32;
-  else if constexpr (std::is_same_v<T, int64_t>) return DType::kInt64;
-  else if constexpr (std::is_same_v<T, int8_t>) return DType::kInt8;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DType::kUInt8;
-  else static_assert(sizeof(T) == 0, "no DType for this C++ type");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::kFloat64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::kInt32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::kInt64;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return DType::kInt8;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::kUInt8;
+  else
+    static_assert(sizeof(T) == 0, "no DType for this C++ type");
 }
 
 class Array {
@@ -116,7 +123,8 @@ StatusOr<Array> stack(std::span<const Array> parts);
 // Casts every element to `dtype`.
 Array cast(const Array& a, DType dtype);
 
-// --- template definitions --------------------------------------------------------------------------
+// --- template definitions
+// --------------------------------------------------------------------------
 template <typename T>
 StatusOr<Array> Array::from_vector(const std::vector<T>& values, Shape shape) {
   if (shape.size() == 1 && shape[0] == -1) shape = {static_cast<int64_t>(values.size())};

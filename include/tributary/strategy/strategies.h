@@ -35,16 +35,16 @@ namespace tributary {
 StatusOr<std::unique_ptr<Strategy>> make_one_device_strategy(Device device);
 
 struct MirroredStrategyOptions {
-  std::vector<Device> devices;    // empty = every visible GPU, else CPU:0
-  std::string cross_device_ops;   // a backend spec; empty = TF's default choice (above)
+  std::vector<Device> devices;                // empty = every visible GPU, else CPU:0
+  std::string cross_device_ops;               // a backend spec; empty = TF's default choice (above)
   const BackendRegistry* registry = nullptr;  // null = builtin_backends()
 };
 StatusOr<std::unique_ptr<Strategy>> make_mirrored_strategy(MirroredStrategyOptions options = {});
 
 // TF's tf.distribute.experimental.CommunicationOptions.
 struct CommunicationOptions {
-  std::string implementation = "auto";  // "auto", "ring", "nccl" or any backend spec
-  int64_t bytes_per_pack = 0;           // 0 = the backend's default packing
+  std::string implementation = "auto";   // "auto", "ring", "nccl" or any backend spec
+  int64_t bytes_per_pack = 0;            // 0 = the backend's default packing
   std::chrono::milliseconds timeout{0};  // 0 = the backend's default (TRIBUTARY_TIMEOUT, 5 min)
 };
 

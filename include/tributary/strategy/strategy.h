@@ -11,19 +11,19 @@
 //    returns null, in_cross_replica_context() is true);
 //  - the default replica context: outside any scope, where get_strategy() is the default strategy.
 // Cross-replica methods (reduce, gather, reduce_to, ...) called from replica context fail with TF's
-// message ("Method requires being in cross-replica context, use get_replica_context().merge_call()");
-// a method of strategy A used inside strategy B's scope or run fails with "Mixing different
-// tf.distribute.Strategy objects: A is not B".
+// message ("Method requires being in cross-replica context, use
+// get_replica_context().merge_call()"); a method of strategy A used inside strategy B's scope or
+// run fails with "Mixing different tf.distribute.Strategy objects: A is not B".
 //
 // run(): calls `fn` once per local replica, concurrently, on persistent replica threads (one per
 // local device; a one-replica strategy runs `fn` on the calling thread). An error Status or an
-// exception from any replica ends run() with that error (the lowest failing replica's, with its id).
-// Cross-replica calls made from replica context (all_reduce, all_gather, merge_call, synchronized
-// variable updates) are meeting points: every local replica must make the same calls in the same
-// order. A replica that returns or fails while others wait at a meeting point, or that makes a
-// different call there, fails every waiting replica at once with an error that says so (TF's "Some
-// replicas made a different number of replica_context().merge_call() calls."); a replica that never
-// arrives fails the others after the backend's timeout. Nothing hangs.
+// exception from any replica ends run() with that error (the lowest failing replica's, with its
+// id). Cross-replica calls made from replica context (all_reduce, all_gather, merge_call,
+// synchronized variable updates) are meeting points: every local replica must make the same calls
+// in the same order. A replica that returns or fails while others wait at a meeting point, or that
+// makes a different call there, fails every waiting replica at once with an error that says so
+// (TF's "Some replicas made a different number of replica_context().merge_call() calls."); a
+// replica that never arrives fails the others after the backend's timeout. Nothing hangs.
 //
 // Where C++ differs from TF (keeping the meaning):
 //  - No exceptions cross the API: failures are Status values, and TF's ValueError/RuntimeError
@@ -39,12 +39,14 @@
 //    reduce, a failing merge function, ...) aborts the backend so that every worker fails at once
 //    instead of at its timeout; the strategy is then unusable, as after any failed collective.
 //  - merge_call's result is handed to every replica as is (no per-replica unwrapping).
-//  - StrategyExtended's operations (reduce_to, batch_reduce_to, broadcast_to, update) are methods of
+//  - StrategyExtended's operations (reduce_to, batch_reduce_to, broadcast_to, update) are methods
+//  of
 //    Strategy itself; update() takes a function returning each copy's new value instead of a
 //    function that assigns it.
 //  - Variables are created with create_variable() in cross-replica context (no variable-creator
 //    scope), not from inside run().
-//  - A Strategy is driven by one user thread at a time (the thread that calls run(), reduce(), ...),
+//  - A Strategy is driven by one user thread at a time (the thread that calls run(), reduce(),
+//  ...),
 //    like a CrossDeviceOps. Every process of a multi-worker job must make the same cross-replica
 //    calls, variable creations and reads of ON_READ variables, in the same order.
 #pragma once
@@ -113,8 +115,8 @@ class ReplicaContext {
                          A arg);
 
   // For the strategy layer: a meeting of the local replicas. Every replica passes `arg`; the last
-  // to arrive runs `fn` on all of them (in cross-replica context) and every replica gets its result.
-  // `what` names the call, so that replicas making different calls are told which.
+  // to arrive runs `fn` on all of them (in cross-replica context) and every replica gets its
+  // result. `what` names the call, so that replicas making different calls are told which.
   using MergeFn = std::function<StatusOr<std::any>(std::vector<std::any>& args)>;
   StatusOr<std::any> meet(std::string_view what, std::any arg, MergeFn fn);
 
@@ -166,8 +168,8 @@ enum class StrategyKind { kDefault, kOneDevice, kMirrored, kMultiWorkerMirrored,
 // What a concrete strategy selects (strategies.h builds these).
 struct StrategyParts {
   StrategyKind kind = StrategyKind::kDefault;
-  std::string name = "DefaultStrategy";      // TF's class name, for messages
-  std::vector<Device> devices = {Device::cpu()};  // local replicas, in order
+  std::string name = "DefaultStrategy";              // TF's class name, for messages
+  std::vector<Device> devices = {Device::cpu()};     // local replicas, in order
   std::unique_ptr<CrossDeviceOps> cross_device_ops;  // spans devices x workers
   // Where variables live: one copy per replica (mirrored), or one copy on `parameter_device`.
   bool central_variables = false;
@@ -214,9 +216,9 @@ class Strategy {
   auto run(Fn&& fn, const Args&... args);
 
   // --- cross-replica context ---------------------------------------------------------------------
-  // TF's Strategy.reduce. axis none: reduce across replicas. axis given: reduce each replica's value
-  // along `axis` first; MEAN then divides by the global number of elements along `axis`, so partial
-  // and empty batches give the exact global mean.
+  // TF's Strategy.reduce. axis none: reduce across replicas. axis given: reduce each replica's
+  // value along `axis` first; MEAN then divides by the global number of elements along `axis`, so
+  // partial and empty batches give the exact global mean.
   StatusOr<Array> reduce(ReduceOp op, const PerReplica<Array>& value,
                          std::optional<int> axis = std::nullopt);
   // A value that is not distributed (TF's reduce_non_distributed_value): MEAN returns it, SUM
@@ -335,7 +337,8 @@ StatusOr<R> ReplicaContext::merge_call(
                               [&fn, s](std::vector<std::any>& args) -> StatusOr<std::any> {
                                 std::vector<A> values;
                                 values.reserve(args.size());
-                                for (auto& a : args) values.push_back(std::any_cast<A>(std::move(a)));
+                                for (auto& a : args)
+                                  values.push_back(std::any_cast<A>(std::move(a)));
                                 StatusOr<R> out = fn(*s, PerReplica<A>(std::move(values)));
                                 if (!out.ok()) return out.status();
                                 return std::any(std::move(out).value());
