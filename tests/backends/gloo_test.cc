@@ -686,9 +686,11 @@ TEST(Gloo, RefusesBfloat16AndListsItsOptions) {
   EXPECT_NE(bad.status().message().find("halving_doubling"), std::string::npos)
       << bad.status().message();
   // "auto" prefers ring across processes.
-  const BackendInfo* info = builtin_backends().find("gloo");
+  const BackendRegistry registry = builtin_backends();  // find() points into it: keep it alive
+  const BackendInfo* info = registry.find("gloo");
   ASSERT_NE(info, nullptr);
-  EXPECT_LT(info->auto_priority, builtin_backends().find("ring")->auto_priority);
+  ASSERT_NE(registry.find("ring"), nullptr);
+  EXPECT_LT(info->auto_priority, registry.find("ring")->auto_priority);
 }
 
 // Every dtype Gloo reduces, world 2, one call each (float16 through gloo::float16).
