@@ -38,7 +38,7 @@ struct AlgorithmContext {
   Transport& transport;
   MessageTag tag;                   // steps are numbered from here
   Deadline deadline;
-  size_t segment_bytes = 1 << 20;   // pipelining granularity of ring steps
+  size_t segment_bytes = 0;  // pipelining granularity of ring steps; 0 = by chunk size (auto)
   std::vector<std::byte>* scratch;  // reused across calls
 };
 

@@ -67,10 +67,11 @@ Status register_ring(BackendRegistry& registry) {
        .choices = {"auto", "ring", "halving_doubling"}},
       {.name = "segment_bytes",
        .type = OptionType::kSize,
-       .default_value = "256KiB",
+       .default_value = "0",
        .help = "ring steps move their chunk in segments of this size, so that receiving the next "
-               "segment overlaps reducing this one",
-       .min = 4096},
+               "segment overlaps reducing this one; 0 = auto (a quarter of the chunk, 256KiB to "
+               "1MiB)",
+       .min = 0},
       {.name = "bytes_per_pack",
        .type = OptionType::kSize,
        .default_value = "0",
@@ -112,6 +113,10 @@ Status register_ring(BackendRegistry& registry) {
   info.auto_priority = 8;  // below the in-process backends, which "auto" prefers for one process
   info.create = [caps](const BackendContext& context, Options options)
       -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+    if (const uint64_t seg = options.get_size("segment_bytes"); seg != 0 && seg < 4096) {
+      return invalid_argument("backend 'ring': segment_bytes must be 0 (auto) or at least 4KiB, not " +
+                              options.find("segment_bytes")->text);
+    }
     std::unique_ptr<algorithms::Transport> transport;
     if (context.world_size > 1) {
       if (!context.store) {
