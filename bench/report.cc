@@ -241,7 +241,9 @@ Status write_plot(const Report& r, const std::string& path) {
   }
   g << "plot ";
   for (size_t i = 0; i < drawn.size(); ++i) {
-    const std::string& title = drawn[i]->spec;
+    // The spec as the user wrote it: the resolved one (every option) makes a key too wide for
+    // gnuplot to draw at all.
+    const std::string& title = drawn[i]->requested.empty() ? drawn[i]->spec : drawn[i]->requested;
     g << (i ? ", " : "") << gp_quote(data_path) << " index " << i
       << " using 1:2 with linespoints lw 2 title " << gp_quote(title);
   }
