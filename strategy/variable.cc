@@ -20,6 +20,9 @@ struct Variable::State {
   bool central = false;           // one copy on the parameter device
   std::vector<Array> components;  // owned storage, updated in place under `mu`
   mutable std::mutex mu;
+  // Held across a read-modify-write of one copy (assign_add of the replica's own copy), so that
+  // it cannot interleave with another update of this variable.
+  std::mutex update_mu;
 };
 
 namespace {
@@ -117,7 +120,7 @@ struct VariableImpl {
   }
 
   static Status update_one(State& v, size_t i, UpdateKind k, const Array& value) {
-    std::lock_guard serial(one_at_a_time_);  // central copies take each replica's update in turn
+    std::lock_guard serial(v.update_mu);
     TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, snapshot(v, i), value));
     return commit(v, {{i, std::move(next)}});
   }
@@ -212,7 +215,6 @@ struct VariableImpl {
     return r[0].to_device(Device::cpu());
   }
 
-  static inline std::mutex one_at_a_time_;
 };
 
 StatusOr<Variable> Strategy::create_variable(const Array& initial_value, VariableOptions options) {
