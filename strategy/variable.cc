@@ -214,7 +214,6 @@ struct VariableImpl {
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, s.all_reduce_local(*op, copies));
     return r[0].to_device(Device::cpu());
   }
-
 };
 
 StatusOr<Variable> Strategy::create_variable(const Array& initial_value, VariableOptions options) {
