@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "backends/gloo/gloo_store.h"
+#include "core/rendezvous.h"
 #include "tributary/options.h"
 #include "tributary/store.h"
 
@@ -32,37 +33,6 @@ namespace {
 
 // The local address whose route reaches `coordinator` (a UDP connect sends no packet); loopback
 // when there is no coordinator or it is local.
-std::string interface_towards(const std::string& coordinator) {
-  if (coordinator.empty() || coordinator == "localhost" || coordinator.rfind("127.", 0) == 0 ||
-      coordinator == "::1") {
-    return "127.0.0.1";
-  }
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(coordinator.c_str(), "1", &hints, &found) != 0 || found == nullptr) {
-    return "127.0.0.1";
-  }
-  std::string result = "127.0.0.1";
-  int fd = socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    char text[INET6_ADDRSTRLEN] = {};
-    if (connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      const void* addr =
-          local.ss_family == AF_INET6
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
-      if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) result = text;
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return result;
-}
-
 // An address as text, "[10.0.0.2]:41234". Gloo's tcp::Address::str() prints the port as stored,
 // in network byte order; `as_gloo` prints it that way, to compare with Gloo's texts.
 std::string address_text(const sockaddr_storage& a, bool as_gloo) {
@@ -237,7 +207,7 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
     attr.iface = options.iface;
     where = "interface " + options.iface;
   } else {
-    attr.hostname = options.host.empty() ? interface_towards(options.coordinator) : options.host;
+    attr.hostname = options.host.empty() ? internal::interface_towards(options.coordinator) : options.host;
     where = "address " + attr.hostname;
   }
   const std::string timeout = format_duration(options.timeout);

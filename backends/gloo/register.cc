@@ -2,6 +2,7 @@
 #include <string>
 
 #include "backends/gloo/gloo_ops.h"
+#include "core/rendezvous.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
 
@@ -113,12 +114,6 @@ Status register_gloo(BackendRegistry& registry) {
     }
     backends::GlooConnection gloo;
     if (context.world_size > 1) {
-      if (!context.store) {
-        return failed_precondition(
-            "backend 'gloo' across " + std::to_string(context.world_size) +
-            " processes needs a rendezvous store; create the context with "
-            "make_backend_context() (it reads TF_CONFIG, RANK/WORLD_SIZE/MASTER_ADDR, Slurm...)");
-      }
       backends::GlooConnectOptions c;
       c.host = options.get_string("host");
       c.iface = options.get_string("iface");
@@ -132,8 +127,8 @@ Status register_gloo(BackendRegistry& registry) {
                                 " does not divide the number of processes (" +
                                 std::to_string(context.world_size) + ")");
       }
-      const uint64_t instance = (*context.instances)++;
-      auto store = std::make_shared<PrefixStore>("gloo/" + std::to_string(instance), context.store);
+      TRIBUTARY_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
+                                 internal::instance_store(context, "gloo"));
       auto made = backends::connect_gloo(context.rank, context.world_size, store, c);
       if (!made.ok()) return made.status();
       gloo = std::move(made).value();

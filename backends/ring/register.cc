@@ -1,54 +1,131 @@
-#include <cstdlib>
-#include <fstream>
-#include <thread>
+#include <algorithm>
 #include <memory>
-#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
-#include "backends/ring/ring_ops.h"
+#include "algorithms/process_group_ops.h"
+#include "backends/ring/tcp_transport.h"
+#include "core/crypto/sha256.h"
+#include "core/rendezvous.h"
+#include "transports/shm/shm_group.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
 
 namespace tributary {
 namespace {
 
-// The secret_file option, else TRIBUTARY_SECRET, else the file TRIBUTARY_SECRET_FILE names
-// (explicit option > environment); "" = no authentication.
-StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file) {
-  std::string path = secret_file;
-  if (path.empty()) {
-    if (auto s = config.get("TRIBUTARY_SECRET"); s && !s->empty()) return *s;
-    path = config.get("TRIBUTARY_SECRET_FILE").value_or("");
-  }
-  if (path.empty()) return std::string();
-  std::ifstream in(path);
-  if (!in) return not_found("cannot read the secret file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string secret = ss.str();
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-  if (secret.empty()) return invalid_argument("the secret file '" + path + "' is empty");
-  return secret;
+using algorithms::AllReduceAlgorithm;
+
+AllReduceAlgorithm parse_algorithm(const std::string& name) {
+  if (name == "ring") return AllReduceAlgorithm::kRing;
+  if (name == "halving_doubling") return AllReduceAlgorithm::kHalvingDoubling;
+  return AllReduceAlgorithm::kAuto;
 }
 
-// Ranks on this host: the launcher's LOCAL_WORLD_SIZE, else all of them when the coordinator is
-// this host's loopback, else one.
-int local_ranks(const BackendContext& context) {
-  for (const char* key : {"TRIBUTARY_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"}) {
-    if (auto v = context.config.get(key)) {
-      int n = std::atoi(v->c_str());
-      if (n > 0) return n;
+// Where every rank runs: the host ids exchanged through the store, with every rank's intra_host
+// choice (which must agree: a rank on shared memory and its neighbour on TCP would never meet).
+struct HostLayout {
+  std::vector<int> host_of;               // host index (order of first appearance) per rank
+  std::vector<std::vector<int>> members;  // ranks per host, ascending
+  int hosts() const { return static_cast<int>(members.size()); }
+};
+
+StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
+                                 const std::string& intra_host, std::chrono::nanoseconds timeout) {
+  const std::string mine = intra_host + "|" + internal::host_id(context.config);
+  TRIBUTARY_RETURN_IF_ERROR(store.set("host/" + std::to_string(context.rank), mine));
+  HostLayout layout;
+  std::vector<std::string> ids;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < context.world_size; ++r) {
+    const auto left = std::chrono::duration_cast<Store::Duration>(std::max(
+        std::chrono::steady_clock::duration::zero(), deadline - std::chrono::steady_clock::now()));
+    TRIBUTARY_ASSIGN_OR_RETURN(std::string theirs, store.get("host/" + std::to_string(r), left));
+    const std::string choice = theirs.substr(0, theirs.find('|'));
+    if (choice != intra_host) {
+      return invalid_argument("backend 'ring': rank " + std::to_string(r) + " uses intra_host=" +
+                              choice + " but rank " + std::to_string(context.rank) +
+                              " intra_host=" + intra_host + "; every process must use the same");
+    }
+    auto it = std::find(ids.begin(), ids.end(), theirs);
+    if (it == ids.end()) {
+      ids.push_back(theirs);
+      layout.members.emplace_back();
+      it = ids.end() - 1;
+    }
+    const int h = static_cast<int>(it - ids.begin());
+    layout.host_of.push_back(h);
+    layout.members[static_cast<size_t>(h)].push_back(r);
+  }
+  return layout;
+}
+
+// What every rank must agree on, as text (checked by the transports' handshakes).
+std::string layout_text(const BackendContext& context, const Options& options) {
+  return "local_replicas=" + std::to_string(context.devices.size()) +
+         ",algorithm=" + options.get_string("algorithm") +
+         ",segment_bytes=" + options.find("segment_bytes")->text +
+         ",bytes_per_pack=" + options.find("bytes_per_pack")->text +
+         ",sockets_per_peer=" + options.find("sockets_per_peer")->text +
+         ",shm_chunk_bytes=" + options.find("shm_chunk_bytes")->text;
+}
+
+StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store,
+                                                              const BackendContext& context,
+                                                              const Options& options) {
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
+  backends::TcpTransportOptions t;
+  t.host = options.get_string("host");
+  t.coordinator = context.coordinator_host;
+  t.secret = std::move(secret);
+  t.cluster_id = context.cluster_id;
+  t.layout = layout_text(context, options);
+  t.timeout = options.get_duration("timeout");
+  t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
+  t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      auto transport, backends::TcpTransport::create(store, context.rank, context.world_size, t));
+  return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
+      std::move(transport), parse_algorithm(options.get_string("algorithm")),
+      options.get_size("segment_bytes"), "tcp"));
+}
+
+// Every rank on this host, through shared memory.
+StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
+                                                              const BackendContext& context,
+                                                              const Options& options,
+                                                              const std::vector<int>& members) {
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
+  transports::shm::ShmGroupOptions o;
+  const uint64_t chunk = options.get_size("shm_chunk_bytes");
+  if (chunk != 0) o.slot_bytes = chunk;
+  o.timeout = options.get_duration("timeout");
+  const std::string poll = options.get_string("poll");
+  const auto cores = static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
+  o.spin = poll == "off" || (poll == "auto" && members.size() > cores)
+               ? std::chrono::nanoseconds(0)
+               : std::chrono::nanoseconds(std::chrono::microseconds(50));
+  o.global_ranks = members;
+  // The secret is not sent anywhere: a digest of it (with the cluster) must match, so that a
+  // process without it cannot join, as over TCP.
+  std::string proof = "none";
+  if (!secret.empty()) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    proof.clear();
+    for (uint8_t b : internal::hmac_sha256(secret, "shm:" + context.cluster_id)) {
+      proof += kHex[b >> 4];
+      proof += kHex[b & 15];
     }
   }
-  const std::string& h = context.coordinator_host;
-  return h == "localhost" || h.rfind("127.", 0) == 0 ? context.world_size : 1;
-}
-
-std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context) {
-  const auto on = std::chrono::microseconds(50);
-  if (mode == "on") return on;
-  if (mode == "off") return std::chrono::nanoseconds(0);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return local_ranks(context) <= cores ? std::chrono::nanoseconds(on) : std::chrono::nanoseconds(0);
+  o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof;
+  const int local =
+      static_cast<int>(std::find(members.begin(), members.end(), context.rank) - members.begin());
+  TRIBUTARY_ASSIGN_OR_RETURN(auto group, transports::shm::ShmGroup::create(
+                                             store, local, static_cast<int>(members.size()), o));
+  return std::unique_ptr<algorithms::ProcessGroup>(std::move(group));
 }
 
 }  // namespace
@@ -56,8 +133,9 @@ std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendCon
 Status register_ring(BackendRegistry& registry) {
   BackendInfo info;
   info.name = "ring";
-  info.summary = "across processes and hosts over TCP (Boost.Asio): ring and halving-doubling "
-                 "all-reduce, tree broadcast, ring all-gather and reduce-scatter";
+  info.summary =
+      "across processes and hosts over TCP (Boost.Asio): ring and halving-doubling "
+      "all-reduce, tree broadcast, ring all-gather and reduce-scatter";
   info.options = {
       {.name = "algorithm",
        .type = OptionType::kEnum,
@@ -92,6 +170,19 @@ Status register_ring(BackendRegistry& registry) {
                "per-flow limits, bonded NICs); every process must use the same value",
        .min = 1,
        .max = 16},
+      {.name = "intra_host",
+       .type = OptionType::kEnum,
+       .default_value = "shm",
+       .help = "how processes on the same host exchange data: shm (shared memory; hosts are told "
+               "apart by hostname, boot id and namespaces, or by TRIBUTARY_HOST_ID) or net (TCP "
+               "like every other peer, for comparison); every process must use the same",
+       .choices = {"shm", "net"}},
+      {.name = "shm_chunk_bytes",
+       .type = OptionType::kSize,
+       .default_value = "0",
+       .help = "shared memory: collectives move through each process's slots in chunks of this "
+               "size; 0 = auto (512KiB)",
+       .min = 0},
       {.name = "host",
        .type = OptionType::kString,
        .default_value = "",
@@ -111,47 +202,36 @@ Status register_ring(BackendRegistry& registry) {
   caps.multi_process = true;
   info.capabilities = caps;
   info.auto_priority = 8;  // below the in-process backends, which "auto" prefers for one process
-  info.create = [caps](const BackendContext& context, Options options)
-      -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+  info.create = [caps](const BackendContext& context,
+                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     if (const uint64_t seg = options.get_size("segment_bytes"); seg != 0 && seg < 4096) {
-      return invalid_argument("backend 'ring': segment_bytes must be 0 (auto) or at least 4KiB, not " +
-                              options.find("segment_bytes")->text);
+      return invalid_argument(
+          "backend 'ring': segment_bytes must be 0 (auto) or at least 4KiB, not " +
+          options.find("segment_bytes")->text);
     }
-    std::unique_ptr<algorithms::Transport> transport;
+    if (const uint64_t c = options.get_size("shm_chunk_bytes"); c != 0 && c < 4096) {
+      return invalid_argument(
+          "backend 'ring': shm_chunk_bytes must be 0 (auto) or at least 4KiB, "
+          "not " +
+          options.find("shm_chunk_bytes")->text);
+    }
+    std::unique_ptr<algorithms::ProcessGroup> group;
     if (context.world_size > 1) {
-      if (!context.store) {
-        return failed_precondition(
-            "backend 'ring' across " + std::to_string(context.world_size) +
-            " processes needs a rendezvous store; create the context with "
-            "make_backend_context() (it reads TF_CONFIG, RANK/WORLD_SIZE/MASTER_ADDR, Slurm...)");
+      TRIBUTARY_ASSIGN_OR_RETURN(auto store, internal::instance_store(context, "ring"));
+      const std::string intra_host = options.get_string("intra_host");
+      TRIBUTARY_ASSIGN_OR_RETURN(HostLayout hosts, learn_hosts(*store, context, intra_host,
+                                                               options.get_duration("timeout")));
+      if (intra_host == "shm" && hosts.hosts() == 1) {
+        TRIBUTARY_ASSIGN_OR_RETURN(group, shm_group(*store, context, options, hosts.members[0]));
+      } else {
+        // One process per host, or intra_host=net. (Several hosts with several processes each
+        // also take TCP for now; the hierarchical composition is to come.)
+        TRIBUTARY_ASSIGN_OR_RETURN(group, tcp_group(*store, context, options));
       }
-      TRIBUTARY_ASSIGN_OR_RETURN(std::string secret,
-                                 read_secret(context.config, options.get_string("secret_file")));
-      backends::TcpTransportOptions t;
-      t.host = options.get_string("host");
-      t.coordinator = context.coordinator_host;
-      t.secret = std::move(secret);
-      t.cluster_id = context.cluster_id;
-      t.layout = "local_replicas=" + std::to_string(context.devices.size()) +
-                 ",algorithm=" + options.get_string("algorithm") +
-                 ",segment_bytes=" + options.find("segment_bytes")->text +
-                 ",bytes_per_pack=" + options.find("bytes_per_pack")->text +
-                 ",sockets_per_peer=" + options.find("sockets_per_peer")->text;
-      t.timeout = options.get_duration("timeout");
-      t.poll_before_sleep = poll_duration(options.get_string("poll"), context);
-      t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
-      const uint64_t instance = (*context.instances)++;
-      PrefixStore store("ring/" + std::to_string(instance), context.store);
-      auto made = backends::TcpTransport::create(store, context.rank, context.world_size, t);
-      if (!made.ok()) return made.status();
-      transport = std::move(made).value();
-    } else {
-      auto made = backends::TcpTransport::create(*std::make_shared<MemoryStore>(), 0, 1, {});
-      if (!made.ok()) return made.status();
-      transport = std::move(made).value();
     }
-    return std::unique_ptr<CrossDeviceOps>(std::make_unique<backends::RingOps>(
-        context, std::move(options), caps, std::move(transport)));
+    const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");
+    return std::unique_ptr<CrossDeviceOps>(std::make_unique<algorithms::ProcessGroupOps>(
+        "ring", context, std::move(options), caps, std::move(group), bytes_per_pack));
   };
   return registry.add(std::move(info));
 }

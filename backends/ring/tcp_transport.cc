@@ -1,11 +1,9 @@
 #include "backends/ring/tcp_transport.h"
 
-#include <boost/asio.hpp>
 #include <sys/socket.h>
 
-#include <ifaddrs.h>
-
 #include <array>
+#include <boost/asio.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -19,6 +17,7 @@
 #include "backends/ring/tcp_wire.h"
 #include "backends/ring/tcp_writer.h"
 #include "core/crypto/sha256.h"
+#include "core/rendezvous.h"
 
 namespace tributary::backends {
 namespace {
@@ -377,39 +376,6 @@ struct TcpTransport::Impl {
 // --- setup ---------------------------------------------------------------------------------------
 namespace {
 
-// Picks the local address that routes to `coordinator` (no packet is sent).
-std::string interface_towards(asio::io_context& io, const std::string& coordinator) {
-  if (coordinator.empty() || coordinator == "localhost" || coordinator.rfind("127.", 0) == 0) {
-    return "127.0.0.1";
-  }
-  boost::system::error_code ec;
-  tcp::resolver resolver(io);
-  auto results = resolver.resolve(coordinator, "1", ec);
-  if (ec || results.empty()) return "127.0.0.1";
-  asio::ip::udp::socket probe(io);
-  asio::ip::udp::endpoint target(results.begin()->endpoint().address(), 1);
-  probe.open(target.protocol(), ec);
-  if (!ec) probe.connect(target, ec);
-  if (ec) return "127.0.0.1";
-  asio::ip::address chosen = probe.local_endpoint(ec).address();
-  if (ec) return "127.0.0.1";
-  if (!chosen.is_loopback()) return chosen.to_string();
-  // The coordinator's name resolves to loopback here (Debian maps the host's own name to
-  // 127.0.1.1): publishing that would keep other hosts out. Take a real interface instead.
-  ifaddrs* list = nullptr;
-  std::string found;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
-      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-      auto* sin = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-      asio::ip::address_v4 a(ntohl(sin->sin_addr.s_addr));
-      if (!a.is_loopback()) found = a.to_string();
-    }
-    freeifaddrs(list);
-  }
-  return found.empty() ? chosen.to_string() : found;
-}
-
 template <typename Impl, typename Buffer>
 Status read_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, const char* what) {
   bool done = false;
@@ -423,7 +389,8 @@ Status read_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, con
     impl.run_until(Clock::now() + std::chrono::seconds(1), [&] { return done; });
     return deadline_exceeded(std::string("timed out reading the ") + what);
   }
-  if (result) return unavailable(std::string("reading the ") + what + " failed: " + result.message());
+  if (result)
+    return unavailable(std::string("reading the ") + what + " failed: " + result.message());
   return Status();
 }
 
@@ -440,7 +407,8 @@ Status write_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, co
     impl.run_until(Clock::now() + std::chrono::seconds(1), [&] { return done; });
     return deadline_exceeded(std::string("timed out writing the ") + what);
   }
-  if (result) return unavailable(std::string("writing the ") + what + " failed: " + result.message());
+  if (result)
+    return unavailable(std::string("writing the ") + what + " failed: " + result.message());
   return Status();
 }
 
@@ -448,6 +416,273 @@ void tune(tcp::socket& s) {
   boost::system::error_code ignored;
   s.set_option(tcp::no_delay(true), ignored);
 }
+
+// The steps of TcpTransport::create, each its own function: listen and publish, connect to every
+// lower rank (the client side of the handshake), accept every higher rank (the server side).
+class TcpSetup {
+ public:
+  TcpSetup(TcpTransport::Impl& impl, Store& store, const TcpTransportOptions& options)
+      : impl_(impl),
+        store_(store),
+        options_(options),
+        deadline_(Clock::now() + options.timeout),
+        cluster_(cluster_hash(options.cluster_id)),
+        layout_(cluster_hash(options.layout)),
+        who_("ring transport (rank " + std::to_string(impl.rank) + " of " +
+             std::to_string(impl.size) + ")"),
+        acceptor_(impl.io) {}
+
+  const std::string& who() const { return who_; }
+
+  Status listen_and_publish() {
+    boost::system::error_code ec;
+    const std::string host =
+        options_.host.empty() ? internal::interface_towards(options_.coordinator) : options_.host;
+    tcp::endpoint bind_at(asio::ip::make_address(host, ec), 0);
+    if (ec) {
+      return invalid_argument(who_ + ": host '" + host + "' is not an IP address: " + ec.message());
+    }
+    acceptor_.open(bind_at.protocol(), ec);
+    if (!ec) acceptor_.bind(bind_at, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return unavailable(who_ + ": cannot listen on " + host + ": " + ec.message() +
+                         "; set host= in the ring spec to an address of this machine");
+    }
+    return store_.set("addr/" + std::to_string(impl_.rank),
+                      endpoint_text(acceptor_.local_endpoint()));
+  }
+
+  Status connect_lower() {
+    for (int peer = 0; peer < impl_.rank; ++peer) {
+      const auto remaining = std::chrono::duration_cast<Store::Duration>(deadline_ - Clock::now());
+      auto address = store_.get("addr/" + std::to_string(peer), remaining);
+      if (!address.ok()) {
+        return address.status().with_context(who_ + ": waiting for rank " + std::to_string(peer));
+      }
+      TRIBUTARY_ASSIGN_OR_RETURN(tcp::endpoint target, parse_address(peer, *address));
+      for (int k = 0; k < impl_.sockets_per_peer; ++k) {
+        TRIBUTARY_RETURN_IF_ERROR(connect_one(peer, k, target, *address));
+      }
+    }
+    return Status();
+  }
+
+  // Files every higher rank's connections by the socket index of their hello; those that fail the
+  // handshake are dropped and we go on.
+  Status accept_higher() {
+    int expected = (impl_.size - 1 - impl_.rank) * impl_.sockets_per_peer;
+    while (expected > 0) {
+      auto socket = std::make_unique<tcp::socket>(impl_.io);
+      bool accepted = false;
+      boost::system::error_code aec;
+      acceptor_.async_accept(*socket, [&](const boost::system::error_code& e) {
+        aec = e;
+        accepted = true;
+      });
+      if (!impl_.run_until(deadline_, [&] { return accepted; })) {
+        acceptor_.cancel();
+        impl_.run_until(Clock::now() + std::chrono::seconds(1), [&] { return accepted; });
+        return deadline_exceeded(
+            who_ + ": " + std::to_string(expected) +
+            " connection(s) from higher ranks did not arrive before the timeout" +
+            (rejected_.empty() ? "" : "; rejected: " + rejected_));
+      }
+      if (aec) return unavailable(who_ + ": accept failed: " + aec.message());
+      tune(*socket);
+      TRIBUTARY_ASSIGN_OR_RETURN(bool filed, serve_handshake(std::move(socket)));
+      if (filed) --expected;
+    }
+    return Status();
+  }
+
+ private:
+  std::string layout_advice() const {
+    return "every process must use the same number of local replicas and the same ring options "
+           "(this rank: " +
+           options_.layout + ")";
+  }
+  // The socket count is in the layout too; checked first, so that the message names both values.
+  Status sockets_differ(const std::string& ctx, int peer, int theirs) const {
+    return invalid_argument(
+        ctx + ": rank " + std::to_string(peer) +
+        " is set up differently: it uses sockets_per_peer=" + std::to_string(theirs) +
+        ", this rank sockets_per_peer=" + std::to_string(impl_.sockets_per_peer) + "; " +
+        layout_advice());
+  }
+
+  StatusOr<tcp::endpoint> parse_address(int peer, const std::string& text) const {
+    const size_t colon = text.rfind(':');
+    unsigned port = 0;
+    const char* port_begin = text.data() + (colon == std::string::npos ? text.size() : colon + 1);
+    auto [end, perr] = std::from_chars(port_begin, text.data() + text.size(), port);
+    boost::system::error_code ec;
+    if (colon != std::string::npos && perr == std::errc() && end == text.data() + text.size() &&
+        port >= 1 && port <= 65535) {
+      auto address = asio::ip::make_address(text.substr(0, colon), ec);
+      if (!ec) return tcp::endpoint(address, static_cast<uint16_t>(port));
+    }
+    return internal_error(who_ + ": rank " + std::to_string(peer) + " published a bad address '" +
+                          text + "' (is another program using the same store key?)");
+  }
+
+  // Opens connection `k` to `peer` and runs the client side of the handshake.
+  Status connect_one(int peer, int k, const tcp::endpoint& target, const std::string& text) {
+    const int sockets = impl_.sockets_per_peer;
+    const std::string ctx = who_ + ": handshake with rank " + std::to_string(peer) + " at " + text +
+                            (sockets > 1 ? " (socket " + std::to_string(k) + ")" : "");
+    auto socket = std::make_unique<tcp::socket>(impl_.io);
+    bool connected = false;
+    boost::system::error_code cec;
+    socket->async_connect(target, [&](const boost::system::error_code& e) {
+      cec = e;
+      connected = true;
+    });
+    if (!impl_.run_until(deadline_, [&] { return connected; })) {
+      return deadline_exceeded(who_ + ": could not connect to rank " + std::to_string(peer) +
+                               " at " + text + " before the timeout");
+    }
+    if (cec) {
+      return unavailable(who_ + ": connecting to rank " + std::to_string(peer) + " at " + text +
+                         " failed: " + cec.message() + "; is it running and reachable?");
+    }
+    tune(*socket);
+    wire::Hello hello;
+    hello.cluster = cluster_;
+    hello.layout = layout_;
+    hello.world = impl_.size;
+    hello.rank = impl_.rank;
+    hello.sockets = sockets;
+    hello.socket = k;
+    hello.nonce = random_nonce();
+    TRIBUTARY_RETURN_IF_ERROR(
+        write_exact(impl_, *socket, asio::buffer(&hello, sizeof hello), deadline_, "hello")
+            .with_context(ctx));
+    wire::HelloAck ack;
+    TRIBUTARY_RETURN_IF_ERROR(
+        read_exact(impl_, *socket, asio::buffer(&ack, sizeof ack), deadline_, "hello answer")
+            .with_context(ctx));
+    TRIBUTARY_RETURN_IF_ERROR(check_ack(ctx, peer, k, ack));
+    wire::Auth auth;
+    auth.mac = proof(options_.secret, 'C', ack.nonce, impl_.rank, peer);
+    TRIBUTARY_RETURN_IF_ERROR(
+        write_exact(impl_, *socket, asio::buffer(&auth, sizeof auth), deadline_, "authentication")
+            .with_context(ctx));
+    wire::Verdict verdict;
+    TRIBUTARY_RETURN_IF_ERROR(
+        read_exact(impl_, *socket, asio::buffer(&verdict, sizeof verdict), deadline_, "verdict")
+            .with_context(ctx));
+    const bool peer_proved =
+        internal::digest_equal(ack.mac, proof(options_.secret, 'A', hello.nonce, peer, impl_.rank));
+    if (!verdict.accepted || !peer_proved) {
+      return unavailable(ctx +
+                         ": authentication failed; every process must be given the same "
+                         "secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE), or none");
+    }
+    impl_.conn(peer, k).socket = std::move(socket);
+    return Status();
+  }
+
+  Status check_ack(const std::string& ctx, int peer, int k, const wire::HelloAck& ack) const {
+    if (ack.magic != wire::kHelloMagic || ack.version != wire::kProtocolVersion) {
+      return unavailable(ctx + ": the peer does not speak tributary's protocol version " +
+                         std::to_string(wire::kProtocolVersion));
+    }
+    if (ack.cluster != cluster_ || ack.world != impl_.size || ack.rank != peer) {
+      return unavailable(ctx +
+                         ": the process there belongs to another job (cluster, world size "
+                         "or rank differ); check the cluster spec");
+    }
+    if (ack.sockets != impl_.sockets_per_peer) return sockets_differ(ctx, peer, ack.sockets);
+    if (ack.layout != layout_) {
+      return invalid_argument(ctx + ": rank " + std::to_string(peer) + " is set up differently; " +
+                              layout_advice());
+    }
+    if (ack.socket != k) {
+      return internal_error(ctx + ": the peer filed this connection as socket " +
+                            std::to_string(ack.socket));
+    }
+    return Status();
+  }
+
+  // The server side of one handshake: true when the connection was filed, false when it was
+  // rejected (and closed); an error only when the group cannot form (a different layout).
+  StatusOr<bool> serve_handshake(std::unique_ptr<tcp::socket> socket) {
+    const int rank = impl_.rank;
+    const int sockets = impl_.sockets_per_peer;
+    boost::system::error_code pec;
+    const std::string from = endpoint_text(socket->remote_endpoint(pec));
+    // A short deadline per handshake, so that a silent client cannot hold up the others.
+    const Deadline hs_deadline = std::min(deadline_, Clock::now() + std::chrono::seconds(10));
+    wire::Hello hello;
+    Status s = read_exact(impl_, *socket, asio::buffer(&hello, sizeof hello), hs_deadline, "hello");
+    if (s.ok() && (hello.magic != wire::kHelloMagic || hello.version != wire::kProtocolVersion)) {
+      s = unavailable("not a tributary peer (bad magic or version)");
+    }
+    if (s.ok() && (hello.cluster != cluster_ || hello.world != impl_.size || hello.rank <= rank ||
+                   hello.rank >= impl_.size)) {
+      s = unavailable("a peer of another job (rank " + std::to_string(hello.rank) + ")");
+    }
+    const bool same_sockets = hello.sockets == sockets;
+    if (s.ok() && same_sockets &&
+        (hello.socket < 0 || hello.socket >= sockets ||
+         impl_.conn(hello.rank, hello.socket).socket)) {
+      s = unavailable("a duplicate or bad connection: rank " + std::to_string(hello.rank) +
+                      " socket " + std::to_string(hello.socket));
+    }
+    wire::HelloAck ack;
+    if (s.ok()) {
+      ack.cluster = cluster_;
+      ack.layout = layout_;
+      ack.world = impl_.size;
+      ack.rank = rank;
+      ack.sockets = sockets;
+      ack.socket = hello.socket;
+      ack.nonce = random_nonce();
+      ack.mac = proof(options_.secret, 'A', hello.nonce, rank, hello.rank);
+      s = write_exact(impl_, *socket, asio::buffer(&ack, sizeof ack), hs_deadline, "hello answer");
+    }
+    // A different layout: the answer (with ours) lets the other side name it too; then refuse.
+    // The group cannot form: no point waiting for the others.
+    if (s.ok() && !same_sockets) return sockets_differ(who_, hello.rank, hello.sockets);
+    if (s.ok() && hello.layout != layout_) {
+      return invalid_argument(who_ + ": rank " + std::to_string(hello.rank) +
+                              " is set up differently; " + layout_advice());
+    }
+    wire::Auth auth;
+    if (s.ok()) {
+      s = read_exact(impl_, *socket, asio::buffer(&auth, sizeof auth), hs_deadline,
+                     "authentication");
+    }
+    const bool ok = s.ok() && internal::digest_equal(auth.mac, proof(options_.secret, 'C',
+                                                                     ack.nonce, hello.rank, rank));
+    if (s.ok()) {
+      wire::Verdict verdict;
+      verdict.accepted = ok ? 1 : 0;
+      s = write_exact(impl_, *socket, asio::buffer(&verdict, sizeof verdict), hs_deadline,
+                      "verdict");
+    }
+    if (!s.ok() || !ok) {
+      rejected_ += (rejected_.empty() ? "" : "; ") + from + " (" +
+                   (s.ok() ? std::string("failed authentication") : s.message()) + ")";
+      boost::system::error_code ignored;
+      socket->close(ignored);
+      return false;
+    }
+    impl_.conn(hello.rank, hello.socket).socket = std::move(socket);
+    return true;
+  }
+
+  TcpTransport::Impl& impl_;
+  Store& store_;
+  const TcpTransportOptions& options_;
+  const Deadline deadline_;
+  const uint64_t cluster_;
+  const uint64_t layout_;
+  const std::string who_;
+  tcp::acceptor acceptor_;
+  std::string rejected_;
+};
 
 }  // namespace
 
@@ -457,10 +692,9 @@ TcpTransport::~TcpTransport() = default;
 StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int rank, int size,
                                                              const TcpTransportOptions& options) {
   const int sockets = options.sockets_per_peer;
-  const std::string who =
-      "ring transport (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   if (sockets < 1 || sockets > wire::kMaxSocketsPerPeer) {
-    return invalid_argument(who + ": sockets_per_peer must be 1 to " +
+    return invalid_argument("ring transport (rank " + std::to_string(rank) + " of " +
+                            std::to_string(size) + "): sockets_per_peer must be 1 to " +
                             std::to_string(wire::kMaxSocketsPerPeer) + ", not " +
                             std::to_string(sockets));
   }
@@ -470,213 +704,11 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
   impl->spin = options.poll_before_sleep;
   impl->sockets_per_peer = sockets;
   impl->conns.resize(static_cast<size_t>(size) * static_cast<size_t>(sockets));
-  const Deadline deadline = Clock::now() + options.timeout;
-  const uint64_t cluster = cluster_hash(options.cluster_id);
-  const uint64_t layout = cluster_hash(options.layout);
-  const std::string layout_advice =
-      "every process must use the same number of local replicas and the same ring options "
-      "(this rank: " + options.layout + ")";
-  // The socket count is in the layout too; checked first, so that the message names both values.
-  auto sockets_differ = [&](const std::string& ctx, int peer, int theirs) {
-    return invalid_argument(
-        ctx + ": rank " + std::to_string(peer) +
-        " is set up differently: it uses sockets_per_peer=" + std::to_string(theirs) +
-        ", this rank sockets_per_peer=" + std::to_string(sockets) + "; " + layout_advice);
-  };
-  if (size == 1) {
-    impl->start_writer();
-    return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
-  }
-
-  // Listen and publish.
-  boost::system::error_code ec;
-  std::string host = options.host.empty() ? interface_towards(impl->io, options.coordinator)
-                                          : options.host;
-  tcp::acceptor acceptor(impl->io);
-  tcp::endpoint bind_at(asio::ip::make_address(host, ec), 0);
-  if (ec) return invalid_argument(who + ": host '" + host + "' is not an IP address: " + ec.message());
-  acceptor.open(bind_at.protocol(), ec);
-  if (!ec) acceptor.bind(bind_at, ec);
-  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return unavailable(who + ": cannot listen on " + host + ": " + ec.message() +
-                       "; set host= in the ring spec to an address of this machine");
-  }
-  const std::string my_address = endpoint_text(acceptor.local_endpoint());
-  TRIBUTARY_RETURN_IF_ERROR(store.set("addr/" + std::to_string(rank), my_address));
-
-  // Connect to every lower rank, `sockets` connections each.
-  for (int peer = 0; peer < rank; ++peer) {
-    const auto remaining = std::chrono::duration_cast<Store::Duration>(deadline - Clock::now());
-    auto address = store.get("addr/" + std::to_string(peer), remaining);
-    if (!address.ok()) return address.status().with_context(who + ": waiting for rank " + std::to_string(peer));
-    const std::string& text = *address;
-    const size_t colon = text.rfind(':');
-    unsigned port = 0;
-    const char* port_begin = text.data() + (colon == std::string::npos ? text.size() : colon + 1);
-    auto [end, perr] = std::from_chars(port_begin, text.data() + text.size(), port);
-    tcp::endpoint target;
-    if (colon != std::string::npos && perr == std::errc() && end == text.data() + text.size() &&
-        port >= 1 && port <= 65535) {
-      target = tcp::endpoint(asio::ip::make_address(text.substr(0, colon), ec),
-                             static_cast<uint16_t>(port));
-    } else {
-      ec = asio::error::invalid_argument;
-    }
-    if (ec) {
-      return internal_error(who + ": rank " + std::to_string(peer) + " published a bad address '" +
-                            text + "' (a stale store, or another version of tributary?)");
-    }
-    for (int k = 0; k < sockets; ++k) {
-      const std::string ctx = who + ": handshake with rank " + std::to_string(peer) + " at " +
-                              text + (sockets > 1 ? " (socket " + std::to_string(k) + ")" : "");
-      auto socket = std::make_unique<tcp::socket>(impl->io);
-      bool connected = false;
-      boost::system::error_code cec;
-      socket->async_connect(target, [&](const boost::system::error_code& e) {
-        cec = e;
-        connected = true;
-      });
-      if (!impl->run_until(deadline, [&] { return connected; })) {
-        return deadline_exceeded(who + ": could not connect to rank " + std::to_string(peer) +
-                                 " at " + text + " before the timeout");
-      }
-      if (cec) {
-        return unavailable(who + ": connecting to rank " + std::to_string(peer) + " at " + text +
-                           " failed: " + cec.message() + "; is it running and reachable?");
-      }
-      tune(*socket);
-      wire::Hello hello;
-      hello.cluster = cluster;
-      hello.layout = layout;
-      hello.world = size;
-      hello.rank = rank;
-      hello.sockets = sockets;
-      hello.socket = k;
-      hello.nonce = random_nonce();
-      TRIBUTARY_RETURN_IF_ERROR(
-          write_exact(*impl, *socket, asio::buffer(&hello, sizeof hello), deadline, "hello")
-              .with_context(ctx));
-      wire::HelloAck ack;
-      TRIBUTARY_RETURN_IF_ERROR(
-          read_exact(*impl, *socket, asio::buffer(&ack, sizeof ack), deadline, "hello answer")
-              .with_context(ctx));
-      if (ack.magic != wire::kHelloMagic || ack.version != wire::kProtocolVersion) {
-        return unavailable(ctx + ": the peer does not speak tributary's protocol version " +
-                           std::to_string(wire::kProtocolVersion));
-      }
-      if (ack.cluster != cluster || ack.world != size || ack.rank != peer) {
-        return unavailable(ctx +
-                           ": the process there belongs to another job (cluster, world size "
-                           "or rank differ); check the cluster spec");
-      }
-      if (ack.sockets != sockets) return sockets_differ(ctx, peer, ack.sockets);
-      if (ack.layout != layout) {
-        return invalid_argument(ctx + ": rank " + std::to_string(peer) +
-                                " is set up differently; " + layout_advice);
-      }
-      if (ack.socket != k) {
-        return internal_error(ctx + ": the peer filed this connection as socket " +
-                              std::to_string(ack.socket));
-      }
-      wire::Auth auth;
-      auth.mac = proof(options.secret, 'C', ack.nonce, rank, peer);
-      TRIBUTARY_RETURN_IF_ERROR(
-          write_exact(*impl, *socket, asio::buffer(&auth, sizeof auth), deadline, "authentication")
-              .with_context(ctx));
-      wire::Verdict verdict;
-      TRIBUTARY_RETURN_IF_ERROR(
-          read_exact(*impl, *socket, asio::buffer(&verdict, sizeof verdict), deadline, "verdict")
-              .with_context(ctx));
-      const bool peer_proved =
-          internal::digest_equal(ack.mac, proof(options.secret, 'A', hello.nonce, peer, rank));
-      if (!verdict.accepted || !peer_proved) {
-        return unavailable(ctx +
-                           ": authentication failed; every process must be given the same "
-                           "secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE), or none");
-      }
-      impl->conn(peer, k).socket = std::move(socket);
-    }
-  }
-
-  // Accept every higher rank's connections, filed by the socket index of their hello; those that
-  // fail the handshake are dropped and we go on.
-  int expected = (size - 1 - rank) * sockets;
-  std::string rejected;
-  while (expected > 0) {
-    auto socket = std::make_unique<tcp::socket>(impl->io);
-    bool accepted = false;
-    boost::system::error_code aec;
-    acceptor.async_accept(*socket, [&](const boost::system::error_code& e) {
-      aec = e;
-      accepted = true;
-    });
-    if (!impl->run_until(deadline, [&] { return accepted; })) {
-      acceptor.cancel();
-      impl->run_until(Clock::now() + std::chrono::seconds(1), [&] { return accepted; });
-      return deadline_exceeded(
-          who + ": " + std::to_string(expected) +
-          " connection(s) from higher ranks did not arrive before the timeout" +
-          (rejected.empty() ? "" : "; rejected: " + rejected));
-    }
-    if (aec) return unavailable(who + ": accept failed: " + aec.message());
-    tune(*socket);
-    boost::system::error_code pec;
-    const std::string from = endpoint_text(socket->remote_endpoint(pec));
-    // A short deadline per handshake, so that a silent client cannot hold up the others.
-    const Deadline hs_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(10));
-    wire::Hello hello;
-    Status s = read_exact(*impl, *socket, asio::buffer(&hello, sizeof hello), hs_deadline, "hello");
-    if (s.ok() && (hello.magic != wire::kHelloMagic || hello.version != wire::kProtocolVersion)) {
-      s = unavailable("not a tributary peer (bad magic or version)");
-    }
-    if (s.ok() && (hello.cluster != cluster || hello.world != size || hello.rank <= rank ||
-                   hello.rank >= size)) {
-      s = unavailable("a peer of another job (rank " + std::to_string(hello.rank) + ")");
-    }
-    const bool same_sockets = hello.sockets == sockets;
-    if (s.ok() && same_sockets &&
-        (hello.socket < 0 || hello.socket >= sockets ||
-         impl->conn(hello.rank, hello.socket).socket)) {
-      s = unavailable("a duplicate or bad connection: rank " + std::to_string(hello.rank) +
-                      " socket " + std::to_string(hello.socket));
-    }
-    wire::HelloAck ack;
-    if (s.ok()) {
-      ack.cluster = cluster;
-      ack.layout = layout;
-      ack.world = size;
-      ack.rank = rank;
-      ack.sockets = sockets;
-      ack.socket = hello.socket;
-      ack.nonce = random_nonce();
-      ack.mac = proof(options.secret, 'A', hello.nonce, rank, hello.rank);
-      s = write_exact(*impl, *socket, asio::buffer(&ack, sizeof ack), hs_deadline, "hello answer");
-    }
-    // A different layout: the answer (with ours) lets the other side name it too; then refuse.
-    // The group cannot form: no point waiting for the others.
-    if (s.ok() && !same_sockets) return sockets_differ(who, hello.rank, hello.sockets);
-    if (s.ok() && hello.layout != layout) {
-      return invalid_argument(who + ": rank " + std::to_string(hello.rank) +
-                              " is set up differently; " + layout_advice);
-    }
-    wire::Auth auth;
-    if (s.ok()) s = read_exact(*impl, *socket, asio::buffer(&auth, sizeof auth), hs_deadline, "authentication");
-    bool ok = s.ok() && internal::digest_equal(auth.mac, proof(options.secret, 'C', ack.nonce, hello.rank, rank));
-    if (s.ok()) {
-      wire::Verdict verdict;
-      verdict.accepted = ok ? 1 : 0;
-      s = write_exact(*impl, *socket, asio::buffer(&verdict, sizeof verdict), hs_deadline, "verdict");
-    }
-    if (!s.ok() || !ok) {
-      rejected += (rejected.empty() ? "" : "; ") + from + " (" +
-                  (s.ok() ? std::string("failed authentication") : s.message()) + ")";
-      boost::system::error_code ignored;
-      socket->close(ignored);
-      continue;
-    }
-    impl->conn(hello.rank, hello.socket).socket = std::move(socket);
-    --expected;
+  if (size > 1) {
+    TcpSetup setup(*impl, store, options);
+    TRIBUTARY_RETURN_IF_ERROR(setup.listen_and_publish());
+    TRIBUTARY_RETURN_IF_ERROR(setup.connect_lower());
+    TRIBUTARY_RETURN_IF_ERROR(setup.accept_higher());
   }
   impl->start_writer();
   return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
@@ -734,10 +766,10 @@ Status TcpTransport::wait(Request request, Deadline deadline) {
   });
   if (!finished) {
     const Impl::RequestState& r = it->second;
-    Status s = deadline_exceeded(
-        "rank " + std::to_string(r.peer) + " did not " + (r.is_send ? "take " : "send ") +
-        r.tag.describe() + " within the timeout; is it still running? (raise timeout= in the "
-        "backend spec to wait longer)");
+    Status s = deadline_exceeded("rank " + std::to_string(r.peer) + " did not " +
+                                 (r.is_send ? "take " : "send ") + r.tag.describe() +
+                                 " within the timeout; is it still running? (raise timeout= in the "
+                                 "backend spec to wait longer)");
     m.fail(s);
     m.settle();
     m.requests.erase(it);

@@ -93,27 +93,32 @@ class Matrix {
   }
   void fail(const std::string& what, const std::string& why) {
     if (failures_++ < 8) {
-      std::fprintf(stderr, "[rank %d] %s (%s): %s\n", ops_.rank(), what.c_str(), ops_.spec().c_str(),
-                   why.c_str());
+      std::fprintf(stderr, "[rank %d] %s (%s): %s\n", ops_.rank(), what.c_str(),
+                   ops_.spec().c_str(), why.c_str());
     }
   }
   void check(const std::string& what, const Tensor& t, int64_t i, double want) {
     double got = dtype_load(t.dtype(), t.data(), i);
-    if (got != want) fail(what, "element " + std::to_string(i) + " is " + std::to_string(got) + ", want " + std::to_string(want));
+    if (got != want)
+      fail(what, "element " + std::to_string(i) + " is " + std::to_string(got) + ", want " +
+                     std::to_string(want));
   }
   static std::string name(const char* c, ReduceOp op, DType t, int64_t n, bool in_place) {
-    return std::string(c) + " " + std::string(reduce_op_name(op)) + " " + std::string(dtype_name(t)) +
-           " n=" + std::to_string(n) + (in_place ? " in place" : "");
+    return std::string(c) + " " + std::string(reduce_op_name(op)) + " " +
+           std::string(dtype_name(t)) + " n=" + std::to_string(n) + (in_place ? " in place" : "");
   }
 
   void all_reduce(ReduceOp op, DType t, int64_t count, bool in_place) {
     const std::string what = name("all_reduce", op, t, count, in_place);
     Buffers in(t, count, ops_.devices()), out(t, count, ops_.devices());
     for (size_t k = 0; k < in.views.size(); ++k) {
-      for (int64_t i = 0; i < count; ++i) dtype_store(t, in.views[k].data(), i, exact_value(op, global(k), i));
+      for (int64_t i = 0; i < count; ++i)
+        dtype_store(t, in.views[k].data(), i, exact_value(op, global(k), i));
     }
     const PerReplica<Tensor>& dst = in_place ? in.views : out.views;
-    if (!run_or_refused(what.c_str(), Collective::kAllReduce, op, t, ops_.all_reduce(op, in.views, dst))) return;
+    if (!run_or_refused(what.c_str(), Collective::kAllReduce, op, t,
+                        ops_.all_reduce(op, in.views, dst)))
+      return;
     const int n = ops_.num_replicas_in_sync();
     for (int64_t i = 0; i < count; ++i) {
       const double want = expected_at(op, t, n, i);
@@ -125,10 +130,13 @@ class Matrix {
     const std::string what = name("reduce", op, t, count, in_place);
     Buffers in(t, count, ops_.devices()), out(t, count, ops_.devices());
     for (size_t k = 0; k < in.views.size(); ++k) {
-      for (int64_t i = 0; i < count; ++i) dtype_store(t, in.views[k].data(), i, exact_value(op, global(k), i));
+      for (int64_t i = 0; i < count; ++i)
+        dtype_store(t, in.views[k].data(), i, exact_value(op, global(k), i));
     }
-    Mirrored<Tensor> dst = in_place ? Mirrored<Tensor>{in.views[0]} : Mirrored<Tensor>(out.views.values());
-    if (!run_or_refused(what.c_str(), Collective::kReduce, op, t, ops_.reduce(op, in.views, dst))) return;
+    Mirrored<Tensor> dst =
+        in_place ? Mirrored<Tensor>{in.views[0]} : Mirrored<Tensor>(out.views.values());
+    if (!run_or_refused(what.c_str(), Collective::kReduce, op, t, ops_.reduce(op, in.views, dst)))
+      return;
     const int n = ops_.num_replicas_in_sync();
     for (int64_t i = 0; i < count; ++i) {
       const double want = expected_at(op, t, n, i);
@@ -142,12 +150,16 @@ class Matrix {
     Buffers in(t, count * n, ops_.devices()), out(t, count, ops_.devices());
     PerReplica<Tensor> dst = out.views;
     for (size_t k = 0; k < in.views.size(); ++k) {
-      for (int64_t i = 0; i < count * n; ++i) dtype_store(t, in.views[k].data(), i, exact_value(op, global(k), i));
+      for (int64_t i = 0; i < count * n; ++i)
+        dtype_store(t, in.views[k].data(), i, exact_value(op, global(k), i));
       if (in_place) dst[k] = in.views[k].slice(global(k) * count, count);
     }
-    if (!run_or_refused(what.c_str(), Collective::kReduceScatter, op, t, ops_.reduce_scatter(op, in.views, dst))) return;
+    if (!run_or_refused(what.c_str(), Collective::kReduceScatter, op, t,
+                        ops_.reduce_scatter(op, in.views, dst)))
+      return;
     for (size_t k = 0; k < dst.size(); ++k) {
-      for (int64_t i = 0; i < count; ++i) check(what, dst[k], i, expected_at(op, t, n, global(k) * count + i));
+      for (int64_t i = 0; i < count; ++i)
+        check(what, dst[k], i, expected_at(op, t, n, global(k) * count + i));
     }
   }
 
@@ -155,12 +167,16 @@ class Matrix {
     const std::string what = name("batch_reduce", op, t, count, false);
     Buffers a(t, count, ops_.devices()), b(t, 5, ops_.devices());
     for (size_t k = 0; k < a.views.size(); ++k) {
-      for (int64_t i = 0; i < count; ++i) dtype_store(t, a.views[k].data(), i, exact_value(op, global(k), i));
-      for (int64_t i = 0; i < 5; ++i) dtype_store(t, b.views[k].data(), i, exact_value(op, global(k), i + 3));
+      for (int64_t i = 0; i < count; ++i)
+        dtype_store(t, a.views[k].data(), i, exact_value(op, global(k), i));
+      for (int64_t i = 0; i < 5; ++i)
+        dtype_store(t, b.views[k].data(), i, exact_value(op, global(k), i + 3));
     }
     std::vector<ReducePair> pairs = {{a.views, Mirrored<Tensor>(a.views.values())},
                                      {b.views, Mirrored<Tensor>(b.views.values())}};
-    if (!run_or_refused(what.c_str(), Collective::kBatchReduce, op, t, ops_.batch_reduce(op, pairs))) return;
+    if (!run_or_refused(what.c_str(), Collective::kBatchReduce, op, t,
+                        ops_.batch_reduce(op, pairs)))
+      return;
     const int n = ops_.num_replicas_in_sync();
     for (size_t k = 0; k < a.views.size(); ++k) {
       for (int64_t i = 0; i < count; ++i) check(what, a.views[k], i, expected_at(op, t, n, i));
@@ -175,7 +191,8 @@ class Matrix {
     Tensor source = in_place ? out.views[0] : src.views[0];
     for (const Tensor& o : out.views) std::memset(o.data(), 0x5a, o.nbytes());
     if (ops_.rank() == root) {
-      for (int64_t i = 0; i < count; ++i) dtype_store(t, source.data(), i, exact_value(ReduceOp::kMax, 3, i));
+      for (int64_t i = 0; i < count; ++i)
+        dtype_store(t, source.data(), i, exact_value(ReduceOp::kMax, 3, i));
     }
     if (!run_or_refused(what.c_str(), Collective::kBroadcast, ReduceOp::kSum, t,
                         ops_.broadcast(source, Mirrored<Tensor>(out.views.values()), root))) {
@@ -193,12 +210,16 @@ class Matrix {
     PerReplica<Tensor> src = in.views;
     for (size_t k = 0; k < src.size(); ++k) {
       if (in_place) src[k] = out.views[k].slice(global(k) * count, count);
-      for (int64_t i = 0; i < count; ++i) dtype_store(t, src[k].data(), i, exact_value(ReduceOp::kMax, global(k), i));
+      for (int64_t i = 0; i < count; ++i)
+        dtype_store(t, src[k].data(), i, exact_value(ReduceOp::kMax, global(k), i));
     }
-    if (!run_or_refused(what.c_str(), Collective::kAllGather, ReduceOp::kSum, t, ops_.all_gather(src, out.views))) return;
+    if (!run_or_refused(what.c_str(), Collective::kAllGather, ReduceOp::kSum, t,
+                        ops_.all_gather(src, out.views)))
+      return;
     for (const Tensor& o : out.views) {
       for (int g = 0; g < n; ++g) {
-        for (int64_t i = 0; i < count; ++i) check(what, o, g * count + i, exact_value(ReduceOp::kMax, g, i));
+        for (int64_t i = 0; i < count; ++i)
+          check(what, o, g * count + i, exact_value(ReduceOp::kMax, g, i));
       }
     }
   }
@@ -220,7 +241,8 @@ TEST_P(MultiProcessConformance, EveryCollective) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, ctx.status().to_string().c_str());
       return kChildFailed;
     }
-    auto ops = builtin_backends().create(spec + (spec.find(':') == std::string::npos ? ":" : ",") + "timeout=60s", *ctx);
+    auto ops = builtin_backends().create(
+        spec + (spec.find(':') == std::string::npos ? ":" : ",") + "timeout=60s", *ctx);
     if (!ops.ok()) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, ops.status().to_string().c_str());
       return ops.status().code() == StatusCode::kNotFound ? kChildSkip : kChildFailed;
@@ -245,17 +267,22 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 }
 
 // A backend joins with one line.
-#define TRIBUTARY_MULTIPROCESS_CONFORMANCE(name, spec)                                       \
-  INSTANTIATE_TEST_SUITE_P(name, MultiProcessConformance,                                    \
-                           ::testing::Combine(::testing::Values(std::string(spec)),          \
-                                              ::testing::Values(1, 2, 3, 4, 5),              \
-                                              ::testing::Values(1, 2)),                      \
-                           param_name)
+#define TRIBUTARY_MULTIPROCESS_CONFORMANCE(name, spec)                                           \
+  INSTANTIATE_TEST_SUITE_P(                                                                      \
+      name, MultiProcessConformance,                                                             \
+      ::testing::Combine(::testing::Values(std::string(spec)), ::testing::Values(1, 2, 3, 4, 5), \
+                         ::testing::Values(1, 2)),                                               \
+      param_name)
 
+// Every process here is on one host: "ring" goes through shared memory, intra_host=net through TCP.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
-TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingForcedRing, "ring:algorithm=ring,segment_bytes=4KiB");
-TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingHalvingDoubling, "ring:algorithm=halving_doubling");
-TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSockets, "ring:sockets_per_peer=3");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4KiB");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingNet, "ring:intra_host=net");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingForcedRing,
+                                   "ring:intra_host=net,algorithm=ring,segment_bytes=4KiB");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingHalvingDoubling,
+                                   "ring:intra_host=net,algorithm=halving_doubling");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSockets, "ring:intra_host=net,sockets_per_peer=3");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Gloo, "gloo");
 
 }  // namespace

@@ -47,7 +47,8 @@ int all_reduce_until_error(CrossDeviceOps& ops, const std::string& dir, int iter
   std::vector<float> a(static_cast<size_t>(count), 1.0f), b(static_cast<size_t>(count), 2.0f);
   PerReplica<Tensor> v;
   v.values().emplace_back(a.data(), DType::kFloat32, count, ops.devices()[0]);
-  if (ops.num_local_replicas() > 1) v.values().emplace_back(b.data(), DType::kFloat32, count, ops.devices()[1]);
+  if (ops.num_local_replicas() > 1)
+    v.values().emplace_back(b.data(), DType::kFloat32, count, ops.devices()[1]);
   for (int i = 0; i < iterations; ++i) {
     if (i == die_at) raise(SIGKILL);
     const auto start = Clock::now();
@@ -55,8 +56,9 @@ int all_reduce_until_error(CrossDeviceOps& ops, const std::string& dir, int iter
     if (!s.ok()) {
       const double took = std::chrono::duration<double>(Clock::now() - start).count();
       Status again = ops.all_reduce(ReduceOp::kSum, v, v).wait(1s);
-      write_note(dir, ops.rank(),
-                 s.to_string() + "\nseconds=" + std::to_string(took) + "\nagain=" + again.to_string());
+      write_note(
+          dir, ops.rank(),
+          s.to_string() + "\nseconds=" + std::to_string(took) + "\nagain=" + again.to_string());
       return kChildSawError;
     }
   }
@@ -163,7 +165,8 @@ TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
         EXPECT_TRUE(names) << v.name << " rank " << r << ": " << read_note(dir, r);
       }
     }
-    EXPECT_GE(named, 1) << v.name << ": " << read_note(dir, 0) << read_note(dir, 1) << read_note(dir, 2);
+    EXPECT_GE(named, 1) << v.name << ": " << read_note(dir, 0) << read_note(dir, 1)
+                        << read_note(dir, 2);
   }
 }
 
@@ -180,28 +183,87 @@ TEST_P(RingFaults, CallRefusedOnOneRankFailsThePeersQuickly) {
     PerReplica<Tensor> y{Tensor(out.data(), DType::kFloat32, static_cast<int64_t>(out.size()))};
     const auto start = Clock::now();
     Status s = (*ops)->all_reduce(ReduceOp::kSum, x, y).wait(60s);
-    write_note(dir, rank, s.to_string() + "\nseconds=" +
-                              std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
+    write_note(dir, rank,
+               s.to_string() + "\nseconds=" +
+                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
     return s.ok() ? kChildOk : kChildSawError;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   EXPECT_NE(read_note(dir, 1).find("invalid_argument: all_reduce: outputs[0] has 63 elements"),
-            std::string::npos) << read_note(dir, 1);
+            std::string::npos)
+      << read_note(dir, 1);
   for (int r : {0, 2}) {
     EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
     EXPECT_NE(read_note(dir, r).find("rank 1 refused its part: all_reduce: outputs[0] has 63"),
-              std::string::npos) << read_note(dir, r);
+              std::string::npos)
+        << read_note(dir, r);
     EXPECT_LT(seconds_in(read_note(dir, r)), 5.0) << read_note(dir, r);
   }
 }
 
+// Shared memory: a same-host peer killed with SIGKILL in the middle of collectives fails every
+// survivor within the timeout, naming it, and leaves nothing behind: no file in /dev/shm (the
+// segments are anonymous memfds) and, once the survivors drop the instance, no mapping of any
+// segment in their address space.
+size_t shm_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.find("tributary-shm") != std::string::npos;
+  return n;
+}
+
+std::vector<std::string> dev_shm_entries() {
+  std::vector<std::string> names;
+  if (FILE* p = popen("ls -A /dev/shm 2>/dev/null", "r")) {
+    char buf[512];
+    while (fgets(buf, sizeof buf, p)) names.emplace_back(buf);
+    pclose(p);
+  }
+  return names;
+}
+
+TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
+  const std::vector<std::string> before = dev_shm_entries();
+  const std::string dir = make_temp_dir("shmkill");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:intra_host=shm,timeout=8s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const size_t mapped = shm_mappings();
+    const int result = all_reduce_until_error(**ops, dir, 1000, 1 << 20, rank == 1 ? 5 : -1);
+    const std::string note = read_note(dir, rank);
+    ops->reset();
+    write_note(dir, rank,
+               note + "\nmapped_during=" + std::to_string(mapped) +
+                   "\nmapped_after=" + std::to_string(shm_mappings()));
+    return result;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
+    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
+    EXPECT_NE(note.find("mapped_during=3"), std::string::npos) << note;  // its own and 2 peers'
+    EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
+  }
+  EXPECT_EQ(dev_shm_entries(), before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
-                         ::testing::Values("ring:algorithm=ring", "ring:algorithm=halving_doubling",
-                                           "ring:algorithm=ring,sockets_per_peer=2"),
+                         ::testing::Values("ring:intra_host=net,algorithm=ring",
+                                           "ring:intra_host=net,algorithm=halving_doubling",
+                                           "ring:intra_host=net,algorithm=ring,sockets_per_peer=2",
+                                           "ring:intra_host=shm"),
                          [](const auto& info) -> std::string {
+                           if (info.param.find("shm") != std::string::npos) return "SharedMemory";
                            if (info.param.find("sockets") != std::string::npos) return "TwoSockets";
-                           return info.param.find("halving") != std::string::npos ? "HalvingDoubling"
-                                                                                  : "Ring";
+                           return info.param.find("halving") != std::string::npos
+                                      ? "HalvingDoubling"
+                                      : "Ring";
                          });
 
 // The connected TCP sockets of this process, lowest descriptor first (with a FileStore, the ring's
@@ -224,7 +286,8 @@ TEST(RingSockets, TroubleOnAStripeSocketFailsTheRankNamingIt) {
     const std::string dir = make_temp_dir("stripes");
     GroupResult g = run_group(2, 60s, [&](int rank) {
       auto ctx = group_context(rank, 2, 1, dir);
-      auto ops = builtin_backends().create("ring:sockets_per_peer=2,timeout=10s", *ctx);
+      auto ops =
+          builtin_backends().create("ring:intra_host=net,sockets_per_peer=2,timeout=10s", *ctx);
       if (!ops.ok()) {
         write_note(dir, rank, ops.status().to_string());
         return kChildFailed;
@@ -267,54 +330,66 @@ TEST(RingSecurity, SecretsMustMatch) {
     const char* secret1;
     bool joins;
   };
-  for (Case c : {Case{"same", "s3cret", "s3cret", true}, Case{"different", "s3cret", "other", false},
-                 Case{"missing", "s3cret", "", false}}) {
-    const std::string dir = make_temp_dir("secret");
-    GroupResult g = run_group(2, 60s, [&](int rank) {
-      const char* secret = rank == 0 ? c.secret0 : c.secret1;
-      Config config;
-      if (*secret) config = Config::from_map({{"TRIBUTARY_SECRET", secret}});
-      auto ctx = group_context(rank, 2, 1, dir, config);
-      auto ops = builtin_backends().create("ring:timeout=3s", *ctx);
-      write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
-      return ops.ok() ? kChildOk : kChildSawError;
-    });
-    ASSERT_FALSE(g.watchdog_fired) << c.name << ": " << g.describe();
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, c.joins ? kChildOk : kChildSawError)
-          << c.name << " rank " << r << ": " << read_note(dir, r);
+  for (const std::string path : {"net", "shm"})
+    for (Case c :
+         {Case{"same", "s3cret", "s3cret", true}, Case{"different", "s3cret", "other", false},
+          Case{"missing", "s3cret", "", false}}) {
+      SCOPED_TRACE("intra_host=" + path);
+      const std::string dir = make_temp_dir("secret");
+      GroupResult g = run_group(2, 60s, [&](int rank) {
+        const char* secret = rank == 0 ? c.secret0 : c.secret1;
+        Config config;
+        if (*secret) config = Config::from_map({{"TRIBUTARY_SECRET", secret}});
+        auto ctx = group_context(rank, 2, 1, dir, config);
+        auto ops = builtin_backends().create("ring:timeout=3s,intra_host=" + path, *ctx);
+        write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
+        return ops.ok() ? kChildOk : kChildSawError;
+      });
+      ASSERT_FALSE(g.watchdog_fired) << c.name << ": " << g.describe();
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, c.joins ? kChildOk : kChildSawError)
+            << c.name << " rank " << r << ": " << read_note(dir, r);
+      }
+      if (!c.joins && path == "net") {
+        EXPECT_NE(read_note(dir, 1).find("authentication failed"), std::string::npos)
+            << read_note(dir, 1);
+        EXPECT_NE(read_note(dir, 0).find("rejected"), std::string::npos) << read_note(dir, 0);
+      }
+      if (!c.joins && path == "shm") {  // a digest of the secret is compared: both ranks refuse
+        for (int r = 0; r < 2; ++r) {
+          EXPECT_NE(read_note(dir, r).find("same secret"), std::string::npos) << read_note(dir, r);
+        }
+      }
     }
-    if (!c.joins) {
-      EXPECT_NE(read_note(dir, 1).find("authentication failed"), std::string::npos) << read_note(dir, 1);
-      EXPECT_NE(read_note(dir, 0).find("rejected"), std::string::npos) << read_note(dir, 0);
-    }
-  }
 }
 
 // Ranks laid out differently (local replica counts, ring options) refuse each other at setup: MEAN
 // would otherwise divide by different counts on different ranks.
 TEST(RingSetup, DifferentLayoutsAreRefusedNamingThem) {
   // What rank 1 does differently: nothing (rank 0 has two local replicas), or an option.
-  for (std::string option : {"", ",segment_bytes=64KiB", ",sockets_per_peer=2"}) {
-    const std::string dir = make_temp_dir("layout");
-    GroupResult g = run_group(2, 60s, [&](int rank) {
-      const int local = option.empty() && rank == 0 ? 2 : 1;
-      auto ctx = group_context(rank, 2, local, dir);
-      auto ops = builtin_backends().create("ring:timeout=5s" + (rank == 1 ? option : ""), *ctx);
-      write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
-      return ops.ok() ? kChildOk : kChildSawError;
-    });
-    ASSERT_FALSE(g.watchdog_fired) << g.describe();
-    for (int r = 0; r < 2; ++r) {
-      const std::string note = read_note(dir, r);
-      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-      EXPECT_NE(note.find("is set up differently"), std::string::npos) << note;
-      if (option.find("sockets") != std::string::npos) {  // both values, on both sides
-        EXPECT_NE(note.find("sockets_per_peer=1"), std::string::npos) << note;
-        EXPECT_NE(note.find("sockets_per_peer=2"), std::string::npos) << note;
+  for (const std::string path : {"net", "shm"})
+    for (std::string option : {"", ",segment_bytes=64KiB", ",sockets_per_peer=2"}) {
+      SCOPED_TRACE("intra_host=" + path + option);
+      const std::string dir = make_temp_dir("layout");
+      GroupResult g = run_group(2, 60s, [&](int rank) {
+        const int local = option.empty() && rank == 0 ? 2 : 1;
+        auto ctx = group_context(rank, 2, local, dir);
+        auto ops = builtin_backends().create(
+            "ring:timeout=5s,intra_host=" + path + (rank == 1 ? option : ""), *ctx);
+        write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
+        return ops.ok() ? kChildOk : kChildSawError;
+      });
+      ASSERT_FALSE(g.watchdog_fired) << g.describe();
+      for (int r = 0; r < 2; ++r) {
+        const std::string note = read_note(dir, r);
+        EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+        EXPECT_NE(note.find("is set up differently"), std::string::npos) << note;
+        if (option.find("sockets") != std::string::npos) {  // both values, on both sides
+          EXPECT_NE(note.find("sockets_per_peer=1"), std::string::npos) << note;
+          EXPECT_NE(note.find("sockets_per_peer=2"), std::string::npos) << note;
+        }
       }
     }
-  }
 }
 
 // Sends `bytes` to rank 0's listening port (read from the store), then closes.
@@ -342,7 +417,7 @@ TEST(RingSecurity, GarbageAndTruncatedHandshakesAreDroppedAndTheGroupForms) {
     GroupResult g = run_group(3, 60s, [&](int rank) {
       if (rank == 2) poke_rank0(dir, junk);  // before joining itself
       auto ctx = group_context(rank, 3, 1, dir);
-      auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+      auto ops = builtin_backends().create("ring:intra_host=net,timeout=20s", *ctx);
       if (!ops.ok()) {
         write_note(dir, rank, ops.status().to_string());
         return kChildFailed;
@@ -353,7 +428,8 @@ TEST(RingSecurity, GarbageAndTruncatedHandshakesAreDroppedAndTheGroupForms) {
       return s.ok() && x == 6.0f ? kChildOk : kChildFailed;
     });
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
-    for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe() << read_note(dir, 0);
+    for (const ChildResult& c : g.children)
+      EXPECT_EQ(c.exit_code, kChildOk) << g.describe() << read_note(dir, 0);
   }
 }
 

@@ -1,0 +1,91 @@
+// ProcessGroup: the collectives of a group of processes, one host buffer per process. It is what a
+// multi-process backend supplies to ProcessGroupOps (process_group_ops.h), which adds the local
+// replicas of each process around it. Implementations:
+//  - TransportGroup (here): the algorithms of collectives.h over a point-to-point Transport (TCP,
+//    UCX, loopback);
+//  - ShmGroup (transports/shm): processes of one host, through shared memory;
+//  - HierarchicalGroup (hierarchical.h): a group within each host and one across hosts, composed.
+//
+// Contract (every method): called by every rank of the group with the same arguments, in the same
+// order, from one thread at a time; `call.tag` names the collective (sequence and fingerprint), so
+// that ranks that disagree fail with a mismatch error naming both sides on every rank, and
+// `call.deadline` bounds every wait. After any error the group is broken: it tells its peers (so
+// they fail at once, not at their deadline) and every later call returns that first error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/collectives.h"
+#include "algorithms/transport.h"
+
+namespace tributary::algorithms {
+
+struct GroupCall {
+  MessageTag tag;
+  Deadline deadline;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // For logs and `tributary-info`: "tcp (4 ranks)", "shared memory (2 ranks)", ...
+  virtual std::string describe() const = 0;
+
+  // `data` (count elements) = op over every rank's data; with `source` (not overlapping `data`),
+  // out of place: `source` is the input, `data` only the output. MEAN divides by `mean_divisor`.
+  virtual Status all_reduce(const GroupCall& call, void* data, int64_t count, DType dtype,
+                            ReduceOp op, int64_t mean_divisor, const void* source) = 0;
+  // `bytes` of root's `data` to every rank's `data`.
+  virtual Status broadcast(const GroupCall& call, void* data, size_t bytes, int root) = 0;
+  // `data` holds size() blocks of `bytes_per_rank`; this rank's block (at rank()) is filled, the
+  // others are filled by the call.
+  virtual Status all_gather(const GroupCall& call, void* data, size_t bytes_per_rank) = 0;
+  // `data` holds size() * count elements (it may be used as scratch); `out` (count elements, not
+  // overlapping `data`) receives block rank() of the reduction.
+  virtual Status reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count,
+                                DType dtype, ReduceOp op, int64_t mean_divisor) = 0;
+
+  // Breaks the group with `why` (if not broken already) and tells the peers.
+  virtual void abort(const Status& why) = 0;
+  // The first error, or OK.
+  virtual Status error() const = 0;
+};
+
+// The algorithms of collectives.h over a Transport. `algorithm` picks the all-reduce (kAuto: the
+// cost model), `segment_bytes` the ring's pipelining granularity (0 = auto).
+class TransportGroup final : public ProcessGroup {
+ public:
+  TransportGroup(std::unique_ptr<Transport> transport, AllReduceAlgorithm algorithm,
+                 size_t segment_bytes, std::string name = "tcp");
+
+  int rank() const override { return transport_->rank(); }
+  int size() const override { return transport_->size(); }
+  std::string describe() const override;
+  Status all_reduce(const GroupCall& call, void* data, int64_t count, DType dtype, ReduceOp op,
+                    int64_t mean_divisor, const void* source) override;
+  Status broadcast(const GroupCall& call, void* data, size_t bytes, int root) override;
+  Status all_gather(const GroupCall& call, void* data, size_t bytes_per_rank) override;
+  Status reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count, DType dtype,
+                        ReduceOp op, int64_t mean_divisor) override;
+  void abort(const Status& why) override { transport_->abort(why); }
+  Status error() const override { return transport_->error(); }
+
+  Transport& transport() { return *transport_; }
+
+ private:
+  AlgorithmContext context(const GroupCall& call);
+
+  std::unique_ptr<Transport> transport_;
+  AllReduceAlgorithm algorithm_;
+  size_t segment_bytes_;
+  std::string name_;
+  std::vector<std::byte> scratch_;
+};
+
+}  // namespace tributary::algorithms

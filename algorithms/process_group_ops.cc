@@ -1,0 +1,208 @@
+#include "algorithms/process_group_ops.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "algorithms/local_collectives.h"
+#include "algorithms/packing.h"
+
+namespace tributary::algorithms {
+namespace {
+
+ReduceOp partial_op(ReduceOp op) { return op == ReduceOp::kMean ? ReduceOp::kSum : op; }
+
+std::span<const Tensor> one(const Tensor& t) { return std::span<const Tensor>(&t, 1); }
+
+}  // namespace
+
+ProcessGroupOps::ProcessGroupOps(std::string name, BackendContext context, Options options,
+                                 Capabilities caps, std::unique_ptr<ProcessGroup> group,
+                                 uint64_t bytes_per_pack)
+    : CrossDeviceOps(std::move(name), std::move(context), std::move(options), std::move(caps)),
+      group_(std::move(group)),
+      bytes_per_pack_(bytes_per_pack) {}
+
+GroupCall ProcessGroupOps::group_call(const CallInfo& call) const {
+  // Saturate: a huge timeout must not overflow the clock.
+  const auto timeout =
+      std::min<std::chrono::nanoseconds>(call.timeout, std::chrono::hours(24 * 365));
+  return GroupCall{MessageTag::of(call), std::chrono::steady_clock::now() + timeout};
+}
+
+void ProcessGroupOps::abandon(const Status& why) {
+  if (group_) {
+    group_->abort(
+        aborted("rank " + std::to_string(rank()) + " refused its part: " + why.message()));
+  }
+}
+
+std::byte* ProcessGroupOps::staging(size_t bytes) {
+  if (staging_.size() < bytes) staging_.resize(bytes);
+  return staging_.data();
+}
+
+Work ProcessGroupOps::finish(Status s) {
+  if (!s.ok() && group_ && group_->error().ok()) {
+    // A local failure (not the group's): peers may be waiting for us, so fail them fast.
+    group_->abort(s);
+  }
+  return Work::completed(std::move(s));
+}
+
+Status ProcessGroupOps::reduce_everywhere(const CallInfo& call, ReduceOp op,
+                                          std::span<const Tensor> inputs, const Tensor& result) {
+  TRIBUTARY_RETURN_IF_ERROR(group_error());
+  const int64_t n = num_replicas_in_sync();
+  const bool across = group_ != nullptr && world_size() > 1;
+  // One local replica out of place: the group reads the input itself, no copy up front.
+  const void* source = nullptr;
+  if (across && inputs.size() == 1 && inputs[0].data() != result.data()) {
+    source = inputs[0].data();
+  } else {
+    // Local stage: the full op (and MEAN's division) only when there is nothing else to do.
+    TRIBUTARY_RETURN_IF_ERROR(local_reduce(across ? partial_op(op) : op, inputs, one(result), n));
+  }
+  if (!across) return Status();
+  return group_->all_reduce(group_call(call), result.data(), result.num_elements(), result.dtype(),
+                            op, n, source);
+}
+
+Work ProcessGroupOps::all_reduce_impl(const CallInfo& call, ReduceOp op,
+                                      const PerReplica<Tensor>& inputs,
+                                      const PerReplica<Tensor>& outputs) {
+  Status s = reduce_everywhere(call, op, inputs.values(), outputs[0]);
+  if (s.ok() && outputs.size() > 1) {
+    s = local_copy(outputs[0], std::span<const Tensor>(outputs.values()).subspan(1));
+  }
+  return finish(std::move(s));
+}
+
+Work ProcessGroupOps::reduce_impl(const CallInfo& call, ReduceOp op,
+                                  const PerReplica<Tensor>& value,
+                                  const Mirrored<Tensor>& destinations) {
+  Status s = reduce_everywhere(call, op, value.values(), destinations[0]);
+  if (s.ok() && destinations.size() > 1) {
+    s = local_copy(destinations[0], std::span<const Tensor>(destinations.values()).subspan(1));
+  }
+  return finish(std::move(s));
+}
+
+Status ProcessGroupOps::batch_reduce_packs(const CallInfo& call, ReduceOp op,
+                                           std::span<const ReducePair> pairs) {
+  // Pack by dtype (concatenation needs one element type) and by TF's bytes_per_pack rule.
+  std::map<DType, std::vector<size_t>> by_dtype;
+  for (size_t i = 0; i < pairs.size(); ++i) by_dtype[pairs[i].value[0].dtype()].push_back(i);
+  const size_t replicas = devices().size();
+  for (const auto& [dtype, members] : by_dtype) {
+    std::vector<uint64_t> sizes;
+    for (size_t i : members) sizes.push_back(pairs[i].value[0].nbytes());
+    for (const std::vector<size_t>& group : group_by_size(sizes, bytes_per_pack_)) {
+      int64_t total = 0;
+      for (size_t g : group) total += pairs[members[g]].value[0].num_elements();
+      if (total == 0) continue;
+      const size_t bytes = static_cast<size_t>(total) * dtype_size(dtype);
+      std::vector<Buffer> packed(replicas);
+      std::vector<Tensor> views(replicas);
+      for (size_t r = 0; r < replicas; ++r) {
+        TRIBUTARY_ASSIGN_OR_RETURN(packed[r], Buffer::allocate(dtype, Shape{total}, devices()[r]));
+        views[r] = packed[r].tensor();
+        std::vector<Tensor> parts;
+        for (size_t g : group) parts.push_back(pairs[members[g]].value[r]);
+        pack(parts, packed[r].data());
+      }
+      Tensor result(staging(bytes), dtype, Shape{total}, devices()[0]);
+      CallInfo pack_call = call;
+      pack_call.collective = Collective::kBatchReduce;
+      pack_call.dtype = dtype;
+      pack_call.count = total;
+      TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, result));
+      // Unpack into every destination of every pair of the group.
+      size_t offset = 0;
+      for (size_t g : group) {
+        const ReducePair& p = pairs[members[g]];
+        const size_t nbytes = p.value[0].nbytes();
+        for (const Tensor& d : p.destinations) {
+          if (nbytes)
+            std::memcpy(d.data(), static_cast<std::byte*>(result.data()) + offset, nbytes);
+        }
+        offset += nbytes;
+      }
+    }
+  }
+  return Status();
+}
+
+Work ProcessGroupOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
+                                        std::span<const ReducePair> pairs) {
+  return finish(batch_reduce_packs(call, op, pairs));
+}
+
+Work ProcessGroupOps::broadcast_impl(const CallInfo& call, const Tensor& source,
+                                     const Mirrored<Tensor>& destinations, int root) {
+  Status s = group_error();
+  const Tensor& first = destinations[0];
+  if (s.ok() && rank() == root) s = local_copy(source, one(first));
+  if (s.ok() && group_ && world_size() > 1) {
+    s = group_->broadcast(group_call(call), first.data(), first.nbytes(), root);
+  }
+  if (s.ok() && destinations.size() > 1) {
+    s = local_copy(first, std::span<const Tensor>(destinations.values()).subspan(1));
+  }
+  return finish(std::move(s));
+}
+
+Work ProcessGroupOps::all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& inputs,
+                                      const PerReplica<Tensor>& outputs) {
+  Status s = group_error();
+  const int64_t count = inputs[0].num_elements();
+  const int64_t local = num_local_replicas();
+  const Tensor& first = outputs[0];
+  // This process's replicas fill their blocks of outputs[0]; the group fills the rest.
+  for (int64_t i = 0; s.ok() && i < local; ++i) {
+    Tensor slot = first.slice((rank() * local + i) * count, count);
+    s = local_copy(inputs[static_cast<size_t>(i)], one(slot));
+  }
+  if (s.ok() && group_ && world_size() > 1) {
+    s = group_->all_gather(group_call(call), first.data(),
+                           static_cast<size_t>(local * count) * dtype_size(first.dtype()));
+  }
+  if (s.ok() && outputs.size() > 1) {
+    s = local_copy(first, std::span<const Tensor>(outputs.values()).subspan(1));
+  }
+  return finish(std::move(s));
+}
+
+Work ProcessGroupOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
+                                          const PerReplica<Tensor>& inputs,
+                                          const PerReplica<Tensor>& outputs) {
+  Status s = group_error();
+  const DType dtype = inputs[0].dtype();
+  const int64_t count = outputs[0].num_elements();
+  const int64_t local = num_local_replicas();
+  const int64_t total = inputs[0].num_elements();
+  const int64_t n = num_replicas_in_sync();
+  const size_t elem = dtype_size(dtype);
+  const bool across = group_ != nullptr && world_size() > 1;
+  // Reduce the local replicas' inputs into one buffer, then reduce-scatter blocks of `local`
+  // outputs across processes; this process's block lands after the full buffer in staging.
+  std::byte* buf = staging(static_cast<size_t>(total + local * count) * elem);
+  Tensor full(buf, dtype, Shape{total}, devices()[0]);
+  Tensor mine(buf + static_cast<size_t>(total) * elem, dtype, Shape{local * count}, devices()[0]);
+  if (s.ok()) s = local_reduce(across ? partial_op(op) : op, inputs.values(), one(full), n);
+  if (s.ok()) {
+    if (across) {
+      s = group_->reduce_scatter(group_call(call), full.data(), mine.data(), local * count, dtype,
+                                 op, n);
+    } else {
+      std::memcpy(mine.data(), full.data(), mine.nbytes());
+    }
+  }
+  for (int64_t i = 0; s.ok() && i < local; ++i) {
+    Tensor part = mine.slice(i * count, count);
+    s = local_copy(part, one(outputs[static_cast<size_t>(i)]));
+  }
+  return finish(std::move(s));
+}
+
+}  // namespace tributary::algorithms

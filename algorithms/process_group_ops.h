@@ -1,0 +1,69 @@
+// ProcessGroupOps: a CrossDeviceOps for several processes, each with one or more local replicas,
+// composed once for every multi-process backend: the backend supplies a ProcessGroup (its
+// transport and algorithms), this class does the rest.
+//
+// Every collective runs in three stages: the process's local replicas are reduced (or gathered)
+// into one host buffer, that buffer goes through the group, and the result is copied to every local
+// output. With one local replica out of place, the group reads the input directly (no copy up
+// front). batch_reduce packs tensors by dtype and by TF's bytes_per_pack rule (group_by_size), one
+// group all-reduce per pack; every rank packs the same way, so the packs match. reduce is an
+// all-reduce whose result goes to every destination, as TF's CollectiveAllReduce does.
+// Collectives run on the calling thread and the returned Work is complete.
+//
+// Failure: the group's first error (a dead or silent peer, a mismatch) answers every later
+// collective. A local failure (or abandon(): this rank refuses a call its peers will issue) aborts
+// the group, so that the peers fail at once instead of at their timeout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/process_group.h"
+#include "tributary/cross_device_ops.h"
+
+namespace tributary::algorithms {
+
+class ProcessGroupOps final : public CrossDeviceOps {
+ public:
+  // `group` may be null only for a world of one process. `bytes_per_pack`: see batch_reduce.
+  ProcessGroupOps(std::string name, BackendContext context, Options options, Capabilities caps,
+                  std::unique_ptr<ProcessGroup> group, uint64_t bytes_per_pack);
+
+  // The group the collectives cross processes with (null with one process).
+  const ProcessGroup* group() const { return group_.get(); }
+
+ protected:
+  Work reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& value,
+                   const Mirrored<Tensor>& destinations) override;
+  Work batch_reduce_impl(const CallInfo& call, ReduceOp op,
+                         std::span<const ReducePair> pairs) override;
+  Work all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                       const PerReplica<Tensor>& outputs) override;
+  Work broadcast_impl(const CallInfo& call, const Tensor& source,
+                      const Mirrored<Tensor>& destinations, int root) override;
+  Work all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& inputs,
+                       const PerReplica<Tensor>& outputs) override;
+  Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                           const PerReplica<Tensor>& outputs) override;
+  void abandon(const Status& why) override;
+
+ private:
+  GroupCall group_call(const CallInfo& call) const;
+  Status group_error() const { return group_ ? group_->error() : Status(); }
+  // Reduces `inputs` (one per local replica) into `result`, then all-reduces it across processes.
+  Status reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
+                           const Tensor& result);
+  Status batch_reduce_packs(const CallInfo& call, ReduceOp op, std::span<const ReducePair> pairs);
+  // The group's first error stays the answer to every later collective.
+  Work finish(Status s);
+  // A host buffer of at least `bytes`, reused across calls.
+  std::byte* staging(size_t bytes);
+
+  std::unique_ptr<ProcessGroup> group_;
+  uint64_t bytes_per_pack_;
+  std::vector<std::byte> staging_;
+};
+
+}  // namespace tributary::algorithms

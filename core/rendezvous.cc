@@ -1,0 +1,159 @@
+#include "core/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace tributary::internal {
+namespace {
+
+std::string read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string link_text(const char* path) {
+  char buf[256];
+  const ssize_t n = ::readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+bool is_loopback_name(const std::string& h) {
+  return h.empty() || h == "localhost" || h.rfind("127.", 0) == 0 || h == "::1" || h == "[::1]";
+}
+
+std::string address_text(const sockaddr* a) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* raw =
+      a->sa_family == AF_INET6
+          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr)
+          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a)->sin_addr);
+  return inet_ntop(a->sa_family, raw, text, sizeof text) ? std::string(text) : std::string();
+}
+
+bool address_is_loopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& x = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&x) || IN6_IS_ADDR_LINKLOCAL(&x);
+  }
+  return true;
+}
+
+// The first non-loopback address of `family` on this host, or "".
+std::string first_real_address(int family) {
+  ifaddrs* list = nullptr;
+  std::string found;
+  if (getifaddrs(&list) != 0) return found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != family) continue;
+    if (!address_is_loopback(i->ifa_addr)) found = address_text(i->ifa_addr);
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+}  // namespace
+
+StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file) {
+  std::string path = secret_file;
+  if (path.empty()) {
+    if (auto s = config.get("TRIBUTARY_SECRET"); s && !s->empty()) return *s;
+    path = config.get("TRIBUTARY_SECRET_FILE").value_or("");
+  }
+  if (path.empty()) return std::string();
+  std::ifstream in(path);
+  if (!in) return not_found("cannot read the secret file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string secret = ss.str();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) return invalid_argument("the secret file '" + path + "' is empty");
+  return secret;
+}
+
+int local_ranks(const BackendContext& context) {
+  for (const char* key : {"TRIBUTARY_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"}) {
+    if (auto v = context.config.get(key)) {
+      const int n = std::atoi(v->c_str());
+      if (n > 0) return n;
+    }
+  }
+  return is_loopback_name(context.coordinator_host) ? context.world_size : 1;
+}
+
+std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context) {
+  const std::chrono::nanoseconds on = std::chrono::microseconds(50);
+  if (mode == "on") return on;
+  if (mode == "off") return std::chrono::nanoseconds(0);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return local_ranks(context) <= cores ? on : std::chrono::nanoseconds(0);
+}
+
+std::string interface_towards(const std::string& coordinator) {
+  if (coordinator == "::1" || coordinator == "[::1]") return "::1";
+  if (is_loopback_name(coordinator)) return "127.0.0.1";
+  std::string host = coordinator;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "1", &hints, &found) != 0 || found == nullptr) return "127.0.0.1";
+  const int family = found->ai_family;
+  std::string chosen;
+  bool loopback = true;
+  const int fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      chosen = address_text(reinterpret_cast<const sockaddr*>(&local));
+      loopback = address_is_loopback(reinterpret_cast<const sockaddr*>(&local));
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  const std::string fallback = family == AF_INET6 ? "::1" : "127.0.0.1";
+  if (chosen.empty()) return fallback;
+  if (!loopback) return chosen;
+  // The coordinator's name resolves to loopback here: publishing that would keep other hosts out.
+  const std::string real = first_real_address(family);
+  return real.empty() ? chosen : real;
+}
+
+std::string host_id(const Config& config) {
+  if (auto v = config.get("TRIBUTARY_HOST_ID"); v && !v->empty()) return *v;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return std::string(name) + "/" + read_line("/proc/sys/kernel/random/boot_id") + "/" +
+         link_text("/proc/self/ns/pid") + "/" + link_text("/proc/self/ns/ipc");
+}
+
+StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& context,
+                                                      const std::string& backend) {
+  if (!context.store) {
+    return failed_precondition(
+        "backend '" + backend + "' across " + std::to_string(context.world_size) +
+        " processes needs a rendezvous store; create the context with make_backend_context() "
+        "(it reads TF_CONFIG, RANK/WORLD_SIZE/MASTER_ADDR, Slurm...)");
+  }
+  const uint64_t instance = (*context.instances)++;
+  return std::make_shared<PrefixStore>(backend + "/" + std::to_string(instance), context.store);
+}
+
+}  // namespace tributary::internal

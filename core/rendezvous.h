@@ -1,0 +1,51 @@
+// What every multi-process backend does before its transport exists, written once: the shared
+// secret, how many ranks share this host, whether waits should poll, which local address reaches
+// the coordinator, this host's identity, and the store scope of a backend instance. Internal to
+// tributary (backends use it; it is not part of the public API).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "tributary/config.h"
+#include "tributary/cross_device_ops.h"
+#include "tributary/status.h"
+#include "tributary/store.h"
+
+namespace tributary::internal {
+
+// The secret_file option, else TRIBUTARY_SECRET, else the file TRIBUTARY_SECRET_FILE names
+// (explicit option > environment); "" = no authentication. An unreadable or empty file is an error.
+StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file);
+
+// Ranks on this host: the launcher's TRIBUTARY_LOCAL_WORLD_SIZE or LOCAL_WORLD_SIZE, else all of
+// them when the coordinator is this host's loopback, else one.
+int local_ranks(const BackendContext& context);
+
+// How long a wait polls before sleeping, from a backend's `poll` option: "on" 50 us, "off" none,
+// "auto" 50 us unless this host runs more ranks than it has cores (polling would then steal the
+// CPU from the peers).
+std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context);
+
+// The local address (IPv4 or IPv6, as text) of the interface that routes to `coordinator`; no
+// packet is sent. Loopback coordinators ("", "localhost", 127.x, "::1") give the loopback of their
+// family. When the coordinator's name resolves to this host's loopback (Debian maps its own name to
+// 127.0.1.1), the first non-loopback address of the same family is taken instead, so that other
+// hosts can reach what is published.
+std::string interface_towards(const std::string& coordinator);
+
+// This host's identity, compared at rendezvous to find the peers that can share memory: the
+// TRIBUTARY_HOST_ID setting when given (tests give each "host" its own), else hostname + kernel
+// boot id + the PID and IPC namespaces (processes that cannot see each other's /proc or memory are
+// on different "hosts" for this purpose, even on one machine).
+std::string host_id(const Config& config);
+
+// The store scope of the next instance of `backend` created from `context`: "<backend>/<n>/", n
+// counting the multi-process instances made from this context, so that every rank, creating its
+// backends in the same order, meets its peers under the same keys. Fails when the context has no
+// store (a world of several processes needs one).
+StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& context,
+                                                      const std::string& backend);
+
+}  // namespace tributary::internal

@@ -1,0 +1,515 @@
+#include "transports/shm/shm_group.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <functional>
+
+#include "algorithms/reduce_kernels.h"
+#include "core/crypto/sha256.h"
+#include "transports/shm/shm_segment.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TRIBUTARY_CPU_RELAX() _mm_pause()
+#else
+#define TRIBUTARY_CPU_RELAX() ((void)0)
+#endif
+
+namespace tributary::transports::shm {
+namespace {
+
+using algorithms::GroupCall;
+using algorithms::MessageTag;
+using Clock = std::chrono::steady_clock;
+
+enum class Field { kStaged, kReduced, kConsumed };
+
+const char* verb(Field f) {
+  switch (f) {
+    case Field::kStaged:
+      return "stage its data for";
+    case Field::kReduced:
+      return "reduce its piece of";
+    case Field::kConsumed:
+      return "finish reading";
+  }
+  return "";
+}
+
+uint64_t hash64(const std::string& text) {
+  internal::Digest d = internal::sha256(text);
+  uint64_t h = 0;
+  std::memcpy(&h, d.data(), sizeof h);
+  return h;
+}
+
+MessageTag tag_of(const SlotHeader& h) {
+  MessageTag t;
+  t.sequence = h.sequence;
+  t.step = h.step;
+  t.count = h.count;
+  t.collective = static_cast<Collective>(h.collective);
+  t.op = static_cast<ReduceOp>(h.op);
+  t.dtype = static_cast<DType>(h.dtype);
+  return t;
+}
+
+SlotHeader header_of(const MessageTag& tag, size_t bytes, int root) {
+  SlotHeader h;
+  h.sequence = tag.sequence;
+  h.step = tag.step;
+  h.count = tag.count;
+  h.collective = static_cast<uint8_t>(tag.collective);
+  h.op = static_cast<uint8_t>(tag.op);
+  h.dtype = static_cast<uint8_t>(tag.dtype);
+  h.bytes = bytes;
+  h.root = root;
+  return h;
+}
+
+bool same_call(const SlotHeader& a, const SlotHeader& b) {
+  return a.sequence == b.sequence && a.count == b.count && a.bytes == b.bytes && a.root == b.root &&
+         a.collective == b.collective && a.op == b.op && a.dtype == b.dtype;
+}
+
+// Splits `total` items into chunks of at most `max_per_chunk`, as evenly as possible, each a
+// multiple of `align` items (but the last): every rank computes the same cut.
+struct Chunking {
+  int64_t per = 0;
+  int64_t chunks = 0;
+  Chunking(int64_t total, int64_t max_per_chunk, int64_t align) {
+    max_per_chunk = std::max<int64_t>(1, max_per_chunk);
+    chunks = (total + max_per_chunk - 1) / max_per_chunk;
+    if (chunks == 0) return;
+    per = (total + chunks - 1) / chunks;
+    per = std::min(max_per_chunk, (per + align - 1) / align * align);
+    chunks = (total + per - 1) / per;
+  }
+  int64_t offset(int64_t k) const { return k * per; }
+  int64_t length(int64_t k, int64_t total) const { return std::min(per, total - k * per); }
+};
+
+}  // namespace
+
+struct ShmGroup::Impl {
+  int rank = 0, size = 1;
+  ShmGroupOptions options;
+  std::vector<Mapping> maps;       // by local rank, this rank's own included
+  std::vector<PeerProcess> procs;  // by local rank (this rank's own is empty)
+  uint64_t next_chunk = 0;         // chunks every rank has walked so far
+  Status error;
+
+  int global(int r) const {
+    return options.global_ranks.size() == static_cast<size_t>(size) ? options.global_ranks[r] : r;
+  }
+  std::string name(int r) const { return "rank " + std::to_string(global(r)); }
+  Control& ctl(int r) { return maps[static_cast<size_t>(r)].control(); }
+  std::atomic<uint64_t>& field(int r, Field f) {
+    Control& c = ctl(r);
+    return f == Field::kStaged    ? c.staged.value
+           : f == Field::kReduced ? c.reduced.value
+                                  : c.consumed.value;
+  }
+  size_t slot_of(uint64_t g) const { return static_cast<size_t>(g % options.slots); }
+  std::byte* slot(int r, uint64_t g) { return maps[static_cast<size_t>(r)].data(slot_of(g)); }
+
+  void publish(Field f, uint64_t value) {
+    field(rank, f).store(value, std::memory_order_release);
+    ring_bell(ctl(rank));
+  }
+
+  // Breaks the group with `s` and tells the peers (the reason goes into this rank's segment).
+  void fail(const Status& s) {
+    if (!error.ok()) return;
+    error = s;
+    Control& c = ctl(rank);
+    const std::string m = s.message().substr(0, kMaxReason - 1);
+    std::memcpy(c.reason, m.data(), m.size());
+    c.reason[m.size()] = '\0';
+    c.aborted.store(1, std::memory_order_release);
+    ring_bell(c);
+  }
+
+  // A peer that gave up or exited; OK when none did.
+  Status peer_trouble(const MessageTag& tag) {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      Control& c = ctl(r);
+      if (c.aborted.load(std::memory_order_acquire) != 0) {
+        return aborted(name(r) + " gave up while " + name(rank) + " waited for " + tag.describe() +
+                       ": " + std::string(c.reason, strnlen(c.reason, kMaxReason)));
+      }
+      if (procs[static_cast<size_t>(r)].exited()) {
+        return unavailable(name(r) + " (process " +
+                           std::to_string(procs[static_cast<size_t>(r)].pid()) +
+                           " on this host) exited while " + name(rank) + " waited for " +
+                           tag.describe() + "; it may have been killed or crashed (see its log)");
+      }
+    }
+    return Status();
+  }
+
+  // Waits until rank `r`'s counter `f` reaches `value`: polls for `spin`, then sleeps on its bell,
+  // checking the deadline and the peers at least every millisecond.
+  Status wait_one(int r, Field f, uint64_t value, const GroupCall& call) {
+    std::atomic<uint64_t>& a = field(r, f);
+    if (a.load(std::memory_order_acquire) >= value) return Status();
+    if (options.spin.count() > 0) {
+      const auto spin_until = Clock::now() + options.spin;
+      do {
+        for (int i = 0; i < 32; ++i) {
+          if (a.load(std::memory_order_acquire) >= value) return Status();
+          TRIBUTARY_CPU_RELAX();
+        }
+      } while (Clock::now() < spin_until);
+    }
+    Control& c = ctl(r);
+    while (a.load(std::memory_order_acquire) < value) {
+      if (Status s = peer_trouble(call.tag); !s.ok()) return s;
+      const auto now = Clock::now();
+      if (now >= call.deadline) {
+        return deadline_exceeded(name(r) + " did not " + verb(f) + " " + call.tag.describe() +
+                                 " within the timeout; is it still running? (raise timeout= in "
+                                 "the backend spec to wait longer)");
+      }
+      c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = c.bell.load(std::memory_order_seq_cst);
+      if (a.load(std::memory_order_acquire) < value) {
+        sleep_on_bell(
+            c, seen,
+            std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(1), call.deadline - now));
+      }
+      c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    return Status();
+  }
+
+  Status wait_all(Field f, uint64_t value, const GroupCall& call) {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      TRIBUTARY_RETURN_IF_ERROR(wait_one(r, f, value, call));
+    }
+    return Status();
+  }
+
+  // Step 1 of chunk `g`: waits until this rank's slot is free (every rank consumed what it held),
+  // fills it, labels it and publishes it; then waits for every rank's and checks their labels.
+  Status stage(const GroupCall& call, uint64_t g, SlotHeader header,
+               const std::function<void(std::byte*)>& fill) {
+    if (g >= options.slots) {
+      TRIBUTARY_RETURN_IF_ERROR(wait_all(Field::kConsumed, g + 1 - options.slots, call));
+    }
+    fill(slot(rank, g));
+    header.chunk = g;
+    maps[static_cast<size_t>(rank)].header(slot_of(g)) = header;
+    publish(Field::kStaged, g + 1);
+    TRIBUTARY_RETURN_IF_ERROR(wait_all(Field::kStaged, g + 1, call));
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const SlotHeader& theirs = maps[static_cast<size_t>(r)].header(slot_of(g));
+      if (theirs.chunk != g || !same_call(theirs, header)) {
+        return aborted("collective mismatch: " + name(r) + " issued " + describe(theirs) + " but " +
+                       name(rank) + " issued " + describe(header) +
+                       "; every rank must issue the same collectives in the same order, with the "
+                       "same backend options");
+      }
+    }
+    return Status();
+  }
+
+  static std::string describe(const SlotHeader& h) {
+    std::string s = tag_of(h).describe() + " (" + std::to_string(h.bytes) + " bytes";
+    if (h.root >= 0) s += ", root " + std::to_string(h.root);
+    return s + ")";
+  }
+
+  // Runs `body` (a whole collective); any error breaks the group and tells the peers.
+  template <typename Body>
+  Status guarded(Body&& body) {
+    if (!error.ok()) return error;
+    Status s = body();
+    if (!s.ok()) fail(s);
+    return s;
+  }
+
+  Status all_reduce(const GroupCall& call, std::byte* out, const std::byte* in, int64_t count,
+                    DType dtype, ReduceOp op, int64_t mean_divisor);
+  Status reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out, int64_t count,
+                        DType dtype, ReduceOp op, int64_t mean_divisor);
+  Status all_gather(const GroupCall& call, std::byte* data, size_t block);
+  Status broadcast(const GroupCall& call, std::byte* data, size_t bytes, int root);
+};
+
+Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const std::byte* in,
+                                  int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor) {
+  const size_t elem = dtype_size(dtype);
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
+  const Chunking cut(count, static_cast<int64_t>(options.slot_bytes / elem), align);
+  const size_t total = static_cast<size_t>(count) * elem;
+  const bool small = total <= options.small_bytes;
+  const SlotHeader header = header_of(call.tag, total, -1);
+  std::vector<const void*> srcs(static_cast<size_t>(size));
+  for (int64_t k = 0; k < cut.chunks; ++k) {
+    const int64_t off = cut.offset(k), m = cut.length(k, count);
+    const size_t at = static_cast<size_t>(off) * elem;
+    const uint64_t g = next_chunk++;
+    TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [&](std::byte* s) {
+      std::memcpy(s, in + at, static_cast<size_t>(m) * elem);
+    }));
+    if (small) {
+      // Every rank reduces the whole chunk: one synchronisation, the latency path.
+      for (int r = 0; r < size; ++r) srcs[static_cast<size_t>(r)] = slot(r, g);
+      void* dst = out + at;
+      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(m),
+                         mean_divisor);
+      publish(Field::kConsumed, g + 1);
+      continue;
+    }
+    // This rank's piece, reduced into its output and back into its own slot for the others.
+    const int64_t piece = ((m + size - 1) / size + align - 1) / align * align;
+    auto piece_range = [&](int r) {
+      const int64_t b = std::min<int64_t>(m, piece * r);
+      return std::pair<int64_t, int64_t>(b, std::min<int64_t>(m, b + piece));
+    };
+    const auto [b, e] = piece_range(rank);
+    if (e > b) {
+      const size_t pb = static_cast<size_t>(b) * elem;
+      for (int r = 0; r < size; ++r) srcs[static_cast<size_t>(r)] = slot(r, g) + pb;
+      void* dsts[2] = {slot(rank, g) + pb, out + at + pb};
+      algorithms::reduce(op, dtype, srcs, dsts, static_cast<size_t>(e - b), mean_divisor);
+    }
+    publish(Field::kReduced, g + 1);
+    TRIBUTARY_RETURN_IF_ERROR(wait_all(Field::kReduced, g + 1, call));
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const auto [rb, re] = piece_range(r);
+      if (re > rb) {
+        std::memcpy(out + at + static_cast<size_t>(rb) * elem,
+                    slot(r, g) + static_cast<size_t>(rb) * elem,
+                    static_cast<size_t>(re - rb) * elem);
+      }
+    }
+    publish(Field::kConsumed, g + 1);
+  }
+  return Status();
+}
+
+Status ShmGroup::Impl::reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out,
+                                      int64_t count, DType dtype, ReduceOp op,
+                                      int64_t mean_divisor) {
+  const size_t elem = dtype_size(dtype);
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
+  const int64_t per_block = static_cast<int64_t>(options.slot_bytes / elem) / size;
+  const Chunking cut(count, per_block, align);
+  const SlotHeader header =
+      header_of(call.tag, static_cast<size_t>(count) * elem * static_cast<size_t>(size), -1);
+  std::vector<const void*> srcs(static_cast<size_t>(size));
+  for (int64_t k = 0; k < cut.chunks; ++k) {
+    const int64_t off = cut.offset(k), m = cut.length(k, count);
+    const size_t piece = static_cast<size_t>(m) * elem;
+    const uint64_t g = next_chunk++;
+    // The slot holds this chunk's part of every block, block j at j * piece.
+    TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [&](std::byte* s) {
+      for (int j = 0; j < size; ++j) {
+        std::memcpy(
+            s + static_cast<size_t>(j) * piece,
+            in + (static_cast<size_t>(j) * static_cast<size_t>(count) + static_cast<size_t>(off)) *
+                     elem,
+            piece);
+      }
+    }));
+    for (int r = 0; r < size; ++r) {
+      srcs[static_cast<size_t>(r)] = slot(r, g) + static_cast<size_t>(rank) * piece;
+    }
+    void* dst = out + static_cast<size_t>(off) * elem;
+    algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(m),
+                       mean_divisor);
+    publish(Field::kConsumed, g + 1);
+  }
+  return Status();
+}
+
+Status ShmGroup::Impl::all_gather(const GroupCall& call, std::byte* data, size_t block) {
+  const Chunking cut(static_cast<int64_t>(block), static_cast<int64_t>(options.slot_bytes), 64);
+  const SlotHeader header = header_of(call.tag, block, -1);
+  for (int64_t k = 0; k < cut.chunks; ++k) {
+    const size_t off = static_cast<size_t>(cut.offset(k));
+    const size_t m = static_cast<size_t>(cut.length(k, static_cast<int64_t>(block)));
+    const uint64_t g = next_chunk++;
+    TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [&](std::byte* s) {
+      std::memcpy(s, data + static_cast<size_t>(rank) * block + off, m);
+    }));
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) std::memcpy(data + static_cast<size_t>(r) * block + off, slot(r, g), m);
+    }
+    publish(Field::kConsumed, g + 1);
+  }
+  return Status();
+}
+
+Status ShmGroup::Impl::broadcast(const GroupCall& call, std::byte* data, size_t bytes, int root) {
+  const Chunking cut(static_cast<int64_t>(bytes), static_cast<int64_t>(options.slot_bytes), 64);
+  const SlotHeader header = header_of(call.tag, bytes, root);
+  for (int64_t k = 0; k < cut.chunks; ++k) {
+    const size_t off = static_cast<size_t>(cut.offset(k));
+    const size_t m = static_cast<size_t>(cut.length(k, static_cast<int64_t>(bytes)));
+    const uint64_t g = next_chunk++;
+    TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [&](std::byte* s) {
+      if (rank == root) std::memcpy(s, data + off, m);
+    }));
+    if (rank != root) std::memcpy(data + off, slot(root, g), m);
+    publish(Field::kConsumed, g + 1);
+  }
+  return Status();
+}
+
+// --- setup
+// -----------------------------------------------------------------------------------------
+namespace {
+
+// "pid:fd:bytes:layout" as published; the layout text may hold colons (it comes last).
+struct Published {
+  int64_t pid = 0;
+  int fd = -1;
+  size_t bytes = 0;
+  std::string layout;
+};
+
+std::optional<Published> parse_published(const std::string& text) {
+  Published p;
+  const char* at = text.data();
+  const char* end = text.data() + text.size();
+  auto field = [&](auto& v) {
+    auto [next, ec] = std::from_chars(at, end, v);
+    if (ec != std::errc() || next == end || *next != ':') return false;
+    at = next + 1;
+    return true;
+  };
+  if (!field(p.pid) || !field(p.fd) || !field(p.bytes)) return std::nullopt;
+  p.layout.assign(at, end);
+  return p;
+}
+
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() { close_now(); }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  void close_now() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+ShmGroup::ShmGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShmGroup::~ShmGroup() = default;
+
+StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int size,
+                                                     const ShmGroupOptions& options) {
+  const std::string who = "shared memory (rank " + std::to_string(rank) + " of " +
+                          std::to_string(size) + " on this host)";
+  if (options.slot_bytes < 4096 || options.slots < 2) {
+    return invalid_argument(who + ": slots of at least 4 KiB, and at least 2 of them, are needed");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->rank = rank;
+  impl->size = size;
+  impl->options = options;
+  impl->maps.resize(static_cast<size_t>(size));
+  impl->procs.resize(static_cast<size_t>(size));
+  const auto deadline = Clock::now() + options.timeout;
+  auto remaining = [&] {
+    return std::chrono::duration_cast<Store::Duration>(
+        std::max(Clock::duration::zero(), deadline - Clock::now()));
+  };
+  const uint64_t layout = hash64(options.layout);
+  int fd = -1;
+  TRIBUTARY_ASSIGN_OR_RETURN(impl->maps[static_cast<size_t>(rank)],
+                             Mapping::create(options.slots, options.slot_bytes, layout, &fd));
+  FdCloser own(fd);
+  const size_t bytes = impl->maps[static_cast<size_t>(rank)].size();
+  TRIBUTARY_RETURN_IF_ERROR(store.set("shm/" + std::to_string(rank),
+                                      std::to_string(::getpid()) + ":" + std::to_string(fd) + ":" +
+                                          std::to_string(bytes) + ":" + options.layout));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    auto text = store.get("shm/" + std::to_string(peer), remaining());
+    if (!text.ok()) {
+      return text.status().with_context(who + ": waiting for " + impl->name(peer));
+    }
+    auto p = parse_published(*text);
+    if (!p) return internal_error(who + ": " + impl->name(peer) + " published '" + *text + "'");
+    if (p->layout != options.layout) {
+      return invalid_argument(who + ": " + impl->name(peer) +
+                              " is set up differently; every process must use the same number "
+                              "of local replicas, the same backend options and the same secret "
+                              "(this rank: " +
+                              options.layout + "; " + impl->name(peer) + ": " + p->layout + ")");
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(impl->maps[static_cast<size_t>(peer)],
+                               Mapping::open_peer(p->pid, p->fd, p->bytes));
+    if (impl->ctl(peer).layout != layout) {
+      return invalid_argument(who + ": " + impl->name(peer) + " is set up differently");
+    }
+    impl->procs[static_cast<size_t>(peer)] = PeerProcess(p->pid);
+  }
+  // Once every rank has mapped every segment, the descriptors can go: the memory then lives
+  // exactly as long as some process maps it.
+  TRIBUTARY_RETURN_IF_ERROR(store.set("shm/" + std::to_string(rank) + "/mapped", "1"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back("shm/" + std::to_string(r) + "/mapped");
+  TRIBUTARY_RETURN_IF_ERROR(store.wait(keys, remaining()).with_context(who));
+  own.close_now();
+  return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(impl)));
+}
+
+int ShmGroup::rank() const { return impl_->rank; }
+int ShmGroup::size() const { return impl_->size; }
+
+std::string ShmGroup::describe() const {
+  return "shared memory (" + std::to_string(impl_->size) + " ranks, " +
+         std::to_string(impl_->options.slots) + " slots of " +
+         std::to_string(impl_->options.slot_bytes >> 10) + " KiB)";
+}
+
+Status ShmGroup::all_reduce(const GroupCall& call, void* data, int64_t count, DType dtype,
+                            ReduceOp op, int64_t mean_divisor, const void* source) {
+  return impl_->guarded([&] {
+    return impl_->all_reduce(call, static_cast<std::byte*>(data),
+                             static_cast<const std::byte*>(source ? source : data), count, dtype,
+                             op, mean_divisor);
+  });
+}
+
+Status ShmGroup::broadcast(const GroupCall& call, void* data, size_t bytes, int root) {
+  return impl_->guarded(
+      [&] { return impl_->broadcast(call, static_cast<std::byte*>(data), bytes, root); });
+}
+
+Status ShmGroup::all_gather(const GroupCall& call, void* data, size_t bytes_per_rank) {
+  return impl_->guarded(
+      [&] { return impl_->all_gather(call, static_cast<std::byte*>(data), bytes_per_rank); });
+}
+
+Status ShmGroup::reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count,
+                                DType dtype, ReduceOp op, int64_t mean_divisor) {
+  return impl_->guarded([&] {
+    return impl_->reduce_scatter(call, static_cast<const std::byte*>(data),
+                                 static_cast<std::byte*>(out), count, dtype, op, mean_divisor);
+  });
+}
+
+void ShmGroup::abort(const Status& why) { impl_->fail(why); }
+
+Status ShmGroup::error() const { return impl_->error; }
+
+}  // namespace tributary::transports::shm

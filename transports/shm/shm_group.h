@@ -1,0 +1,81 @@
+// ShmGroup: the collectives of the processes of one host, through shared memory (a ProcessGroup).
+//
+// Each rank owns a segment (shm_segment.h) of `slots` slots of `slot_bytes`. A collective walks its
+// data in chunks of one slot; for each chunk every rank
+//   1. copies its part into its next slot (staging), writes the slot header (the collective's
+//      sequence and fingerprint, the chunk number) and publishes `staged`;
+//   2. waits until every rank has staged the chunk, checks every header (a rank that issued another
+//      collective is a mismatch error, naming both, on every rank), and does its share:
+//        all-reduce      reduces piece `rank` (1/n of the chunk) from every slot, writing it both
+//                        to its output and back into its own slot; publishes `reduced`, waits for
+//                        every rank's, then copies the other pieces from their owners' slots;
+//                        a chunk of at most `small_bytes` is reduced whole by every rank instead
+//                        (one synchronisation instead of two: the latency path);
+//        reduce-scatter  reduces its own block's part of the chunk from every slot;
+//        all-gather      copies every peer's block part;
+//        broadcast       copies root's chunk;
+//   3. publishes `consumed`: a slot is reused only once every rank has consumed what it held.
+// So each byte of user data is read once from and written once to memory that is not shared (the
+// slot traffic stays in the caches), the floor that an in-process all-reduce has; with `slots` > 1
+// a rank stages the next chunk while slower peers finish this one.
+//
+// Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), then
+// sleeps on the peer's futex word, waking at least every millisecond to check the deadline,
+// whether a peer gave up (its reason is in its segment), and whether a peer process has exited
+// (a pidfd); each ends the collective with an error naming the rank and the collective. After an
+// error the group is broken: this rank publishes its reason so that every peer fails at once.
+//
+// Rendezvous (create): through the store, under the caller's prefix: "shm/<rank>" = "pid:fd:bytes",
+// then "shm/<rank>/mapped". Every rank must agree on `layout` (options, secret and cluster),
+// checked when the segments are mapped.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/process_group.h"
+#include "tributary/store.h"
+
+namespace tributary::transports::shm {
+
+struct ShmGroupOptions {
+  size_t slot_bytes = size_t{512} << 10;  // chunk size; at least 4 KiB
+  size_t slots = 4;                       // at least 2
+  size_t small_bytes = size_t{16} << 10;  // all-reduces up to this size take the one-step path
+  std::chrono::nanoseconds spin{std::chrono::microseconds(50)};  // poll before sleeping
+  std::chrono::nanoseconds timeout{std::chrono::minutes(5)};     // setup deadline
+  std::string layout;  // what every rank must agree on, as text (named in the mismatch message)
+  // Global ranks of the members, in local-rank order, for messages ("rank 3 exited ...").
+  std::vector<int> global_ranks;
+};
+
+class ShmGroup final : public algorithms::ProcessGroup {
+ public:
+  // `rank` and `size` are within this host's group.
+  static StatusOr<std::unique_ptr<ShmGroup>> create(Store& store, int rank, int size,
+                                                    const ShmGroupOptions& options);
+  ~ShmGroup() override;
+
+  int rank() const override;
+  int size() const override;
+  std::string describe() const override;
+  Status all_reduce(const algorithms::GroupCall& call, void* data, int64_t count, DType dtype,
+                    ReduceOp op, int64_t mean_divisor, const void* source) override;
+  Status broadcast(const algorithms::GroupCall& call, void* data, size_t bytes, int root) override;
+  Status all_gather(const algorithms::GroupCall& call, void* data, size_t bytes_per_rank) override;
+  Status reduce_scatter(const algorithms::GroupCall& call, void* data, void* out, int64_t count,
+                        DType dtype, ReduceOp op, int64_t mean_divisor) override;
+  void abort(const Status& why) override;
+  Status error() const override;
+
+  struct Impl;
+
+ private:
+  explicit ShmGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tributary::transports::shm
