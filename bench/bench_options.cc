@@ -45,7 +45,8 @@ Measures all-reduce across replicas with one or more backends, nccl-tests style.
 
 What to measure:
   --backend SPEC          a backend spec; repeat to compare several in one run (interleaved)
-                          default: every in-process backend built in
+                          default: every in-process backend built in; with --np, every
+                          multi-process one, and ring:intra_host=net (TCP) beside ring
   -r, --replicas N        local replicas per process (CPU devices), default 2
   --np N                  processes (multi-process runs need the multi-worker backends)
   -d, --datatype T        float32 (default), float64, float16, bfloat16, int32, int64, int8, uint8

@@ -76,9 +76,11 @@ class Runner {
     BackendRegistry registry = builtin_backends();
     std::vector<std::string> specs = o_.backends;
     if (specs.empty()) {
-      // The default: every backend that serves this layout (in-process ones for one process).
+      // The default: every backend that serves this layout (in-process ones for one process);
+      // across processes ring also over TCP, so that the same-host path's gain shows beside it.
       for (const BackendInfo& b : registry.backends()) {
         if (b.capabilities.multi_process == (ctx_.world_size > 1)) specs.push_back(b.name);
+        if (b.name == "ring" && ctx_.world_size > 1) specs.push_back("ring:intra_host=net");
       }
     }
     int usable = 0;

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Same-host all-reduce, tributary beside Open MPI, in one run: for each size in turn (interleaved, so
+# that a change in the machine's load hits every line alike), float32 sum, N processes on this host:
+#   ring          tributary's default: shared memory between same-host processes
+#   ring:net      ring:intra_host=net, the same processes over TCP loopback
+#   mpi vader     mpirun --mca pml ob1 --mca btl vader,self (Open MPI's shared-memory transport)
+#   mpi ucx sm    mpirun --mca pml ucx -x UCX_TLS=sm,self (UCX's shared-memory transports; Open MPI
+#                 4.1 passes over UCX without an RDMA device unless pml_ucx_tls/devices say "any")
+# Prints the in-place figures (time in us for sizes up to 4 KiB, busbw in GB/s above), then the
+# out-of-place ones.
+#
+#   bench/compare_mpi.sh [--np N] [--sizes 4K,64K,1M,16M,256M] [-n ITERS] [--build DIR]
+#
+# Installs Open MPI (openmpi-bin, libopenmpi-dev) and builds tributary in Release first when needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+np=2
+sizes=4K,64K,1M,16M,256M
+iters=200
+build=${TRIBUTARY_BUILD_DIR:-build}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --np) np=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    -n) iters=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    *) echo "compare_mpi: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+
+scripts/install-deps.sh
+if ! command -v mpirun >/dev/null ||
+   ! dpkg-query -W -f='${Status}' libopenmpi-dev 2>/dev/null | grep -q "install ok installed"; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  echo "compare_mpi: installing Open MPI (openmpi-bin libopenmpi-dev)" >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    openmpi-bin libopenmpi-dev >/dev/null
+fi
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIBUTARY_WERROR=OFF >/dev/null
+cmake --build "$build" -j "$(nproc)" --target tributary-bench tributary-run mpi-allreduce-bench >/dev/null
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi=(mpirun -np "$np" --oversubscribe)
+
+# Iterations for a size: fewer for the largest, so that a run stays within minutes.
+n_for() {
+  local bytes; bytes=$(numfmt --from=iec "$1")
+  if [ "$bytes" -ge $((64 << 20)) ]; then echo $(( iters / 10 > 5 ? iters / 10 : 5 ));
+  elif [ "$bytes" -ge $((4 << 20)) ]; then echo $(( iters / 4 > 5 ? iters / 4 : 5 ));
+  else echo "$iters"; fi
+}
+
+# "oop_time oop_busbw ip_time ip_busbw" of one size, from each program's table ("" if it failed).
+ours() {  # spec size
+  local n; n=$(n_for "$2")
+  "$build/bench/tributary-bench" --np "$np" -r 1 --backend "$1" --sizes "$2" -n "$n" \
+    -w $(( n / 4 + 1 )) -q | awk '!/^#/ && NF >= 12 { print $5, $7, $9, $11; exit }' || true
+}
+theirs() {  # size, then mpirun options
+  local size=$1 n; shift
+  n=$(n_for "$size")
+  "${mpi[@]}" "$@" "$build/bench/mpi-allreduce-bench" --sizes "$size" -n "$n" -w $(( n / 4 + 1 )) \
+    2>/dev/null | awk 'NF == 7 { print $3, $4, $5, $6; if ($7 != 0) print "WRONG" > "/dev/stderr"; exit }' || true
+}
+
+names=("ring" "ring:net" "mpi vader" "mpi ucx sm")
+declare -A figures
+IFS=, read -r -a list <<< "$sizes"
+for s in "${list[@]}"; do
+  figures[$s,0]=$(ours ring "$s")
+  figures[$s,1]=$(ours ring:intra_host=net "$s")
+  figures[$s,2]=$(theirs "$s" --mca pml ob1 --mca btl vader,self)
+  figures[$s,3]=$(theirs "$s" --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any \
+                   -x UCX_TLS=sm,self)
+  echo "compare_mpi: $s done" >&2
+done
+
+table() {  # title, field offset (0 = out of place, 2 = in place)
+  echo "# $1, float32 sum, $np processes on $(hostname): time (us) up to 4 KiB, busbw (GB/s) above"
+  printf '%10s' size
+  for n in "${names[@]}"; do printf '%14s' "$n"; done
+  echo
+  for s in "${list[@]}"; do
+    printf '%10s' "$s"
+    for k in 0 1 2 3; do
+      read -r -a f <<< "${figures[$s,$k]:-- - - -}"
+      bytes=$(numfmt --from=iec "$s" 2>/dev/null || echo 0)
+      if [ "$bytes" -le 4096 ]; then v=${f[$2]:-}; u=us; else v=${f[$(( $2 + 1 ))]:-}; u=; fi
+      printf '%14s' "${v:--}$u"
+    done
+    echo
+  done
+}
+table "in place" 2
+echo
+table "out of place" 0
