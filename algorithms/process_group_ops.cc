@@ -16,6 +16,58 @@ std::span<const Tensor> one(const Tensor& t) { return std::span<const Tensor>(&t
 
 }  // namespace
 
+std::vector<OptionDef> transport_group_options() {
+  return {
+      {.name = "algorithm",
+       .type = OptionType::kEnum,
+       .default_value = "auto",
+       .help = "all-reduce algorithm: auto (the cost model picks by size and world), ring "
+               "(bandwidth-optimal), halving_doubling (latency-optimal)",
+       .choices = {"auto", "ring", "halving_doubling"}},
+      {.name = "segment_bytes",
+       .type = OptionType::kSize,
+       .default_value = "0",
+       .help = "ring steps move their chunk in segments of this size, so that receiving the next "
+               "segment overlaps reducing this one; 0 = auto (a quarter of the chunk, 256KiB to "
+               "1MiB)",
+       .min = 0},
+      {.name = "bytes_per_pack",
+       .type = OptionType::kSize,
+       .default_value = "0",
+       .help = "batch_reduce packs tensors into groups of at least this many bytes (TF's rule); "
+               "0 = one pack per dtype"},
+      {.name = "poll",
+       .type = OptionType::kEnum,
+       .default_value = "auto",
+       .help = "whether a wait polls 50 us before sleeping: on (lowest latency), off, or auto (on "
+               "unless this host runs more ranks than it has cores, where polling steals the CPU "
+               "from the peers)",
+       .choices = {"auto", "on", "off"}},
+  };
+}
+
+AllReduceAlgorithm parse_algorithm(const std::string& name) {
+  if (name == "ring") return AllReduceAlgorithm::kRing;
+  if (name == "halving_doubling") return AllReduceAlgorithm::kHalvingDoubling;
+  return AllReduceAlgorithm::kAuto;
+}
+
+Status check_transport_group_options(const std::string& backend, const Options& options) {
+  if (const uint64_t seg = options.get_size("segment_bytes"); seg != 0 && seg < 4096) {
+    return invalid_argument("backend '" + backend +
+                            "': segment_bytes must be 0 (auto) or at least 4KiB, not " +
+                            options.find("segment_bytes")->text);
+  }
+  return Status();
+}
+
+std::string transport_group_layout(const BackendContext& context, const Options& options) {
+  return "local_replicas=" + std::to_string(context.devices.size()) +
+         ",algorithm=" + options.get_string("algorithm") +
+         ",segment_bytes=" + options.find("segment_bytes")->text +
+         ",bytes_per_pack=" + options.find("bytes_per_pack")->text;
+}
+
 ProcessGroupOps::ProcessGroupOps(std::string name, BackendContext context, Options options,
                                  Capabilities caps, std::unique_ptr<ProcessGroup> group,
                                  uint64_t bytes_per_pack)

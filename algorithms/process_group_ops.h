@@ -22,8 +22,20 @@
 
 #include "algorithms/process_group.h"
 #include "tributary/cross_device_ops.h"
+#include "tributary/options.h"
 
 namespace tributary::algorithms {
+
+// The options of every backend whose group is a TransportGroup (ring over TCP, ucx): algorithm,
+// segment_bytes, bytes_per_pack and poll, with one help text, so that the backends agree.
+std::vector<OptionDef> transport_group_options();
+AllReduceAlgorithm parse_algorithm(
+    const std::string& name);  // "ring", "halving_doubling", else auto
+// Checks what the option types cannot say (segment_bytes 0 or at least 4 KiB), naming `backend`.
+Status check_transport_group_options(const std::string& backend, const Options& options);
+// The options every rank of a group must agree on, as text for the setup checks
+// ("local_replicas=1,algorithm=auto,segment_bytes=0,bytes_per_pack=0").
+std::string transport_group_layout(const BackendContext& context, const Options& options);
 
 class ProcessGroupOps final : public CrossDeviceOps {
  public:

@@ -15,13 +15,7 @@
 namespace tributary {
 namespace {
 
-using algorithms::AllReduceAlgorithm;
-
-AllReduceAlgorithm parse_algorithm(const std::string& name) {
-  if (name == "ring") return AllReduceAlgorithm::kRing;
-  if (name == "halving_doubling") return AllReduceAlgorithm::kHalvingDoubling;
-  return AllReduceAlgorithm::kAuto;
-}
+using algorithms::parse_algorithm;
 
 // Where every rank runs: the host ids exchanged through the store, with every rank's intra_host
 // choice (which must agree: a rank on shared memory and its neighbour on TCP would never meet).
@@ -63,10 +57,7 @@ StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
 
 // What every rank must agree on, as text (checked by the transports' handshakes).
 std::string layout_text(const BackendContext& context, const Options& options) {
-  return "local_replicas=" + std::to_string(context.devices.size()) +
-         ",algorithm=" + options.get_string("algorithm") +
-         ",segment_bytes=" + options.find("segment_bytes")->text +
-         ",bytes_per_pack=" + options.find("bytes_per_pack")->text +
+  return algorithms::transport_group_layout(context, options) +
          ",sockets_per_peer=" + options.find("sockets_per_peer")->text +
          ",shm_chunk_bytes=" + options.find("shm_chunk_bytes")->text;
 }
@@ -136,64 +127,43 @@ Status register_ring(BackendRegistry& registry) {
   info.summary =
       "across processes and hosts over TCP (Boost.Asio): ring and halving-doubling "
       "all-reduce, tree broadcast, ring all-gather and reduce-scatter";
-  info.options = {
-      {.name = "algorithm",
-       .type = OptionType::kEnum,
-       .default_value = "auto",
-       .help = "all-reduce algorithm: auto (the cost model picks by size and world), ring "
-               "(bandwidth-optimal), halving_doubling (latency-optimal)",
-       .choices = {"auto", "ring", "halving_doubling"}},
-      {.name = "segment_bytes",
-       .type = OptionType::kSize,
-       .default_value = "0",
-       .help = "ring steps move their chunk in segments of this size, so that receiving the next "
-               "segment overlaps reducing this one; 0 = auto (a quarter of the chunk, 256KiB to "
-               "1MiB)",
-       .min = 0},
-      {.name = "bytes_per_pack",
-       .type = OptionType::kSize,
-       .default_value = "0",
-       .help = "batch_reduce packs tensors into groups of at least this many bytes (TF's rule); "
-               "0 = one pack per dtype"},
-      {.name = "poll",
-       .type = OptionType::kEnum,
-       .default_value = "auto",
-       .help = "whether a wait polls 50 us before sleeping: on (lowest latency), off, or auto (on "
-               "unless this host runs more ranks than it has cores, where polling steals the CPU "
-               "from the peers)",
-       .choices = {"auto", "on", "off"}},
-      {.name = "sockets_per_peer",
-       .type = OptionType::kInt,
-       .default_value = "1",
-       .help = "TCP connections to each peer; messages of 64 KiB or more are striped across "
-               "them, which helps where one TCP stream cannot fill the link (long fat pipes, "
-               "per-flow limits, bonded NICs); every process must use the same value",
-       .min = 1,
-       .max = 16},
-      {.name = "intra_host",
-       .type = OptionType::kEnum,
-       .default_value = "shm",
-       .help = "how processes on the same host exchange data: shm (shared memory; hosts are told "
+  info.options = algorithms::transport_group_options();
+  info.options.insert(
+      info.options.end(),
+      {
+          {.name = "sockets_per_peer",
+           .type = OptionType::kInt,
+           .default_value = "1",
+           .help = "TCP connections to each peer; messages of 64 KiB or more are striped across "
+                   "them, which helps where one TCP stream cannot fill the link (long fat pipes, "
+                   "per-flow limits, bonded NICs); every process must use the same value",
+           .min = 1,
+           .max = 16},
+          {.name = "intra_host",
+           .type = OptionType::kEnum,
+           .default_value = "shm",
+           .help =
+               "how processes on the same host exchange data: shm (shared memory; hosts are told "
                "apart by hostname, boot id and namespaces, or by TRIBUTARY_HOST_ID) or net (TCP "
                "like every other peer, for comparison); every process must use the same",
-       .choices = {"shm", "net"}},
-      {.name = "shm_chunk_bytes",
-       .type = OptionType::kSize,
-       .default_value = "0",
-       .help = "shared memory: collectives move through each process's slots in chunks of this "
-               "size; 0 = auto (512KiB)",
-       .min = 0},
-      {.name = "host",
-       .type = OptionType::kString,
-       .default_value = "",
-       .help = "address this process listens on and publishes (default: the interface that "
-               "reaches the coordinator)"},
-      {.name = "secret_file",
-       .type = OptionType::kString,
-       .default_value = "",
-       .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then "
-               "the file TRIBUTARY_SECRET_FILE names; none = no authentication)"},
-  };
+           .choices = {"shm", "net"}},
+          {.name = "shm_chunk_bytes",
+           .type = OptionType::kSize,
+           .default_value = "0",
+           .help = "shared memory: collectives move through each process's slots in chunks of this "
+                   "size; 0 = auto (512KiB)",
+           .min = 0},
+          {.name = "host",
+           .type = OptionType::kString,
+           .default_value = "",
+           .help = "address this process listens on and publishes (default: the interface that "
+                   "reaches the coordinator)"},
+          {.name = "secret_file",
+           .type = OptionType::kString,
+           .default_value = "",
+           .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then "
+                   "the file TRIBUTARY_SECRET_FILE names; none = no authentication)"},
+      });
   Capabilities caps;
   caps.device_types = {DeviceType::kCpu};
   caps.dtypes.assign(all_dtypes().begin(), all_dtypes().end());
@@ -204,11 +174,7 @@ Status register_ring(BackendRegistry& registry) {
   info.auto_priority = 8;  // below the in-process backends, which "auto" prefers for one process
   info.create = [caps](const BackendContext& context,
                        Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
-    if (const uint64_t seg = options.get_size("segment_bytes"); seg != 0 && seg < 4096) {
-      return invalid_argument(
-          "backend 'ring': segment_bytes must be 0 (auto) or at least 4KiB, not " +
-          options.find("segment_bytes")->text);
-    }
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::check_transport_group_options("ring", options));
     if (const uint64_t c = options.get_size("shm_chunk_bytes"); c != 0 && c < 4096) {
       return invalid_argument(
           "backend 'ring': shm_chunk_bytes must be 0 (auto) or at least 4KiB, "

@@ -284,6 +284,8 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingHalvingDoubling,
                                    "ring:intra_host=net,algorithm=halving_doubling");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSockets, "ring:intra_host=net,sockets_per_peer=3");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Gloo, "gloo");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxSharedMemory, "ucx:tls=sm");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcp, "ucx:tls=tcp");
 
 }  // namespace
 }  // namespace tributary::testing

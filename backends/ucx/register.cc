@@ -1,0 +1,78 @@
+// The `ucx` backend: the algorithms of algorithms/collectives.h (ring, halving-doubling, tree
+// broadcast, ring all-gather and reduce-scatter) over UCX (ucx_transport.h), composed with the
+// local replicas by ProcessGroupOps like every multi-process backend.
+#include <memory>
+#include <string>
+
+#include "algorithms/process_group_ops.h"
+#include "backends/ucx/ucx_transport.h"
+#include "core/rendezvous.h"
+#include "tributary/registry.h"
+
+namespace tributary {
+
+Status register_ucx(BackendRegistry& registry) {
+  BackendInfo info;
+  info.name = "ucx";
+  info.summary =
+      "across processes and hosts over UCX (shared memory, TCP, RDMA verbs: whatever UCX finds "
+      "or tls allows): ring and halving-doubling all-reduce, tree broadcast, ring all-gather and "
+      "reduce-scatter";
+  info.options = {
+      {.name = "tls",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "UCX transports to use, as UCX_TLS: e.g. sm (shared memory), tcp, rc,sm (RDMA and "
+               "shared memory); default: UCX_TLS, else UCX picks from what the hosts have; every "
+               "process must use the same"},
+      {.name = "net_devices",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "network devices UCX may use, as UCX_NET_DEVICES (e.g. eth0 or mlx5_0:1); default: "
+               "UCX_NET_DEVICES, else all"},
+  };
+  for (OptionDef& d : algorithms::transport_group_options()) info.options.push_back(std::move(d));
+  info.options.push_back(
+      {.name = "secret_file",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then the "
+               "file TRIBUTARY_SECRET_FILE names; none = no authentication)"});
+  Capabilities caps;
+  caps.device_types = {DeviceType::kCpu};
+  caps.dtypes.assign(all_dtypes().begin(), all_dtypes().end());
+  caps.ops.assign(all_reduce_ops().begin(), all_reduce_ops().end());
+  caps.collectives.assign(all_collectives().begin(), all_collectives().end());
+  caps.multi_process = true;
+  info.capabilities = caps;
+  info.auto_priority = 6;  // below ring: "auto" keeps ring's shared memory and TCP paths
+  info.create = [caps](const BackendContext& context,
+                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::check_transport_group_options("ucx", options));
+    std::unique_ptr<algorithms::ProcessGroup> group;
+    if (context.world_size > 1) {
+      TRIBUTARY_ASSIGN_OR_RETURN(auto store, internal::instance_store(context, "ucx"));
+      backends::UcxTransportOptions t;
+      t.tls = options.get_string("tls");
+      t.net_devices = options.get_string("net_devices");
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          t.secret, internal::read_secret(context.config, options.get_string("secret_file")));
+      t.cluster_id = context.cluster_id;
+      t.host_id = internal::host_id(context.config);
+      t.layout = algorithms::transport_group_layout(context, options) + ",tls=" + t.tls;
+      t.timeout = options.get_duration("timeout");
+      t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
+      TRIBUTARY_ASSIGN_OR_RETURN(auto transport, backends::UcxTransport::create(
+                                                     *store, context.rank, context.world_size, t));
+      group = std::make_unique<algorithms::TransportGroup>(
+          std::move(transport), algorithms::parse_algorithm(options.get_string("algorithm")),
+          options.get_size("segment_bytes"), "ucx");
+    }
+    const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");
+    return std::unique_ptr<CrossDeviceOps>(std::make_unique<algorithms::ProcessGroupOps>(
+        "ucx", context, std::move(options), caps, std::move(group), bytes_per_pack));
+  };
+  return registry.add(std::move(info));
+}
+
+}  // namespace tributary

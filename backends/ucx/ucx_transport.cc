@@ -1,0 +1,1026 @@
+#include "backends/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/crypto/sha256.h"
+#include "transports/shm/shm_segment.h"
+
+namespace tributary::backends {
+namespace {
+
+using algorithms::Deadline;
+using algorithms::MessageTag;
+using Clock = std::chrono::steady_clock;
+
+// --- the UCP tag ---------------------------------------------------------------------------------
+// bit 63: control message (hello, abort notice); bit 62: abort notice (with bit 63);
+// bits 40..61: the sender's rank; bits 0..39: the fingerprint of a data message.
+constexpr uint64_t kControl = uint64_t{1} << 63;
+constexpr uint64_t kAbortBit = uint64_t{1} << 62;
+constexpr int kRankShift = 40;
+constexpr uint64_t kRankMask = ((uint64_t{1} << 22) - 1) << kRankShift;
+constexpr uint64_t kFingerprintMask = (uint64_t{1} << kRankShift) - 1;
+constexpr int kMaxRanks = 1 << 22;
+constexpr uint32_t kHelloMagic = 0x54525548;  // "TRUH"
+constexpr uint32_t kProtocolVersion = 1;
+constexpr size_t kMaxLayout = 2048;
+constexpr size_t kMaxReason = 2048;
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+uint64_t fnv1a(const std::string& s) { return fnv1a(s.data(), s.size()); }
+
+uint64_t rank_bits(int rank) { return static_cast<uint64_t>(rank) << kRankShift; }
+
+// collective (3 bits) | op (3) | dtype (4) | sequence mod 2^14 | 16-bit hash of everything
+// (sequence, step, count, message bytes): decodable enough to name the sender's collective.
+uint64_t fingerprint(const MessageTag& t, size_t bytes) {
+  uint64_t h = fnv1a(&t.sequence, sizeof t.sequence);
+  h = fnv1a(&t.step, sizeof t.step, h);
+  h = fnv1a(&t.count, sizeof t.count, h);
+  h = fnv1a(&bytes, sizeof bytes, h);
+  return (static_cast<uint64_t>(t.collective) & 7) << 37 | (static_cast<uint64_t>(t.op) & 7) << 34 |
+         (static_cast<uint64_t>(t.dtype) & 15) << 30 | (t.sequence & 0x3fff) << 16 |
+         ((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xffff);
+}
+
+// What a fingerprint says about the sender's message, for a mismatch error.
+std::string describe_fingerprint(uint64_t f) {
+  CallInfo c;
+  c.collective = static_cast<Collective>((f >> 37) & 7);
+  c.op = static_cast<ReduceOp>((f >> 34) & 7);
+  c.dtype = static_cast<DType>((f >> 30) & 15);
+  std::string s = std::string(collective_name(c.collective)) + " #" +
+                  std::to_string((f >> 16) & 0x3fff) + " (mod 16384, " +
+                  std::string(dtype_name(c.dtype));
+  if (c.collective != Collective::kBroadcast && c.collective != Collective::kAllGather) {
+    s += ", " + std::string(reduce_op_name(c.op));
+  }
+  return s + ")";
+}
+
+std::string hex(const void* data, size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    s += kHex[p[i] >> 4];
+    s += kHex[p[i] & 15];
+  }
+  return s;
+}
+
+bool unhex(const std::string& text, std::string* out) {
+  if (text.size() % 2) return false;
+  out->clear();
+  auto v = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < text.size(); i += 2) {
+    const int a = v(text[i]), b = v(text[i + 1]);
+    if (a < 0 || b < 0) return false;
+    *out += static_cast<char>(a << 4 | b);
+  }
+  return true;
+}
+
+bool parse_pid(const std::string& text, int64_t* pid) {
+  if (text.empty() || text.size() > 18) return false;
+  int64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *pid = v;
+  return v > 0;
+}
+
+// Whether UCX may pick a shared-memory transport with this UCX_TLS value ("" = UCX's choice).
+bool may_use_shared_memory(const std::string& tls) {
+  if (tls.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    if (!env || !*env) return true;
+    return may_use_shared_memory(env);
+  }
+  if (tls[0] == '^') return true;  // "all but ...": assume it may
+  for (const char* name : {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "all"}) {
+    size_t from = 0;
+    for (;;) {
+      const size_t comma = tls.find(',', from);
+      if (tls.compare(from, comma - from, name) == 0 &&
+          (comma == std::string::npos ? tls.size() - from : comma - from) == std::strlen(name)) {
+        return true;
+      }
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
+  }
+  return false;
+}
+
+// The UCX_TLS value this transport gives UCX for `tls` (the option, else UCX_TLS, else all): the
+// same, without the single-copy transports (cma, knem, xpmem). With a same-host peer UCX cannot
+// run its shared memory in peer error-handling mode, and outside that mode a single-copy read from
+// a peer that died is fatal to the reading process (UCX aborts it); its shared-memory FIFOs
+// (posix, sysv) only ever touch memory this process maps, so a dead peer is just silent there.
+std::string without_single_copy(const std::string& option) {
+  std::string tls = option;
+  if (tls.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    tls = env ? env : "";
+  }
+  if (tls.empty() || tls == "all") return "^cma,knem,xpmem";
+  if (tls[0] == '^') return tls + ",cma,knem,xpmem";
+  std::string out;
+  size_t from = 0;
+  for (;;) {
+    const size_t comma = tls.find(',', from);
+    std::string name =
+        tls.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    if (name == "sm" || name == "shm") name = "posix,sysv";
+    if (name == "all") return "^cma,knem,xpmem";
+    if (name != "cma" && name != "knem" && name != "xpmem" && !name.empty()) {
+      out += (out.empty() ? "" : ",") + name;
+    }
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  return out;
+}
+
+// The one place UCX's status codes become tributary's, with UCX's text kept.
+Status ucx_status(ucs_status_t s, const std::string& what) {
+  const std::string text = what + ": " + ucs_status_string(s) + " (UCX)";
+  switch (s) {
+    case UCS_OK:
+      return Status();
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+    case UCS_ERR_NO_RESOURCE:
+      return resource_exhausted(text);
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+      return deadline_exceeded(text);
+    case UCS_ERR_CANCELED:
+      return aborted(text);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+    case UCS_ERR_UNSUPPORTED:
+      return invalid_argument(text);
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      return aborted(text);
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_NO_ELEM:
+      return not_found(text);
+    default:
+      return unavailable(text);  // unreachable, connection reset, I/O error, rejected, ...
+  }
+}
+
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint32_t version = kProtocolVersion;
+  int32_t world = 0;
+  int32_t rank = 0;
+  uint64_t cluster = 0;
+  uint32_t has_secret = 0;
+  uint32_t layout_bytes = 0;
+  internal::Digest proof{};
+  char layout[kMaxLayout] = {};
+};
+
+internal::Digest hello_proof(const std::string& secret, const std::string& cluster, int from,
+                             int to, const std::string& receiver_nonce) {
+  return internal::hmac_sha256(secret, "tributary-ucx-hello|" + cluster + "|" +
+                                           std::to_string(from) + "|" + std::to_string(to) + "|" +
+                                           receiver_nonce);
+}
+
+}  // namespace
+
+struct UcxTransport::Impl {
+  // One posted operation. Kept in `ops` (node-stable) until wait() reaps it, since UCX holds a
+  // pointer to it as user data.
+  struct Op {
+    Impl* impl = nullptr;
+    Request id = 0;
+    int peer = 0;
+    bool recv = false;
+    MessageTag tag;
+    uint64_t expected = 0;  // the full UCP tag a receive expects
+    size_t bytes = 0;
+    void* request = nullptr;  // UCX's request while in flight
+    bool done = false;
+    Status status;
+  };
+
+  int rank = 0;
+  int size = 0;
+  UcxTransportOptions options;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;
+  std::vector<ucp_ep_h> eps;
+  std::vector<Status> peer_failed;  // set by UCX's error handler, or when a watched process exits
+  // Same-host peers on shared memory, whose exit this transport watches (UCX cannot; see the
+  // header); an empty PeerProcess for the others.
+  std::vector<transports::shm::PeerProcess> watched;
+  Clock::time_point next_watch{};
+  std::unordered_map<Request, Op> ops;
+  Request next_id = 1;
+  Status error;
+  bool closed = false;
+  bool in_setup = true;
+  std::vector<Hello> hellos;  // sent at setup
+
+  // The abort notice every rank listens for, from any peer.
+  std::array<char, kMaxReason> notice{};
+  void* notice_request = nullptr;
+  bool notice_arrived = false;
+  int notice_from = -1;
+  size_t notice_bytes = 0;
+
+  ~Impl() { shutdown(); }
+
+  std::string who() const { return "rank " + std::to_string(rank); }
+
+  // --- callbacks (run inside ucp_worker_progress, on the waiting thread) -------------------------
+  static void on_send(void* request, ucs_status_t status, void* user) {
+    Op* op = static_cast<Op*>(user);
+    op->done = true;
+    op->request = nullptr;
+    if (status != UCS_OK) op->status = op->impl->transfer_failed(*op, status);
+    ucp_request_free(request);
+  }
+
+  static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                      void* user) {
+    Op* op = static_cast<Op*>(user);
+    op->done = true;
+    op->request = nullptr;
+    op->status = op->impl->received(*op, status, info);
+    ucp_request_free(request);
+  }
+
+  static void on_notice(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                        void* user) {
+    Impl* impl = static_cast<Impl*>(user);
+    impl->notice_request = nullptr;
+    if (status == UCS_OK) {
+      impl->notice_arrived = true;
+      impl->notice_from = static_cast<int>((info->sender_tag & kRankMask) >> kRankShift);
+      impl->notice_bytes = std::min(info->length, impl->notice.size());
+    }
+    ucp_request_free(request);
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    Impl* impl = static_cast<Impl*>(arg);
+    for (size_t p = 0; p < impl->eps.size(); ++p) {
+      if (impl->eps[p] != ep || !impl->peer_failed[p].ok()) continue;
+      impl->peer_failed[p] = ucx_status(
+          status, "rank " + std::to_string(p) + " is unreachable from rank " +
+                      std::to_string(impl->rank) + "; it may have exited or failed (see its log)");
+    }
+  }
+
+  Status transfer_failed(const Op& op, ucs_status_t status) {
+    const std::string what = std::string(op.recv ? "receiving " : "sending ") + op.tag.describe() +
+                             (op.recv ? " from rank " : " to rank ") + std::to_string(op.peer);
+    if (status == UCS_ERR_CANCELED && !error.ok()) return error;
+    if (!peer_failed[static_cast<size_t>(op.peer)].ok()) {
+      return peer_failed[static_cast<size_t>(op.peer)].with_context(what);
+    }
+    return ucx_status(status, what + " failed");
+  }
+
+  // Checks a completed receive against what was posted.
+  Status received(const Op& op, ucs_status_t status, const ucp_tag_recv_info_t* info) {
+    if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+      return mismatch(op, info ? info->sender_tag : 0, "more than " + std::to_string(op.bytes));
+    }
+    if (status != UCS_OK || !info) return transfer_failed(op, status);
+    if (info->sender_tag != op.expected || info->length != op.bytes) {
+      return mismatch(op, info->sender_tag, std::to_string(info->length));
+    }
+    return Status();
+  }
+
+  Status mismatch(const Op& op, uint64_t sender_tag, const std::string& bytes) const {
+    const uint64_t theirs = sender_tag & kFingerprintMask;
+    const uint64_t ours = op.expected & kFingerprintMask;
+    std::string sent = describe_fingerprint(theirs);
+    if ((theirs >> 16) == (ours >> 16)) sent += " with another size or step";
+    return aborted("collective mismatch: rank " + std::to_string(op.peer) + " sent " + sent + " (" +
+                   bytes + " bytes) but rank " + std::to_string(rank) + " expects " +
+                   op.tag.describe() + " (" + std::to_string(op.bytes) +
+                   " bytes); every rank must issue the same collectives in the same order, with "
+                   "the same backend options");
+  }
+
+  // --- progress ----------------------------------------------------------------------------------
+  void progress() {
+    while (ucp_worker_progress(worker) != 0) {
+    }
+  }
+
+  // Sleeps on the worker's event descriptor until something happens or `until`.
+  void sleep_until(Clock::time_point until) {
+    if (efd < 0) {
+      std::this_thread::yield();
+      return;
+    }
+    const ucs_status_t armed = ucp_worker_arm(worker);
+    if (armed == UCS_ERR_BUSY) return;  // events are pending: progress instead
+    if (armed != UCS_OK) {
+      std::this_thread::yield();
+      return;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    const int ms = static_cast<int>(std::clamp<int64_t>(left.count(), 1, 100));
+    pollfd p{efd, POLLIN, 0};
+    (void)::poll(&p, 1, ms);
+  }
+
+  // Why this transport must stop, seen from a wait for `op`: a peer's notice, or the failure of
+  // the peer `op` talks to. OK when neither.
+  Status trouble(const Op* op) const {
+    // A peer that finished its setup and then gave up (a collective it refused) has passed every
+    // check of this rank's hello: its notice waits for this rank's first collective, so that
+    // setup succeeds on every rank that the group accepted.
+    if (notice_arrived && !(in_setup && notice_bytes >= 2 && notice[1] == 'C')) {
+      // The peer's own code (a deadline stays a deadline), with where this rank was.
+      StatusCode code = StatusCode::kAborted;
+      std::string reason;
+      if (notice_bytes >= 2) {
+        const int c = static_cast<unsigned char>(notice[0]);
+        if (c > 0 && c <= static_cast<int>(StatusCode::kDataLoss))
+          code = static_cast<StatusCode>(c);
+        reason.assign(notice.data() + 2, notice_bytes - 2);
+      }
+      return Status(
+          code,
+          "rank " + std::to_string(notice_from) + " gave up" +
+              (op ? " while rank " + std::to_string(rank) + " waited for " + op->tag.describe() +
+                        (op->recv ? " from rank " : " to rank ") + std::to_string(op->peer)
+                  : std::string()) +
+              ": " + reason);
+    }
+    if (op && !peer_failed[static_cast<size_t>(op->peer)].ok()) {
+      return peer_failed[static_cast<size_t>(op->peer)].with_context(who() + " waiting for " +
+                                                                     op->tag.describe());
+    }
+    return Status();
+  }
+
+  // At most every millisecond: a watched peer that exited fails its endpoint, as UCX's error
+  // handler does for the others.
+  void watch_peers() {
+    const auto now = Clock::now();
+    if (now < next_watch) return;
+    next_watch = now + std::chrono::milliseconds(1);
+    for (size_t p = 0; p < watched.size(); ++p) {
+      if (watched[p].pid() == 0 || !peer_failed[p].ok() || !watched[p].exited()) continue;
+      peer_failed[p] =
+          unavailable("rank " + std::to_string(p) + " (pid " + std::to_string(watched[p].pid()) +
+                      ", on this host) exited; it may have failed (see its log)");
+    }
+  }
+
+  // A peer that gives up sends its reason before it closes, but a failing send or endpoint can be
+  // seen first: wait briefly for the reason, which says more ("rank 1 gave up: collective
+  // mismatch ...") than "rank 1 is unreachable".
+  Status explain(const Status& s, const Op* op) {
+    if (!error.ok()) return error;  // failed already: never progress again (see shutdown())
+    const auto until = Clock::now() + std::chrono::milliseconds(50);
+    while (!notice_arrived && notice_request && Clock::now() < until) {
+      progress();
+      std::this_thread::yield();
+    }
+    Status t = trouble(op);
+    return t.ok() ? s : t;
+  }
+
+  // Drives progress until `done()` or `deadline`; `op` (optional) names what is waited for.
+  template <typename Done>
+  Status drive(Done&& done, Deadline deadline, const Op* op, const std::string& what) {
+    const auto spin_until = Clock::now() + options.poll_before_sleep;
+    for (;;) {
+      progress();
+      if (done()) return Status();
+      watch_peers();
+      if (Status t = trouble(op); !t.ok()) return t;
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        return deadline_exceeded(who() + " timed out waiting for " + what +
+                                 "; the peer may be stuck, slow or gone (raise the backend's "
+                                 "timeout if it is only slow)");
+      }
+      if (now >= spin_until) sleep_until(deadline);
+    }
+  }
+
+  // --- failure -----------------------------------------------------------------------------------
+  // Fails the transport with `s`, tells the peers (an abort notice each), cancels what is posted
+  // and closes the endpoints.
+  void fail(const Status& s) {
+    if (!error.ok() || closed) return;
+    error = s;
+    if (!worker) return;
+    // The notice: the status code (one byte), whether this rank was still setting up (one byte),
+    // then the reason.
+    std::string reason(1, static_cast<char>(s.code()));
+    reason += in_setup ? 'S' : 'C';
+    reason += s.message().substr(0, kMaxReason - 2);
+    std::vector<void*> notices;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank || !eps[static_cast<size_t>(p)] || !peer_failed[static_cast<size_t>(p)].ok()) {
+        continue;
+      }
+      ucp_request_param_t param{};
+      ucs_status_ptr_t r =
+          ucp_tag_send_nbx(eps[static_cast<size_t>(p)], reason.data(), reason.size(),
+                           kControl | kAbortBit | rank_bits(rank), &param);
+      if (UCS_PTR_IS_PTR(r)) notices.push_back(r);
+    }
+    // Let the notices leave (briefly: a dead peer's never will).
+    const auto until = Clock::now() + std::chrono::milliseconds(200);
+    for (;;) {
+      progress();
+      bool pending = false;
+      for (void* r : notices) pending = pending || ucp_request_check_status(r) == UCS_INPROGRESS;
+      if (!pending || Clock::now() >= until) break;
+      std::this_thread::yield();
+    }
+    for (void* r : notices) {
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker, r);
+      ucp_request_free(r);
+    }
+    // A send that completed may still sit in a TCP buffer of UCX's: flush (briefly), so that the
+    // notices arrive before the endpoints are torn down.
+    flush(std::chrono::milliseconds(300));
+    close_endpoints(/*force=*/true);
+    // Receives can be cancelled (and must be: their buffers are the caller's); sends cannot, and
+    // are left to UCX, which will not be progressed after this (see shutdown()).
+    for (auto& [id, op] : ops) {
+      if (op.request && op.recv) ucp_request_cancel(worker, op.request);
+    }
+    if (notice_request) ucp_request_cancel(worker, notice_request);
+    const auto settle = Clock::now() + std::chrono::milliseconds(500);
+    while (Clock::now() < settle) {
+      progress();
+      bool pending = notice_request != nullptr;
+      for (auto& [id, op] : ops) pending = pending || (op.request != nullptr && op.recv);
+      if (!pending) break;
+      std::this_thread::yield();
+    }
+  }
+
+  // Waits (at most `limit`) until everything sent has left this process.
+  void flush(std::chrono::nanoseconds limit) {
+    ucp_request_param_t param{};
+    ucs_status_ptr_t r = ucp_worker_flush_nbx(worker, &param);
+    if (!UCS_PTR_IS_PTR(r)) return;
+    const auto until = Clock::now() + limit;
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < until) progress();
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker, r);
+    ucp_request_free(r);
+  }
+
+  // Messages that arrived and were never received (a peer ran ahead into a collective this rank
+  // gave up on) are taken and dropped, so that UCX does not warn about them at teardown.
+  void discard_unexpected() {
+    std::vector<char> sink;
+    for (int i = 0; i < 4096; ++i) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h msg = ucp_tag_probe_nb(worker, 0, 0, 1, &info);
+      if (!msg) break;
+      sink.resize(std::max<size_t>(1, info.length));
+      ucp_request_param_t param{};
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker, sink.data(), info.length, msg, &param);
+      const auto until = Clock::now() + std::chrono::milliseconds(100);
+      while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS &&
+             Clock::now() < until) {
+        progress();
+      }
+      if (UCS_PTR_IS_PTR(r)) {
+        if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker, r);
+        ucp_request_free(r);
+      }
+    }
+  }
+
+  void close_endpoints(bool force) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    std::vector<void*> closing;
+    for (ucp_ep_h& ep : eps) {
+      if (!ep) continue;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &param);
+      if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+      ep = nullptr;
+    }
+    const auto until = Clock::now() + std::chrono::seconds(force ? 1 : 5);
+    for (void* r : closing) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < until) progress();
+      ucp_request_free(r);
+    }
+  }
+
+  void shutdown() {
+    if (closed) return;
+    if (worker) {
+      bool in_flight = false;
+      for (auto& [id, op] : ops) in_flight = in_flight || op.request != nullptr;
+      if (error.ok() && !in_flight) {
+        // A clean exit: everything this rank sent must reach its peers before the endpoints go.
+        flush(std::chrono::seconds(5));
+        close_endpoints(/*force=*/false);
+        if (notice_request) {
+          ucp_request_cancel(worker, notice_request);
+          progress();
+        }
+        discard_unexpected();
+      }
+      // After a failure, UCX may still hold sends over buffers the caller has since freed (a send
+      // cannot be cancelled; a peer's late answer would make UCX read them): the worker is never
+      // progressed again, only destroyed. fail() already told the peers and closed the endpoints.
+      ucp_worker_destroy(worker);
+      worker = nullptr;
+    }
+    if (context) ucp_cleanup(context);
+    context = nullptr;
+    closed = true;
+  }
+
+  // --- operations --------------------------------------------------------------------------------
+  Op& new_op(int peer, bool recv, const MessageTag& tag, size_t bytes) {
+    const Request id = next_id++;
+    Op& op = ops[id];
+    op.impl = this;
+    op.id = id;
+    op.peer = peer;
+    op.recv = recv;
+    op.tag = tag;
+    op.bytes = bytes;
+    return op;
+  }
+
+  Status check_peer(int peer) const {
+    if (peer < 0 || peer >= size || peer == rank) {
+      return invalid_argument("ucx transport: bad peer " + std::to_string(peer) + " for " + who() +
+                              " of " + std::to_string(size));
+    }
+    return Status();
+  }
+
+  StatusOr<Request> isend(int peer, const MessageTag& tag, std::span<const std::byte> data) {
+    if (!error.ok()) return error;
+    TRIBUTARY_RETURN_IF_ERROR(check_peer(peer));
+    if (!peer_failed[static_cast<size_t>(peer)].ok()) {
+      Status s =
+          explain(peer_failed[static_cast<size_t>(peer)].with_context("sending " + tag.describe()),
+                  nullptr);
+      fail(s);
+      return s;
+    }
+    Op& op = new_op(peer, false, tag, data.size());
+    static const std::byte kEmpty{};
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &Impl::on_send;
+    param.user_data = &op;
+    ucs_status_ptr_t r =
+        ucp_tag_send_nbx(eps[static_cast<size_t>(peer)], data.empty() ? &kEmpty : data.data(),
+                         data.size(), rank_bits(rank) | fingerprint(tag, data.size()), &param);
+    if (UCS_PTR_IS_ERR(r)) {
+      op.done = true;
+      op.status = transfer_failed(op, UCS_PTR_STATUS(r));
+    } else if (r == nullptr) {
+      op.done = true;
+    } else {
+      op.request = r;
+    }
+    return op.id;
+  }
+
+  StatusOr<Request> irecv(int peer, const MessageTag& tag, std::span<std::byte> data) {
+    if (!error.ok()) return error;
+    TRIBUTARY_RETURN_IF_ERROR(check_peer(peer));
+    Op& op = new_op(peer, true, tag, data.size());
+    op.expected = rank_bits(peer) | fingerprint(tag, data.size());
+    static std::byte empty[1];
+    // Always through the callback: UCX 1.13 leaves recv_info unfilled on immediate completion.
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv = &Impl::on_recv;
+    param.user_data = &op;
+    // Matches the next message of this peer, whatever its fingerprint (checked on completion).
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(worker, data.empty() ? empty : data.data(), data.size(),
+                                          rank_bits(peer), kControl | kRankMask, &param);
+    if (UCS_PTR_IS_ERR(r)) {
+      op.done = true;
+      op.status = received(op, UCS_PTR_STATUS(r), nullptr);
+    } else if (r == nullptr) {
+      op.done = true;
+      op.status = internal_error("ucx transport: a receive completed without its tag");
+    } else {
+      op.request = r;
+    }
+    return op.id;
+  }
+
+  Status wait(Request id, Deadline deadline) {
+    auto it = ops.find(id);
+    if (it == ops.end()) return invalid_argument("ucx transport: unknown request");
+    Op& op = it->second;
+    Status s;
+    if (!error.ok()) {
+      s = error;
+    } else if (!op.done) {
+      const std::string what =
+          op.tag.describe() + (op.recv ? " from rank " : " to rank ") + std::to_string(op.peer);
+      s = drive([&] { return op.done; }, deadline, &op, what);
+    }
+    if (s.ok()) s = op.status;
+    if (!s.ok() && s.code() != StatusCode::kDeadlineExceeded) s = explain(s, &op);
+    if (!s.ok()) fail(s);
+    if (!error.ok()) s = error;
+    if (op.request == nullptr) ops.erase(it);
+    return s;
+  }
+};
+
+UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxTransport::~UcxTransport() = default;
+int UcxTransport::rank() const { return impl_->rank; }
+int UcxTransport::size() const { return impl_->size; }
+StatusOr<UcxTransport::Request> UcxTransport::isend(int peer, const MessageTag& tag,
+                                                    std::span<const std::byte> data) {
+  return impl_->isend(peer, tag, data);
+}
+StatusOr<UcxTransport::Request> UcxTransport::irecv(int peer, const MessageTag& tag,
+                                                    std::span<std::byte> data) {
+  return impl_->irecv(peer, tag, data);
+}
+Status UcxTransport::wait(Request request, Deadline deadline) {
+  return impl_->wait(request, deadline);
+}
+void UcxTransport::abort(const Status& why) { impl_->fail(why); }
+Status UcxTransport::error() const { return impl_->error; }
+
+std::string UcxTransport::transports_to(int peer) const {
+  if (peer < 0 || peer >= impl_->size || !impl_->eps[static_cast<size_t>(peer)]) return "";
+  char* text = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&text, &len);
+  if (!f) return "";
+  ucp_ep_print_info(impl_->eps[static_cast<size_t>(peer)], f);
+  std::fclose(f);
+  // Lines like "#   lane[0]:  3:posix/memory.0 md[2] ..." : collect "posix/memory" once each.
+  std::string info(text, len);
+  std::free(text);
+  std::vector<std::string> seen;
+  for (size_t pos = info.find("lane["); pos != std::string::npos; pos = info.find("lane[", pos)) {
+    const size_t colon = info.find(':', info.find("]:", pos) + 2);
+    pos += 5;
+    if (colon == std::string::npos) break;
+    const size_t end = info.find_first_of(" \n", colon);
+    std::string tl = info.substr(colon + 1, end - colon - 1);
+    if (const size_t dot = tl.rfind('.'); dot != std::string::npos) tl.resize(dot);
+    if (std::find(seen.begin(), seen.end(), tl) == seen.end()) seen.push_back(tl);
+  }
+  std::string out;
+  for (const std::string& s : seen) out += (out.empty() ? "" : " ") + s;
+  return out;
+}
+
+// --- setup
+// -----------------------------------------------------------------------------------------
+namespace {
+
+class UcxSetup {
+ public:
+  UcxSetup(UcxTransport::Impl& impl, Store& store, Deadline deadline)
+      : impl_(impl), store_(store), deadline_(deadline) {}
+
+  Status run() {
+    TRIBUTARY_RETURN_IF_ERROR(init());
+    TRIBUTARY_RETURN_IF_ERROR(publish());
+    TRIBUTARY_RETURN_IF_ERROR(connect());
+    return hello();
+  }
+
+ private:
+  using Impl = UcxTransport::Impl;
+
+  std::string who() const { return impl_.who() + " (ucx setup)"; }
+
+  Store::Duration remaining() const {
+    return std::chrono::duration_cast<Store::Duration>(
+        std::max(Clock::duration::zero(), deadline_ - Clock::now()));
+  }
+
+  Status init() {
+    ucp_config_t* config = nullptr;
+    TRIBUTARY_RETURN_IF_ERROR(
+        ucx_status(ucp_config_read(nullptr, nullptr, &config), who() + ": reading UCX's config"));
+    Status s;
+    auto set = [&](const char* name, const std::string& value) {
+      if (!s.ok() || value.empty()) return;
+      s = ucx_status(ucp_config_modify(config, name, value.c_str()),
+                     who() + ": UCX refused " + name + "=" + value);
+    };
+    // Whether a peer may share this host is not known yet (the addresses come later): leave out
+    // the single-copy transports whenever shared memory is allowed at all (see
+    // without_single_copy), so that every same-host endpoint is safe in UCX's "none" mode.
+    set("TLS", may_use_shared_memory(impl_.options.tls) ? without_single_copy(impl_.options.tls)
+                                                        : impl_.options.tls);
+    set("NET_DEVICES", impl_.options.net_devices);
+    // Notice dead peers within about a second, not UCX's default 20 s (the environment wins).
+    if (!std::getenv("UCX_KEEPALIVE_INTERVAL")) set("KEEPALIVE_INTERVAL", "1s");
+    if (!s.ok()) {
+      ucp_config_release(config);
+      return s;
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    s = ucx_status(ucp_init(&params, config, &impl_.context), who() + ": ucp_init");
+    ucp_config_release(config);
+    TRIBUTARY_RETURN_IF_ERROR(s);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    TRIBUTARY_RETURN_IF_ERROR(ucx_status(ucp_worker_create(impl_.context, &wp, &impl_.worker),
+                                         who() + ": creating the UCX worker" + tls_hint()));
+    if (ucp_worker_get_efd(impl_.worker, &impl_.efd) != UCS_OK) impl_.efd = -1;
+    return Status();
+  }
+
+  std::string tls_hint() const {
+    return impl_.options.tls.empty() ? std::string()
+                                     : " with tls=" + impl_.options.tls +
+                                           " (check the transport names: ucx_info -d lists them)";
+  }
+
+  Status publish() {
+    std::array<unsigned char, 32> nonce{};
+    if (getrandom(nonce.data(), nonce.size(), 0) != static_cast<ssize_t>(nonce.size())) {
+      return internal_error(who() + ": no random bytes for the nonce");
+    }
+    nonce_ = hex(nonce.data(), nonce.size());
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    TRIBUTARY_RETURN_IF_ERROR(ucx_status(ucp_worker_get_address(impl_.worker, &address, &length),
+                                         who() + ": reading the worker address"));
+    const std::string text = nonce_ + ":" +
+                             hex(impl_.options.host_id.data(), impl_.options.host_id.size()) + ":" +
+                             std::to_string(::getpid()) + ":" + hex(address, length);
+    ucp_worker_release_address(impl_.worker, address);
+    return store_.set("addr/" + std::to_string(impl_.rank), text);
+  }
+
+  Status connect() {
+    const int size = impl_.size;
+    impl_.eps.assign(static_cast<size_t>(size), nullptr);
+    impl_.peer_failed.assign(static_cast<size_t>(size), Status());
+    impl_.watched.clear();
+    impl_.watched.resize(static_cast<size_t>(size));
+    nonces_.assign(static_cast<size_t>(size), "");
+    for (int p = 0; p < size; ++p) {
+      if (p == impl_.rank) continue;
+      auto text = store_.get("addr/" + std::to_string(p), remaining());
+      if (!text.ok()) {
+        return text.status().with_context(who() + ": waiting for rank " + std::to_string(p) +
+                                          "'s address");
+      }
+      // nonce : host id : pid : worker address
+      std::vector<std::string> parts;
+      for (size_t from = 0;;) {
+        const size_t colon = text->find(':', from);
+        parts.push_back(text->substr(from, colon - from));
+        if (colon == std::string::npos) break;
+        from = colon + 1;
+      }
+      std::string host, address;
+      int64_t pid = 0;
+      if (parts.size() != 4 || !unhex(parts[1], &host) || !unhex(parts[3], &address) ||
+          !parse_pid(parts[2], &pid)) {
+        return internal_error(who() + ": rank " + std::to_string(p) +
+                              " published a malformed address");
+      }
+      nonces_[static_cast<size_t>(p)] = parts[0];
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+      if (host == impl_.options.host_id && may_use_shared_memory(impl_.options.tls)) {
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        impl_.watched[static_cast<size_t>(p)] = transports::shm::PeerProcess(pid);
+      } else {
+        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = &Impl::on_ep_error;
+        ep.err_handler.arg = &impl_;
+      }
+      TRIBUTARY_RETURN_IF_ERROR(
+          ucx_status(ucp_ep_create(impl_.worker, &ep, &impl_.eps[static_cast<size_t>(p)]),
+                     who() + ": UCX cannot reach rank " + std::to_string(p) + tls_hint()));
+    }
+    // From now on, any peer's abort notice ends this rank's waits.
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv = &Impl::on_notice;
+    param.user_data = &impl_;
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(impl_.worker, impl_.notice.data(), impl_.notice.size(),
+                                          kControl | kAbortBit, kControl | kAbortBit, &param);
+    if (UCS_PTR_IS_ERR(r)) return ucx_status(UCS_PTR_STATUS(r), who() + ": posting the notice");
+    impl_.notice_request = r;
+    return Status();
+  }
+
+  Status hello() {
+    const int size = impl_.size;
+    const UcxTransportOptions& o = impl_.options;
+    if (o.layout.size() > kMaxLayout) return internal_error(who() + ": layout text too long");
+    // Ours live as long as the transport: a send UCX has not finished may still read them.
+    std::vector<Hello>& mine = impl_.hellos;
+    mine.assign(static_cast<size_t>(size), Hello{});
+    std::vector<Hello> theirs(static_cast<size_t>(size));
+    std::vector<void*> requests;
+    std::vector<int> received(static_cast<size_t>(size), 0);
+    Status s;
+    for (int p = 0; p < size && s.ok(); ++p) {
+      if (p == impl_.rank) continue;
+      ucp_request_param_t rp{};
+      rp.op_attr_mask =
+          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      rp.cb.recv = [](void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+        *static_cast<int*>(user) =
+            status == UCS_OK && info->length <= sizeof(Hello) ? 1 : (status == UCS_OK ? -2 : -1);
+      };
+      rp.user_data = &received[static_cast<size_t>(p)];
+      ucs_status_ptr_t r =
+          ucp_tag_recv_nbx(impl_.worker, &theirs[static_cast<size_t>(p)], sizeof(Hello),
+                           kControl | rank_bits(p), kControl | kAbortBit | kRankMask, &rp);
+      if (UCS_PTR_IS_ERR(r)) {
+        s = ucx_status(UCS_PTR_STATUS(r),
+                       who() + ": posting the hello of rank " + std::to_string(p));
+        break;
+      }
+      requests.push_back(r);
+
+      Hello& h = mine[static_cast<size_t>(p)];
+      h.world = size;
+      h.rank = impl_.rank;
+      h.cluster = fnv1a(o.cluster_id);
+      h.has_secret = o.secret.empty() ? 0 : 1;
+      if (!o.secret.empty()) {
+        h.proof =
+            hello_proof(o.secret, o.cluster_id, impl_.rank, p, nonces_[static_cast<size_t>(p)]);
+      }
+      h.layout_bytes = static_cast<uint32_t>(o.layout.size());
+      std::memcpy(h.layout, o.layout.data(), o.layout.size());
+      ucp_request_param_t sp{};
+      ucs_status_ptr_t w = ucp_tag_send_nbx(impl_.eps[static_cast<size_t>(p)], &h, sizeof h,
+                                            kControl | rank_bits(impl_.rank), &sp);
+      if (UCS_PTR_IS_ERR(w)) {
+        s = ucx_status(UCS_PTR_STATUS(w),
+                       who() + ": sending the hello to rank " + std::to_string(p));
+        break;
+      }
+      if (w) requests.push_back(w);
+    }
+    // Every hello in and out, checking each as it arrives.
+    std::vector<char> checked(static_cast<size_t>(size), 0);
+    int pending_peer = -1;
+    Status bad;  // the first hello that refuses the group
+    if (s.ok()) {
+      s = impl_.drive(
+          [&] {
+            pending_peer = -1;
+            for (int p = 0; p < size; ++p) {
+              if (p == impl_.rank || checked[static_cast<size_t>(p)]) continue;
+              if (received[static_cast<size_t>(p)] == 0) {
+                if (!impl_.peer_failed[static_cast<size_t>(p)].ok() && bad.ok()) {
+                  bad = impl_.peer_failed[static_cast<size_t>(p)].with_context(who());
+                }
+                if (pending_peer < 0) pending_peer = p;
+                continue;
+              }
+              checked[static_cast<size_t>(p)] = 1;
+              Status c = check(p, theirs[static_cast<size_t>(p)], received[static_cast<size_t>(p)]);
+              if (!c.ok() && bad.ok()) bad = c;
+            }
+            if (!bad.ok()) return true;
+            for (void* r : requests) {
+              if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+            }
+            return pending_peer < 0;
+          },
+          deadline_, nullptr, "the hellos of its peers");
+      if (s.ok()) s = bad;
+      if (s.code() == StatusCode::kDeadlineExceeded && pending_peer >= 0) {
+        s = deadline_exceeded(who() + ": rank " + std::to_string(pending_peer) +
+                              " did not answer within the timeout; is it running, with the same "
+                              "backend, and can UCX reach it" +
+                              (o.tls.empty() ? std::string("") : " over tls=" + o.tls) + "?");
+      }
+    }
+    if (!s.ok()) impl_.fail(s);
+    for (void* r : requests) {
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) {
+        ucp_request_cancel(impl_.worker, r);
+        impl_.progress();
+      }
+      ucp_request_free(r);
+    }
+    return s;
+  }
+
+  Status check(int p, const Hello& h, int how) const {
+    const std::string peer = "rank " + std::to_string(p);
+    const UcxTransportOptions& o = impl_.options;
+    if (how < 0 || h.magic != kHelloMagic || h.version != kProtocolVersion) {
+      return unavailable(who() + ": " + peer + " does not speak tributary's UCX protocol version " +
+                         std::to_string(kProtocolVersion));
+    }
+    if (h.cluster != fnv1a(o.cluster_id) || h.world != impl_.size || h.rank != p) {
+      return unavailable(who() + ": the process at " + peer +
+                         "'s address belongs to another job (cluster, world size or rank "
+                         "differ); check the cluster spec");
+    }
+    const std::string layout(h.layout, std::min<size_t>(h.layout_bytes, kMaxLayout));
+    if (layout != o.layout) {
+      return invalid_argument(who() + ": " + peer +
+                              " is set up differently; every process must use the same number "
+                              "of local replicas and the same backend options (this rank: " +
+                              o.layout + "; " + peer + ": " + layout + ")");
+    }
+    if (o.secret.empty() != (h.has_secret == 0)) {
+      return unavailable(
+          who() + ": " + peer +
+          (o.secret.empty() ? " uses a shared secret and this rank has none"
+                            : " has no shared secret and this rank has one") +
+          "; authentication failed: give every process the same secret (TRIBUTARY_SECRET or "
+          "secret_file)");
+    }
+    if (!o.secret.empty() && !internal::digest_equal(h.proof, hello_proof(o.secret, o.cluster_id, p,
+                                                                          impl_.rank, nonce_))) {
+      return unavailable(who() + ": " + peer +
+                         " could not prove the shared secret; authentication failed: give "
+                         "every process the same secret (TRIBUTARY_SECRET or secret_file)");
+    }
+    return Status();
+  }
+
+  Impl& impl_;
+  Store& store_;
+  Deadline deadline_;
+  std::string nonce_;
+  std::vector<std::string> nonces_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(Store& store, int rank, int size,
+                                                             const UcxTransportOptions& options) {
+  if (size < 1 || size > kMaxRanks || rank < 0 || rank >= size) {
+    return invalid_argument("ucx transport: rank " + std::to_string(rank) + " of " +
+                            std::to_string(size) + " (at most " + std::to_string(kMaxRanks) +
+                            " ranks)");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->rank = rank;
+  impl->size = size;
+  impl->options = options;
+  if (size > 1) {
+    UcxSetup setup(*impl, store, Clock::now() + options.timeout);
+    TRIBUTARY_RETURN_IF_ERROR(setup.run());
+  }
+  impl->in_setup = false;
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(impl)));
+}
+
+}  // namespace tributary::backends

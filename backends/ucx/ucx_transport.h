@@ -1,0 +1,89 @@
+// UcxTransport: the Transport of the `ucx` backend, over UCX's UCP tag-matching API (Debian's
+// libucx-dev). UCX picks the wire per peer from the transports it is allowed (`tls`): shared memory
+// (posix/sysv mappings, CMA single-copy reads) between processes of a host, TCP between hosts, and
+// RDMA verbs (rc, ud, dc) where the hosts have InfiniBand or RoCE adapters and UCX was built with
+// them. Only shared memory and TCP can be tested here; the RDMA paths are UCX's own.
+//
+// Setup (through the store, keys under the store's own prefix):
+//  1. every rank creates one UCP context and worker (single-threaded: the thread that waits drives
+//     progress) and publishes "addr/<rank>" = its worker address and a fresh 32-byte nonce (hex);
+//  2. every rank creates an endpoint to every peer. Peers on other hosts use UCX's peer
+//     error-handling mode: one that dies or becomes unreachable fails the endpoint (UCX's
+//     keepalive, 1 s unless UCX_KEEPALIVE_INTERVAL says otherwise) instead of leaving a wait to the
+//     deadline. UCX's shared-memory transports do not support that mode (UCX 1.13 refuses them
+//     in it), so peers on this host (same host id, see core/rendezvous.h) whose traffic may go
+//     through shared memory are watched by this transport instead: their process (a pidfd) is
+//     checked every millisecond of a wait, and its exit fails the wait naming the rank;
+//  3. every rank sends every peer a hello: protocol version, world size, rank, a hash of the
+//     cluster id, the layout text (options every rank must share) and, with a secret, the proof
+//     HMAC-SHA256(secret, cluster | sender | receiver | the receiver's nonce). The receiver checks
+//     each: another job, a different layout (both texts named) or a missing or wrong proof refuses
+//     the group on both sides. The proof is bound to the receiver's fresh nonce, so a recorded
+//     hello cannot be replayed into another job. (As on TCP, data messages are not authenticated.)
+//
+// Data: one UCP tag message per Transport message, straight from and into the caller's buffers (UCX
+// chooses eager copies or zero-copy rendezvous by size). The 64-bit UCP tag carries the sender's
+// rank and the MessageTag's fingerprint: the collective, op and dtype, the low bits of the sequence
+// number and a hash of the whole tag and the message size. A receive matches the next message from
+// its peer whatever its tag (UCX keeps the messages of one sender in order), then compares the tag
+// and the length with what it posted: ranks that issue different collectives fail with
+// "collective mismatch: rank 1 sent ... but rank 0 expects ...", never with mixed-up data. A
+// message longer than the posted buffer is truncated by UCX and reported the same way.
+//
+// Failure: any error (a peer's endpoint failing, a mismatch, a deadline) fails the whole transport.
+// It then sends every peer a short abort notice with the reason (a control tag every rank listens
+// for from setup on), cancels its posted receives and closes its endpoints; the peers fail at once
+// with "rank N gave up: <reason>" instead of at their deadline. UCX's status codes are translated
+// to tributary's in one place (ucx_status below), keeping UCX's text.
+//
+// Waits: progress is polled for `poll_before_sleep`, then the thread sleeps on the worker's event
+// descriptor (UCP wakeup) in slices of at most 100 ms, checking the deadline between slices.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "algorithms/transport.h"
+#include "tributary/store.h"
+
+namespace tributary::backends {
+
+struct UcxTransportOptions {
+  std::string tls;          // UCX_TLS for this transport ("sm", "tcp", "rc,sm"); "" = UCX's choice
+  std::string net_devices;  // UCX_NET_DEVICES ("eth0", "mlx5_0:1"); "" = UCX's choice
+  std::string secret;       // "" = no authentication
+  std::string cluster_id;   // ranks of different jobs refuse each other
+  std::string layout;       // what every rank must agree on, compared at setup (both named)
+  std::string host_id;      // internal::host_id(): peers with the same one share memory
+  std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
+  std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
+};
+
+class UcxTransport final : public algorithms::Transport {
+ public:
+  static StatusOr<std::unique_ptr<UcxTransport>> create(Store& store, int rank, int size,
+                                                        const UcxTransportOptions& options);
+  ~UcxTransport() override;
+
+  int rank() const override;
+  int size() const override;
+  StatusOr<Request> isend(int peer, const algorithms::MessageTag& tag,
+                          std::span<const std::byte> data) override;
+  StatusOr<Request> irecv(int peer, const algorithms::MessageTag& tag,
+                          std::span<std::byte> data) override;
+  Status wait(Request request, algorithms::Deadline deadline) override;
+  void abort(const Status& why) override;
+  Status error() const override;
+
+  // What UCX chose to reach `peer` ("tcp/lo", "posix/memory cma/memory"), for describe() and logs.
+  std::string transports_to(int peer) const;
+
+  struct Impl;
+
+ private:
+  explicit UcxTransport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tributary::backends
