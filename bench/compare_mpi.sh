@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
 # Same-host all-reduce, tributary beside Open MPI, in one run: for each size in turn (interleaved, so
-# that a change in the machine's load hits every line alike), float32 sum, N processes on this host:
-#   ring          tributary's default: shared memory between same-host processes
-#   ring:net      ring:intra_host=net, the same processes over TCP loopback
-#   mpi vader     mpirun --mca pml ob1 --mca btl vader,self (Open MPI's shared-memory transport)
-#   mpi ucx sm    mpirun --mca pml ucx -x UCX_TLS=sm,self (UCX's shared-memory transports; Open MPI
-#                 4.1 passes over UCX without an RDMA device unless pml_ucx_tls/devices say "any")
+# that a change in the machine's load hits every line alike), float32 sum, N processes on this host.
+# The lines, by --set:
+#   shm (default)  ring (tributary's default: shared memory between same-host processes),
+#                  ring:net (ring:intra_host=net, TCP loopback), mpi vader (--mca pml ob1 --mca btl
+#                  vader,self: Open MPI's shared memory), mpi ucx sm (--mca pml ucx, UCX_TLS=sm,self;
+#                  Open MPI 4.1 passes over UCX without an RDMA device unless pml_ucx_tls/devices
+#                  say "any")
+#   tcp            ring:net, ucx:tls=tcp, mpi tcp (--mca btl tcp,self), mpi ucx tcp (UCX_TLS=tcp,self)
+#   ucx            ucx:tls=sm, ucx:tls=tcp, mpi ucx sm, mpi ucx tcp
 # Prints the in-place figures (time in us for sizes up to 4 KiB, busbw in GB/s above), then the
 # out-of-place ones.
 #
-#   bench/compare_mpi.sh [--np N] [--sizes 4K,64K,1M,16M,256M] [-n ITERS] [--build DIR]
+#   bench/compare_mpi.sh [--set shm|tcp|ucx] [--np N] [--sizes 4K,64K,1M,16M,256M] [-n ITERS]
+#                        [--build DIR]
 #
 # Installs Open MPI (openmpi-bin, libopenmpi-dev) and builds tributary in Release first when needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 np=2
+set=shm
 sizes=4K,64K,1M,16M,256M
 iters=200
 build=${TRIBUTARY_BUILD_DIR:-build}
 while [ $# -gt 0 ]; do
   case "$1" in
     --np) np=$2; shift 2 ;;
+    --set) set=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     -n) iters=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
@@ -65,15 +71,34 @@ theirs() {  # size, then mpirun options
     2>/dev/null | awk 'NF == 7 { print $3, $4, $5, $6; if ($7 != 0) print "WRONG" > "/dev/stderr"; exit }' || true
 }
 
-names=("ring" "ring:net" "mpi vader" "mpi ucx sm")
+mpi_ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
+# Each line: "name|ours|spec" or "name|theirs|mpirun options".
+case "$set" in
+  shm) lines=("ring|ours|ring" "ring:net|ours|ring:intra_host=net"
+              "mpi vader|theirs|--mca pml ob1 --mca btl vader,self"
+              "mpi ucx sm|theirs|${mpi_ucx[*]} -x UCX_TLS=sm,self") ;;
+  tcp) lines=("ring:net|ours|ring:intra_host=net" "ucx:tcp|ours|ucx:tls=tcp"
+              "mpi tcp|theirs|--mca pml ob1 --mca btl tcp,self"
+              "mpi ucx tcp|theirs|${mpi_ucx[*]} -x UCX_TLS=tcp,self") ;;
+  ucx) lines=("ucx:sm|ours|ucx:tls=sm" "ucx:tcp|ours|ucx:tls=tcp"
+              "mpi ucx sm|theirs|${mpi_ucx[*]} -x UCX_TLS=sm,self"
+              "mpi ucx tcp|theirs|${mpi_ucx[*]} -x UCX_TLS=tcp,self") ;;
+  *) echo "compare_mpi: unknown set '$set' (shm, tcp or ucx)" >&2; exit 2 ;;
+esac
+names=()
+for l in "${lines[@]}"; do names+=("${l%%|*}"); done
 declare -A figures
 IFS=, read -r -a list <<< "$sizes"
 for s in "${list[@]}"; do
-  figures[$s,0]=$(ours ring "$s")
-  figures[$s,1]=$(ours ring:intra_host=net "$s")
-  figures[$s,2]=$(theirs "$s" --mca pml ob1 --mca btl vader,self)
-  figures[$s,3]=$(theirs "$s" --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any \
-                   -x UCX_TLS=sm,self)
+  for k in "${!lines[@]}"; do
+    IFS='|' read -r _ kind what <<< "${lines[$k]}"
+    if [ "$kind" = ours ]; then
+      figures[$s,$k]=$(ours "$what" "$s")
+    else
+      read -r -a opts <<< "$what"
+      figures[$s,$k]=$(theirs "$s" "${opts[@]}")
+    fi
+  done
   echo "compare_mpi: $s done" >&2
 done
 
@@ -84,7 +109,7 @@ table() {  # title, field offset (0 = out of place, 2 = in place)
   echo
   for s in "${list[@]}"; do
     printf '%10s' "$s"
-    for k in 0 1 2 3; do
+    for k in "${!lines[@]}"; do
       read -r -a f <<< "${figures[$s,$k]:-- - - -}"
       bytes=$(numfmt --from=iec "$s" 2>/dev/null || echo 0)
       if [ "$bytes" -le 4096 ]; then v=${f[$2]:-}; u=us; else v=${f[$(( $2 + 1 ))]:-}; u=; fi

@@ -7,7 +7,7 @@ packages=(
   g++ cmake ninja-build ccache pkg-config git ca-certificates
   libfmt-dev libboost-dev nlohmann-json3-dev libgloo-dev libucx-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  gnuplot-nox
+  gnuplot-nox iproute2
 )
 
 missing=()

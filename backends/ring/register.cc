@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/hierarchical_group.h"
 #include "algorithms/process_group_ops.h"
 #include "backends/ring/tcp_transport.h"
 #include "core/crypto/sha256.h"
@@ -38,9 +39,9 @@ StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
     TRIBUTARY_ASSIGN_OR_RETURN(std::string theirs, store.get("host/" + std::to_string(r), left));
     const std::string choice = theirs.substr(0, theirs.find('|'));
     if (choice != intra_host) {
-      return invalid_argument("backend 'ring': rank " + std::to_string(r) + " uses intra_host=" +
-                              choice + " but rank " + std::to_string(context.rank) +
-                              " intra_host=" + intra_host + "; every process must use the same");
+      return invalid_argument("backend 'ring': rank " + std::to_string(r) + " uses " + choice +
+                              " but rank " + std::to_string(context.rank) + " " + intra_host +
+                              "; every process must use the same intra_host and hierarchy");
     }
     auto it = std::find(ids.begin(), ids.end(), theirs);
     if (it == ids.end()) {
@@ -59,10 +60,13 @@ StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
 std::string layout_text(const BackendContext& context, const Options& options) {
   return algorithms::transport_group_layout(context, options) +
          ",sockets_per_peer=" + options.find("sockets_per_peer")->text +
-         ",shm_chunk_bytes=" + options.find("shm_chunk_bytes")->text;
+         ",shm_chunk_bytes=" + options.find("shm_chunk_bytes")->text +
+         ",hierarchy=" + options.get_string("hierarchy");
 }
 
-StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store,
+// Ranks `rank` of `size` over TCP, meeting under `store` (the whole world, or a subgroup under its
+// own prefix).
+StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int rank, int size,
                                                               const BackendContext& context,
                                                               const Options& options) {
   TRIBUTARY_ASSIGN_OR_RETURN(
@@ -76,8 +80,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store,
   t.timeout = options.get_duration("timeout");
   t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
-  TRIBUTARY_ASSIGN_OR_RETURN(
-      auto transport, backends::TcpTransport::create(store, context.rank, context.world_size, t));
+  TRIBUTARY_ASSIGN_OR_RETURN(auto transport, backends::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
       options.get_size("segment_bytes"), "tcp"));
@@ -119,6 +122,60 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   return std::unique_ptr<algorithms::ProcessGroup>(std::move(group));
 }
 
+// Several hosts with several processes each: shared memory (or TCP with intra_host=net) inside
+// each host, TCP across hosts among the processes of the same local rank (hierarchical_group.h).
+// Every subgroup meets under its own prefix of the instance's store.
+StatusOr<std::unique_ptr<algorithms::ProcessGroup>> hierarchical_group(
+    const std::shared_ptr<Store>& store, const BackendContext& context, const Options& options,
+    const HostLayout& hosts) {
+  const int h = hosts.host_of[static_cast<size_t>(context.rank)];
+  const std::vector<int>& mine = hosts.members[static_cast<size_t>(h)];
+  const int l = static_cast<int>(std::find(mine.begin(), mine.end(), context.rank) - mine.begin());
+  const int per_host = static_cast<int>(mine.size());
+  std::unique_ptr<algorithms::ProcessGroup> local, cross;
+  if (per_host > 1) {
+    PrefixStore scope("host" + std::to_string(h) + "/", store);
+    if (options.get_string("intra_host") == "shm") {
+      TRIBUTARY_ASSIGN_OR_RETURN(local, shm_group(scope, context, options, mine));
+    } else {
+      TRIBUTARY_ASSIGN_OR_RETURN(local, tcp_group(scope, l, per_host, context, options));
+    }
+  }
+  if (hosts.hosts() > 1) {
+    PrefixStore scope("cross" + std::to_string(l) + "/", store);
+    TRIBUTARY_ASSIGN_OR_RETURN(cross, tcp_group(scope, h, hosts.hosts(), context, options));
+  }
+  return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::HierarchicalGroup>(
+      context.rank, hosts.members, std::move(local), std::move(cross)));
+}
+
+// The composition for this layout: see the `hierarchy` option.
+StatusOr<std::unique_ptr<algorithms::ProcessGroup>> make_group(const std::shared_ptr<Store>& store,
+                                                               const BackendContext& context,
+                                                               const Options& options,
+                                                               const HostLayout& hosts) {
+  const std::string hierarchy = options.get_string("hierarchy");
+  const size_t per_host = hosts.members[0].size();
+  bool uniform = true;
+  for (const auto& m : hosts.members) uniform = uniform && m.size() == per_host;
+  if (hierarchy == "on" && !uniform) {
+    std::string counts;
+    for (const auto& m : hosts.members)
+      counts += (counts.empty() ? "" : ", ") + std::to_string(m.size());
+    return invalid_argument(
+        "backend 'ring': hierarchy=on needs the same number of processes on "
+        "every host, but the hosts run " +
+        counts + "; use hierarchy=auto (flat TCP for such layouts)");
+  }
+  const bool hierarchical =
+      hierarchy == "on" || (hierarchy == "auto" && uniform && hosts.hosts() > 1 && per_host > 1);
+  if (hierarchical) return hierarchical_group(store, context, options, hosts);
+  if (options.get_string("intra_host") == "shm" && hosts.hosts() == 1) {
+    return shm_group(*store, context, options, hosts.members[0]);
+  }
+  return tcp_group(*store, context.rank, context.world_size, context, options);
+}
+
 }  // namespace
 
 Status register_ring(BackendRegistry& registry) {
@@ -147,6 +204,16 @@ Status register_ring(BackendRegistry& registry) {
                "apart by hostname, boot id and namespaces, or by TRIBUTARY_HOST_ID) or net (TCP "
                "like every other peer, for comparison); every process must use the same",
            .choices = {"shm", "net"}},
+          {.name = "hierarchy",
+           .type = OptionType::kEnum,
+           .default_value = "auto",
+           .help =
+               "hierarchical all-reduce (reduce-scatter inside each host, all-reduce across hosts "
+               "among the processes of the same local rank, all-gather inside each host): auto "
+               "(when there are several hosts with the same number of processes each, more than "
+               "one), on (always; hosts must run the same number of processes), off (one flat "
+               "group: shared memory on one host, else TCP between every pair)",
+           .choices = {"auto", "on", "off"}},
           {.name = "shm_chunk_bytes",
            .type = OptionType::kSize,
            .default_value = "0",
@@ -185,15 +252,12 @@ Status register_ring(BackendRegistry& registry) {
     if (context.world_size > 1) {
       TRIBUTARY_ASSIGN_OR_RETURN(auto store, internal::instance_store(context, "ring"));
       const std::string intra_host = options.get_string("intra_host");
-      TRIBUTARY_ASSIGN_OR_RETURN(HostLayout hosts, learn_hosts(*store, context, intra_host,
-                                                               options.get_duration("timeout")));
-      if (intra_host == "shm" && hosts.hosts() == 1) {
-        TRIBUTARY_ASSIGN_OR_RETURN(group, shm_group(*store, context, options, hosts.members[0]));
-      } else {
-        // One process per host, or intra_host=net. (Several hosts with several processes each
-        // also take TCP for now; the hierarchical composition is to come.)
-        TRIBUTARY_ASSIGN_OR_RETURN(group, tcp_group(*store, context, options));
-      }
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          HostLayout hosts,
+          learn_hosts(*store, context,
+                      "intra_host=" + intra_host + ",hierarchy=" + options.get_string("hierarchy"),
+                      options.get_duration("timeout")));
+      TRIBUTARY_ASSIGN_OR_RETURN(group, make_group(store, context, options, hosts));
     }
     const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");
     return std::unique_ptr<CrossDeviceOps>(std::make_unique<algorithms::ProcessGroupOps>(

@@ -255,6 +255,7 @@ struct UcxTransport::Impl {
   std::array<char, kMaxReason> notice{};
   void* notice_request = nullptr;
   bool notice_arrived = false;
+  bool notice_done = false;  // the notice's receive completed (arrived, or cancelled)
   int notice_from = -1;
   size_t notice_bytes = 0;
 
@@ -284,6 +285,7 @@ struct UcxTransport::Impl {
                         void* user) {
     Impl* impl = static_cast<Impl*>(user);
     impl->notice_request = nullptr;
+    impl->notice_done = true;
     if (status == UCS_OK) {
       impl->notice_arrived = true;
       impl->notice_from = static_cast<int>((info->sender_tag & kRankMask) >> kRankShift);
@@ -555,10 +557,9 @@ struct UcxTransport::Impl {
         // A clean exit: everything this rank sent must reach its peers before the endpoints go.
         flush(std::chrono::seconds(5));
         close_endpoints(/*force=*/false);
-        if (notice_request) {
-          ucp_request_cancel(worker, notice_request);
-          progress();
-        }
+        if (notice_request) ucp_request_cancel(worker, notice_request);
+        const auto until = Clock::now() + std::chrono::milliseconds(100);
+        while (notice_request && Clock::now() < until) progress();
         discard_unexpected();
       }
       // After a failure, UCX may still hold sends over buffers the caller has since freed (a send
@@ -617,7 +618,7 @@ struct UcxTransport::Impl {
       op.status = transfer_failed(op, UCS_PTR_STATUS(r));
     } else if (r == nullptr) {
       op.done = true;
-    } else {
+    } else if (!op.done) {  // the callback may have run already, inside the call
       op.request = r;
     }
     return op.id;
@@ -644,7 +645,7 @@ struct UcxTransport::Impl {
     } else if (r == nullptr) {
       op.done = true;
       op.status = internal_error("ucx transport: a receive completed without its tag");
-    } else {
+    } else if (!op.done) {  // the callback may have run already, inside the call
       op.request = r;
     }
     return op.id;
@@ -856,7 +857,7 @@ class UcxSetup {
     ucs_status_ptr_t r = ucp_tag_recv_nbx(impl_.worker, impl_.notice.data(), impl_.notice.size(),
                                           kControl | kAbortBit, kControl | kAbortBit, &param);
     if (UCS_PTR_IS_ERR(r)) return ucx_status(UCS_PTR_STATUS(r), who() + ": posting the notice");
-    impl_.notice_request = r;
+    if (!impl_.notice_done) impl_.notice_request = r;  // unless the callback ran in the call
     return Status();
   }
 

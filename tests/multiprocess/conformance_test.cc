@@ -1,15 +1,20 @@
 // The multi-process backends join the conformance suite as real processes on loopback: world sizes
 // 1 to 5 with 1 and 2 local replicas each, every collective x op x dtype x size x in-place, results
 // checked exactly against small-integer inputs of each global replica.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "algorithms/process_group_ops.h"
 #include "tests/conformance/values.h"
 #include "tests/multiprocess/harness.h"
 
@@ -286,6 +291,128 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSockets, "ring:intra_host=net,socket
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Gloo, "gloo");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxSharedMemory, "ucx:tls=sm");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcp, "ucx:tls=tcp");
+
+// --- several hosts: Linux network namespaces
+// ------------------------------------------------------- Each "host" is a network namespace with
+// its own host id (TRIBUTARY_HOST_ID), joined to the others by a veth pair into a bridge, as
+// separate machines on a switch: processes of a host share memory, hosts reach each other only
+// through their own network stacks (TCP over the veths). Needs root and iproute2 (`ip`); elsewhere
+// the tests are skipped, saying why.
+class Hosts {
+ public:
+  explicit Hosts(int hosts) {
+    if (::geteuid() != 0) {
+      why_not_ = "creating network namespaces needs root";
+      return;
+    }
+    if (std::system("ip -V >/dev/null 2>&1") != 0) {
+      why_not_ = "iproute2's `ip` is not installed";
+      return;
+    }
+    tag_ = "tb" + std::to_string(::getpid() % 100000);
+    std::string script =
+        "set -e; ip link add " + tag_ + "br type bridge; ip link set " + tag_ + "br up;";
+    for (int h = 0; h < hosts; ++h) {
+      const std::string ns = name(h), veth = tag_ + "v" + std::to_string(h);
+      script += " ip netns add " + ns + "; ip link add " + veth +
+                " type veth peer name eth0 netns " + ns + "; ip link set " + veth + " master " +
+                tag_ + "br up; ip -n " + ns + " addr add " + address(h) + "/24 dev eth0; ip -n " +
+                ns + " link set eth0 up; ip -n " + ns + " link set lo up;";
+      created_ = h + 1;
+    }
+    if (std::system(("(" + script + ") >/dev/null 2>&1").c_str()) != 0) {
+      why_not_ = "cannot create network namespaces here (ip netns add / veth / bridge failed)";
+    }
+  }
+  ~Hosts() {
+    std::string script = "ip link del " + tag_ + "br;";
+    for (int h = 0; h < created_; ++h) script += " ip netns del " + name(h) + ";";
+    if (!tag_.empty()) (void)!std::system(("(" + script + ") >/dev/null 2>&1").c_str());
+  }
+  const std::string& why_not() const { return why_not_; }
+  std::string name(int h) const { return tag_ + "h" + std::to_string(h); }
+  static std::string address(int h) { return "10.77.0." + std::to_string(h + 1); }
+
+  // In a child: moves this process into host h's network stack.
+  bool enter(int h) const {
+    const int fd = ::open(("/run/netns/" + name(h)).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool ok = ::setns(fd, CLONE_NEWNET) == 0;
+    ::close(fd);
+    return ok;
+  }
+
+ private:
+  std::string tag_;
+  std::string why_not_;
+  int created_ = 0;
+};
+
+using HostsParam = std::tuple<std::string, int, int, int>;  // spec, hosts, processes/host, replicas
+class MultiHostConformance : public ::testing::TestWithParam<HostsParam> {};
+
+// Ranks are dealt to hosts round-robin (rank r on host r % hosts), so that a host's processes are
+// not consecutive ranks; every collective, op and dtype is checked as on one host, and the group
+// must be the composition the layout calls for.
+TEST_P(MultiHostConformance, EveryCollective) {
+  const auto& [spec, hosts, per_host, local] = GetParam();
+  Hosts net(hosts);
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  const int world = hosts * per_host;
+  const std::string dir = make_temp_dir("hosts");
+  GroupResult g = run_group(world, std::chrono::seconds(300), [&](int rank) {
+    const int h = rank % hosts;
+    if (!net.enter(h)) return kChildFailed;
+    auto ctx = group_context(rank, world, local, dir,
+                             Config::from_map({{"TRIBUTARY_HOST_ID", net.name(h)}}));
+    if (!ctx.ok()) return kChildFailed;
+    ctx->coordinator_host = "10.77.0.254";  // a peer's subnet: each rank publishes its eth0
+    auto ops = builtin_backends().create(spec + ",timeout=60s", *ctx);
+    if (!ops.ok()) {
+      std::fprintf(stderr, "[rank %d] %s\n", rank, ops.status().to_string().c_str());
+      return ops.status().code() == StatusCode::kNotFound ? kChildSkip : kChildFailed;
+    }
+    const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
+    const std::string layout = pg && pg->group() ? pg->group()->describe() : "";
+    const bool hierarchical = per_host > 1 && spec.find("hierarchy=off") == std::string::npos;
+    const std::string want = hierarchical ? "hierarchical (" + std::to_string(hosts) + " hosts x " +
+                                                std::to_string(per_host) + " processes"
+                                          : "tcp (" + std::to_string(world) + " ranks";
+    if (layout.find(want) == std::string::npos) {
+      std::fprintf(stderr, "[rank %d] group is '%s', want '%s...'\n", rank, layout.c_str(),
+                   want.c_str());
+      return kChildFailed;
+    }
+    if (hierarchical && spec.find("intra_host=net") == std::string::npos &&
+        layout.find("within a host: shared memory") == std::string::npos) {
+      std::fprintf(stderr, "[rank %d] no shared memory inside the host: %s\n", rank,
+                   layout.c_str());
+      return kChildFailed;
+    }
+    Matrix m(**ops, {0, 1, 7, 1001, 65537});
+    m.run();
+    return m.failures() == 0 ? kChildOk : kChildFailed;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ring, MultiHostConformance,
+                         ::testing::Values(HostsParam{"ring:algorithm=auto", 2, 2, 1},
+                                           HostsParam{"ring:algorithm=auto", 2, 2, 2},
+                                           HostsParam{"ring:intra_host=net", 2, 2, 1},
+                                           HostsParam{"ring:algorithm=ring", 3, 2, 1},
+                                           HostsParam{"ring:hierarchy=off", 2, 2, 1},
+                                           HostsParam{"ring:algorithm=auto", 2, 1, 1}),
+                         [](const ::testing::TestParamInfo<HostsParam>& info) {
+                           std::string spec = std::get<0>(info.param);
+                           for (char& c : spec) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return spec + "_h" + std::to_string(std::get<1>(info.param)) + "_p" +
+                                  std::to_string(std::get<2>(info.param)) + "_l" +
+                                  std::to_string(std::get<3>(info.param));
+                         });
 
 }  // namespace
 }  // namespace tributary::testing
