@@ -80,9 +80,10 @@ Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const
   Transport& t = ctx.transport;
   const MessageTag tag = ctx.tag.at_step(step);
   const int64_t seg = std::max<int64_t>(
-      1, static_cast<int64_t>(segment_bytes_for(ctx.segment_bytes,
-                                                static_cast<size_t>(std::max(send_len, recv_len)) * elem) /
-                              elem));
+      1, static_cast<int64_t>(
+             segment_bytes_for(ctx.segment_bytes,
+                               static_cast<size_t>(std::max(send_len, recv_len)) * elem) /
+             elem));
   const int64_t nrecv = recv_len == 0 ? 1 : (recv_len + seg - 1) / seg;
   const int64_t nsend = send_len == 0 ? 1 : (send_len + seg - 1) / seg;
   std::byte* window =
@@ -138,6 +139,8 @@ std::string_view all_reduce_algorithm_name(AllReduceAlgorithm a) {
       return "ring";
     case AllReduceAlgorithm::kHalvingDoubling:
       return "halving_doubling";
+    case AllReduceAlgorithm::kRecursiveDoubling:
+      return "recursive_doubling";
   }
   return "?";
 }
@@ -151,16 +154,26 @@ double CostModel::all_reduce_seconds(AllReduceAlgorithm algorithm, size_t bytes,
   int p = 1;
   while (p * 2 <= n) p *= 2;
   const bool folded = p != n;
-  double steps = 2.0 * std::log2(p) + (folded ? 2 : 0);
-  return steps * alpha + 2.0 * (p - 1) / p * s * beta + (p - 1.0) / p * s * gamma +
-         (folded ? 2.0 * s * beta + s * gamma : 0.0);
+  const double fold = folded ? 2.0 * alpha + 2.0 * s * beta + s * gamma : 0.0;
+  const double levels = std::log2(p);
+  if (algorithm == AllReduceAlgorithm::kRecursiveDoubling) {
+    return levels * (alpha + s * beta + s * gamma) + fold;
+  }
+  return 2.0 * levels * alpha + 2.0 * (p - 1) / p * s * beta + (p - 1.0) / p * s * gamma + fold;
 }
 
 AllReduceAlgorithm CostModel::choose(size_t bytes, int n) const {
-  return all_reduce_seconds(AllReduceAlgorithm::kHalvingDoubling, bytes, n) <
-                 all_reduce_seconds(AllReduceAlgorithm::kRing, bytes, n)
-             ? AllReduceAlgorithm::kHalvingDoubling
-             : AllReduceAlgorithm::kRing;
+  AllReduceAlgorithm best = AllReduceAlgorithm::kRing;
+  double best_seconds = all_reduce_seconds(best, bytes, n);
+  for (AllReduceAlgorithm a :
+       {AllReduceAlgorithm::kHalvingDoubling, AllReduceAlgorithm::kRecursiveDoubling}) {
+    const double t = all_reduce_seconds(a, bytes, n);
+    if (t < best_seconds) {
+      best = a;
+      best_seconds = t;
+    }
+  }
+  return best;
 }
 
 Status all_reduce(AlgorithmContext& ctx, AllReduceAlgorithm algorithm, void* data, int64_t count,
@@ -175,6 +188,9 @@ Status all_reduce(AlgorithmContext& ctx, AllReduceAlgorithm algorithm, void* dat
   }
   if (source != nullptr && count > 0) {
     std::memcpy(data, source, static_cast<size_t>(count) * dtype_size(dtype));
+  }
+  if (algorithm == AllReduceAlgorithm::kRecursiveDoubling) {
+    return recursive_doubling_all_reduce(ctx, data, count, dtype, op, mean_divisor);
   }
   return halving_doubling_all_reduce(ctx, data, count, dtype, op, mean_divisor);
 }
@@ -310,6 +326,70 @@ Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t co
     step += static_cast<uint32_t>(2 * log_p);  // keep step numbers aligned with the others
   }
   // Unfold: the odd ranks return the result to their even partners.
+  const MessageTag unfold_tag = tag();
+  if (r < 2 * rem) {
+    if (r % 2 == 1) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r - 1, unfold_tag, {bytes_data, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+    } else {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r + 1, unfold_tag, {bytes_data, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+    }
+  }
+  return Status();
+}
+
+Status recursive_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
+                                     ReduceOp op, int64_t mean_divisor) {
+  Transport& t = ctx.transport;
+  const int n = t.size();
+  const int r = t.rank();
+  if (n == 1) {
+    if (op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
+    return Status();
+  }
+  const size_t elem = dtype_size(dtype);
+  const size_t bytes = static_cast<size_t>(count) * elem;
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int rem = n - p;
+  uint32_t step = 0;
+  auto tag = [&] { return ctx.tag.at_step(step++); };
+  std::byte* bytes_data = static_cast<std::byte*>(data);
+  std::byte* scratch = scratch_for(ctx, bytes);
+
+  // Fold, as halving-doubling does: among the first 2*rem ranks, each even rank hands its data to
+  // the odd rank after it and waits for the result.
+  const int newrank = r < 2 * rem ? (r % 2 == 1 ? r / 2 : -1) : r - rem;
+  const MessageTag fold_tag = tag();
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r + 1, fold_tag, {bytes_data, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+    } else {
+      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r - 1, fold_tag, {scratch, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+      combine(partial_op(op), dtype, data, scratch, count, mean_divisor);
+    }
+  }
+  if (newrank >= 0) {
+    for (int mask = 1; mask < p; mask *= 2) {
+      const int partner = real_rank(newrank ^ mask, rem);
+      const MessageTag m = tag();
+      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(partner, m, {scratch, bytes}));
+      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(partner, m, {bytes_data, bytes}));
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+      // Our data is being sent: combine only once the send is done with it. The lower rank's
+      // value goes first on both sides, so that partners compute exactly the same thing (even
+      // where an op is not bitwise commutative, like min of +0 and -0).
+      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+      const bool lower = (newrank & mask) == 0;
+      combine_into(mask * 2 == p ? op : partial_op(op), dtype, data, lower ? data : scratch,
+                   lower ? scratch : data, count, mean_divisor);
+    }
+  } else {
+    step += static_cast<uint32_t>(std::log2(p));  // keep step numbers aligned with the others
+  }
   const MessageTag unfold_tag = tag();
   if (r < 2 * rem) {
     if (r % 2 == 1) {

@@ -9,9 +9,17 @@
 //                           `segment_bytes`, so receiving segment k+1 overlaps reducing segment k.
 //  halving-doubling         Rabenseifner: recursive-halving reduce-scatter, recursive-doubling
 //  all-reduce               all-gather, over the largest power of two p <= n; the other n - p ranks
-//                           first fold their data into a partner and get the result back at the end.
-//                           steps 2 log2(p) (+2 when n is not a power of two), bytes 2(p-1)/p * S
+//                           first fold their data into a partner and get the result back at the
+//                           end. steps 2 log2(p) (+2 when n is not a power of two), bytes 2(p-1)/p
+//                           * S
 //                           (+S for the folded ranks). Latency-optimal for small and medium sizes.
+//  recursive-doubling       every rank exchanges its whole buffer with a partner at distance
+//  all-reduce               1, 2, 4, ... among p = the largest power of two <= n (the others fold
+//                           in and out as above) and combines. steps log2(p) (+2), bytes
+//                           log2(p) * S. Half the steps of halving-doubling: the choice for small
+//                           messages, where every step is a round trip of latency. Partners
+//                           combine the same two values in swapped order, which IEEE arithmetic
+//                           makes bit-identical, so every rank ends with the same result.
 //  binomial-tree broadcast  steps ceil(log2 n), bytes up to ceil(log2 n) * S at the root.
 //  binomial-tree reduce     steps ceil(log2 n), bytes S per non-root rank.
 //  ring all-gather          steps n-1, bytes (n-1) * S_rank.
@@ -31,12 +39,12 @@
 
 namespace tributary::algorithms {
 
-enum class AllReduceAlgorithm { kAuto, kRing, kHalvingDoubling };
+enum class AllReduceAlgorithm { kAuto, kRing, kHalvingDoubling, kRecursiveDoubling };
 std::string_view all_reduce_algorithm_name(AllReduceAlgorithm a);
 
 struct AlgorithmContext {
   Transport& transport;
-  MessageTag tag;                   // steps are numbered from here
+  MessageTag tag;  // steps are numbered from here
   Deadline deadline;
   size_t segment_bytes = 0;  // pipelining granularity of ring steps; 0 = by chunk size (auto)
   std::vector<std::byte>* scratch;  // reused across calls
@@ -62,6 +70,8 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
                        int64_t mean_divisor, const void* source = nullptr);
 Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
                                    ReduceOp op, int64_t mean_divisor);
+Status recursive_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
+                                     ReduceOp op, int64_t mean_divisor);
 Status tree_broadcast(AlgorithmContext& ctx, void* data, size_t bytes, int root);
 // The result is in root's `data`; other ranks' data is left partially reduced.
 Status tree_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,

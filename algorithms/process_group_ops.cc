@@ -22,8 +22,9 @@ std::vector<OptionDef> transport_group_options() {
        .type = OptionType::kEnum,
        .default_value = "auto",
        .help = "all-reduce algorithm: auto (the cost model picks by size and world), ring "
-               "(bandwidth-optimal), halving_doubling (latency-optimal)",
-       .choices = {"auto", "ring", "halving_doubling"}},
+               "(bandwidth-optimal), halving_doubling (few steps, little data), "
+               "recursive_doubling (fewest steps, for small messages)",
+       .choices = {"auto", "ring", "halving_doubling", "recursive_doubling"}},
       {.name = "segment_bytes",
        .type = OptionType::kSize,
        .default_value = "0",
@@ -49,6 +50,7 @@ std::vector<OptionDef> transport_group_options() {
 AllReduceAlgorithm parse_algorithm(const std::string& name) {
   if (name == "ring") return AllReduceAlgorithm::kRing;
   if (name == "halving_doubling") return AllReduceAlgorithm::kHalvingDoubling;
+  if (name == "recursive_doubling") return AllReduceAlgorithm::kRecursiveDoubling;
   return AllReduceAlgorithm::kAuto;
 }
 

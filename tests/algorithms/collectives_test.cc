@@ -54,14 +54,17 @@ TEST_P(AllReduceAlgorithms, SumMeanMaxExact) {
     auto statuses = run_ranks(n, [&](int r, Transport& t) {
       auto& d = data[static_cast<size_t>(r)];
       d.resize(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) d[static_cast<size_t>(i)] = static_cast<int32_t>(value(r, i));
+      for (int64_t i = 0; i < count; ++i)
+        d[static_cast<size_t>(i)] = static_cast<int32_t>(value(r, i));
       std::vector<std::byte> scratch;
       // Small segments so that ring steps pipeline several segments.
-      AlgorithmContext ctx{t, tag_for(count, DType::kInt32, op), std::chrono::steady_clock::now() + 20s,
-                           64, &scratch};
+      AlgorithmContext ctx{t, tag_for(count, DType::kInt32, op),
+                           std::chrono::steady_clock::now() + 20s, 64, &scratch};
       return all_reduce(ctx, algorithm, d.data(), count, DType::kInt32, op, n);
     });
-    for (int r = 0; r < n; ++r) ASSERT_TRUE(statuses[static_cast<size_t>(r)].ok()) << statuses[static_cast<size_t>(r)].message();
+    for (int r = 0; r < n; ++r)
+      ASSERT_TRUE(statuses[static_cast<size_t>(r)].ok())
+          << statuses[static_cast<size_t>(r)].message();
     for (int64_t i = 0; i < count; ++i) {
       int64_t want = op == ReduceOp::kMax ? 0 : 0;
       for (int r = 0; r < n; ++r) {
@@ -78,14 +81,14 @@ TEST_P(AllReduceAlgorithms, SumMeanMaxExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     Loopback, AllReduceAlgorithms,
-    ::testing::Combine(::testing::Values(AllReduceAlgorithm::kRing,
-                                         AllReduceAlgorithm::kHalvingDoubling,
-                                         AllReduceAlgorithm::kAuto),
-                       ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
-                       ::testing::Values<int64_t>(0, 1, 7, 1001)),
+    ::testing::Combine(
+        ::testing::Values(AllReduceAlgorithm::kRing, AllReduceAlgorithm::kHalvingDoubling,
+                          AllReduceAlgorithm::kRecursiveDoubling, AllReduceAlgorithm::kAuto),
+        ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8), ::testing::Values<int64_t>(0, 1, 7, 1001)),
     [](const auto& info) {
       return std::string(all_reduce_algorithm_name(std::get<0>(info.param))) + "_n" +
-             std::to_string(std::get<1>(info.param)) + "_c" + std::to_string(std::get<2>(info.param));
+             std::to_string(std::get<1>(info.param)) + "_c" +
+             std::to_string(std::get<2>(info.param));
     });
 
 TEST(TreeAndRing, BroadcastReduceGatherScatter) {
@@ -181,7 +184,9 @@ TEST(Failures, SilentPeerIsADeadlineNamingIt) {
 
 TEST(CostModel, PicksLatencyOptimalForSmallAndRingForLarge) {
   CostModel m;
-  EXPECT_EQ(m.choose(4096, 8), AllReduceAlgorithm::kHalvingDoubling);
+  EXPECT_EQ(m.choose(4096, 8), AllReduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(m.choose(4096, 2), AllReduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(m.choose(size_t{256} << 10, 8), AllReduceAlgorithm::kHalvingDoubling);
   EXPECT_EQ(m.choose(size_t{256} << 20, 6), AllReduceAlgorithm::kRing);
   EXPECT_LT(m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 20, 2),
             m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 21, 2));
