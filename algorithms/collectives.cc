@@ -129,6 +129,42 @@ Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const
 // The real rank of halving-doubling's `newrank` when n - p ranks were folded away.
 int real_rank(int newrank, int rem) { return newrank < rem ? newrank * 2 + 1 : newrank + rem; }
 
+// The fold of a world that is not a power of two (halving-doubling, recursive doubling): among the
+// first 2*rem ranks, each even rank hands its data to the odd rank after it, which combines it.
+// Returns this rank's number among the p = n - rem that go on, or -1 for a rank folded away.
+StatusOr<int> fold_in(AlgorithmContext& ctx, const MessageTag& tag, void* data, int64_t count,
+                      DType dtype, ReduceOp op, int64_t mean_divisor, int rem) {
+  Transport& t = ctx.transport;
+  const int r = t.rank();
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  if (r >= 2 * rem) return r - rem;
+  if (r % 2 == 0) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Request s,
+                               t.isend(r + 1, tag, {static_cast<std::byte*>(data), bytes}));
+    TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
+    return -1;
+  }
+  std::byte* scratch = scratch_for(ctx, bytes);
+  TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r - 1, tag, {scratch, bytes}));
+  TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
+  combine(partial_op(op), dtype, data, scratch, count, mean_divisor);
+  return r / 2;
+}
+
+// The unfold: the odd ranks return the result to their even partners.
+Status fold_out(AlgorithmContext& ctx, const MessageTag& tag, void* data, size_t bytes, int rem) {
+  Transport& t = ctx.transport;
+  const int r = t.rank();
+  if (r >= 2 * rem) return Status();
+  std::span<std::byte> span{static_cast<std::byte*>(data), bytes};
+  if (r % 2 == 1) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r - 1, tag, span));
+    return t.wait(s, ctx.deadline);
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r + 1, tag, span));
+  return t.wait(q, ctx.deadline);
+}
+
 }  // namespace
 
 std::string_view all_reduce_algorithm_name(AllReduceAlgorithm a) {
@@ -244,7 +280,6 @@ Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t co
                                    ReduceOp op, int64_t mean_divisor) {
   Transport& t = ctx.transport;
   const int n = t.size();
-  const int r = t.rank();
   if (n == 1) {
     if (op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
     return Status();
@@ -256,22 +291,9 @@ Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t co
   const int rem = n - p;
   uint32_t step = 0;
   auto tag = [&] { return ctx.tag.at_step(step++); };
-  std::byte* bytes_data = static_cast<std::byte*>(data);
 
-  // Fold: among the first 2*rem ranks, each even rank hands its data to the odd rank after it.
-  int newrank = r < 2 * rem ? (r % 2 == 1 ? r / 2 : -1) : r - rem;
-  const MessageTag fold_tag = tag();
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r + 1, fold_tag, {bytes_data, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
-    } else {
-      std::byte* scratch = scratch_for(ctx, bytes);
-      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r - 1, fold_tag, {scratch, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
-      combine(partial_op(op), dtype, data, scratch, count, mean_divisor);
-    }
-  }
+  TRIBUTARY_ASSIGN_OR_RETURN(const int newrank,
+                             fold_in(ctx, tag(), data, count, dtype, op, mean_divisor, rem));
   // Recursive halving (reduce-scatter) then recursive doubling (all-gather) among p ranks.
   const int log_p = static_cast<int>(std::log2(p));
   if (newrank >= 0) {
@@ -325,25 +347,13 @@ Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t co
   } else {
     step += static_cast<uint32_t>(2 * log_p);  // keep step numbers aligned with the others
   }
-  // Unfold: the odd ranks return the result to their even partners.
-  const MessageTag unfold_tag = tag();
-  if (r < 2 * rem) {
-    if (r % 2 == 1) {
-      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r - 1, unfold_tag, {bytes_data, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
-    } else {
-      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r + 1, unfold_tag, {bytes_data, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
-    }
-  }
-  return Status();
+  return fold_out(ctx, tag(), data, bytes, rem);
 }
 
 Status recursive_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
                                      ReduceOp op, int64_t mean_divisor) {
   Transport& t = ctx.transport;
   const int n = t.size();
-  const int r = t.rank();
   if (n == 1) {
     if (op == ReduceOp::kMean) divide_in_place(dtype, data, count, mean_divisor);
     return Status();
@@ -356,22 +366,9 @@ Status recursive_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t 
   uint32_t step = 0;
   auto tag = [&] { return ctx.tag.at_step(step++); };
   std::byte* bytes_data = static_cast<std::byte*>(data);
+  TRIBUTARY_ASSIGN_OR_RETURN(const int newrank,
+                             fold_in(ctx, tag(), data, count, dtype, op, mean_divisor, rem));
   std::byte* scratch = scratch_for(ctx, bytes);
-
-  // Fold, as halving-doubling does: among the first 2*rem ranks, each even rank hands its data to
-  // the odd rank after it and waits for the result.
-  const int newrank = r < 2 * rem ? (r % 2 == 1 ? r / 2 : -1) : r - rem;
-  const MessageTag fold_tag = tag();
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r + 1, fold_tag, {bytes_data, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
-    } else {
-      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r - 1, fold_tag, {scratch, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
-      combine(partial_op(op), dtype, data, scratch, count, mean_divisor);
-    }
-  }
   if (newrank >= 0) {
     for (int mask = 1; mask < p; mask *= 2) {
       const int partner = real_rank(newrank ^ mask, rem);
@@ -390,17 +387,7 @@ Status recursive_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t 
   } else {
     step += static_cast<uint32_t>(std::log2(p));  // keep step numbers aligned with the others
   }
-  const MessageTag unfold_tag = tag();
-  if (r < 2 * rem) {
-    if (r % 2 == 1) {
-      TRIBUTARY_ASSIGN_OR_RETURN(Request s, t.isend(r - 1, unfold_tag, {bytes_data, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(s, ctx.deadline));
-    } else {
-      TRIBUTARY_ASSIGN_OR_RETURN(Request q, t.irecv(r + 1, unfold_tag, {bytes_data, bytes}));
-      TRIBUTARY_RETURN_IF_ERROR(t.wait(q, ctx.deadline));
-    }
-  }
-  return Status();
+  return fold_out(ctx, tag(), data, bytes, rem);
 }
 
 Status tree_broadcast(AlgorithmContext& ctx, void* data, size_t bytes, int root) {

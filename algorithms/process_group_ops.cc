@@ -44,7 +44,22 @@ std::vector<OptionDef> transport_group_options() {
                "unless this host runs more ranks than it has cores, where polling steals the CPU "
                "from the peers)",
        .choices = {"auto", "on", "off"}},
+      {.name = "secret_file",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then the "
+               "file TRIBUTARY_SECRET_FILE names; none = no authentication)"},
   };
+}
+
+Capabilities process_group_capabilities() {
+  Capabilities caps;
+  caps.device_types = {DeviceType::kCpu};
+  caps.dtypes.assign(all_dtypes().begin(), all_dtypes().end());
+  caps.ops.assign(all_reduce_ops().begin(), all_reduce_ops().end());
+  caps.collectives.assign(all_collectives().begin(), all_collectives().end());
+  caps.multi_process = true;
+  return caps;
 }
 
 AllReduceAlgorithm parse_algorithm(const std::string& name) {

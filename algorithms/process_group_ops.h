@@ -27,8 +27,11 @@
 namespace tributary::algorithms {
 
 // The options of every backend whose group is a TransportGroup (ring over TCP, ucx): algorithm,
-// segment_bytes, bytes_per_pack and poll, with one help text, so that the backends agree.
+// segment_bytes, bytes_per_pack, poll and secret_file, with one help text, so that they agree.
 std::vector<OptionDef> transport_group_options();
+// What a ProcessGroupOps over host memory offers: CPU devices, every dtype, op and collective,
+// several processes.
+Capabilities process_group_capabilities();
 AllReduceAlgorithm parse_algorithm(
     const std::string& name);  // "ring", "halving_doubling", else auto
 // Checks what the option types cannot say (segment_bytes 0 or at least 4 KiB), naming `backend`.

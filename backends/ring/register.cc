@@ -225,18 +225,8 @@ Status register_ring(BackendRegistry& registry) {
            .default_value = "",
            .help = "address this process listens on and publishes (default: the interface that "
                    "reaches the coordinator)"},
-          {.name = "secret_file",
-           .type = OptionType::kString,
-           .default_value = "",
-           .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then "
-                   "the file TRIBUTARY_SECRET_FILE names; none = no authentication)"},
       });
-  Capabilities caps;
-  caps.device_types = {DeviceType::kCpu};
-  caps.dtypes.assign(all_dtypes().begin(), all_dtypes().end());
-  caps.ops.assign(all_reduce_ops().begin(), all_reduce_ops().end());
-  caps.collectives.assign(all_collectives().begin(), all_collectives().end());
-  caps.multi_process = true;
+  const Capabilities caps = algorithms::process_group_capabilities();
   info.capabilities = caps;
   info.auto_priority = 8;  // below the in-process backends, which "auto" prefers for one process
   info.create = [caps](const BackendContext& context,

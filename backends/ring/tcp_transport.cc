@@ -46,13 +46,6 @@ std::array<uint8_t, 32> proof(const std::string& secret, char role,
   return internal::hmac_sha256(secret, msg);
 }
 
-uint64_t cluster_hash(const std::string& id) {
-  internal::Digest d = internal::sha256(id);
-  uint64_t h = 0;
-  std::memcpy(&h, d.data(), sizeof h);
-  return h;
-}
-
 std::string endpoint_text(const tcp::endpoint& e) {
   return e.address().to_string() + ":" + std::to_string(e.port());
 }
@@ -426,8 +419,8 @@ class TcpSetup {
         store_(store),
         options_(options),
         deadline_(Clock::now() + options.timeout),
-        cluster_(cluster_hash(options.cluster_id)),
-        layout_(cluster_hash(options.layout)),
+        cluster_(internal::digest64(options.cluster_id)),
+        layout_(internal::digest64(options.layout)),
         who_("ring transport (rank " + std::to_string(impl.rank) + " of " +
              std::to_string(impl.size) + ")"),
         acceptor_(impl.io) {}

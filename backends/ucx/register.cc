@@ -32,18 +32,7 @@ Status register_ucx(BackendRegistry& registry) {
                "UCX_NET_DEVICES, else all"},
   };
   for (OptionDef& d : algorithms::transport_group_options()) info.options.push_back(std::move(d));
-  info.options.push_back(
-      {.name = "secret_file",
-       .type = OptionType::kString,
-       .default_value = "",
-       .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then the "
-               "file TRIBUTARY_SECRET_FILE names; none = no authentication)"});
-  Capabilities caps;
-  caps.device_types = {DeviceType::kCpu};
-  caps.dtypes.assign(all_dtypes().begin(), all_dtypes().end());
-  caps.ops.assign(all_reduce_ops().begin(), all_reduce_ops().end());
-  caps.collectives.assign(all_collectives().begin(), all_collectives().end());
-  caps.multi_process = true;
+  const Capabilities caps = algorithms::process_group_capabilities();
   info.capabilities = caps;
   info.auto_priority = 6;  // below ring: "auto" keeps ring's shared memory and TCP paths
   info.create = [caps](const BackendContext& context,

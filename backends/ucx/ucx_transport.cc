@@ -43,7 +43,6 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) 
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
-uint64_t fnv1a(const std::string& s) { return fnv1a(s.data(), s.size()); }
 
 uint64_t rank_bits(int rank) { return static_cast<uint64_t>(rank) << kRankShift; }
 
@@ -895,7 +894,7 @@ class UcxSetup {
       Hello& h = mine[static_cast<size_t>(p)];
       h.world = size;
       h.rank = impl_.rank;
-      h.cluster = fnv1a(o.cluster_id);
+      h.cluster = internal::digest64(o.cluster_id);
       h.has_secret = o.secret.empty() ? 0 : 1;
       if (!o.secret.empty()) {
         h.proof =
@@ -967,7 +966,7 @@ class UcxSetup {
       return unavailable(who() + ": " + peer + " does not speak tributary's UCX protocol version " +
                          std::to_string(kProtocolVersion));
     }
-    if (h.cluster != fnv1a(o.cluster_id) || h.world != impl_.size || h.rank != p) {
+    if (h.cluster != internal::digest64(o.cluster_id) || h.world != impl_.size || h.rank != p) {
       return unavailable(who() + ": the process at " + peer +
                          "'s address belongs to another job (cluster, world size or rank "
                          "differ); check the cluster spec");

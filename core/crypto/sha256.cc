@@ -59,6 +59,13 @@ void compress(uint32_t state[8], const uint8_t block[64]) {
 
 }  // namespace
 
+uint64_t digest64(std::string_view text) {
+  const Digest d = sha256(text);
+  uint64_t h = 0;
+  for (int i = 7; i >= 0; --i) h = h << 8 | d[static_cast<size_t>(i)];  // little-endian, as before
+  return h;
+}
+
 Digest sha256(std::string_view data) {
   uint32_t state[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                        0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};

@@ -11,6 +11,9 @@ namespace tributary::internal {
 using Digest = std::array<uint8_t, 32>;
 
 Digest sha256(std::string_view data);
+// The first 8 bytes of sha256(text): a short fingerprint of a setting that peers compare (cluster
+// ids, layouts), not a secret.
+uint64_t digest64(std::string_view text);
 Digest hmac_sha256(std::string_view key, std::string_view message);
 // Compares in time independent of where the digests differ.
 bool digest_equal(const Digest& a, const Digest& b);

@@ -24,6 +24,7 @@
 // error response when possible and the connection is closed; other connections are unaffected.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -32,6 +33,9 @@
 #include "tributary/store.h"
 
 namespace tributary::internal::wire {
+
+// The longest wait the server parks (a year): longer timeouts are clamped to it, on both sides.
+inline constexpr std::chrono::milliseconds kMaxServerWait{std::chrono::hours(24 * 365)};
 
 inline constexpr char kMagic[8] = {'t', 'r', 'i', 'b', 's', 't', 'o', 'r'};
 inline constexpr std::uint32_t kVersion = 1;

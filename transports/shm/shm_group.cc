@@ -39,13 +39,6 @@ const char* verb(Field f) {
   return "";
 }
 
-uint64_t hash64(const std::string& text) {
-  internal::Digest d = internal::sha256(text);
-  uint64_t h = 0;
-  std::memcpy(&h, d.data(), sizeof h);
-  return h;
-}
-
 MessageTag tag_of(const SlotHeader& h) {
   MessageTag t;
   t.sequence = h.sequence;
@@ -431,7 +424,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
     return std::chrono::duration_cast<Store::Duration>(
         std::max(Clock::duration::zero(), deadline - Clock::now()));
   };
-  const uint64_t layout = hash64(options.layout);
+  const uint64_t layout = internal::digest64(options.layout);
   int fd = -1;
   TRIBUTARY_ASSIGN_OR_RETURN(impl->maps[static_cast<size_t>(rank)],
                              Mapping::create(options.slots, options.slot_bytes, layout, &fd));

@@ -1,0 +1,528 @@
+// TcpStoreServer on Boost.Asio (the client, TcpStore, is in tcp_store.cc; the wire format in
+// tcp_store_protocol.h).
+//
+// One io_context on its own thread owns every connection and the key-value map, so the map needs no
+// lock. A blocked get/wait is parked as a Waiter registered under one of its missing keys and
+// answered by the set/add that completes it or by its own timer: no polling. Each connection reads
+// only what has arrived (it waits for readability, then reads what is there), so a length field can
+// never make the server allocate memory the peer has not actually sent.
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>  // before Asio: Boost 1.74's headers use std::exchange without including it
+
+#include "core/store/store_common.h"
+#include "core/store/tcp_store_protocol.h"
+#include "tributary/options.h"
+#include "tributary/store.h"
+
+namespace tributary {
+namespace {
+
+namespace asio = boost::asio;
+namespace wire = internal::wire;
+using asio::ip::tcp;
+using Clock = internal::StoreClock;
+using error_code = boost::system::error_code;
+using std::chrono::milliseconds;
+
+std::string error_frame(const Status& s) {
+  return wire::Writer().u8(static_cast<std::uint8_t>(s.code())).str(s.message()).finish();
+}
+
+// =================================================================================================
+// Server
+// =================================================================================================
+
+class ServerCore;
+class Session;
+
+// A parked get or wait. Registered under exactly one missing key at a time (`registered_key`): when
+// that key arrives the waiter either completes or moves on to its next missing key.
+struct Waiter {
+  explicit Waiter(asio::io_context& ioc) : timer(ioc) {}
+  std::weak_ptr<Session> session;
+  wire::Op op = wire::Op::kGet;
+  std::vector<std::string> keys;
+  std::string registered_key;
+  asio::steady_timer timer;
+  bool done = false;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(ServerCore& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {}
+
+  void start() {
+    error_code ec;
+    socket_.non_blocking(true, ec);
+    if (ec) return close();
+    wait_readable();
+  }
+  void close();
+  void send(std::string frame);
+  // Answers with an error and drops the connection once the answer is written.
+  void reject(const Status& status) {
+    send(error_frame(status));
+    close_after_write_ = true;
+  }
+  // Handles the complete frames buffered so far (stops while a request is parked).
+  void process_input();
+
+  bool hello_done = false;
+  std::shared_ptr<Waiter> waiter;  // the parked request, if any
+
+ private:
+  void wait_readable();
+  void on_readable(const error_code& ec);
+  void write_next();
+
+  ServerCore& server_;
+  tcp::socket socket_;
+  std::string in_;  // received bytes; in_[consumed_..] not handled yet
+  std::size_t consumed_ = 0;
+  std::deque<std::string> out_;
+  bool writing_ = false;
+  bool close_after_write_ = false;
+  bool closed_ = false;
+};
+
+class ServerCore {
+ public:
+  ServerCore() = default;
+  ~ServerCore() { stop(); }
+
+  Status start(const std::string& host, std::uint16_t port, const TcpStoreServerOptions& options);
+  void stop();
+
+  void handle(const std::shared_ptr<Session>& session, std::string_view body);
+  void cancel_waiter(const std::shared_ptr<Waiter>& w);
+  void forget(const std::shared_ptr<Session>& s) { sessions_.erase(s); }
+
+  asio::io_context& ioc() { return ioc_; }
+  const std::string& host() const { return host_; }
+  std::uint16_t port() const { return port_; }
+  std::size_t accepted() const { return accepted_.load(); }
+
+ private:
+  void do_accept();
+  bool has(const std::string& key) const { return data_.find(key) != data_.end(); }
+  const std::string* first_missing(const std::vector<std::string>& keys) const {
+    for (const std::string& k : keys) {
+      if (!has(k)) return &k;
+    }
+    return nullptr;
+  }
+  void park(const std::shared_ptr<Session>& s, wire::Op op, std::vector<std::string> keys,
+            std::uint64_t timeout_ms);
+  void register_waiter(const std::shared_ptr<Waiter>& w, const std::string& key);
+  void unregister_waiter(const std::shared_ptr<Waiter>& w);
+  void finish_waiter(const std::shared_ptr<Waiter>& w);
+  void key_changed(const std::string& key);
+  std::string answer_for(wire::Op op, const std::vector<std::string>& keys) const;
+
+  asio::io_context ioc_{1};  // first member: destroyed last, after everything that refers to it
+  tcp::acceptor acceptor_{ioc_};
+  asio::steady_timer accept_retry_{ioc_};
+  std::string host_;
+  std::uint16_t port_ = 0;
+  std::atomic<std::size_t> accepted_{0};
+  bool stopping_ = false;
+  std::unordered_set<std::shared_ptr<Session>> sessions_;
+  std::map<std::string, std::string, std::less<>> data_;
+  std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiting_;
+  std::jthread thread_;
+};
+
+// --- Session -------------------------------------------------------------------------------------
+
+void Session::close() {
+  if (closed_) return;
+  closed_ = true;
+  if (waiter) server_.cancel_waiter(waiter);
+  waiter.reset();
+  error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  server_.forget(shared_from_this());
+}
+
+void Session::wait_readable() {
+  socket_.async_wait(tcp::socket::wait_read,
+                     [self = shared_from_this()](const error_code& ec) { self->on_readable(ec); });
+}
+
+void Session::on_readable(const error_code& ec) {
+  if (closed_) return;
+  if (ec) return close();
+  error_code rec;
+  std::size_t available = socket_.available(rec);
+  std::size_t want = std::clamp<std::size_t>(available, 4096, 1 << 20);
+  std::size_t old = in_.size();
+  in_.resize(old + want);
+  std::size_t n = socket_.read_some(asio::buffer(in_.data() + old, want), rec);
+  in_.resize(old + n);
+  if (rec == asio::error::would_block || rec == asio::error::try_again) return wait_readable();
+  if (rec) return close();  // end of file, reset: the client went away
+  // A client may send one request ahead while another is parked, but never more than one frame's
+  // worth of bytes; anything beyond that is not our protocol.
+  if (in_.size() - consumed_ > wire::kFrameHeaderBytes + wire::kMaxFrameBytes + (1 << 20)) {
+    return close();
+  }
+  process_input();
+  if (!closed_ && !close_after_write_) wait_readable();
+}
+
+void Session::process_input() {
+  auto self = shared_from_this();  // handle() may close this session
+  while (!closed_ && !close_after_write_ && !waiter) {
+    std::size_t available = in_.size() - consumed_;
+    if (available < wire::kFrameHeaderBytes) break;
+    std::uint32_t length = wire::read_frame_length(in_.data() + consumed_);
+    if (length == 0 || length > wire::kMaxFrameBytes) {
+      reject(invalid_argument("request frame of " + std::to_string(length) +
+                              " bytes is outside 1.." + std::to_string(wire::kMaxFrameBytes) +
+                              "; is this client a tributary TcpStore of the same version?"));
+      break;
+    }
+    if (available < wire::kFrameHeaderBytes + length) break;
+    std::string_view body(in_.data() + consumed_ + wire::kFrameHeaderBytes, length);
+    consumed_ += wire::kFrameHeaderBytes + length;
+    server_.handle(self, body);
+  }
+  if (consumed_ == in_.size()) {
+    in_.clear();
+    consumed_ = 0;
+    if (in_.capacity() > (1 << 20)) in_.shrink_to_fit();  // do not keep a 64 MiB value's buffer
+  } else if (consumed_ > (1 << 20)) {
+    in_.erase(0, consumed_);
+    consumed_ = 0;
+  }
+}
+
+void Session::send(std::string frame) {
+  if (closed_) return;
+  out_.push_back(std::move(frame));
+  if (!writing_) write_next();
+}
+
+void Session::write_next() {
+  if (closed_) return;
+  if (out_.empty()) {
+    writing_ = false;
+    if (close_after_write_) close();
+    return;
+  }
+  writing_ = true;
+  asio::async_write(socket_, asio::buffer(out_.front()),
+                    [self = shared_from_this()](const error_code& ec, std::size_t) {
+                      if (self->closed_) return;
+                      if (ec) return self->close();
+                      self->out_.pop_front();
+                      self->write_next();
+                    });
+}
+
+// --- ServerCore ----------------------------------------------------------------------------------
+
+Status ServerCore::start(const std::string& host, std::uint16_t port,
+                         const TcpStoreServerOptions& options) {
+  host_ = host;
+  std::string where = (host.empty() ? std::string("0.0.0.0") : host) + ":" + std::to_string(port);
+  try {
+    std::vector<tcp::endpoint> endpoints;
+    if (host.empty() || host == "0.0.0.0") {
+      endpoints.emplace_back(tcp::v4(), port);
+    } else if (host == "::") {
+      endpoints.emplace_back(tcp::v6(), port);
+    } else {
+      error_code ec;
+      tcp::resolver resolver(ioc_);
+      auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
+      if (ec) {
+        return unavailable("TcpStore server: cannot resolve '" + host + "' to listen on: " +
+                           ec.message() + "; give an address of this host, or 0.0.0.0 for all");
+      }
+      for (const auto& r : results) endpoints.push_back(r.endpoint());
+    }
+    error_code ec;
+    for (const tcp::endpoint& ep : endpoints) {
+      error_code ignored;
+      acceptor_.close(ignored);
+      acceptor_.open(ep.protocol(), ec);
+      if (ec) continue;
+      acceptor_.set_option(tcp::acceptor::reuse_address(true), ignored);
+      acceptor_.bind(ep, ec);
+      if (ec) continue;
+      acceptor_.listen(options.listen_backlog, ec);
+      if (!ec) break;
+    }
+    if (ec || !acceptor_.is_open()) {
+      return unavailable("TcpStore server: cannot listen on " + where + ": " +
+                         (ec ? ec.message() : std::string("no address to bind")) +
+                         "; is another job's store using this port? choose another port, or 0 for "
+                         "any free one");
+    }
+    port_ = acceptor_.local_endpoint(ec).port();
+    if (ec) return unavailable("TcpStore server: cannot read the bound port: " + ec.message());
+    do_accept();
+    thread_ = std::jthread([this] {
+      for (;;) {
+        try {
+          ioc_.run();
+          return;
+        } catch (const std::exception&) {
+          // A handler ran out of memory; the failing connection is lost, the server keeps going.
+        }
+      }
+    });
+  } catch (const std::exception& e) {
+    return unavailable("TcpStore server on " + where + ": " + e.what());
+  }
+  return Status();
+}
+
+void ServerCore::stop() {
+  if (!thread_.joinable()) return;
+  asio::post(ioc_, [this] {
+    stopping_ = true;
+    error_code ignored;
+    acceptor_.close(ignored);
+    accept_retry_.cancel();
+    auto sessions = std::move(sessions_);
+    sessions_.clear();
+    for (const auto& s : sessions) s->close();
+    waiting_.clear();
+    // Handlers still queued are destroyed, not run, when the io_context goes; they only hold
+    // shared_ptrs to closed sessions and waiters.
+    ioc_.stop();
+  });
+  thread_.join();
+}
+
+void ServerCore::do_accept() {
+  acceptor_.async_accept([this](const error_code& ec, tcp::socket socket) {
+    if (stopping_) return;
+    if (ec) {
+      // Out of descriptors and the like: pause instead of spinning, then accept again.
+      accept_retry_.expires_after(milliseconds(50));
+      accept_retry_.async_wait([this](const error_code& e) {
+        if (!e && !stopping_) do_accept();
+      });
+      return;
+    }
+    accepted_++;
+    error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    auto session = std::make_shared<Session>(*this, std::move(socket));
+    sessions_.insert(session);
+    session->start();
+    do_accept();
+  });
+}
+
+void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body) {
+  wire::Reader r(body);
+  auto op = static_cast<wire::Op>(r.u8());
+  auto malformed = [&] {
+    s->reject(invalid_argument("malformed request (type " + std::to_string(int(op)) + ", " +
+                               std::to_string(body.size()) + " bytes)"));
+  };
+  if (!s->hello_done) {
+    std::string_view magic = r.raw(sizeof(wire::kMagic));
+    std::uint32_t version = r.u32();
+    if (op != wire::Op::kHello || !r.done() ||
+        magic != std::string_view(wire::kMagic, sizeof(wire::kMagic))) {
+      return s->reject(
+          invalid_argument("expected a tributary store hello; is this client a "
+                           "tributary TcpStore?"));
+    }
+    if (version != wire::kVersion) {
+      return s->reject(failed_precondition("protocol version mismatch: the client speaks version " +
+                                           std::to_string(version) + ", this server version " +
+                                           std::to_string(wire::kVersion) +
+                                           "; run the same tributary build on every rank"));
+    }
+    s->hello_done = true;
+    return s->send(wire::Writer().u8(0).raw(magic).u32(wire::kVersion).finish());
+  }
+
+  auto key_error = [](std::string_view key) { return internal::validate_store_key(key); };
+  switch (op) {
+    case wire::Op::kSet: {
+      std::string_view key = r.str();
+      std::string_view value = r.str();
+      if (!r.done()) return malformed();
+      Status st = key_error(key);
+      if (st.ok()) st = internal::validate_store_value(key, value.size());
+      if (!st.ok()) return s->send(error_frame(st));
+      data_.insert_or_assign(std::string(key), std::string(value));
+      s->send(wire::Writer().u8(0).finish());
+      return key_changed(std::string(key));
+    }
+    case wire::Op::kGet: {
+      std::uint64_t timeout_ms = r.u64();
+      std::string_view key = r.str();
+      if (!r.done()) return malformed();
+      if (Status st = key_error(key); !st.ok()) return s->send(error_frame(st));
+      std::vector<std::string> keys{std::string(key)};
+      if (has(keys[0]) || timeout_ms == 0) return s->send(answer_for(op, keys));
+      return park(s, op, std::move(keys), timeout_ms);
+    }
+    case wire::Op::kAdd: {
+      std::string_view key = r.str();
+      std::int64_t delta = r.i64();
+      if (!r.done()) return malformed();
+      if (Status st = key_error(key); !st.ok()) return s->send(error_frame(st));
+      auto it = data_.find(key);
+      auto result = internal::add_to_counter(key, it == data_.end() ? nullptr : &it->second, delta);
+      if (!result.ok()) return s->send(error_frame(result.status()));
+      data_.insert_or_assign(std::string(key), std::to_string(*result));
+      s->send(wire::Writer().u8(0).i64(*result).finish());
+      return key_changed(std::string(key));
+    }
+    case wire::Op::kWait:
+    case wire::Op::kCheck: {
+      std::uint64_t timeout_ms = op == wire::Op::kWait ? r.u64() : 0;
+      std::uint32_t n = r.count(4);
+      std::vector<std::string> keys;
+      keys.reserve(n);
+      for (std::uint32_t i = 0; i < n && !r.failed(); ++i) keys.emplace_back(r.str());
+      if (!r.done()) return malformed();
+      for (const std::string& k : keys) {
+        if (Status st = key_error(k); !st.ok()) return s->send(error_frame(st));
+      }
+      if (op == wire::Op::kCheck || first_missing(keys) == nullptr || timeout_ms == 0) {
+        return s->send(answer_for(op, keys));
+      }
+      return park(s, op, std::move(keys), timeout_ms);
+    }
+    case wire::Op::kDelete: {
+      std::string_view key = r.str();
+      if (!r.done()) return malformed();
+      if (Status st = key_error(key); !st.ok()) return s->send(error_frame(st));
+      auto it = data_.find(key);
+      bool existed = it != data_.end();
+      if (existed) data_.erase(it);
+      return s->send(wire::Writer().u8(0).u8(existed ? 1 : 0).finish());
+    }
+    case wire::Op::kHello:
+      break;
+  }
+  s->reject(invalid_argument("unknown request type " + std::to_string(int(op))));
+}
+
+// The OK answer to a get/wait/check, given what the map holds now.
+std::string ServerCore::answer_for(wire::Op op, const std::vector<std::string>& keys) const {
+  wire::Writer w;
+  w.u8(0);
+  if (op == wire::Op::kGet) {
+    auto it = data_.find(keys[0]);
+    if (it == data_.end()) return w.u8(0).finish();
+    return w.u8(1).str(it->second).finish();
+  }
+  std::vector<const std::string*> missing;
+  for (const std::string& k : keys) {
+    if (!has(k)) missing.push_back(&k);
+  }
+  if (op == wire::Op::kCheck) return w.u8(missing.empty() ? 1 : 0).finish();
+  w.u32(static_cast<std::uint32_t>(missing.size()));
+  for (const std::string* k : missing) w.str(*k);
+  return w.finish();
+}
+
+void ServerCore::park(const std::shared_ptr<Session>& s, wire::Op op, std::vector<std::string> keys,
+                      std::uint64_t timeout_ms) {
+  auto w = std::make_shared<Waiter>(ioc_);
+  w->session = s;
+  w->op = op;
+  w->keys = std::move(keys);
+  s->waiter = w;
+  register_waiter(w, *first_missing(w->keys));
+  auto timeout = std::min<std::uint64_t>(timeout_ms, wire::kMaxServerWait.count());
+  w->timer.expires_after(milliseconds(timeout));
+  w->timer.async_wait([this, w](const error_code& ec) {
+    if (ec || w->done) return;
+    finish_waiter(w);  // timed out: answers with whatever is still missing
+  });
+}
+
+void ServerCore::register_waiter(const std::shared_ptr<Waiter>& w, const std::string& key) {
+  w->registered_key = key;
+  waiting_[key].push_back(w);
+}
+
+void ServerCore::unregister_waiter(const std::shared_ptr<Waiter>& w) {
+  auto it = waiting_.find(w->registered_key);
+  if (it == waiting_.end()) return;
+  auto& list = it->second;
+  list.erase(std::remove(list.begin(), list.end(), w), list.end());
+  if (list.empty()) waiting_.erase(it);
+}
+
+void ServerCore::cancel_waiter(const std::shared_ptr<Waiter>& w) {
+  if (w->done) return;
+  w->done = true;
+  w->timer.cancel();
+  unregister_waiter(w);
+}
+
+void ServerCore::finish_waiter(const std::shared_ptr<Waiter>& w) {
+  cancel_waiter(w);
+  auto s = w->session.lock();
+  if (!s) return;
+  s->waiter.reset();
+  s->send(answer_for(w->op, w->keys));
+  // Requests the client sent meanwhile are handled from the event loop, not from inside set().
+  asio::post(ioc_, [s] { s->process_input(); });
+}
+
+void ServerCore::key_changed(const std::string& key) {
+  auto it = waiting_.find(key);
+  if (it == waiting_.end()) return;
+  std::vector<std::shared_ptr<Waiter>> list = std::move(it->second);
+  waiting_.erase(it);
+  for (const auto& w : list) {
+    if (w->done) continue;
+    w->registered_key.clear();
+    if (const std::string* next = first_missing(w->keys)) {
+      register_waiter(w, *next);
+    } else {
+      finish_waiter(w);
+    }
+  }
+}
+
+}  // namespace
+
+struct TcpStoreServer::Impl {
+  ServerCore core;
+};
+
+TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpStoreServer::~TcpStoreServer() = default;
+const std::string& TcpStoreServer::host() const { return impl_->core.host(); }
+std::uint16_t TcpStoreServer::port() const { return impl_->core.port(); }
+std::size_t TcpStoreServer::num_connections_accepted() const { return impl_->core.accepted(); }
+
+StatusOr<std::unique_ptr<TcpStoreServer>> TcpStore::create_server(const std::string& host,
+                                                                  std::uint16_t port,
+                                                                  TcpStoreServerOptions options) {
+  auto impl = std::make_unique<TcpStoreServer::Impl>();
+  TRIBUTARY_RETURN_IF_ERROR(impl->core.start(host, port, options));
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+}  // namespace tributary
