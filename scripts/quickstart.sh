@@ -16,7 +16,7 @@ echo "== tributary-bench: all-reduce across 4 CPU replicas, every in-process bac
 "$build/bench/tributary-bench" --replicas 4 -b 8 -e 64M --ceiling \
   --json "$out/allreduce.json" --csv "$out/allreduce.csv" --plot "$out/allreduce.png"
 echo
-echo "== tributary-bench: all-reduce across 2 local processes: ring (shared memory), ring:intra_host=net (TCP loopback), gloo =="
+echo "== tributary-bench: all-reduce across 2 local processes: ring (shared memory), ring:intra_host=net (TCP loopback), ucx, gloo =="
 "$build/bench/tributary-bench" --np 2 --replicas 1 -b 8 -e 64M --ceiling \
   --json "$out/allreduce_np2.json" --csv "$out/allreduce_np2.csv" --plot "$out/allreduce_np2.png"
 echo

@@ -1,5 +1,6 @@
 #include "transports/shm/shm_group.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -158,6 +159,15 @@ struct ShmGroup::Impl {
           TRIBUTARY_CPU_RELAX();
         }
       } while (Clock::now() < spin_until);
+    }
+    if (options.yield.count() > 0) {
+      // More ranks than cores: give the core away at once, so that the rank this one waits for
+      // can run, but stay runnable (a futex wake-up costs more than the wait often lasts).
+      const auto yield_until = Clock::now() + options.yield;
+      do {
+        if (a.load(std::memory_order_acquire) >= value) return Status();
+        sched_yield();
+      } while (Clock::now() < yield_until);
     }
     Control& c = ctl(r);
     while (a.load(std::memory_order_acquire) < value) {

@@ -19,7 +19,9 @@
 // slot traffic stays in the caches), the floor that an in-process all-reduce has; with `slots` > 1
 // a rank stages the next chunk while slower peers finish this one.
 //
-// Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), then
+// Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
+// more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
+// make progress, but this one stays runnable: no wake-up latency), then
 // sleeps on the peer's futex word, waking at least every millisecond to check the deadline,
 // whether a peer gave up (its reason is in its segment), and whether a peer process has exited
 // (a pidfd); each ends the collective with an error naming the rank and the collective. After an
@@ -46,7 +48,9 @@ struct ShmGroupOptions {
   size_t slots = 4;                       // at least 2
   size_t small_bytes = size_t{16} << 10;  // all-reduces up to this size take the one-step path
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};  // poll before sleeping
-  std::chrono::nanoseconds timeout{std::chrono::minutes(5)};     // setup deadline
+  // Then poll with sched_yield() for this long before sleeping (for more ranks than cores).
+  std::chrono::nanoseconds yield{0};
+  std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
   std::string layout;  // what every rank must agree on, as text (named in the mismatch message)
   // Global ranks of the members, in local-rank order, for messages ("rank 3 exited ...").
   std::vector<int> global_ranks;
