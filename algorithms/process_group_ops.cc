@@ -41,8 +41,8 @@ std::vector<OptionDef> transport_group_options() {
        .type = OptionType::kEnum,
        .default_value = "auto",
        .help = "whether a wait polls 50 us before sleeping: on (lowest latency), off, or auto (on "
-               "unless this host runs more ranks than it has cores, where polling steals the CPU "
-               "from the peers)",
+               "unless this host runs more ranks than it has cores, where polling would steal the "
+               "CPU from the peers: it then yields the core between polls for up to 1 ms)",
        .choices = {"auto", "on", "off"}},
       {.name = "secret_file",
        .type = OptionType::kString,

@@ -103,6 +103,12 @@ std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendCon
   return local_ranks(context) <= cores ? on : std::chrono::nanoseconds(0);
 }
 
+std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendContext& context) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return mode == "auto" && local_ranks(context) > cores ? std::chrono::milliseconds(1)
+                                                        : std::chrono::nanoseconds(0);
+}
+
 std::string interface_towards(const std::string& coordinator) {
   if (coordinator == "::1" || coordinator == "[::1]") return "::1";
   if (is_loopback_name(coordinator)) return "127.0.0.1";

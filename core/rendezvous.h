@@ -27,6 +27,10 @@ int local_ranks(const BackendContext& context);
 // "auto" 50 us unless this host runs more ranks than it has cores (polling would then steal the
 // CPU from the peers).
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context);
+// How long a wait then polls with sched_yield() before sleeping: 1 ms when `mode` is "auto" and
+// this host runs more ranks than it has cores (the rank being waited for gets the core, and no
+// wake-up is paid when it answers, as Open MPI does when oversubscribed), else none.
+std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendContext& context);
 
 // The local address (IPv4 or IPv6, as text) of the interface that routes to `coordinator`; no
 // packet is sent. Loopback coordinators ("", "localhost", 127.x, "::1") give the loopback of their

@@ -79,6 +79,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.layout = layout_text(context, options);
   t.timeout = options.get_duration("timeout");
   t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
+  t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   TRIBUTARY_ASSIGN_OR_RETURN(auto transport, backends::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(

@@ -1,5 +1,6 @@
 #include "backends/ring/tcp_transport.h"
 
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -357,6 +358,15 @@ struct TcpTransport::Impl {
       io.poll();
       if (done()) return true;
     }
+    if (yield.count() > 0 && !writer_busy) {
+      const Deadline yield_until = std::min(deadline, Clock::now() + yield);
+      while (Clock::now() < yield_until) {
+        if (io.stopped()) io.restart();
+        io.poll();
+        if (done()) return true;
+        sched_yield();
+      }
+    }
     while (!done()) {
       if (io.stopped()) io.restart();
       if (io.run_one_until(deadline) == 0 && Clock::now() >= deadline) return done();
@@ -364,6 +374,7 @@ struct TcpTransport::Impl {
     return true;
   }
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
+  std::chrono::nanoseconds yield{0};
 };
 
 // --- setup ---------------------------------------------------------------------------------------
@@ -695,6 +706,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
   impl->rank = rank;
   impl->size = size;
   impl->spin = options.poll_before_sleep;
+  impl->yield = options.yield_before_sleep;
   impl->sockets_per_peer = sockets;
   impl->conns.resize(static_cast<size_t>(size) * static_cast<size_t>(sockets));
   if (size > 1) {

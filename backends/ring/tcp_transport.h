@@ -37,10 +37,10 @@
 namespace tributary::backends {
 
 struct TcpTransportOptions {
-  std::string host;        // address to publish; "" = the interface that reaches the coordinator
-  std::string coordinator; // the store's host, used to pick the interface when host is ""
-  std::string secret;      // "" = no authentication
-  std::string cluster_id;  // ranks of different jobs refuse each other
+  std::string host;         // address to publish; "" = the interface that reaches the coordinator
+  std::string coordinator;  // the store's host, used to pick the interface when host is ""
+  std::string secret;       // "" = no authentication
+  std::string cluster_id;   // ranks of different jobs refuse each other
   // What every rank must agree on besides the cluster (local replica count, algorithm options):
   // ranks whose layout differs refuse each other at setup with a message naming both.
   std::string layout;
@@ -48,6 +48,8 @@ struct TcpTransportOptions {
   // How long a wait polls before sleeping in epoll: a message is often microseconds away and
   // waking costs more, but polling steals the CPU from peers when ranks outnumber cores.
   std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
+  // Then how long it polls with sched_yield() before sleeping (more ranks than cores).
+  std::chrono::nanoseconds yield_before_sleep{0};
   // TCP connections to each peer, 1 to 16; large messages are striped across them. Every rank must
   // use the same number (it is checked at setup, naming both values).
   int sockets_per_peer = 1;

@@ -51,6 +51,7 @@ Status register_ucx(BackendRegistry& registry) {
       t.layout = algorithms::transport_group_layout(context, options) + ",tls=" + t.tls;
       t.timeout = options.get_duration("timeout");
       t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
+      t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
       TRIBUTARY_ASSIGN_OR_RETURN(auto transport, backends::UcxTransport::create(
                                                      *store, context.rank, context.world_size, t));
       group = std::make_unique<algorithms::TransportGroup>(

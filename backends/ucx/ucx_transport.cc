@@ -1,6 +1,7 @@
 #include "backends/ucx/ucx_transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/random.h>
 #include <ucp/api/ucp.h>
 
@@ -424,6 +425,7 @@ struct UcxTransport::Impl {
   template <typename Done>
   Status drive(Done&& done, Deadline deadline, const Op* op, const std::string& what) {
     const auto spin_until = Clock::now() + options.poll_before_sleep;
+    const auto yield_until = spin_until + options.yield_before_sleep;
     for (;;) {
       progress();
       if (done()) return Status();
@@ -435,7 +437,11 @@ struct UcxTransport::Impl {
                                  "; the peer may be stuck, slow or gone (raise the backend's "
                                  "timeout if it is only slow)");
       }
-      if (now >= spin_until) sleep_until(deadline);
+      if (now >= yield_until) {
+        sleep_until(deadline);
+      } else if (now >= spin_until) {
+        sched_yield();
+      }
     }
   }
 

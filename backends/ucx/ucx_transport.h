@@ -36,7 +36,8 @@
 // with "rank N gave up: <reason>" instead of at their deadline. UCX's status codes are translated
 // to tributary's in one place (ucx_status below), keeping UCX's text.
 //
-// Waits: progress is polled for `poll_before_sleep`, then the thread sleeps on the worker's event
+// Waits: progress is polled for `poll_before_sleep`, then with sched_yield() between polls for
+// `yield_before_sleep` (more ranks than cores), then the thread sleeps on the worker's event
 // descriptor (UCP wakeup) in slices of at most 100 ms, checking the deadline between slices.
 #pragma once
 
@@ -58,6 +59,7 @@ struct UcxTransportOptions {
   std::string host_id;      // internal::host_id(): peers with the same one share memory
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
   std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
+  std::chrono::nanoseconds yield_before_sleep{0};  // then polls with sched_yield() this long
 };
 
 class UcxTransport final : public algorithms::Transport {
