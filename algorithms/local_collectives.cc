@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/parallel.h"
 #include "algorithms/reduce_kernels.h"
 
 namespace tributary::algorithms {
@@ -50,8 +51,9 @@ Status local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<const T
   }
   for (size_t i = 0; i < srcs.size(); ++i) s[i] = srcs[i].data();
   for (size_t i = 0; i < dsts.size(); ++i) d[i] = dsts[i].data();
-  reduce(op, srcs[0].dtype(), std::span<const void* const>(s.data(), s.size()),
-         std::span<void* const>(d.data(), d.size()), static_cast<size_t>(count), mean_divisor);
+  parallel_reduce(op, srcs[0].dtype(), std::span<const void* const>(s.data(), s.size()),
+                  std::span<void* const>(d.data(), d.size()), static_cast<size_t>(count),
+                  mean_divisor);
   return Status();
 }
 
@@ -60,7 +62,7 @@ Status local_copy(const Tensor& src, std::span<const Tensor> dsts) {
   TRIBUTARY_RETURN_IF_ERROR(require_host(dsts));
   const size_t bytes = src.nbytes();
   for (const Tensor& d : dsts) {
-    if (bytes != 0 && d.data() != src.data()) std::memcpy(d.data(), src.data(), bytes);
+    if (bytes != 0 && d.data() != src.data()) parallel_copy(d.data(), src.data(), bytes);
   }
   return Status();
 }

@@ -589,8 +589,11 @@ size_t accumulator_size(DType dtype) {
   }
 }
 
+// `forced`: `forced_mask` says which destinations stream (the caller saw the whole output, of
+// which this call is one block).
 void reduce_impl(ReduceOp op, DType dtype, std::span<const void* const> srcs,
-                 std::span<void* const> dsts, size_t count, int64_t mean_divisor, bool portable) {
+                 std::span<void* const> dsts, size_t count, int64_t mean_divisor, bool portable,
+                 bool forced = false, uint64_t forced_mask = 0) {
   assert(!srcs.empty());
   assert(op != ReduceOp::kMean || mean_divisor >= 1);
   if (count == 0 || dsts.empty() || srcs.empty()) return;
@@ -603,8 +606,8 @@ void reduce_impl(ReduceOp op, DType dtype, std::span<const void* const> srcs,
   const bool mean = op == ReduceOp::kMean && mean_divisor != 1;
   // A destination that is also a source was just read, so its lines are in cache and a normal
   // store costs no extra read; only the others bypass the cache.
-  uint64_t streaming_mask = 0;
-  if (bytes >= kStreamingStoreMinBytes) {
+  uint64_t streaming_mask = forced ? forced_mask : 0;
+  if (!forced && bytes >= kStreamingStoreMinBytes) {
     for (size_t j = 0; j < dsts.size() && j < 64; ++j) {
       if (std::find(srcs.begin(), srcs.end(), dsts[j]) == srcs.end()) {
         streaming_mask |= uint64_t{1} << j;
@@ -659,6 +662,13 @@ size_t reduce_block_elements(DType dtype) { return kReduceBlockBytes / accumulat
 void reduce(ReduceOp op, DType dtype, std::span<const void* const> srcs,
             std::span<void* const> dsts, size_t count, int64_t mean_divisor) {
   reduce_impl(op, dtype, srcs, dsts, count, mean_divisor, /*portable=*/false);
+}
+
+void reduce_streaming(ReduceOp op, DType dtype, std::span<const void* const> srcs,
+                      std::span<void* const> dsts, size_t count, int64_t mean_divisor,
+                      uint64_t streaming_mask) {
+  reduce_impl(op, dtype, srcs, dsts, count, mean_divisor, /*portable=*/false, /*forced=*/true,
+              streaming_mask);
 }
 
 void reduce_portable_for_testing(ReduceOp op, DType dtype, std::span<const void* const> srcs,

@@ -53,6 +53,13 @@ size_t reduce_block_elements(DType dtype);
 void reduce(ReduceOp op, DType dtype, std::span<const void* const> srcs,
             std::span<void* const> dsts, size_t count, int64_t mean_divisor = 1);
 
+// reduce(), with the caller choosing which destinations are written with non-temporal stores (bit
+// j for dsts[j]; x86-64 only): for one block of a larger output (parallel.h), whose size alone
+// would not tell reduce() to stream.
+void reduce_streaming(ReduceOp op, DType dtype, std::span<const void* const> srcs,
+                      std::span<void* const> dsts, size_t count, int64_t mean_divisor,
+                      uint64_t streaming_mask);
+
 // reduce() without the AVX2/F16C loops that x86-64 CPUs which have them run for float16 and
 // bfloat16: the portable loops that other CPUs run, so that tests cover them on any machine.
 // Results are bit-identical to reduce() except for NaN payloads. Other dtypes: same as reduce().

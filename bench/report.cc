@@ -1,10 +1,10 @@
 #include "bench/report.h"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -32,8 +32,10 @@ std::string gp_quote(const std::string& s) {
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
@@ -79,8 +81,8 @@ std::string format_header(const Report& r) {
   const BenchOptions& o = r.options;
   std::string s = "# tributary-bench " + std::string(version()) + ": all_reduce " +
                   std::string(dtype_name(o.dtype)) + " " + std::string(reduce_op_name(o.op)) +
-                  ", " + std::to_string(r.processes) + " process(es) x " + std::to_string(o.replicas) +
-                  " replica(s), ";
+                  ", " + std::to_string(r.processes) + " process(es) x " +
+                  std::to_string(o.replicas) + " replica(s), ";
   s += o.target_seconds > 0 ? "~" + fmt_num("%g", o.target_seconds * 1e3) + " ms per size"
                             : std::to_string(o.iters) + " iters";
   s += ", " + std::to_string(o.warmup_iters) + " warmup, check " + (o.check ? "on" : "off") + "\n";
@@ -90,11 +92,14 @@ std::string format_header(const Report& r) {
   if (r.ceiling.tcp_gbps > 0) {
     s += "# ceiling: loopback TCP " + fmt_num("%.2f", r.ceiling.tcp_gbps) +
          " GB/s each way with traffic both ways; an all-reduce sends and receives 2(n-1)/n of the "
-         "message through each rank's link, so busbw <= " + fmt_num("%.2f", r.ceiling.busbw) +
-         " GB/s (memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s)\n";
+         "message through each rank's link, so busbw <= " +
+         fmt_num("%.2f", r.ceiling.busbw) + " GB/s (memcpy " +
+         fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s)\n";
   } else if (r.ceiling.memcpy_gbps > 0) {
-    s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) +
-         " GB/s (bytes read + written); an in-process all-reduce over " + std::to_string(n) +
+    s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s on " +
+         std::to_string(r.ceiling.cores) + " cores (" +
+         fmt_num("%.2f", r.ceiling.memcpy_one_core_gbps) +
+         " GB/s on one; bytes read + written); an in-process all-reduce over " + std::to_string(n) +
          " replicas reads and writes every byte once, so algbw <= " +
          fmt_num("%.2f", r.ceiling.algbw) + " GB/s, busbw <= " + fmt_num("%.2f", r.ceiling.busbw) +
          " GB/s\n";
@@ -104,8 +109,8 @@ std::string format_header(const Report& r) {
 
 std::string format_table(const Report& r, const BackendResult& b) {
   std::string s = "#\n# backend: " + b.spec + "  (" + std::to_string(b.processes) +
-                  " process(es) x " + std::to_string(b.replicas) + " replica(s) = " +
-                  std::to_string(b.in_sync()) + " in sync)\n";
+                  " process(es) x " + std::to_string(b.replicas) +
+                  " replica(s) = " + std::to_string(b.in_sync()) + " in sync)\n";
   if (!b.skipped.empty()) return s + "# skipped: " + b.skipped + "\n";
   (void)r;
   char line[256];
@@ -115,9 +120,9 @@ std::string format_table(const Report& r, const BackendResult& b) {
                 "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "time",
                 "algbw", "busbw", "#wrong");
   s += line;
-  std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n",
-                "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-                "(GB/s)", "");
+  std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)",
+                "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+                "");
   s += line;
   for (const Row& row : b.rows) {
     std::snprintf(line, sizeof line,
@@ -160,14 +165,17 @@ Status write_json(const Report& r, const std::string& path) {
                     {"memory_gib", r.machine.memory_gib}};
   if (r.ceiling.memcpy_gbps > 0) {
     doc["ceiling"] = {{"memcpy_gbps", r.ceiling.memcpy_gbps},
+                      {"memcpy_one_core_gbps", r.ceiling.memcpy_one_core_gbps},
+                      {"cores", r.ceiling.cores},
                       {"loopback_tcp_gbps", r.ceiling.tcp_gbps},
                       {"allreduce_algbw_gbps", r.ceiling.algbw},
                       {"allreduce_busbw_gbps", r.ceiling.busbw}};
   }
   json backends = json::array();
   for (const BackendResult& b : r.results) {
-    json jb = {{"requested", b.requested}, {"spec", b.spec},        {"processes", b.processes},
-               {"replicas", b.replicas},   {"in_sync", b.in_sync()}, {"skipped", b.skipped},
+    json jb = {{"requested", b.requested},       {"spec", b.spec},
+               {"processes", b.processes},       {"replicas", b.replicas},
+               {"in_sync", b.in_sync()},         {"skipped", b.skipped},
                {"avg_busbw_gbps", b.avg_busbw()}};
     json rows = json::array();
     for (const Row& row : b.rows) {
@@ -218,7 +226,8 @@ Status write_plot(const Report& r, const std::string& path) {
   std::vector<const BackendResult*> drawn;
   for (const BackendResult& b : r.results) {
     if (!b.skipped.empty() || b.rows.empty()) continue;
-    for (const Row& row : b.rows) data << row.bytes << ' ' << row.busbw[0] << ' ' << row.busbw[1] << "\n";
+    for (const Row& row : b.rows)
+      data << row.bytes << ' ' << row.busbw[0] << ' ' << row.busbw[1] << "\n";
     data << "\n\n";  // gnuplot data blocks, one per backend
     drawn.push_back(&b);
   }
@@ -236,8 +245,10 @@ Status write_plot(const Report& r, const std::string& path) {
   if (r.ceiling.memcpy_gbps > 0) {
     g << "set arrow from graph 0, first " << r.ceiling.busbw << " to graph 1, first "
       << r.ceiling.busbw << " nohead dashtype 2 lc rgb 'gray40'\n"
-      << "set label '" << (r.ceiling.tcp_gbps > 0 ? "ceiling (loopback TCP)" : "ceiling (memcpy bound)") << " " << fmt_num("%.2f", r.ceiling.busbw)
-      << " GB/s' at graph 0.02, first " << r.ceiling.busbw << " offset 0,0.7 tc rgb 'gray40'\n";
+      << "set label '"
+      << (r.ceiling.tcp_gbps > 0 ? "ceiling (loopback TCP)" : "ceiling (memcpy bound)") << " "
+      << fmt_num("%.2f", r.ceiling.busbw) << " GB/s' at graph 0.02, first " << r.ceiling.busbw
+      << " offset 0,0.7 tc rgb 'gray40'\n";
   }
   g << "plot ";
   for (size_t i = 0; i < drawn.size(); ++i) {

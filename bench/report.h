@@ -41,9 +41,11 @@ struct Machine {
 };
 
 struct Ceiling {
-  double memcpy_gbps = 0;  // bytes read + written per second / 1e9
-  double tcp_gbps = 0;     // loopback TCP, each way with traffic both ways at once (multi-process)
-  double algbw = 0;        // the all-reduce bound they imply
+  double memcpy_gbps = 0;           // bytes read + written per second / 1e9, every core copying
+  double memcpy_one_core_gbps = 0;  // the same with one thread
+  int cores = 0;
+  double tcp_gbps = 0;  // loopback TCP, each way with traffic both ways at once (multi-process)
+  double algbw = 0;     // the all-reduce bound they imply
   double busbw = 0;
 };
 

@@ -7,14 +7,13 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <thread>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench_options.h"
@@ -30,10 +29,13 @@ using Clock = std::chrono::steady_clock;
 double check_value(ReduceOp op, int replica, int64_t i) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kMean: return static_cast<double>((i + 2 * replica) % 3);
+    case ReduceOp::kMean:
+      return static_cast<double>((i + 2 * replica) % 3);
     case ReduceOp::kMin:
-    case ReduceOp::kMax: return static_cast<double>((i * 3 + replica * 5) % 7);
-    case ReduceOp::kProd: return (i + replica) % 8 == 0 ? 2.0 : 1.0;
+    case ReduceOp::kMax:
+      return static_cast<double>((i * 3 + replica * 5) % 7);
+    case ReduceOp::kProd:
+      return (i + replica) % 8 == 0 ? 2.0 : 1.0;
   }
   return 0;
 }
@@ -44,10 +46,18 @@ double expected_value(ReduceOp op, DType dtype, int n, int64_t i) {
     double v = check_value(op, r, i);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kMean: acc += v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMean:
+        acc += v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProd:
+        acc *= v;
+        break;
     }
   }
   if (op == ReduceOp::kMean) {
@@ -113,16 +123,18 @@ class Runner {
       report->results.push_back(std::move(result));
     }
     if (usable == 0) {
-      return specs.size() == 1 ? invalid_argument(last_error)
-                               : invalid_argument("no backend can run this benchmark; last: " +
-                                                  last_error);
+      return specs.size() == 1
+                 ? invalid_argument(last_error)
+                 : invalid_argument("no backend can run this benchmark; last: " + last_error);
     }
     const uint64_t max_bytes = sizes_.back();
     const int64_t max_count = static_cast<int64_t>(max_bytes / dtype_size(o_.dtype));
     for (int r = 0; r < o_.replicas; ++r) {
       Replica rep;
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.in, Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.out, Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.in,
+                                 Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.out,
+                                 Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
       std::memset(rep.in.data(), 0, rep.in.nbytes());  // touch every page before timing
       std::memset(rep.out.data(), 0, rep.out.nbytes());
       replicas_.push_back(std::move(rep));
@@ -153,7 +165,8 @@ class Runner {
  private:
   PerReplica<Tensor> views(int64_t count, bool out) const {
     PerReplica<Tensor> v;
-    for (const Replica& r : replicas_) v.values().push_back((out ? r.out : r.in).tensor().slice(0, count));
+    for (const Replica& r : replicas_)
+      v.values().push_back((out ? r.out : r.in).tensor().slice(0, count));
     return v;
   }
 
@@ -161,7 +174,8 @@ class Runner {
     for (int r = 0; r < o_.replicas; ++r) {
       void* p = replicas_[static_cast<size_t>(r)].in.data();
       const int global = ctx_.rank * o_.replicas + r;
-      for (int64_t i = 0; i < count; ++i) dtype_store(o_.dtype, p, i, check_value(o_.op, global, i));
+      for (int64_t i = 0; i < count; ++i)
+        dtype_store(o_.dtype, p, i, check_value(o_.op, global, i));
     }
     return Status();
   }
@@ -210,7 +224,8 @@ class Runner {
       if (o_.target_seconds > 0) {
         // Size the count from a short probe so that each size takes about the target time.
         TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, 3, &seconds));
-        iters = static_cast<int>(std::clamp(o_.target_seconds / std::max(seconds / 3, 1e-9), 5.0, 1e6));
+        iters =
+            static_cast<int>(std::clamp(o_.target_seconds / std::max(seconds / 3, 1e-9), 5.0, 1e6));
         TRIBUTARY_ASSIGN_OR_RETURN(double agreed, agree(ops, iters, ReduceOp::kMax));
         iters = static_cast<int>(agreed);
       }
@@ -237,7 +252,8 @@ class Runner {
             wrong += got != want;
           }
         }
-        TRIBUTARY_ASSIGN_OR_RETURN(double total, agree(ops, static_cast<double>(wrong), ReduceOp::kSum));
+        TRIBUTARY_ASSIGN_OR_RETURN(double total,
+                                   agree(ops, static_cast<double>(wrong), ReduceOp::kSum));
         row->wrong[k] = static_cast<int64_t>(total);
       }
     }
@@ -253,14 +269,24 @@ class Runner {
 
 int fail(const std::string& message, int code);
 
-// memcpy bandwidth of this machine, counting bytes read and written, on buffers beyond the caches.
-double measure_memcpy_gbps() {
+// memcpy bandwidth of this machine, counting bytes read and written, on buffers beyond the caches,
+// with `threads` threads copying their share of the buffer at once.
+double measure_memcpy_gbps(int threads) {
   const size_t bytes = size_t{256} << 20;
   std::vector<char> a(bytes, 1), b(bytes, 2);
+  const size_t part = bytes / static_cast<size_t>(threads) / 4096 * 4096;
   double best = 0;
   for (int i = 0; i < 5; ++i) {
     auto start = Clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const size_t off = part * static_cast<size_t>(t);
+        std::memcpy(b.data() + off, a.data() + off, t + 1 == threads ? bytes - off : part);
+      });
+    }
+    std::memcpy(b.data(), a.data(), threads == 1 ? bytes : part);
+    for (std::thread& t : pool) t.join();
     double s = std::chrono::duration<double>(Clock::now() - start).count();
     best = std::max(best, 2.0 * static_cast<double>(bytes) / s / 1e9);
     std::swap(a, b);
@@ -275,7 +301,8 @@ double measure_loopback_tcp_gbps() {
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof sa;
-  if (bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || listen(listener, 1) != 0 ||
+  if (bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      listen(listener, 1) != 0 ||
       getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
     close(listener);
     return 0;
@@ -344,8 +371,7 @@ int relaunch(int np, int argc, char** argv) {
                     dir + "); or start the ranks yourself with any launcher or TF_CONFIG",
                 2);
   }
-  std::vector<std::string> args = {launcher, "-n", std::to_string(np), "--no-prefix", "--",
-                                   self};
+  std::vector<std::string> args = {launcher, "-n", std::to_string(np), "--no-prefix", "--", self};
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--np") {
@@ -394,10 +420,13 @@ int main(int argc, char** argv) {
   const bool leader = report.rank == 0;
   if (o.ceiling && leader) {
     const int n = report.processes * o.replicas;
-    report.ceiling.memcpy_gbps = measure_memcpy_gbps();
+    report.ceiling.memcpy_one_core_gbps = measure_memcpy_gbps(1);
+    report.ceiling.cores = report.machine.cores;
+    report.ceiling.memcpy_gbps = measure_memcpy_gbps(std::max(1, report.machine.cores));
     if (report.processes == 1) {
       // All-reduce of S bytes over n in-process replicas moves at least 2nS bytes (read every
-      // input, write every output): time >= 2nS / memcpy, so algbw = S / time <= memcpy / (2n).
+      // input, write every output): time >= 2nS / memcpy (every core copying), so algbw = S / time
+      // <= memcpy / (2n).
       report.ceiling.algbw = report.ceiling.memcpy_gbps / (2.0 * n);
       report.ceiling.busbw = report.ceiling.algbw * bus_factor(n);
     } else {
