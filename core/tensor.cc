@@ -1,5 +1,6 @@
 #include "tributary/tensor.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -10,8 +11,7 @@ namespace tributary {
 int64_t shape_num_elements(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0) return -1;
-    n *= d;
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;  // negative, or beyond int64
   }
   return n;
 }
@@ -97,9 +97,17 @@ StatusOr<Allocator*> allocator_for(const Device& device) {
 
 StatusOr<Buffer> Buffer::allocate(DType dtype, Shape shape, Device device) {
   int64_t n = shape_num_elements(shape);
-  if (n < 0) return invalid_argument("shape " + shape_to_string(shape) + " has a negative dimension");
+  if (n < 0) {
+    return invalid_argument("shape " + shape_to_string(shape) +
+                            " has a negative dimension or more elements than fit in 64 bits");
+  }
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(n), dtype_size(dtype), &bytes) ||
+      bytes > static_cast<size_t>(INT64_MAX)) {
+    return resource_exhausted("a " + std::string(dtype_name(dtype)) + " buffer of shape " +
+                              shape_to_string(shape) + " needs more bytes than fit in 64 bits");
+  }
   TRIBUTARY_ASSIGN_OR_RETURN(Allocator * alloc, allocator_for(device));
-  size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   TRIBUTARY_ASSIGN_OR_RETURN(void* p, alloc->allocate(device, bytes));
   Buffer b;
   b.view_ = Tensor(p, dtype, std::move(shape), std::move(device));

@@ -22,7 +22,8 @@ namespace tributary {
 
 using Shape = std::vector<int64_t>;
 
-// Number of elements of a shape (1 for a scalar shape {}); -1 when a dimension is negative.
+// Number of elements of a shape (1 for a scalar shape {}); -1 when a dimension is negative or the
+// product does not fit in int64.
 int64_t shape_num_elements(const Shape& shape);
 std::string shape_to_string(const Shape& shape);  // "[2, 3]"
 
@@ -75,7 +76,7 @@ class Allocator {
 // The allocator for a device type: CPU always; CUDA when tributary was built with CUDA, else an
 // error that says so. The returned allocators live for the whole program.
 StatusOr<Allocator*> allocator_for(const Device& device);
-bool cuda_available();  // built with CUDA and at least one device visible
+bool cuda_available();    // built with CUDA and at least one device visible
 int cuda_device_count();  // visible CUDA devices; 0 without CUDA
 
 // An owning, move-only buffer. Memory is 64-byte aligned on CPU.

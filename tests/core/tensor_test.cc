@@ -41,6 +41,17 @@ TEST(Buffer, AllocatesAlignedAndMoves) {
 
 TEST(Buffer, Errors) {
   EXPECT_FALSE(Buffer::allocate(DType::kFloat32, Shape{-2}).ok());
+  // Sizes whose element or byte count overflows are refused, never an empty buffer that a
+  // collective then writes past.
+  auto bytes_overflow = Buffer::allocate(DType::kFloat32, Shape{int64_t{1} << 62});
+  ASSERT_FALSE(bytes_overflow.ok());
+  EXPECT_EQ(bytes_overflow.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(bytes_overflow.status().message().find("more bytes than fit"), std::string::npos);
+  auto count_overflow = Buffer::allocate(DType::kInt8, Shape{int64_t{1} << 40, int64_t{1} << 40});
+  ASSERT_FALSE(count_overflow.ok());
+  EXPECT_EQ(count_overflow.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(shape_num_elements(Shape{int64_t{1} << 40, int64_t{1} << 40}), -1);
+  EXPECT_EQ(shape_num_elements(Shape{int64_t{1} << 31, int64_t{1} << 31}), int64_t{1} << 62);
   if (!cuda_available()) {
     auto g = Buffer::allocate(DType::kFloat32, Shape{4}, Device::cuda(0));
     EXPECT_FALSE(g.ok());
