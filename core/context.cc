@@ -2,14 +2,26 @@
 #include <string>
 
 #include "tributary/cluster.h"
+#include "tributary/options.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
 
 namespace tributary {
 
 StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Config config,
-                                              std::chrono::milliseconds timeout) {
+                                              std::optional<std::chrono::milliseconds> timeout) {
   if (devices.empty()) return invalid_argument("make_backend_context: the device list is empty");
+  if (!timeout) {
+    timeout = std::chrono::minutes(5);
+    if (std::optional<std::string> text = config.get("TRIBUTARY_TIMEOUT")) {
+      auto d = parse_duration(*text);
+      if (!d.ok() || d->count() <= 0) {
+        return invalid_argument("TRIBUTARY_TIMEOUT='" + *text +
+                                "' is not a positive duration (e.g. 30s, 5m)");
+      }
+      timeout = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+    }
+  }
   TRIBUTARY_ASSIGN_OR_RETURN(ClusterSpec cluster, resolve_cluster_spec(config));
   BackendContext ctx;
   ctx.devices = std::move(devices);
@@ -20,14 +32,15 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
   ctx.coordinator_host = cluster.coordinator_host;
   ctx.cluster_id = cluster.coordinator_address() + "/" + std::to_string(cluster.world_size);
   StoreOptions options;
-  options.timeout = timeout;
-  options.connect_timeout = timeout;
+  options.timeout = *timeout;
+  options.connect_timeout = *timeout;
   if (cluster.rank == 0) {
-    auto server = TcpStore::create_server("0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port));
+    auto server =
+        TcpStore::create_server("0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port));
     if (!server.ok()) {
-      return server.status().with_context("the chief could not start the rendezvous store on port " +
-                                          std::to_string(cluster.coordinator_port) +
-                                          " (is another job using it? set MASTER_PORT)");
+      return server.status().with_context(
+          "the chief could not start the rendezvous store on port " +
+          std::to_string(cluster.coordinator_port) + " (is another job using it? set MASTER_PORT)");
     }
     ctx.keep_alive = std::shared_ptr<TcpStoreServer>(std::move(server).value());
   }

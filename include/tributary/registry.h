@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,10 +25,10 @@ namespace tributary {
 
 struct BackendInfo {
   std::string name;
-  std::string summary;                // one line for listings
-  std::vector<OptionDef> options;     // the backend's own; common_options() are added to every backend
+  std::string summary;             // one line for listings
+  std::vector<OptionDef> options;  // the backend's own; common_options() are added to every backend
   Capabilities capabilities;
-  int auto_priority = 0;              // "auto" prefers higher
+  int auto_priority = 0;  // "auto" prefers higher
   // OK when the backend can serve `context` on this machine, else why not.
   std::function<Status(const BackendContext&)> check_available;
   std::function<StatusOr<std::unique_ptr<CrossDeviceOps>>(const BackendContext&, Options)> create;
@@ -64,9 +65,11 @@ BackendRegistry builtin_backends();
 // A context for `devices` (this process's replicas) in the cluster described by `config`
 // (resolve_cluster_spec: TRIBUTARY_RANK..., TF_CONFIG, torchrun, Open MPI, Slurm). With more than
 // one process, the chief (rank 0) starts the rendezvous store server on the coordinator port and
-// every process connects to it, retrying until `timeout`.
-StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Config config,
-                                              std::chrono::milliseconds timeout =
-                                                  std::chrono::minutes(5));
+// every process connects to it, retrying until `timeout`: when not given, the config's
+// TRIBUTARY_TIMEOUT (as for every backend), else 5 minutes. A malformed TRIBUTARY_TIMEOUT is an
+// error naming it.
+StatusOr<BackendContext> make_backend_context(
+    std::vector<Device> devices, Config config,
+    std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
 }  // namespace tributary

@@ -1,5 +1,10 @@
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -8,6 +13,7 @@
 
 #include "core/hostlist.h"
 #include "tributary/cluster.h"
+#include "tributary/registry.h"
 
 namespace tributary {
 namespace {
@@ -694,6 +700,44 @@ TEST(ClusterSpec, EnvironmentSnapshotCapturesLauncherVariables) {
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->source, "torchrun");
   EXPECT_EQ(s->coordinator_address(), "127.0.0.1:29555");
+}
+
+}  // namespace
+}  // namespace tributary
+
+namespace tributary {
+namespace {
+
+// A rank whose chief never comes up gives up after TRIBUTARY_TIMEOUT, not after 5 minutes.
+TEST(MakeBackendContext, StoreConnectHonoursTributaryTimeout) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string port = std::to_string(ntohs(sa.sin_port));
+  ::close(fd);  // nobody listens there now
+  Config config = Config::from_map({{"TRIBUTARY_RANK", "1"},
+                                    {"TRIBUTARY_WORLD_SIZE", "2"},
+                                    {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                    {"TRIBUTARY_MASTER_PORT", port},
+                                    {"TRIBUTARY_TIMEOUT", "1s"}});
+  const auto start = std::chrono::steady_clock::now();
+  auto ctx = make_backend_context({Device::cpu(0)}, config);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_NE(ctx.status().message().find("could not reach the rendezvous store"), std::string::npos)
+      << ctx.status().to_string();
+  EXPECT_LT(seconds, 10.0) << ctx.status().to_string();
+
+  config.set("TRIBUTARY_TIMEOUT", "soon");
+  auto bad = make_backend_context({Device::cpu(0)}, config);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("TRIBUTARY_TIMEOUT='soon'"), std::string::npos);
 }
 
 }  // namespace

@@ -53,8 +53,8 @@ struct MultiWorkerMirroredStrategyOptions {
   CommunicationOptions communication;
   std::optional<Config> config;  // the environment to resolve the cluster from; unset = process env
   const BackendRegistry* registry = nullptr;
-  // How long to wait for every worker at rendezvous.
-  std::chrono::milliseconds startup_timeout = std::chrono::minutes(5);
+  // How long to wait for every worker at rendezvous; unset = TRIBUTARY_TIMEOUT, else 5 minutes.
+  std::optional<std::chrono::milliseconds> startup_timeout;
   // For trainers with their own rendezvous: an already-made context (its devices, rank, world
   // size and store are used; `devices` and `config` are then ignored). Chief = rank 0.
   std::optional<BackendContext> context;
