@@ -126,6 +126,13 @@ Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const
   return Status();
 }
 
+// The largest power of two <= n (n >= 1): the ranks that halving- and recursive doubling run among.
+int largest_power_of_two(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
 // The real rank of halving-doubling's `newrank` when n - p ranks were folded away.
 int real_rank(int newrank, int rem) { return newrank < rem ? newrank * 2 + 1 : newrank + rem; }
 
@@ -187,8 +194,7 @@ double CostModel::all_reduce_seconds(AllReduceAlgorithm algorithm, size_t bytes,
   if (algorithm == AllReduceAlgorithm::kRing) {
     return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * s * beta + (n - 1.0) / n * s * gamma;
   }
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
+  const int p = largest_power_of_two(n);
   const bool folded = p != n;
   const double fold = folded ? 2.0 * alpha + 2.0 * s * beta + s * gamma : 0.0;
   const double levels = std::log2(p);
@@ -286,8 +292,7 @@ Status halving_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t co
   }
   const size_t elem = dtype_size(dtype);
   const size_t bytes = static_cast<size_t>(count) * elem;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
+  const int p = largest_power_of_two(n);
   const int rem = n - p;
   uint32_t step = 0;
   auto tag = [&] { return ctx.tag.at_step(step++); };
@@ -360,8 +365,7 @@ Status recursive_doubling_all_reduce(AlgorithmContext& ctx, void* data, int64_t 
   }
   const size_t elem = dtype_size(dtype);
   const size_t bytes = static_cast<size_t>(count) * elem;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
+  const int p = largest_power_of_two(n);
   const int rem = n - p;
   uint32_t step = 0;
   auto tag = [&] { return ctx.tag.at_step(step++); };

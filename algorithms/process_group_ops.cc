@@ -137,24 +137,24 @@ Status ProcessGroupOps::reduce_everywhere(const CallInfo& call, ReduceOp op,
                             op, n, source);
 }
 
+Status ProcessGroupOps::reduce_to_all(const CallInfo& call, ReduceOp op,
+                                      std::span<const Tensor> inputs,
+                                      std::span<const Tensor> outputs) {
+  Status s = reduce_everywhere(call, op, inputs, outputs[0]);
+  if (s.ok() && outputs.size() > 1) s = local_copy(outputs[0], outputs.subspan(1));
+  return s;
+}
+
 Work ProcessGroupOps::all_reduce_impl(const CallInfo& call, ReduceOp op,
                                       const PerReplica<Tensor>& inputs,
                                       const PerReplica<Tensor>& outputs) {
-  Status s = reduce_everywhere(call, op, inputs.values(), outputs[0]);
-  if (s.ok() && outputs.size() > 1) {
-    s = local_copy(outputs[0], std::span<const Tensor>(outputs.values()).subspan(1));
-  }
-  return finish(std::move(s));
+  return finish(reduce_to_all(call, op, inputs.values(), outputs.values()));
 }
 
 Work ProcessGroupOps::reduce_impl(const CallInfo& call, ReduceOp op,
                                   const PerReplica<Tensor>& value,
                                   const Mirrored<Tensor>& destinations) {
-  Status s = reduce_everywhere(call, op, value.values(), destinations[0]);
-  if (s.ok() && destinations.size() > 1) {
-    s = local_copy(destinations[0], std::span<const Tensor>(destinations.values()).subspan(1));
-  }
-  return finish(std::move(s));
+  return finish(reduce_to_all(call, op, value.values(), destinations.values()));
 }
 
 Status ProcessGroupOps::batch_reduce_packs(const CallInfo& call, ReduceOp op,

@@ -70,6 +70,9 @@ class ProcessGroupOps final : public CrossDeviceOps {
   // Reduces `inputs` (one per local replica) into `result`, then all-reduces it across processes.
   Status reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
                            const Tensor& result);
+  // reduce_everywhere into outputs[0], then a copy to every other output.
+  Status reduce_to_all(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
+                       std::span<const Tensor> outputs);
   Status batch_reduce_packs(const CallInfo& call, ReduceOp op, std::span<const ReducePair> pairs);
   // The group's first error stays the answer to every later collective.
   Work finish(Status s);
