@@ -47,6 +47,11 @@ What to measure:
   --backend SPEC          a backend spec; repeat to compare several in one run (interleaved)
                           default: every in-process backend built in; with --np, every
                           multi-process one, and ring:intra_host=net (TCP) beside ring
+  --reference SPEC        a line that does the same work without tributary, to measure what a
+                          backend costs: yardstick[:threads=N] (one process: a plain threaded
+                          sum), gloo[:algorithm=A,mode=M] (processes: Gloo called directly);
+                          repeat for several; 'none' for none. Default when no --backend is
+                          named: yardstick (one process), gloo (several)
   -r, --replicas N        local replicas per process (CPU devices), default 2
   --np N                  processes (multi-process runs need the multi-worker backends)
   -d, --datatype T        float32 (default), float64, float16, bfloat16, int32, int64, int8, uint8
@@ -102,6 +107,16 @@ StatusOr<BenchOptions> parse_bench_options(int argc, char** argv, bool* help) {
       auto spec = BackendSpec::parse(v);
       if (!spec.ok()) return spec.status();
       o.backends.emplace_back(v);
+    } else if (a == "--reference") {
+      TB_VALUE(v);
+      if (v == "none") {
+        o.references = {"none"};
+        continue;
+      }
+      auto spec = BackendSpec::parse(v);
+      if (!spec.ok()) return spec.status();
+      std::erase(o.references, "none");
+      o.references.emplace_back(v);
     } else if (a == "-r" || a == "--replicas") {
       TB_VALUE(v);
       TRIBUTARY_ASSIGN_OR_RETURN(o.replicas, parse_positive_int(a, v, 1));

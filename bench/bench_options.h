@@ -19,7 +19,9 @@ struct BenchOptions {
   double target_seconds = 0;  // > 0: size the iteration count per size to about this long
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
-  std::vector<std::string> backends;  // specs, in the order given
+  std::vector<std::string> backends;    // specs, in the order given
+  std::vector<std::string> references;  // reference lines (lines.h); empty: the default set
+                                        // when no backend is named either
   int replicas = 2;
   int np = 1;
   bool check = true;

@@ -108,7 +108,7 @@ std::string format_header(const Report& r) {
 }
 
 std::string format_table(const Report& r, const BackendResult& b) {
-  std::string s = "#\n# backend: " + b.spec + "  (" + std::to_string(b.processes) +
+  std::string s = std::string("#\n# ") + (b.reference ? "reference: " : "backend: ") + b.spec + "  (" + std::to_string(b.processes) +
                   " process(es) x " + std::to_string(b.replicas) +
                   " replica(s) = " + std::to_string(b.in_sync()) + " in sync)\n";
   if (!b.skipped.empty()) return s + "# skipped: " + b.skipped + "\n";
@@ -173,7 +173,9 @@ Status write_json(const Report& r, const std::string& path) {
   }
   json backends = json::array();
   for (const BackendResult& b : r.results) {
-    json jb = {{"requested", b.requested},       {"spec", b.spec},
+    json jb = {{"requested", b.requested},
+               {"kind", b.reference ? "reference" : "backend"},
+               {"spec", b.spec},
                {"processes", b.processes},       {"replicas", b.replicas},
                {"in_sync", b.in_sync()},         {"skipped", b.skipped},
                {"avg_busbw_gbps", b.avg_busbw()}};
@@ -254,7 +256,8 @@ Status write_plot(const Report& r, const std::string& path) {
   for (size_t i = 0; i < drawn.size(); ++i) {
     // The spec as the user wrote it: the resolved one (every option) makes a key too wide for
     // gnuplot to draw at all.
-    const std::string& title = drawn[i]->requested.empty() ? drawn[i]->spec : drawn[i]->requested;
+    std::string title = drawn[i]->requested.empty() ? drawn[i]->spec : drawn[i]->requested;
+    if (drawn[i]->reference) title += " (reference)";
     g << (i ? ", " : "") << gp_quote(data_path) << " index " << i
       << " using 1:2 with linespoints lw 2 title " << gp_quote(title);
   }

@@ -24,6 +24,7 @@ struct BackendResult {
   std::string requested;  // as given on the command line
   std::string spec;       // resolved, every option
   std::string skipped;    // why it did not run, or empty
+  bool reference = false;  // a reference line (lines.h), not a tributary backend
   int processes = 1;
   int replicas = 1;  // per process
   std::vector<Row> rows;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/bench_options.h"
+#include "bench/lines.h"
 #include "bench/report.h"
 #include "tributary/tributary.h"
 
@@ -93,39 +94,65 @@ class Runner {
         if (b.name == "ring" && ctx_.world_size > 1) specs.push_back("ring:intra_host=net");
       }
     }
+    std::vector<std::string> references = o_.references;
+    if (references.empty() && o_.backends.empty()) references = default_references(ctx_.world_size);
+    if (references == std::vector<std::string>{"none"}) references.clear();
     int usable = 0;
     std::string last_error;
-    for (const std::string& spec : specs) {
+    const auto add = [&](const std::string& spec, bool reference) {
       BackendResult result;
       result.requested = spec;
       result.spec = spec;
+      result.reference = reference;
       result.processes = ctx_.world_size;
       result.replicas = o_.replicas;
-      auto made = registry.create(spec, ctx_);
-      if (!made.ok()) {
-        result.skipped = made.status().message();
+      std::unique_ptr<Line> line;
+      if (reference) {
+        auto parsed = BackendSpec::parse(spec);
+        auto made = parsed.ok() ? reference_line(*parsed, ctx_, o_.dtype, o_.op)
+                                : StatusOr<std::unique_ptr<Line>>(parsed.status());
+        if (made.ok()) {
+          line = std::move(made).value();
+          result.spec = line->spec();
+        } else {
+          result.skipped = made.status().message();
+        }
       } else {
-        result.spec = (*made)->spec();
-        const Capabilities& caps = (*made)->capabilities();
-        if (!caps.supports(Collective::kAllReduce) || !caps.supports(o_.dtype) ||
-            !caps.supports(o_.op)) {
-          result.skipped = "it cannot all_reduce " + std::string(dtype_name(o_.dtype)) + " " +
-                           std::string(reduce_op_name(o_.op)) + " (" + caps.to_string() + ")";
+        auto made = registry.create(spec, ctx_);
+        if (!made.ok()) {
+          result.skipped = made.status().message();
+        } else {
+          result.spec = (*made)->spec();
+          const Capabilities& caps = (*made)->capabilities();
+          if (!caps.supports(Collective::kAllReduce) || !caps.supports(o_.dtype) ||
+              !caps.supports(o_.op)) {
+            result.skipped = "it cannot all_reduce " + std::string(dtype_name(o_.dtype)) + " " +
+                             std::string(reduce_op_name(o_.op)) + " (" + caps.to_string() + ")";
+          } else {
+            line = backend_line(std::move(made).value());
+            if (!agreement_) agreement_ = line->backend();
+          }
         }
       }
       if (result.skipped.empty()) {
         ++usable;
-        ops_.push_back(std::move(made).value());
       } else {
         last_error = result.spec + ": " + result.skipped;
-        ops_.push_back(nullptr);
       }
+      lines_.push_back(std::move(line));
       report->results.push_back(std::move(result));
-    }
+    };
+    for (const std::string& spec : specs) add(spec, false);
+    for (const std::string& spec : references) add(spec, true);
     if (usable == 0) {
-      return specs.size() == 1
+      return specs.size() + references.size() == 1
                  ? invalid_argument(last_error)
                  : invalid_argument("no backend can run this benchmark; last: " + last_error);
+    }
+    if (!agreement_ && ctx_.world_size > 1) {
+      // The ranks agree on iteration counts and figures through a backend; references only.
+      TRIBUTARY_ASSIGN_OR_RETURN(agreement_owned_, registry.create("auto", ctx_));
+      agreement_ = agreement_owned_.get();
     }
     const uint64_t max_bytes = sizes_.back();
     const int64_t max_count = static_cast<int64_t>(max_bytes / dtype_size(o_.dtype));
@@ -146,15 +173,15 @@ class Runner {
   Status run(Report* report) {
     const bool progress = !o_.quiet && ctx_.rank == 0 && isatty(STDERR_FILENO);
     for (size_t si = 0; si < sizes_.size(); ++si) {
-      for (size_t bi = 0; bi < ops_.size(); ++bi) {
-        if (!ops_[bi]) continue;
+      for (size_t bi = 0; bi < lines_.size(); ++bi) {
+        if (!lines_[bi]) continue;
         if (progress) {
-          std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s (%zu/%zu sizes)", bi + 1, ops_.size(),
-                       ops_[bi]->spec().c_str(), format_size(sizes_[si]).c_str(), si + 1,
+          std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s (%zu/%zu sizes)", bi + 1, lines_.size(),
+                       lines_[bi]->spec().c_str(), format_size(sizes_[si]).c_str(), si + 1,
                        sizes_.size());
         }
         Row row;
-        TRIBUTARY_RETURN_IF_ERROR(measure(*ops_[bi], sizes_[si], &row));
+        TRIBUTARY_RETURN_IF_ERROR(measure(*lines_[bi], sizes_[si], &row));
         report->results[bi].rows.push_back(row);
       }
     }
@@ -180,13 +207,13 @@ class Runner {
     return Status();
   }
 
-  Status timed(CrossDeviceOps& ops, const PerReplica<Tensor>& in, const PerReplica<Tensor>& out,
-               int iters, double* seconds) {
-    const auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(ops.timeout());
+  Status timed(Line& line, const PerReplica<Tensor>& in, const PerReplica<Tensor>& out, int iters,
+               double* seconds) {
+    const auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
     auto start = Clock::now();
     for (int i = 0; i < iters; ++i) {
-      Status s = ops.all_reduce(o_.op, in, out).wait(wait_for);
-      if (!s.ok()) return s.with_context(ops.spec());
+      Status s = line.all_reduce(o_.op, in, out, wait_for);
+      if (!s.ok()) return s.with_context(line.spec());
     }
     *seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return Status();
@@ -194,8 +221,9 @@ class Runner {
 
   // The same value on every rank: max (times, iteration counts) or sum (wrong elements), through
   // the backend under test itself.
-  StatusOr<double> agree(CrossDeviceOps& ops, double value, ReduceOp op) {
-    if (ops.world_size() == 1) return value;
+  StatusOr<double> agree(double value, ReduceOp op) {
+    if (!agreement_ || ctx_.world_size == 1) return value;
+    CrossDeviceOps& ops = *agreement_;
     std::vector<double> v(static_cast<size_t>(ops.num_local_replicas()),
                           op == ReduceOp::kSum ? 0.0 : value);
     v[0] = value;
@@ -208,30 +236,30 @@ class Runner {
     return v[0];
   }
 
-  Status measure(CrossDeviceOps& ops, uint64_t bytes, Row* row) {
+  Status measure(Line& line, uint64_t bytes, Row* row) {
     const int64_t count = static_cast<int64_t>(bytes / dtype_size(o_.dtype));
     row->bytes = bytes;
     row->count = count;
-    const int n = ops.num_replicas_in_sync();
+    const int n = line.num_replicas_in_sync();
     for (int k = 0; k < 2; ++k) {
       const bool in_place = k == 1;
       PerReplica<Tensor> in = views(count, false);
       PerReplica<Tensor> out = in_place ? in : views(count, true);
       TRIBUTARY_RETURN_IF_ERROR(fill(count));
       double seconds = 0;
-      TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, o_.warmup_iters, &seconds));
+      TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, o_.warmup_iters, &seconds));
       int iters = o_.iters;
       if (o_.target_seconds > 0) {
         // Size the count from a short probe so that each size takes about the target time.
-        TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, 3, &seconds));
+        TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, 3, &seconds));
         iters =
             static_cast<int>(std::clamp(o_.target_seconds / std::max(seconds / 3, 1e-9), 5.0, 1e6));
-        TRIBUTARY_ASSIGN_OR_RETURN(double agreed, agree(ops, iters, ReduceOp::kMax));
+        TRIBUTARY_ASSIGN_OR_RETURN(double agreed, agree(iters, ReduceOp::kMax));
         iters = static_cast<int>(agreed);
       }
-      TRIBUTARY_RETURN_IF_ERROR(timed(ops, in, out, iters, &seconds));
+      TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, iters, &seconds));
       // nccl-tests reports the slowest rank's time.
-      TRIBUTARY_ASSIGN_OR_RETURN(seconds, agree(ops, seconds, ReduceOp::kMax));
+      TRIBUTARY_ASSIGN_OR_RETURN(seconds, agree(seconds, ReduceOp::kMax));
       row->iters = iters;
       const double t = seconds / iters;
       row->time_us[k] = t * 1e6;
@@ -242,8 +270,8 @@ class Runner {
         for (const Tensor& t2 : out.values()) {
           if (!in_place) std::memset(t2.data(), 0x5a, t2.nbytes());
         }
-        Status s = ops.all_reduce(o_.op, in, out).wait();
-        if (!s.ok()) return s.with_context(ops.spec());
+        Status s = line.all_reduce(o_.op, in, out, std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
+        if (!s.ok()) return s.with_context(line.spec());
         int64_t wrong = 0;
         for (int64_t i = 0; i < count; ++i) {
           const double want = expected_value(o_.op, o_.dtype, n, i);
@@ -253,7 +281,7 @@ class Runner {
           }
         }
         TRIBUTARY_ASSIGN_OR_RETURN(double total,
-                                   agree(ops, static_cast<double>(wrong), ReduceOp::kSum));
+                                   agree(static_cast<double>(wrong), ReduceOp::kSum));
         row->wrong[k] = static_cast<int64_t>(total);
       }
     }
@@ -263,7 +291,11 @@ class Runner {
   const BenchOptions& o_;
   std::vector<uint64_t> sizes_;
   BackendContext ctx_;
-  std::vector<std::unique_ptr<CrossDeviceOps>> ops_;
+  std::vector<std::unique_ptr<Line>> lines_;  // null where skipped
+  // The backend through which ranks agree on counts and figures (a measured one, or its own).
+  CrossDeviceOps* agreement_ = nullptr;
+  std::unique_ptr<CrossDeviceOps> agreement_owned_;
+  std::chrono::nanoseconds timeout_ = std::chrono::minutes(5);
   std::vector<Replica> replicas_;
 };
 

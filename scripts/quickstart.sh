@@ -12,11 +12,11 @@ cmake --build "$build" -j "$jobs"
 out=${TRIBUTARY_OUT_DIR:-out}
 mkdir -p "$out"
 echo
-echo "== tributary-bench: all-reduce across 4 CPU replicas, every in-process backend, one run =="
+echo "== tributary-bench: all-reduce across 4 CPU replicas, every in-process backend and the yardstick (a plain threaded sum), one run =="
 "$build/bench/tributary-bench" --replicas 4 -b 8 -e 64M --ceiling \
   --json "$out/allreduce.json" --csv "$out/allreduce.csv" --plot "$out/allreduce.png"
 echo
-echo "== tributary-bench: all-reduce across 2 local processes: ring (shared memory), ring:intra_host=net (TCP loopback), ucx, gloo =="
+echo "== tributary-bench: all-reduce across 2 local processes: ring (shared memory), ring:intra_host=net (TCP loopback), ucx, gloo, and Gloo called directly =="
 "$build/bench/tributary-bench" --np 2 --replicas 1 -b 8 -e 64M --ceiling \
   --json "$out/allreduce_np2.json" --csv "$out/allreduce_np2.csv" --plot "$out/allreduce_np2.png"
 echo

@@ -224,22 +224,86 @@ AlgorithmCache::AlgorithmCache(std::shared_ptr<gloo::Context> context, uint64_t 
 
 AlgorithmCache::~AlgorithmCache() { clear(); }
 
+namespace {
+bool same_key(const BoundAlgorithm& e, ClassicKind kind, DType dtype, ReduceOp op, int64_t count,
+              int root, bool user) {
+  return e.kind == kind && e.dtype == dtype && e.op == op && e.count == count && e.root == root &&
+         (e.user != nullptr) == user;
+}
+}  // namespace
+
 BoundAlgorithm& AlgorithmCache::get(ClassicKind kind, DType dtype, ReduceOp op, int64_t count,
                                     int root) {
   if (op == ReduceOp::kMean) op = ReduceOp::kSum;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->kind == kind && it->dtype == dtype && it->op == op && it->count == count &&
-        it->root == root) {
+    if (same_key(*it, kind, dtype, op, count, root, false)) {
       entries_.splice(entries_.begin(), entries_, it);
       return entries_.front();
     }
   }
+  return build(kind, dtype, op, count, root, nullptr);
+}
+
+int AlgorithmCache::bound_place(ClassicKind kind, DType dtype, ReduceOp op, int64_t count,
+                                const void* user) const {
+  if (op == ReduceOp::kMean) op = ReduceOp::kSum;
+  for (const BoundAlgorithm& e : entries_) {
+    if (same_key(e, kind, dtype, op, count, 0, true) && e.user == user) return e.place;
+  }
+  return -1;
+}
+
+BoundAlgorithm& AlgorithmCache::get_bound(ClassicKind kind, DType dtype, ReduceOp op,
+                                          int64_t count, void* user, int agreed_place) {
+  if (op == ReduceOp::kMean) op = ReduceOp::kSum;
+  BindStats& stats = bind_stats_[{kind, dtype, op, count}];
+  auto victim = entries_.end();
+  int used = 0;  // bit p: place p is taken
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (!same_key(*it, kind, dtype, op, count, 0, true)) continue;
+    if (it->place == agreed_place) {
+      if (it->user != user) {
+        // The agreement said this rank's instance at that place runs on `user`; it does not.
+        throw std::logic_error("gloo: the agreed instance is bound to another buffer");
+      }
+      ++stats.reused;
+      entries_.splice(entries_.begin(), entries_, it);
+      return entries_.front();
+    }
+    used |= 1 << it->place;
+    victim = it;  // the last one seen is the key's least recently used
+  }
+  ++stats.rebuilt;
+  int place = 0;
+  while (place < kMaxBoundPerKey && (used & (1 << place))) ++place;
+  if (place == kMaxBoundPerKey) {
+    place = victim->place;
+    bytes_ -= victim->footprint;
+    entries_.erase(victim);
+  }
+  BoundAlgorithm& built = build(kind, dtype, op, count, 0, user);
+  built.place = place;
+  return built;
+}
+
+bool AlgorithmCache::binding_pays(ClassicKind kind, DType dtype, ReduceOp op,
+                                  int64_t count) const {
+  if (op == ReduceOp::kMean) op = ReduceOp::kSum;
+  auto it = bind_stats_.find({kind, dtype, op, count});
+  if (it == bind_stats_.end()) return true;
+  return it->second.rebuilt <= static_cast<uint64_t>(2 * kMaxBoundPerKey) ||
+         it->second.reused >= it->second.rebuilt;
+}
+
+BoundAlgorithm& AlgorithmCache::build(ClassicKind kind, DType dtype, ReduceOp op, int64_t count,
+                                      int root, void* user) {
   const uint64_t message = static_cast<uint64_t>(count) * dtype_size(dtype);
   // All-gather: P blocks of output, then the input block.
   const uint64_t bytes = kind == ClassicKind::kAllGather
                              ? message * (static_cast<uint64_t>(context_->size) + 1)
                              : message;
-  const uint64_t footprint = bytes * (1 + gloo_overhead_factor(kind));
+  // The caller's buffer is not ours to count; Gloo's own buffers are.
+  const uint64_t footprint = bytes * ((user ? 0 : 1) + gloo_overhead_factor(kind));
   // Make room first, so that peak memory stays near the budget. Every rank evicts the same
   // entries at the same call, and all of their sends completed within earlier collectives.
   while (!entries_.empty() && bytes_ + footprint > max_bytes_) {
@@ -255,9 +319,13 @@ BoundAlgorithm& AlgorithmCache::get(ClassicKind kind, DType dtype, ReduceOp op, 
                                            ? static_cast<size_t>(message) * context_->size
                                            : 0,
                        .footprint = footprint};
-  entry.buffer = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  if (user) {
+    entry.user = user;
+  } else {
+    entry.buffer = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  }
   entry.algorithm =
-      make_classic(kind, context_, entry.buffer.get(), static_cast<int>(count), dtype, op, root);
+      make_classic(kind, context_, entry.data(), static_cast<int>(count), dtype, op, root);
   entries_.push_front(std::move(entry));
   bytes_ += footprint;
   return entries_.front();
@@ -265,6 +333,7 @@ BoundAlgorithm& AlgorithmCache::get(ClassicKind kind, DType dtype, ReduceOp op, 
 
 void AlgorithmCache::clear() noexcept {
   entries_.clear();
+  bind_stats_.clear();
   bytes_ = 0;
 }
 

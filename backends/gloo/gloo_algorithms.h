@@ -37,9 +37,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <span>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "tributary/dtype.h"
@@ -108,7 +110,8 @@ enum class ClassicKind : uint8_t {
                // input block (input())
 };
 
-// A classic instance and the host buffer it runs on (`count` elements of `dtype`).
+// A classic instance and the host buffer it runs on (`count` elements of `dtype`): one the cache
+// owns, or the caller's (`user`).
 struct BoundAlgorithm {
   ClassicKind kind;
   DType dtype;
@@ -118,9 +121,11 @@ struct BoundAlgorithm {
   size_t input_offset = 0;  // kAllGather: where input() starts in the buffer
   uint64_t footprint = 0;   // bytes held: the buffer and an estimate of Gloo's own buffers
   std::unique_ptr<std::byte[]> buffer;
+  void* user = nullptr;  // the caller's buffer it runs on, instead of `buffer`
+  int place = -1;        // with `user`: its place among its key's (AlgorithmCache::get_bound)
   AlgorithmPtr algorithm;
 
-  void* data() const { return buffer.get(); }
+  void* data() const { return user ? user : buffer.get(); }
   void* input() const;  // kAllGather: where this process's block goes before run()
   void run();
 };
@@ -139,15 +144,41 @@ class AlgorithmCache {
   // The instance for this call, built on a miss. `op` is the op Gloo applies (SUM for MEAN).
   // count * element size must be in (0, kGlooClassicMaxBytes].
   BoundAlgorithm& get(ClassicKind kind, DType dtype, ReduceOp op, int64_t count, int root = 0);
+
+  // Instances that run on the caller's buffer, so that nothing is copied in or out: up to
+  // kMaxBoundPerKey per (kind, dtype, op, count), each in a numbered place. Which one, if any, is
+  // bound to `user` is a local fact (buffer addresses differ between ranks), so the ranks first
+  // agree on the place, then either all reuse that place's instance or all build a new one in the
+  // same place (a free one, else the key's least recently used); construction (transport slots)
+  // and eviction stay in step on every rank.
+  static constexpr int kMaxBoundPerKey = 4;
+  // The place of this rank's instance for the key that is bound to `user`, or -1.
+  int bound_place(ClassicKind kind, DType dtype, ReduceOp op, int64_t count,
+                  const void* user) const;
+  // `agreed_place` >= 0: every rank answered bound_place() with it; returns that instance. -1:
+  // builds one over `user` in place of the key's free or least recently used one.
+  BoundAlgorithm& get_bound(ClassicKind kind, DType dtype, ReduceOp op, int64_t count, void* user,
+                            int agreed_place);
+  // Whether binding still pays for the key: false once its instances were rebuilt more often
+  // than reused (buffers that change every call; the copying path is cheaper then). Decided from
+  // agreed outcomes only, so it is the same on every rank.
+  bool binding_pays(ClassicKind kind, DType dtype, ReduceOp op, int64_t count) const;
   // Destroys every instance.
   void clear() noexcept;
   size_t size() const { return entries_.size(); }
 
  private:
+  BoundAlgorithm& build(ClassicKind kind, DType dtype, ReduceOp op, int64_t count, int root,
+                        void* user);
+
   std::shared_ptr<gloo::Context> context_;
   uint64_t max_bytes_;
   uint64_t bytes_ = 0;
   std::list<BoundAlgorithm> entries_;  // most recently used first
+  struct BindStats {
+    uint64_t reused = 0, rebuilt = 0;
+  };
+  std::map<std::tuple<ClassicKind, DType, ReduceOp, int64_t>, BindStats> bind_stats_;
 };
 
 }  // namespace tributary::backends

@@ -55,13 +55,16 @@ struct Fingerprint {
   uint8_t op = 0;
   uint8_t dtype = 0;
   uint8_t valid = 0;
-  uint32_t magic = 0;
+  uint8_t bound = 0;  // the binding's place on this rank + 1 (GlooOps::Binding), 0 for none
+  uint8_t reserved = 0;
+  uint16_t magic = 0;
 };
 static_assert(sizeof(Fingerprint) == 32);
-constexpr uint32_t kFingerprintMagic = 0x676c6f6f;  // "gloo"
+constexpr uint16_t kFingerprintMagic = 0x676f;  // "go"
 
-Fingerprint fingerprint_of(const CallInfo& call, int root, int local_replicas) {
+Fingerprint fingerprint_of(const CallInfo& call, int root, int local_replicas, int place) {
   Fingerprint f;
+  f.bound = static_cast<uint8_t>(place + 1);
   f.sequence = call.sequence;
   f.count = call.count;
   f.root = root;
@@ -240,7 +243,7 @@ bool GlooOps::runs_unbound(const CallInfo& call) const {
   return !classic_kind(resolve(static_cast<uint64_t>(call.count) * dtype_size(call.dtype)));
 }
 
-Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound) {
+Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Binding* binding) {
   if (!verify_ || !gloo_) return Status();
   unbound = unbound && !sync_;
   // Every rank fills its own row of a table that all of them then hold. The exchange goes the way
@@ -249,7 +252,7 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound) {
   const size_t n = static_cast<size_t>(world_size());
   std::vector<Fingerprint> all(n);
   if (unbound) {
-    all[static_cast<size_t>(rank())] = fingerprint_of(call, root, num_local_replicas());
+    all[static_cast<size_t>(rank())] = fingerprint_of(call, root, num_local_replicas(), -1);
     // Its own tag space (high bit), apart from the collectives' tags.
     unbound_all_gather(gloo_, all.data(), sizeof(Fingerprint), tag(call) | 0x80000000u,
                        call_timeout(call));
@@ -260,12 +263,19 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound) {
     BoundAlgorithm& table = cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64,
                                         ReduceOp::kSum, static_cast<int64_t>(n * kWords));
     auto* rows = static_cast<Fingerprint*>(table.data());
-    std::fill(rows, rows + n, Fingerprint{});
-    rows[rank()] = fingerprint_of(call, root, num_local_replicas());
+    std::fill(rows, rows + n, Fingerprint{});  // all zero: only each rank's own row is summed
+    rows[rank()] =
+        fingerprint_of(call, root, num_local_replicas(), binding ? binding->here : -1);
     table.run();
     std::copy(rows, rows + n, all.begin());
   }
   const Fingerprint& mine = all[static_cast<size_t>(rank())];
+  if (binding && binding->possible) {
+    binding->agreed = mine.bound - 1;
+    for (const Fingerprint& f : all) {
+      if (f.bound != mine.bound) binding->agreed = -1;
+    }
+  }
   for (size_t r = 0; r < n; ++r) {
     if (same_call(all[r], mine)) continue;
     return aborted("collective mismatch: rank " + std::to_string(r) + " issued " +
@@ -277,8 +287,41 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound) {
   return Status();
 }
 
+GlooOps::Binding GlooOps::plan_binding(const CallInfo& call, ReduceOp op,
+                                       std::span<const Tensor> inputs,
+                                       std::span<const Tensor> outputs) const {
+  Binding b;
+  const uint64_t bytes = static_cast<uint64_t>(call.count) * dtype_size(call.dtype);
+  const std::optional<ClassicKind> kind = classic_kind(resolve(bytes));
+  if (!gloo_ || !kind || inputs.size() != 1 || outputs.size() != 1 || bytes == 0 ||
+      bytes > kGlooClassicMaxBytes || (!verify_ && bytes < kBindAloneMinBytes) ||
+      !cache_->binding_pays(*kind, call.dtype, partial_op(op), call.count)) {
+    return b;
+  }
+  b.possible = true;
+  b.kind = *kind;
+  b.here = cache_->bound_place(*kind, call.dtype, partial_op(op), call.count, outputs[0].data());
+  return b;
+}
+
+void GlooOps::agree_binding(Binding* binding) {
+  // max(place) and max(-place) across ranks: equal places iff max == -max(-place).
+  BoundAlgorithm& ex = cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64, ReduceOp::kMax, 2);
+  auto* v = static_cast<int64_t*>(ex.data());
+  v[0] = binding->here;
+  v[1] = -binding->here;
+  ex.run();
+  binding->agreed = v[0] == -v[1] ? static_cast<int>(v[0]) : -1;
+}
+
+Status GlooOps::prepare(const CallInfo& call, bool unbound, Binding* binding) {
+  TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, unbound, binding));
+  if (binding->possible && !verify_) agree_binding(binding);
+  return Status();
+}
+
 Status GlooOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
-                                  std::span<const Tensor> outputs) {
+                                  std::span<const Tensor> outputs, const Binding* binding) {
   const int64_t n = num_replicas_in_sync();
   if (!gloo_) return algorithms::local_reduce(op, inputs, outputs, n);
   const int64_t count = inputs[0].num_elements();
@@ -286,6 +329,17 @@ Status GlooOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<c
   const DType dtype = inputs[0].dtype();
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
   const GlooAlgorithm algorithm = resolve(bytes);
+  if (binding && binding->possible) {
+    // On the caller's buffer, as a program using Gloo directly would: out-of-place copies first.
+    const Tensor& out = outputs[0];
+    if (inputs[0].data() != out.data()) {
+      TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(inputs[0], one(out)));
+    }
+    cache_->get_bound(binding->kind, dtype, partial_op(op), count, out.data(), binding->agreed)
+        .run();
+    if (op == ReduceOp::kMean) return algorithms::local_reduce(op, one(out), one(out), n);
+    return Status();
+  }
   if (std::optional<ClassicKind> kind = classic_kind(algorithm)) {
     return classic_all_reduce(*kind, op, inputs, outputs);
   }
@@ -363,8 +417,9 @@ void GlooOps::classic_all_gather(std::byte* data, size_t block_bytes) {
 Work GlooOps::all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
                               const PerReplica<Tensor>& outputs) {
   return finish(guarded(call, [&] {
-    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, runs_unbound(call)));
-    return reduce_everywhere(call, op, inputs.values(), outputs.values());
+    Binding binding = plan_binding(call, op, inputs.values(), outputs.values());
+    TRIBUTARY_RETURN_IF_ERROR(prepare(call, runs_unbound(call), &binding));
+    return reduce_everywhere(call, op, inputs.values(), outputs.values(), &binding);
   }));
 }
 
@@ -372,8 +427,9 @@ Work GlooOps::reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Te
                           const Mirrored<Tensor>& destinations) {
   // As TF's CollectiveAllReduce: all-reduce, then place the result on every destination.
   return finish(guarded(call, [&] {
-    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, runs_unbound(call)));
-    return reduce_everywhere(call, op, value.values(), destinations.values());
+    Binding binding = plan_binding(call, op, value.values(), destinations.values());
+    TRIBUTARY_RETURN_IF_ERROR(prepare(call, runs_unbound(call), &binding));
+    return reduce_everywhere(call, op, value.values(), destinations.values(), &binding);
   }));
 }
 

@@ -91,15 +91,34 @@ class GlooOps final : public CrossDeviceOps {
   Status guarded(const CallInfo& call, Body&& body);
   Work finish(Status s) { return Work::completed(std::move(s)); }
 
+  // Whether an all-reduce runs a classic instance on the caller's buffer (no copy in or out): one
+  // local replica, a classic algorithm, one piece, and the ranks agree on which cached instance
+  // (AlgorithmCache::get_bound). The agreement rides on verify's exchange; without verify it costs
+  // a small exchange of its own, so it is made only from kBindAloneMinBytes.
+  struct Binding {
+    bool possible = false;  // the same on every rank: decided from the call alone
+    ClassicKind kind = ClassicKind::kRing;
+    int here = -1;    // this rank's place for the buffer (AlgorithmCache::bound_place)
+    int agreed = -1;  // every rank's, when they all match; else -1
+  };
+  static constexpr uint64_t kBindAloneMinBytes = uint64_t{2} << 20;
+  Binding plan_binding(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
+                       std::span<const Tensor> outputs) const;
+  // Without verify: agrees on binding->agreed through a small classic exchange.
+  void agree_binding(Binding* binding);
+
   // With verify on, exchanges the call's fingerprint with every rank; a mismatch is Aborted.
   // `unbound`: through gloo::allgather rather than a classic instance, as the data will go.
-  Status verify_order(const CallInfo& call, int root, bool unbound);
+  // `binding`, when possible, rides along and comes back agreed.
+  Status verify_order(const CallInfo& call, int root, bool unbound, Binding* binding = nullptr);
+  // verify_order, then the binding's agreement when verify did not carry it.
+  Status prepare(const CallInfo& call, bool unbound, Binding* binding);
   // Whether an all-reduce of `call` goes through gloo::allreduce (an unbound algorithm).
   bool runs_unbound(const CallInfo& call) const;
   // Reduces `inputs` (one per local replica) across every replica of every process, writing the
   // result (the full op, MEAN divided) to every tensor of `outputs`.
   Status reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
-                           std::span<const Tensor> outputs);
+                           std::span<const Tensor> outputs, const Binding* binding = nullptr);
   // A classic all-reduce, in pieces of at most kGlooClassicMaxBytes.
   Status classic_all_reduce(ClassicKind kind, ReduceOp op, std::span<const Tensor> inputs,
                             std::span<const Tensor> outputs);

@@ -448,6 +448,65 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorld, ::testing::ValuesIn(world_params()),
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// Classic instances run on the caller's buffer once the ranks agree which cached one is bound to
+// it (GlooOps::Binding). Six buffers of one size (more than the four places a key has) are reduced
+// in place in an order that differs between ranks, so that ranks agree, disagree, reuse, replace
+// and, when buffers change every call, give binding up; every result must still be right.
+TEST(Gloo, BoundToCallersBuffersAcrossReuseAndReplacement) {
+  for (const std::string verify : {"true", "false"}) {
+    for (const std::string algorithm : {"halving_doubling", "ring_chunked"}) {
+      const std::string spec = "gloo:timeout=20s,verify=" + verify + ",algorithm=" + algorithm;
+      expect_all_zero(run_world(
+          3, 1,
+          [&](Rank& me) {
+            Checker check(me.rank);
+            auto made = create(spec, me);
+            if (!made.ok()) {
+              check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+              return 1;
+            }
+            const int64_t count = int64_t{1} << 20;  // 4 MiB: bound without verify too
+            std::vector<std::vector<float>> bufs(6, std::vector<float>(count));
+            // Rank 0 repeats one buffer (its place stays), the others cycle, some backwards.
+            auto pick = [&](int call) -> std::vector<float>& {
+              if (call < 12) return bufs[static_cast<size_t>(call % 2)];  // settle on two
+              if (me.rank == 0) return bufs[static_cast<size_t>(call % 3)];
+              const int k = me.rank == 1 ? call % 6 : 5 - call % 6;
+              return bufs[static_cast<size_t>(k)];
+            };
+            for (int call = 0; call < 40; ++call) {
+              std::vector<float>& b = pick(call);
+              for (int64_t j = 0; j < count; j += 4099) {
+                b[static_cast<size_t>(j)] = static_cast<float>(me.rank + call + j % 5);
+              }
+              for (int64_t j = 0; j < count; ++j) {
+                if (j % 4099) b[static_cast<size_t>(j)] = 1.0f;
+              }
+              Tensor t(b.data(), DType::kFloat32, Shape{count});
+              Status s = (*made)
+                             ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}),
+                                          PerReplica<Tensor>({t}))
+                             .wait();
+              if (!s.ok()) {
+                check.fail("%s call %d: %s", spec.c_str(), call, s.to_string().c_str());
+                return 1;
+              }
+              for (int64_t j = 0; j < count; ++j) {
+                const float want = j % 4099 ? 3.0f : static_cast<float>(3 * (call + j % 5) + 3);
+                if (b[static_cast<size_t>(j)] != want) {
+                  check.fail("%s call %d element %lld is %g, want %g", spec.c_str(), call,
+                             static_cast<long long>(j), b[static_cast<size_t>(j)], want);
+                  return 1;
+                }
+              }
+            }
+            return check.ok() ? 0 : 1;
+          },
+          120));
+    }
+  }
+}
+
 // --- failures ------------------------------------------------------------------------------------
 
 // Loops all-reduces of `count` floats until one fails; returns that Status and how long the

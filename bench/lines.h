@@ -1,0 +1,68 @@
+// What tributary-bench measures: lines, each of which all-reduces the same buffers. A line is a
+// tributary backend, or a reference that does the same work without tributary in the way:
+//
+//   yardstick          (one process) the replicas' buffers summed block-wise by one thread per
+//                      core into the first output, which is then copied to the others: what a
+//                      plain hand-written reduction reaches on this machine. From 1 MiB of total
+//                      input the work is split across the threads; below, the calling thread does
+//                      it alone. float32 and float64 sum only (others are skipped, saying so).
+//                      Option: threads=N (default: the cores).
+//   gloo               (several processes, one replica each) Gloo called directly, as a program
+//                      that uses Gloo itself would: its TCP device and full mesh (rendezvous
+//                      through the same store), then one algorithm run on the bench's buffers.
+//                      Classic algorithms are built once per buffer and size, outside the timing.
+//                      Options: algorithm=ring|ring_chunked|halving_doubling|bcube|unbound_ring
+//                      (default: what the gloo backend's auto picks: halving_doubling below 4 MiB,
+//                      ring_chunked from there), mode=async|sync (Gloo's pairs; default async, as
+//                      the gloo backend's).
+//
+// References are asked for with --reference SPEC; the default set has the yardstick (one process)
+// or the direct Gloo line (several processes, when Gloo is built in), so that what a backend costs
+// above the library it wraps, or above the machine, shows in the same run.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "tributary/tributary.h"
+
+namespace tributary::bench {
+
+class Line {
+ public:
+  virtual ~Line() = default;
+  // The resolved spec, every option: "ring:...", "yardstick:threads=2", "gloo-direct:...".
+  virtual std::string spec() const = 0;
+  virtual bool reference() const = 0;
+  virtual int num_replicas_in_sync() const = 0;
+  // Runs the all-reduce to completion, or fails within `timeout` (a backend: within its own).
+  virtual Status all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
+                            const PerReplica<Tensor>& outputs,
+                            std::chrono::milliseconds timeout) = 0;
+  // The backend behind a backend line, else null.
+  virtual CrossDeviceOps* backend() { return nullptr; }
+};
+
+std::unique_ptr<Line> backend_line(std::unique_ptr<CrossDeviceOps> ops);
+
+// A reference line; an error (unknown name, bad option, not built, wrong layout, unsupported dtype
+// or op) says why it cannot run here, and the bench skips it with that reason.
+StatusOr<std::unique_ptr<Line>> reference_line(const BackendSpec& spec,
+                                               const BackendContext& context, DType dtype,
+                                               ReduceOp op);
+
+// Whether the direct Gloo line was built in (the bench found Gloo's headers and library).
+bool gloo_reference_built();
+
+// Which references the bench runs when none is named: for one process or several.
+std::vector<std::string> default_references(int world_size);
+
+namespace internal {
+// Built only with Gloo; returns an error naming the missing piece otherwise.
+StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
+                                               const BackendContext& context, DType dtype,
+                                               ReduceOp op);
+}  // namespace internal
+
+}  // namespace tributary::bench
