@@ -115,6 +115,9 @@ StatusOr<BenchOptions> parse_bench_options(int argc, char** argv, bool* help) {
       }
       auto spec = BackendSpec::parse(v);
       if (!spec.ok()) return spec.status();
+      if (spec->name != "yardstick" && spec->name != "gloo") {
+        return flag_error(a, v, "unknown reference '" + spec->name + "' (yardstick, gloo, none)");
+      }
       std::erase(o.references, "none");
       o.references.emplace_back(v);
     } else if (a == "-r" || a == "--replicas") {
