@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/random.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 #include <algorithm>
 #include <array>
@@ -141,14 +142,33 @@ bool may_use_shared_memory(const std::string& tls) {
 // run its shared memory in peer error-handling mode, and outside that mode a single-copy read from
 // a peer that died is fatal to the reading process (UCX aborts it); its shared-memory FIFOs
 // (posix, sysv) only ever touch memory this process maps, so a dead peer is just silent there.
+// The single-copy transports this UCX has (its components by name), so that only those are
+// excluded: UCX warns about every excluded transport it does not know.
+std::string installed_single_copy() {
+  std::string out;
+  uct_component_h* components = nullptr;
+  unsigned count = 0;
+  if (uct_query_components(&components, &count) != UCS_OK) return "cma,knem,xpmem";
+  for (unsigned i = 0; i < count; ++i) {
+    uct_component_attr_t attr{};
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+    if (uct_component_query(components[i], &attr) != UCS_OK) continue;
+    const std::string name = attr.name;
+    if (name == "cma" || name == "knem" || name == "xpmem") out += (out.empty() ? "" : ",") + name;
+  }
+  uct_release_component_list(components);
+  return out;
+}
+
 std::string without_single_copy(const std::string& option) {
   std::string tls = option;
   if (tls.empty()) {
     const char* env = std::getenv("UCX_TLS");
     tls = env ? env : "";
   }
-  if (tls.empty() || tls == "all") return "^cma,knem,xpmem";
-  if (tls[0] == '^') return tls + ",cma,knem,xpmem";
+  const std::string excluded = installed_single_copy();
+  if (tls.empty() || tls == "all") return excluded.empty() ? "all" : "^" + excluded;
+  if (tls[0] == '^') return excluded.empty() ? tls : tls + "," + excluded;
   std::string out;
   size_t from = 0;
   for (;;) {
@@ -156,7 +176,7 @@ std::string without_single_copy(const std::string& option) {
     std::string name =
         tls.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
     if (name == "sm" || name == "shm") name = "posix,sysv";
-    if (name == "all") return "^cma,knem,xpmem";
+    if (name == "all") return excluded.empty() ? "all" : "^" + excluded;
     if (name != "cma" && name != "knem" && name != "xpmem" && !name.empty()) {
       out += (out.empty() ? "" : ",") + name;
     }
