@@ -27,6 +27,7 @@ struct BenchOptions {
   bool check = true;
   bool quiet = false;
   bool ceiling = false;
+  bool in_place_only = false;  // tributary-tune: the out-of-place columns stay empty
   double min_busbw = 0;  // GB/s; 0 = no gate
   std::string json_path, csv_path, plot_path;
 };

@@ -6,9 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -17,289 +15,15 @@
 #include <vector>
 
 #include "bench/bench_options.h"
-#include "bench/lines.h"
 #include "bench/report.h"
+#include "bench/runner.h"
 #include "tributary/tributary.h"
 
 namespace tributary::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Small integers whose reduction is exact in every dtype and any order (nccl-tests does the same).
-double check_value(ReduceOp op, int replica, int64_t i) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kMean:
-      return static_cast<double>((i + 2 * replica) % 3);
-    case ReduceOp::kMin:
-    case ReduceOp::kMax:
-      return static_cast<double>((i * 3 + replica * 5) % 7);
-    case ReduceOp::kProd:
-      return (i + replica) % 8 == 0 ? 2.0 : 1.0;
-  }
-  return 0;
-}
-
-double expected_value(ReduceOp op, DType dtype, int n, int64_t i) {
-  double acc = check_value(op, 0, i);
-  for (int r = 1; r < n; ++r) {
-    double v = check_value(op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kMean:
-        acc += v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      case ReduceOp::kProd:
-        acc *= v;
-        break;
-    }
-  }
-  if (op == ReduceOp::kMean) {
-    acc /= n;
-    if (!dtype_is_floating(dtype)) acc = std::trunc(acc);
-  }
-  return dtype_round(dtype, acc);
-}
-
-struct Replica {
-  Buffer in, out;
-};
-
-class Runner {
- public:
-  Runner(const BenchOptions& o, std::vector<uint64_t> sizes) : o_(o), sizes_(std::move(sizes)) {}
-
-  Status setup(Report* report) {
-    std::vector<Device> devices;
-    for (int r = 0; r < o_.replicas; ++r) devices.push_back(Device::cpu(r));
-    TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
-    // One process, or one rank of several (under tributary-run, TF_CONFIG, torchrun, Slurm...).
-    TRIBUTARY_ASSIGN_OR_RETURN(ctx_, make_backend_context(devices, config));
-    report->processes = ctx_.world_size;
-    report->rank = ctx_.rank;
-    BackendRegistry registry = builtin_backends();
-    std::vector<std::string> specs = o_.backends;
-    if (specs.empty()) {
-      // The default: every backend that serves this layout (in-process ones for one process);
-      // across processes ring also over TCP, so that the same-host path's gain shows beside it.
-      for (const BackendInfo& b : registry.backends()) {
-        if (b.capabilities.multi_process == (ctx_.world_size > 1)) specs.push_back(b.name);
-        if (b.name == "ring" && ctx_.world_size > 1) specs.push_back("ring:intra_host=net");
-      }
-    }
-    std::vector<std::string> references = o_.references;
-    if (references.empty() && o_.backends.empty()) references = default_references(ctx_.world_size);
-    if (references == std::vector<std::string>{"none"}) references.clear();
-    int usable = 0;
-    std::string last_error;
-    const auto add = [&](const std::string& spec, bool reference) {
-      BackendResult result;
-      result.requested = spec;
-      result.spec = spec;
-      result.reference = reference;
-      result.processes = ctx_.world_size;
-      result.replicas = o_.replicas;
-      std::unique_ptr<Line> line;
-      if (reference) {
-        auto parsed = BackendSpec::parse(spec);
-        auto made = parsed.ok() ? reference_line(*parsed, ctx_, o_.dtype, o_.op)
-                                : StatusOr<std::unique_ptr<Line>>(parsed.status());
-        if (made.ok()) {
-          line = std::move(made).value();
-          result.spec = line->spec();
-        } else {
-          result.skipped = made.status().message();
-        }
-      } else {
-        auto made = registry.create(spec, ctx_);
-        if (!made.ok()) {
-          result.skipped = made.status().message();
-        } else {
-          result.spec = (*made)->spec();
-          const Capabilities& caps = (*made)->capabilities();
-          if (!caps.supports(Collective::kAllReduce) || !caps.supports(o_.dtype) ||
-              !caps.supports(o_.op)) {
-            result.skipped = "it cannot all_reduce " + std::string(dtype_name(o_.dtype)) + " " +
-                             std::string(reduce_op_name(o_.op)) + " (" + caps.to_string() + ")";
-          } else {
-            line = backend_line(std::move(made).value());
-            if (!agreement_) agreement_ = line->backend();
-          }
-        }
-      }
-      if (result.skipped.empty()) {
-        ++usable;
-      } else {
-        last_error = result.spec + ": " + result.skipped;
-      }
-      lines_.push_back(std::move(line));
-      report->results.push_back(std::move(result));
-    };
-    for (const std::string& spec : specs) add(spec, false);
-    for (const std::string& spec : references) add(spec, true);
-    if (usable == 0) {
-      return specs.size() + references.size() == 1
-                 ? invalid_argument(last_error)
-                 : invalid_argument("no backend can run this benchmark; last: " + last_error);
-    }
-    if (!agreement_ && ctx_.world_size > 1) {
-      // The ranks agree on iteration counts and figures through a backend; references only.
-      TRIBUTARY_ASSIGN_OR_RETURN(agreement_owned_, registry.create("auto", ctx_));
-      agreement_ = agreement_owned_.get();
-    }
-    const uint64_t max_bytes = sizes_.back();
-    const int64_t max_count = static_cast<int64_t>(max_bytes / dtype_size(o_.dtype));
-    for (int r = 0; r < o_.replicas; ++r) {
-      Replica rep;
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.in,
-                                 Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.out,
-                                 Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
-      std::memset(rep.in.data(), 0, rep.in.nbytes());  // touch every page before timing
-      std::memset(rep.out.data(), 0, rep.out.nbytes());
-      replicas_.push_back(std::move(rep));
-    }
-    return Status();
-  }
-
-  // Sizes outer, backends inner: drift on a noisy machine hits every backend alike.
-  Status run(Report* report) {
-    const bool progress = !o_.quiet && ctx_.rank == 0 && isatty(STDERR_FILENO);
-    for (size_t si = 0; si < sizes_.size(); ++si) {
-      for (size_t bi = 0; bi < lines_.size(); ++bi) {
-        if (!lines_[bi]) continue;
-        if (progress) {
-          std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s (%zu/%zu sizes)", bi + 1, lines_.size(),
-                       lines_[bi]->spec().c_str(), format_size(sizes_[si]).c_str(), si + 1,
-                       sizes_.size());
-        }
-        Row row;
-        TRIBUTARY_RETURN_IF_ERROR(measure(*lines_[bi], sizes_[si], &row));
-        report->results[bi].rows.push_back(row);
-      }
-    }
-    if (progress) std::fprintf(stderr, "\r\033[K");
-    return Status();
-  }
-
- private:
-  PerReplica<Tensor> views(int64_t count, bool out) const {
-    PerReplica<Tensor> v;
-    for (const Replica& r : replicas_)
-      v.values().push_back((out ? r.out : r.in).tensor().slice(0, count));
-    return v;
-  }
-
-  Status fill(int64_t count) {
-    for (int r = 0; r < o_.replicas; ++r) {
-      void* p = replicas_[static_cast<size_t>(r)].in.data();
-      const int global = ctx_.rank * o_.replicas + r;
-      for (int64_t i = 0; i < count; ++i)
-        dtype_store(o_.dtype, p, i, check_value(o_.op, global, i));
-    }
-    return Status();
-  }
-
-  Status timed(Line& line, const PerReplica<Tensor>& in, const PerReplica<Tensor>& out, int iters,
-               double* seconds) {
-    const auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
-    auto start = Clock::now();
-    for (int i = 0; i < iters; ++i) {
-      Status s = line.all_reduce(o_.op, in, out, wait_for);
-      if (!s.ok()) return s.with_context(line.spec());
-    }
-    *seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    return Status();
-  }
-
-  // The same value on every rank: max (times, iteration counts) or sum (wrong elements), through
-  // the backend under test itself.
-  StatusOr<double> agree(double value, ReduceOp op) {
-    if (!agreement_ || ctx_.world_size == 1) return value;
-    CrossDeviceOps& ops = *agreement_;
-    std::vector<double> v(static_cast<size_t>(ops.num_local_replicas()),
-                          op == ReduceOp::kSum ? 0.0 : value);
-    v[0] = value;
-    PerReplica<Tensor> views;
-    for (size_t i = 0; i < v.size(); ++i) {
-      views.values().emplace_back(&v[i], DType::kFloat64, int64_t{1}, ops.devices()[i]);
-    }
-    Status s = ops.all_reduce(op, views, views).wait();
-    if (!s.ok()) return s.with_context(ops.spec() + ": agreeing on the figures across ranks");
-    return v[0];
-  }
-
-  Status measure(Line& line, uint64_t bytes, Row* row) {
-    const int64_t count = static_cast<int64_t>(bytes / dtype_size(o_.dtype));
-    row->bytes = bytes;
-    row->count = count;
-    const int n = line.num_replicas_in_sync();
-    for (int k = 0; k < 2; ++k) {
-      const bool in_place = k == 1;
-      PerReplica<Tensor> in = views(count, false);
-      PerReplica<Tensor> out = in_place ? in : views(count, true);
-      TRIBUTARY_RETURN_IF_ERROR(fill(count));
-      double seconds = 0;
-      TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, o_.warmup_iters, &seconds));
-      int iters = o_.iters;
-      if (o_.target_seconds > 0) {
-        // Size the count from a short probe so that each size takes about the target time.
-        TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, 3, &seconds));
-        iters =
-            static_cast<int>(std::clamp(o_.target_seconds / std::max(seconds / 3, 1e-9), 5.0, 1e6));
-        TRIBUTARY_ASSIGN_OR_RETURN(double agreed, agree(iters, ReduceOp::kMax));
-        iters = static_cast<int>(agreed);
-      }
-      TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, iters, &seconds));
-      // nccl-tests reports the slowest rank's time.
-      TRIBUTARY_ASSIGN_OR_RETURN(seconds, agree(seconds, ReduceOp::kMax));
-      row->iters = iters;
-      const double t = seconds / iters;
-      row->time_us[k] = t * 1e6;
-      row->algbw[k] = t > 0 ? static_cast<double>(bytes) / t / 1e9 : 0;
-      row->busbw[k] = row->algbw[k] * bus_factor(n);
-      if (o_.check) {
-        TRIBUTARY_RETURN_IF_ERROR(fill(count));
-        for (const Tensor& t2 : out.values()) {
-          if (!in_place) std::memset(t2.data(), 0x5a, t2.nbytes());
-        }
-        Status s = line.all_reduce(o_.op, in, out, std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
-        if (!s.ok()) return s.with_context(line.spec());
-        int64_t wrong = 0;
-        for (int64_t i = 0; i < count; ++i) {
-          const double want = expected_value(o_.op, o_.dtype, n, i);
-          for (const Tensor& t2 : out.values()) {
-            double got = dtype_load(o_.dtype, t2.data(), i);
-            wrong += got != want;
-          }
-        }
-        TRIBUTARY_ASSIGN_OR_RETURN(double total,
-                                   agree(static_cast<double>(wrong), ReduceOp::kSum));
-        row->wrong[k] = static_cast<int64_t>(total);
-      }
-    }
-    return Status();
-  }
-
-  const BenchOptions& o_;
-  std::vector<uint64_t> sizes_;
-  BackendContext ctx_;
-  std::vector<std::unique_ptr<Line>> lines_;  // null where skipped
-  // The backend through which ranks agree on counts and figures (a measured one, or its own).
-  CrossDeviceOps* agreement_ = nullptr;
-  std::unique_ptr<CrossDeviceOps> agreement_owned_;
-  std::chrono::nanoseconds timeout_ = std::chrono::minutes(5);
-  std::vector<Replica> replicas_;
-};
-
-int fail(const std::string& message, int code);
+constexpr const char* kTool = "tributary-bench";
 
 // memcpy bandwidth of this machine, counting bytes read and written, on buffers beyond the caches,
 // with `threads` threads copying their share of the buffer at once.
@@ -376,56 +100,6 @@ double measure_loopback_tcp_gbps() {
   return static_cast<double>(total) / seconds / 1e9;
 }
 
-// True when this process is one rank of a multi-process run (launcher or cluster variables).
-bool launched_as_rank() {
-  auto config = Config::load();
-  if (!config.ok()) return false;
-  auto cluster = resolve_cluster_spec(*config);
-  return cluster.ok() && cluster->world_size > 1;
-}
-
-// Runs this benchmark again as `np` ranks under tributary-run (found next to this binary).
-int relaunch(int np, int argc, char** argv) {
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return fail("cannot find this executable to relaunch it under tributary-run", 1);
-  self[n] = '\0';
-  const std::string dir = std::string(self).substr(0, std::string(self).rfind('/'));
-  std::string launcher;
-  for (const std::string& candidate : {dir + "/tributary-run", dir + "/../tools/tributary-run"}) {
-    if (access(candidate.c_str(), X_OK) == 0) {
-      launcher = candidate;
-      break;
-    }
-  }
-  if (launcher.empty()) {
-    return fail("--np " + std::to_string(np) + " needs tributary-run next to tributary-bench (" +
-                    dir + "); or start the ranks yourself with any launcher or TF_CONFIG",
-                2);
-  }
-  std::vector<std::string> args = {launcher, "-n", std::to_string(np), "--no-prefix", "--", self};
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a = argv[i];
-    if (a == "--np") {
-      ++i;  // and its value
-      continue;
-    }
-    if (a.starts_with("--np=")) continue;
-    args.emplace_back(a);
-  }
-  std::vector<char*> cargs;
-  for (std::string& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  std::fflush(stdout);
-  execv(launcher.c_str(), cargs.data());
-  return fail("cannot run " + launcher + ": " + std::strerror(errno), 1);
-}
-
-int fail(const std::string& message, int code) {
-  std::fprintf(stderr, "tributary-bench: %s\n", message.c_str());
-  return code;
-}
-
 }  // namespace
 }  // namespace tributary::bench
 
@@ -434,21 +108,21 @@ int main(int argc, char** argv) {
   using namespace tributary::bench;
   bool help = false;
   auto parsed = parse_bench_options(argc, argv, &help);
-  if (!parsed.ok()) return fail(parsed.status().message(), 2);
+  if (!parsed.ok()) return fail(kTool, parsed.status().message(), 2);
   if (help) {
     std::fputs(bench_usage().c_str(), stdout);
     return 0;
   }
   const BenchOptions& o = *parsed;
-  if (o.np > 1 && !launched_as_rank()) return relaunch(o.np, argc, argv);
+  if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, argc, argv);
   auto sizes = bench_sizes(o);
-  if (!sizes.ok()) return fail(sizes.status().message(), 2);
+  if (!sizes.ok()) return fail(kTool, sizes.status().message(), 2);
 
   Report report;
   report.options = o;
   report.machine = Machine::probe();
   Runner runner(o, *sizes);
-  if (Status s = runner.setup(&report); !s.ok()) return fail(s.message(), 2);
+  if (Status s = runner.setup(&report); !s.ok()) return fail(kTool, s.message(), 2);
   const bool leader = report.rank == 0;
   if (o.ceiling && leader) {
     const int n = report.processes * o.replicas;
@@ -472,7 +146,7 @@ int main(int argc, char** argv) {
   if (!leader) {
     // Other ranks take part silently; errors still reach stderr.
     Status s = runner.run(&report);
-    if (!s.ok()) return fail("rank " + std::to_string(report.rank) + ": " + s.message(), 1);
+    if (!s.ok()) return fail(kTool, "rank " + std::to_string(report.rank) + ": " + s.message(), 1);
     return 0;
   }
   std::fputs(format_header(report).c_str(), stdout);
@@ -482,31 +156,31 @@ int main(int argc, char** argv) {
     }
   }
   std::fflush(stdout);
-  if (Status s = runner.run(&report); !s.ok()) return fail(s.message(), 1);
+  if (Status s = runner.run(&report); !s.ok()) return fail(kTool, s.message(), 1);
   for (const BackendResult& b : report.results) std::fputs(format_table(report, b).c_str(), stdout);
   std::fputs(format_summary(report).c_str(), stdout);
 
   int rc = 0;
   if (!o.json_path.empty()) {
-    if (Status s = write_json(report, o.json_path); !s.ok()) rc = fail(s.message(), 1);
+    if (Status s = write_json(report, o.json_path); !s.ok()) rc = fail(kTool, s.message(), 1);
   }
   if (!o.csv_path.empty()) {
-    if (Status s = write_csv(report, o.csv_path); !s.ok()) rc = fail(s.message(), 1);
+    if (Status s = write_csv(report, o.csv_path); !s.ok()) rc = fail(kTool, s.message(), 1);
   }
   if (!o.plot_path.empty()) {
     if (Status s = write_plot(report, o.plot_path); !s.ok()) {
-      rc = fail(s.message(), 1);
+      rc = fail(kTool, s.message(), 1);
     } else {
       std::printf("# plot written to %s\n", o.plot_path.c_str());
     }
   }
   int64_t wrong = 0;
   for (const BackendResult& b : report.results) wrong += b.total_wrong();
-  if (wrong > 0) rc = fail(std::to_string(wrong) + " wrong element(s); see the #wrong columns", 1);
+  if (wrong > 0) rc = fail(kTool, std::to_string(wrong) + " wrong element(s); see the #wrong columns", 1);
   if (o.min_busbw > 0) {
     for (const BackendResult& b : report.results) {
       if (b.skipped.empty() && b.avg_busbw() < o.min_busbw) {
-        rc = fail(b.spec + ": average busbw " + std::to_string(b.avg_busbw()) +
+        rc = fail(kTool, b.spec + ": average busbw " + std::to_string(b.avg_busbw()) +
                       " GB/s is below --min-busbw " + std::to_string(o.min_busbw),
                   1);
       }

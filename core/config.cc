@@ -108,7 +108,7 @@ StatusOr<Config> Config::from_json(std::string_view text, std::string_view origi
         TRIBUTARY_ASSIGN_OR_RETURN(std::string text, scalar_text(v, where));
         c.set("TRIBUTARY_CROSS_DEVICE_OPS", text, source);
       }
-    } else if (key == "log_level" || key == "timeout") {
+    } else if (key == "log_level" || key == "timeout" || key == "tuning_file") {
       TRIBUTARY_ASSIGN_OR_RETURN(std::string text, scalar_text(v, where));
       c.set("TRIBUTARY_" + key_part(key), text, source);
     } else if (key == "backends") {
@@ -125,7 +125,7 @@ StatusOr<Config> Config::from_json(std::string_view text, std::string_view origi
       }
     } else {
       return invalid_argument(where + " is not a known key; valid keys: cross_device_ops, "
-                              "log_level, timeout, backends");
+                              "log_level, timeout, tuning_file, backends");
     }
   }
   return c;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/logging.h"
 #include "core/strings.h"
 
 namespace tributary {
@@ -99,19 +100,88 @@ StatusOr<std::string> BackendRegistry::choose_auto(const BackendContext& context
   return best->name;
 }
 
+StatusOr<std::optional<TuningTable>> BackendRegistry::tuning_for(
+    const BackendContext& context, const std::optional<std::string>& from_spec) const {
+  std::string path, origin;
+  if (from_spec) {
+    path = *from_spec;
+    origin = "auto:tuning_file=" + path;
+  } else if (const Config::Entry* e = context.config.find("TRIBUTARY_TUNING_FILE")) {
+    path = e->value;
+    origin = "TRIBUTARY_TUNING_FILE (" + e->source + ")";
+  }
+  if (path.empty() || path == "none") return std::optional<TuningTable>();
+  auto table = TuningTable::load(path);
+  if (!table.ok()) return table.status().with_context(origin);
+  for (const std::string& s : table->specs()) {
+    auto parsed = BackendSpec::parse(s);
+    if (parsed.ok() && find(parsed->name) == nullptr) {
+      return not_found(origin + ": tuning file '" + path + "' names backend '" + parsed->name +
+                       "', which this build does not have; available: " +
+                       internal::join(names(), ", "));
+    }
+  }
+  Status applies = table->check_applies(tuning_layout_of(context));
+  if (!applies.ok()) {
+    const std::string why = "tuning file '" + path + "' does not apply here: " + applies.message();
+    if (from_spec) return Status(applies.code(), why);
+    internal::Logger(internal::log_level_from(context.config),
+                     "rank " + std::to_string(context.rank) + "/auto")
+        .log(internal::LogLevel::kWarning, "{} (from {}); 'auto' uses its cost model instead", why,
+             origin);
+    return std::optional<TuningTable>();
+  }
+  return std::optional<TuningTable>(std::move(table).value());
+}
+
+StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create_tuned(
+    TuningTable table, const std::vector<std::pair<std::string, std::string>>& common,
+    const BackendContext& context) const {
+  std::vector<std::unique_ptr<CrossDeviceOps>> members;
+  const std::string origin = table.summary();
+  for (const std::string& s : table.specs()) {
+    TRIBUTARY_ASSIGN_OR_RETURN(BackendSpec member, BackendSpec::parse(s));
+    // Options given to auto (timeout) apply to every member that does not set its own.
+    for (const auto& [key, value] : common) {
+      const bool set = std::any_of(member.options.begin(), member.options.end(),
+                                   [&](const auto& kv) { return kv.first == key; });
+      if (!set) member.options.emplace_back(key, value);
+    }
+    auto made = create(member, context);
+    if (!made.ok()) return made.status().with_context("tuning rule '" + s + "'");
+    members.push_back(std::move(made).value());
+  }
+  if (members.size() == 1) return std::move(members[0]);
+  const Config::Entry* e = context.config.find("TRIBUTARY_TUNING_FILE");
+  return internal::make_tuned_ops(context, std::move(table), e ? e->value : origin,
+                                  std::move(members));
+}
+
 StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
     const BackendSpec& spec, const BackendContext& context) const {
   BackendSpec resolved = spec;
   if (spec.name == "auto") {
-    // "auto" takes the options every backend shares.
+    // "auto" takes the options every backend shares, and tuning_file.
+    resolved.options.clear();
+    std::optional<std::string> tuning_file;
     for (const auto& [key, value] : spec.options) {
+      if (key == "tuning_file") {
+        tuning_file = value;
+        continue;
+      }
       bool common = std::any_of(common_options().begin(), common_options().end(),
                                 [&](const OptionDef& d) { return d.name == key; });
       if (!common) {
-        return invalid_argument("'auto' accepts only the options every backend has; '" + key +
-                                "' is not one of them:\n" + describe_options(common_options()));
+        return invalid_argument("'auto' accepts only the options every backend has, and "
+                                "tuning_file; '" +
+                                key + "' is not one of them:\n" +
+                                describe_options(common_options()));
       }
+      resolved.options.emplace_back(key, value);
     }
+    TRIBUTARY_ASSIGN_OR_RETURN(std::optional<TuningTable> table,
+                               tuning_for(context, tuning_file));
+    if (table) return create_tuned(std::move(*table), resolved.options, context);
     TRIBUTARY_ASSIGN_OR_RETURN(resolved.name, choose_auto(context));
   }
   const BackendInfo* info = find(resolved.name);

@@ -88,10 +88,23 @@ int main(int argc, char** argv) {
   for (const Device& d : devices) names += (names.empty() ? "" : ",") + d.to_string();
   auto chosen = registry.choose_auto(ctx);
   if (chosen.ok()) {
-    std::printf("auto, for devices %s: %s\n", names.c_str(), chosen->c_str());
+    std::printf("auto's cost model, for devices %s: %s\n", names.c_str(), chosen->c_str());
   } else {
-    std::printf("auto, for devices %s: none (%s)\n", names.c_str(),
+    std::printf("auto's cost model, for devices %s: none (%s)\n", names.c_str(),
                 chosen.status().message().c_str());
+  }
+  if (const Config::Entry* e = config->find("TRIBUTARY_TUNING_FILE")) {
+    auto tuning = registry.tuning_for(ctx, std::nullopt);
+    if (!tuning.ok()) {
+      std::printf("tuning file %s (%s): error: %s\n", e->value.c_str(), e->source.c_str(),
+                  tuning.status().message().c_str());
+    } else if (*tuning) {
+      std::printf("tuning file %s (%s): auto follows it: %s\n", e->value.c_str(),
+                  e->source.c_str(), (*tuning)->summary().c_str());
+    } else {
+      std::printf("tuning file %s (%s): not followed here (see the warning above)\n",
+                  e->value.c_str(), e->source.c_str());
+    }
   }
   auto selected = registry.create_from_config(ctx);
   if (selected.ok()) {

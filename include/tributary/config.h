@@ -7,6 +7,7 @@
 //   { "cross_device_ops": "hierarchical_copy:num_packs=2",      -> TRIBUTARY_CROSS_DEVICE_OPS
 //     "log_level": "info",                                      -> TRIBUTARY_LOG_LEVEL
 //     "timeout": "30s",                                         -> TRIBUTARY_TIMEOUT
+//     "tuning_file": "tuning.json",                             -> TRIBUTARY_TUNING_FILE
 //     "backends": { "hierarchical_copy": { "group_size": 4 } } } -> TRIBUTARY_HIERARCHICAL_COPY_GROUP_SIZE
 //
 // "cross_device_ops" may also be an object {"name": "...", "options": {...}}. Precedence, highest

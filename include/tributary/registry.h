@@ -20,6 +20,7 @@
 #include "tributary/cross_device_ops.h"
 #include "tributary/options.h"
 #include "tributary/status.h"
+#include "tributary/tuning.h"
 
 namespace tributary {
 
@@ -46,8 +47,16 @@ class BackendRegistry {
   // Every option of a backend (its own, then the common ones).
   std::vector<OptionDef> options_of(const BackendInfo& info) const;
 
-  // The name "auto" resolves to here, or an error listing each backend and why it cannot serve.
+  // The name "auto" resolves to here by the cost model (the backends' priorities), or an error
+  // listing each backend and why it cannot serve. With a tuning file (tuning.h), create("auto")
+  // follows the file instead.
   StatusOr<std::string> choose_auto(const BackendContext& context) const;
+  // The tuning file `auto` follows here: `from_spec` (auto:tuning_file=), else the config's
+  // TRIBUTARY_TUNING_FILE; none when unset or "none", or (with a warning) when a file from the
+  // config does not apply to this layout or library. Errors: unreadable, malformed, an unknown
+  // backend, or a file named in the spec that does not apply.
+  StatusOr<std::optional<TuningTable>> tuning_for(
+      const BackendContext& context, const std::optional<std::string>& from_spec) const;
   StatusOr<std::unique_ptr<CrossDeviceOps>> create(const BackendSpec& spec,
                                                    const BackendContext& context) const;
   StatusOr<std::unique_ptr<CrossDeviceOps>> create(std::string_view spec,
@@ -56,6 +65,10 @@ class BackendRegistry {
   StatusOr<std::unique_ptr<CrossDeviceOps>> create_from_config(const BackendContext& context) const;
 
  private:
+  StatusOr<std::unique_ptr<CrossDeviceOps>> create_tuned(
+      TuningTable table, const std::vector<std::pair<std::string, std::string>>& common,
+      const BackendContext& context) const;
+
   std::vector<BackendInfo> backends_;
 };
 

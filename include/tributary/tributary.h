@@ -17,6 +17,7 @@
 #include "tributary/strategy/strategy.h"
 #include "tributary/strategy/variable.h"
 #include "tributary/tensor.h"
+#include "tributary/tuning.h"
 #include "tributary/values.h"
 #include "tributary/version.h"
 #include "tributary/work.h"

@@ -1,0 +1,41 @@
+// The measuring loop tributary-bench and tributary-tune share: one process, or one rank of several,
+// all-reduces every line (backends and references, lines.h) at every size, sizes outer and lines
+// inner, and fills a Report with the slowest rank's figures (nccl-tests' conventions).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "bench/bench_options.h"
+#include "bench/report.h"
+#include "tributary/tributary.h"
+
+namespace tributary::bench {
+
+class Runner {
+ public:
+  Runner(const BenchOptions& o, std::vector<uint64_t> sizes);
+  ~Runner();
+  // Joins the cluster (when launched as a rank), creates the lines and the buffers; fills the
+  // report's layout and one (empty, or skipped with its reason) result per line.
+  Status setup(Report* report);
+  // One pass over every size and line, appending a row to each line's result.
+  Status run(Report* report);
+  // After setup: the context the lines were created from.
+  const BackendContext& context() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when this process is one rank of a multi-process run (launcher or cluster variables).
+bool launched_as_rank();
+// Runs `tool` (this executable) again as `np` ranks under tributary-run, found next to it; returns
+// only on failure, with the exit code after printing why.
+int relaunch(const char* tool, int np, int argc, char** argv);
+// Prints "<tool>: message" on stderr and returns `code`.
+int fail(const char* tool, const std::string& message, int code);
+
+}  // namespace tributary::bench
