@@ -23,7 +23,9 @@ constexpr const char* kTool = "tributary-tune";
 const char* kUsage = R"(usage: tributary-tune [options] [tributary-bench options]
 Measures all-reduce with every candidate backend spec over a size sweep, on this cluster layout,
 and writes a tuning file that 'auto' then follows (TRIBUTARY_TUNING_FILE=FILE, or the spec
-auto:tuning_file=FILE): size ranges mapped to the fastest spec, with the figures behind each.
+auto:tuning_file=FILE): size ranges mapped to the fastest spec, with the figures behind each. Specs within 5% of the fastest
+count as tied; ties go to what 'auto' picks without the file, so that the file departs from it
+only where a measurement shows a real gain.
 
   --out FILE              where to write it (default tributary-tuning.json)
   --candidate SPEC        a spec to consider; repeat for several. Default: every backend that serves
@@ -181,8 +183,15 @@ int run(int argc, char** argv) {
     }
     measurements.push_back(std::move(m));
   }
+  // Ties go to what the cost model would pick, when it is a candidate.
+  std::string preferred;
+  if (auto chosen = builtin_backends().choose_auto(runner.context()); chosen.ok()) {
+    if (std::find(candidates.begin(), candidates.end(), *chosen) != candidates.end()) {
+      preferred = *chosen;
+    }
+  }
   auto table = TuningTable::from_measurements(tuning_layout_of(runner.context()), o.dtype, o.op,
-                                              std::move(measurements));
+                                              std::move(measurements), preferred);
   if (!table.ok()) return fail(kTool, table.status().message(), 1);
 
   std::printf("#\n# %12s  %-44s %10s  %-30s %10s\n", "size (B)", "fastest", "time (us)",

@@ -66,7 +66,8 @@ TuningLayout tuning_layout_of(const BackendContext& context) {
 }
 
 StatusOr<TuningTable> TuningTable::from_measurements(TuningLayout layout, DType dtype, ReduceOp op,
-                                                     std::vector<TuningMeasurement> measurements) {
+                                                     std::vector<TuningMeasurement> measurements,
+                                                     const std::string& preferred) {
   TuningTable t;
   t.library_version = std::string(version());
   t.layout = std::move(layout);
@@ -82,9 +83,11 @@ StatusOr<TuningTable> TuningTable::from_measurements(TuningLayout layout, DType 
             [](const TuningMeasurement& a, const TuningMeasurement& b) { return a.bytes < b.bytes; });
   t.measurements = std::move(measurements);
   // Per size, the specs within kTie of the fastest count as equally good (the noise of one
-  // machine is larger than their difference); among them, keep the current range's spec, else
-  // take the one that stays good for the most following sizes. Fewer, wider ranges follow.
-  constexpr double kTie = 1.03;
+  // machine is larger than their difference); among them, take `preferred` (what the cost model
+  // picks: the file overrides it only where a measurement shows a real gain), else keep the
+  // current range's spec, else the one that stays good for the most following sizes. Fewer,
+  // wider ranges follow.
+  constexpr double kTie = 1.05;
   std::vector<const TuningMeasurement*> measured;
   for (const TuningMeasurement& m : t.measurements) {
     if (std::any_of(m.time_us.begin(), m.time_us.end(), [](const auto& x) { return x.second > 0; })) {
@@ -112,7 +115,9 @@ StatusOr<TuningTable> TuningTable::from_measurements(TuningLayout layout, DType 
   for (size_t i = 0; i < measured.size(); ++i) {
     const TuningMeasurement& m = *measured[i];
     std::string chosen;
-    if (!t.rules.empty() && good(i, t.rules.back().spec)) {
+    if (!preferred.empty() && good(i, preferred)) {
+      chosen = preferred;
+    } else if (!t.rules.empty() && good(i, t.rules.back().spec)) {
       chosen = t.rules.back().spec;
     } else {
       size_t longest = 0;
@@ -127,6 +132,8 @@ StatusOr<TuningTable> TuningTable::from_measurements(TuningLayout layout, DType 
           fastest = time;
         }
       }
+    }
+    if (t.rules.empty() || t.rules.back().spec != chosen) {
       if (!t.rules.empty()) {
         // The boundary between the previous measured size and this one: their geometric mean.
         const double mid = std::sqrt(static_cast<double>(measured[i - 1]->bytes) *

@@ -80,10 +80,14 @@ struct TuningTable {
   std::vector<TuningRule> rules;  // ascending max_bytes, the last kRest
   std::vector<TuningMeasurement> measurements;
 
-  // From measurements (each size's fastest spec), ranges merged; boundaries between two measured
-  // sizes lie at their geometric mean. Fails when no size has a figure.
+  // From measurements: per size, the fastest spec, where specs within 5% of it count as tied and
+  // ties go to `preferred` (the cost model's own choice, so that the file departs from it only for
+  // a real gain), then to the current range's spec; neighbouring sizes with one spec merge into a
+  // range, and boundaries between two measured sizes lie at their geometric mean. Fails when no
+  // size has a figure.
   static StatusOr<TuningTable> from_measurements(TuningLayout layout, DType dtype, ReduceOp op,
-                                                 std::vector<TuningMeasurement> measurements);
+                                                 std::vector<TuningMeasurement> measurements,
+                                                 const std::string& preferred = "");
   static StatusOr<TuningTable> parse(std::string_view json, std::string_view origin);
   static StatusOr<TuningTable> load(const std::string& path);
   std::string to_json() const;

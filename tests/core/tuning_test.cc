@@ -133,6 +133,27 @@ TEST(TuningTable, RangesFromMeasurementsTolerateTiesAndMergeNeighbours) {
   EXPECT_FALSE(none.ok());
 }
 
+// Ties (within 5%) go to the cost model's choice: the file departs from it only for a real gain.
+TEST(TuningTable, TiesGoToThePreferredSpec) {
+  auto t = TuningTable::from_measurements(
+      TuningLayout{}, DType::kFloat32, ReduceOp::kSum,
+      {at(1024, {{"p", 1.04}, {"q", 1.0}}), at(4096, {{"p", 2.0}, {"q", 1.6}}),
+       at(16384, {{"p", 5.0}, {"q", 5.2}})},
+      "p");
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(t->rules.size(), 3u);
+  EXPECT_EQ(t->summary(), "<= 2KiB: p; <= 8KiB: q; rest: p");
+  EXPECT_EQ(t->rules[1].runner_up, "p");
+  EXPECT_EQ(t->rules[1].runner_up_time_us, 2.0);
+  // Without a preference the first size's fastest starts the table and keeps its tied sizes.
+  auto plain = TuningTable::from_measurements(
+      TuningLayout{}, DType::kFloat32, ReduceOp::kSum,
+      {at(1024, {{"p", 1.04}, {"q", 1.0}}), at(4096, {{"p", 2.0}, {"q", 1.6}}),
+       at(16384, {{"p", 5.0}, {"q", 5.2}})});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->summary(), "every size: q");
+}
+
 TEST(TuningTable, JsonRoundTripAndDigest) {
   TuningLayout layout;
   layout.processes = 4;
