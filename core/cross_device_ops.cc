@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <cstdint>
 #include <string>
@@ -122,23 +123,21 @@ class Validator {
     return Status();
   }
 
-  // Outputs never overlap each other; an output may alias an input only where `alias_ok` says so
-  // (exactly the same range), never partially.
-  Status check_overlap(const std::vector<Range>& outputs, const std::vector<Range>& inputs,
-                       const std::vector<std::vector<size_t>>& allowed_alias) const {
+  // Outputs never overlap each other; an output may alias an input only where
+  // `allowed(output index, input index)` says so, and then exactly (the same range), never
+  // partially.
+  template <typename Outs, typename Ins, typename Allowed>
+  Status check_overlap(const Outs& outputs, const Ins& inputs, Allowed allowed) const {
     for (size_t i = 0; i < outputs.size(); ++i) {
       for (size_t j = i + 1; j < outputs.size(); ++j) {
-        if (overlaps(outputs[i], outputs[j])) {
+        if (overlaps(outputs[i], outputs[j])) [[unlikely]] {
           return error(outputs[i].label.str() + " and " + outputs[j].label.str() +
                        " overlap; every output needs its own memory");
         }
       }
       for (size_t j = 0; j < inputs.size(); ++j) {
         if (!overlaps(outputs[i], inputs[j])) continue;
-        bool ok = same(outputs[i], inputs[j]) &&
-                  std::find(allowed_alias[i].begin(), allowed_alias[i].end(), j) !=
-                      allowed_alias[i].end();
-        if (!ok) {
+        if (!same(outputs[i], inputs[j]) || !allowed(i, j)) [[unlikely]] {
           return error(outputs[i].label.str() + " overlaps " + inputs[j].label.str() +
                        "; an output may only be exactly its own replica's input (in place)");
         }
@@ -151,9 +150,32 @@ class Validator {
   std::string_view call_;
 };
 
-std::vector<Range> ranges(const std::vector<Tensor>& ts, std::string_view name) {
-  std::vector<Range> out;
-  out.reserve(ts.size());
+// The byte ranges of one group of tensors, without a heap allocation for up to 8 of them (the
+// front door runs on every call; small messages feel every allocation).
+class RangeList {
+ public:
+  size_t size() const { return size_; }
+  Range& operator[](size_t i) { return size_ <= kInline ? inline_[i] : heap_[i]; }
+  const Range& operator[](size_t i) const { return size_ <= kInline ? inline_[i] : heap_[i]; }
+  void push_back(const Range& r) {
+    if (size_ < kInline) {
+      inline_[size_] = r;
+    } else {
+      if (size_ == kInline) heap_.assign(inline_.begin(), inline_.end());
+      heap_.push_back(r);
+    }
+    ++size_;
+  }
+
+ private:
+  static constexpr size_t kInline = 8;
+  std::array<Range, kInline> inline_;
+  std::vector<Range> heap_;
+  size_t size_ = 0;
+};
+
+RangeList ranges(const std::vector<Tensor>& ts, std::string_view name) {
+  RangeList out;
   for (size_t i = 0; i < ts.size(); ++i) out.push_back(range_of(ts[i], at(name, i)));
   return out;
 }
@@ -216,11 +238,16 @@ std::string CallInfo::describe() const {
 struct CrossDeviceOps::Health {
   mutable std::mutex mu;
   Status first_failure;
+  std::atomic<bool> failed{false};  // read without the lock on every call
   void record(const Status& s) {
     std::lock_guard lock(mu);
-    if (first_failure.ok()) first_failure = s;
+    if (first_failure.ok()) {
+      first_failure = s;
+      failed.store(!s.ok(), std::memory_order_release);
+    }
   }
   Status get() const {
+    if (!failed.load(std::memory_order_acquire)) return Status();
     std::lock_guard lock(mu);
     return first_failure;
   }
@@ -327,10 +354,15 @@ CallInfo CrossDeviceOps::begin(Collective c, ReduceOp op, DType dtype, int64_t c
 
 Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
   // A collective that failed after validation leaves the group in an unknown state.
-  auto health = health_;
-  work.on_complete([health](const Status& s) {
-    if (!s.ok()) health->record(s);
-  });
+  if (work.test()) {
+    // Already complete (synchronous backends): no callback to allocate.
+    if (Status s = work.error(); !s.ok()) health_->record(s);
+  } else {
+    auto health = health_;
+    work.on_complete([health](const Status& s) {
+      if (!s.ok()) health->record(s);
+    });
+  }
   if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {
     std::string what = call.describe();
     std::string prefix = log_prefix_;
@@ -403,15 +435,15 @@ Work CrossDeviceOps::all_reduce_front(ReduceOp op, const PerReplica<Tensor>& inp
   const DType dtype = inputs[0].dtype();
   const int64_t count = inputs[0].num_elements();
   TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kAllReduce, op, dtype));
-  std::vector<std::vector<size_t>> alias(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(inputs[i], "inputs", static_cast<int>(i)));
     TRIBUTARY_RETURN_WORK_IF_ERROR(
         v.check_dtype_count(outputs[i], at("outputs", i), dtype, count, kSameAsInput));
-    alias[i] = {i};
   }
+  // In place: output i may be exactly input i.
   TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(ranges(outputs.values(), "outputs"),
-                                                 ranges(inputs.values(), "inputs"), alias));
+                                                 ranges(inputs.values(), "inputs"),
+                                                 [](size_t i, size_t j) { return i == j; }));
   CallInfo call = begin(Collective::kAllReduce, op, dtype, count);
   return finish(call, all_reduce_impl(call, op, inputs, outputs));
 }
@@ -436,19 +468,16 @@ Work CrossDeviceOps::reduce_front(ReduceOp op, const PerReplica<Tensor>& value,
   const DType dtype = value[0].dtype();
   const int64_t count = value[0].num_elements();
   TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kReduce, op, dtype));
-  std::vector<std::vector<size_t>> alias(destinations.size());
   for (size_t i = 0; i < destinations.size(); ++i) {
     TRIBUTARY_RETURN_WORK_IF_ERROR(
         check_device(destinations[i], "destinations", static_cast<int>(i)));
     TRIBUTARY_RETURN_WORK_IF_ERROR(
         v.check_dtype_count(destinations[i], at("destinations", i), dtype, count, kSameAsValue));
-    // A destination may be a value's own buffer when it is on that value's device.
-    for (size_t j = 0; j < value.size(); ++j) {
-      if (value[j].device() == destinations[i].device()) alias[i].push_back(j);
-    }
   }
-  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(ranges(destinations.values(), "destinations"),
-                                                 ranges(value.values(), "value"), alias));
+  // A destination may be a value's own buffer when it is on that value's device.
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(
+      ranges(destinations.values(), "destinations"), ranges(value.values(), "value"),
+      [&](size_t i, size_t j) { return value[j].device() == destinations[i].device(); }));
   CallInfo call = begin(Collective::kReduce, op, dtype, count);
   return finish(call, reduce_impl(call, op, value, destinations));
 }
@@ -498,7 +527,9 @@ Work CrossDeviceOps::batch_reduce_front(ReduceOp op, std::span<const ReducePair>
     }
     total += count;
   }
-  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, alias));
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, [&](size_t i, size_t j) {
+    return std::find(alias[i].begin(), alias[i].end(), j) != alias[i].end();
+  }));
   CallInfo call = begin(Collective::kBatchReduce, op, pairs[0].value[0].dtype(), total);
   return finish(call, batch_reduce_impl(call, op, pairs));
 }
@@ -544,18 +575,18 @@ Work CrossDeviceOps::broadcast_front(const Tensor& source, const Mirrored<Tensor
   const DType dtype = shape_of.dtype();
   const int64_t count = shape_of.num_elements();
   TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kBroadcast, ReduceOp::kSum, dtype));
-  std::vector<std::vector<size_t>> alias(destinations.size());
   for (size_t i = 0; i < destinations.size(); ++i) {
     TRIBUTARY_RETURN_WORK_IF_ERROR(
         check_device(destinations[i], "destinations", static_cast<int>(i)));
     TRIBUTARY_RETURN_WORK_IF_ERROR(
         v.check_dtype_count(destinations[i], at("destinations", i), dtype, count, kSameAsSource));
-    if (is_root && destinations[i].device() == source.device()) alias[i] = {0};
   }
-  std::vector<Range> src;
+  RangeList src;
   if (is_root) src.push_back(range_of(source, Label{"source"}));
-  TRIBUTARY_RETURN_WORK_IF_ERROR(
-      v.check_overlap(ranges(destinations.values(), "destinations"), src, alias));
+  // On the root, a destination on the source's device may be the source itself.
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(
+      ranges(destinations.values(), "destinations"), src,
+      [&](size_t i, size_t) { return is_root && destinations[i].device() == source.device(); }));
   CallInfo call = begin(Collective::kBroadcast, ReduceOp::kSum, dtype, count);
   return finish(call, broadcast_impl(call, source, destinations, root));
 }
@@ -578,9 +609,8 @@ Work CrossDeviceOps::all_gather_front(const PerReplica<Tensor>& inputs,
   const int64_t count = inputs[0].num_elements();
   const int64_t n = num_replicas_in_sync();
   TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kAllGather, ReduceOp::kSum, dtype));
-  std::vector<Range> outs = ranges(outputs.values(), "outputs");
-  std::vector<Range> ins = ranges(inputs.values(), "inputs");
-  std::vector<std::vector<size_t>> alias(outputs.size());
+  RangeList outs = ranges(outputs.values(), "outputs");
+  RangeList ins = ranges(inputs.values(), "inputs");
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Label label = at("outputs", i);
     TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(inputs[i], "inputs", static_cast<int>(i)));
@@ -604,10 +634,11 @@ Work CrossDeviceOps::all_gather_front(const PerReplica<Tensor>& inputs,
           return Work::completed(v.error(label.str() + " overlaps " + outs[j].label.str()));
         }
       }
-      alias[i] = {i};
     }
   }
-  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, alias));
+  // In place, outs[i] is now exactly its own slice, which input i may be.
+  TRIBUTARY_RETURN_WORK_IF_ERROR(
+      v.check_overlap(outs, ins, [](size_t i, size_t j) { return i == j; }));
   CallInfo call = begin(Collective::kAllGather, ReduceOp::kSum, dtype, count);
   return finish(call, all_gather_impl(call, inputs, outputs));
 }
@@ -636,9 +667,8 @@ Work CrossDeviceOps::reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>&
   }
   const int64_t count = total / n;
   TRIBUTARY_RETURN_WORK_IF_ERROR(check_supported(Collective::kReduceScatter, op, dtype));
-  std::vector<Range> ins = ranges(inputs.values(), "inputs");
-  std::vector<Range> outs = ranges(outputs.values(), "outputs");
-  std::vector<std::vector<size_t>> alias(outputs.size());
+  RangeList ins = ranges(inputs.values(), "inputs");
+  RangeList outs = ranges(outputs.values(), "outputs");
   for (size_t i = 0; i < outputs.size(); ++i) {
     TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(inputs[i], "inputs", static_cast<int>(i)));
     TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_dtype_count(outputs[i], at("outputs", i), dtype, count, [n] {
@@ -657,7 +687,8 @@ Work CrossDeviceOps::reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>&
       ins[i] = Range{};  // checked above
     }
   }
-  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, alias));
+  TRIBUTARY_RETURN_WORK_IF_ERROR(
+      v.check_overlap(outs, ins, [](size_t, size_t) { return false; }));
   CallInfo call = begin(Collective::kReduceScatter, op, dtype, count);
   return finish(call, reduce_scatter_impl(call, op, inputs, outputs));
 }

@@ -41,6 +41,7 @@ class Work {
 
  private:
   struct State;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };
 

@@ -19,6 +19,24 @@ TEST(Work, CompletedWork) {
   EXPECT_EQ(e.error().message(), "peer 2 died");
 }
 
+// Successful completed Works share one state: nothing done to one may show in another.
+TEST(Work, CompletedOkWorksStayOk) {
+  Work a = Work::completed();
+  a.complete(aborted("late"));  // ignored: already complete
+  int calls = 0;
+  a.on_complete([&](const Status& s) {
+    EXPECT_TRUE(s.ok());
+    ++calls;
+  });
+  EXPECT_EQ(calls, 1);
+  Work b = Work::completed();
+  EXPECT_TRUE(a.error().ok());
+  EXPECT_TRUE(b.wait(0ms).ok());
+  EXPECT_EQ(b.elapsed().count(), 0);
+  EXPECT_EQ(Work::completed(aborted("x")).error().message(), "x");
+  EXPECT_TRUE(Work::completed().error().ok());
+}
+
 TEST(Work, WaitTimesOutWhilePending) {
   Work w;
   EXPECT_FALSE(w.test());
