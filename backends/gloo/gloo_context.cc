@@ -1,5 +1,7 @@
 #include "backends/gloo/gloo_context.h"
 
+#include <sys/random.h>
+
 #include <arpa/inet.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
@@ -24,6 +26,7 @@
 #include <utility>
 
 #include "backends/gloo/gloo_store.h"
+#include "core/crypto/sha256.h"
 #include "core/rendezvous.h"
 #include "tributary/options.h"
 #include "tributary/store.h"
@@ -197,10 +200,78 @@ int PeerDirectory::peer_in(const std::string& gloo_message) const {
   return gone;
 }
 
+namespace {
+
+std::string hex(const uint8_t* p, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += kDigits[p[i] >> 4];
+    out += kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+// Every rank shows, through the store, that it holds the same secret as the others (an HMAC over
+// every rank's fresh nonce, so a proof cannot be replayed from another job or instance), or that
+// no rank has one. Runs on every rank, secret or not, so that a difference fails everywhere.
+Status check_same_secret(int rank, int world_size, Store& store, const GlooConnectOptions& o,
+                         const std::string& who) {
+  uint8_t nonce[16];
+  if (getrandom(nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) {
+    return internal_error(who + ": getrandom failed");
+  }
+  const auto wait = o.timeout;
+  TRIBUTARY_RETURN_IF_ERROR(
+      store.set("secret/nonce/" + std::to_string(rank), hex(nonce, sizeof nonce)));
+  std::string transcript = "tributary gloo secret|" + o.cluster_id;
+  for (int r = 0; r < world_size; ++r) {
+    auto n = store.get("secret/nonce/" + std::to_string(r), wait);
+    if (!n.ok()) return n.status().with_context(who + ": comparing secrets");
+    transcript += "|" + *n;
+  }
+  const auto proof_of = [&](int r) {
+    if (o.secret.empty()) return std::string("none");
+    const internal::Digest d = internal::hmac_sha256(o.secret, transcript + "|" + std::to_string(r));
+    return hex(d.data(), d.size());
+  };
+  TRIBUTARY_RETURN_IF_ERROR(store.set("secret/proof/" + std::to_string(rank), proof_of(rank)));
+  for (int r = 0; r < world_size; ++r) {
+    if (r == rank) continue;
+    auto theirs = store.get("secret/proof/" + std::to_string(r), wait);
+    if (!theirs.ok()) return theirs.status().with_context(who + ": comparing secrets");
+    const std::string want = proof_of(r);
+    if (*theirs == want) continue;
+    std::string what;
+    if (o.secret.empty()) {
+      what = "rank " + std::to_string(r) + " has a secret (TRIBUTARY_SECRET) and this rank has none";
+    } else if (*theirs == "none") {
+      what = "this rank has a secret (TRIBUTARY_SECRET) and rank " + std::to_string(r) +
+             " has none";
+    } else {
+      what = "rank " + std::to_string(r) + " holds a different secret";
+    }
+    return unavailable(who + ": " + what +
+                       "; authentication failed: give every process the same secret "
+                       "(TRIBUTARY_SECRET, TRIBUTARY_SECRET_FILE or secret_file=), or none");
+  }
+  return Status();
+}
+
+}  // namespace
+
 StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<Store> store,
                                       const GlooConnectOptions& options) {
   const std::string who =
       "backend 'gloo' on rank " + std::to_string(rank) + " of " + std::to_string(world_size);
+  TRIBUTARY_RETURN_IF_ERROR(check_same_secret(rank, world_size, *store, options, who));
+  if (!options.secret.empty() && !options.allow_unauthenticated) {
+    return failed_precondition(
+        who + ": a shared secret is set (TRIBUTARY_SECRET), but Gloo's TCP transport cannot "
+              "authenticate its connections or its data, so the secret would not protect this "
+              "job; use backend 'ring' or 'ucx' (they authenticate every connection and message), "
+              "or accept Gloo's unauthenticated transport with gloo:allow_unauthenticated=true");
+  }
   gloo::transport::tcp::attr attr;
   std::string where;
   if (!options.iface.empty()) {

@@ -72,6 +72,14 @@ struct GlooConnectOptions {
   // thread), spinning on them with busy_poll. Only classic algorithms work then.
   bool sync = false;
   bool busy_poll = false;
+  // TRIBUTARY_SECRET (or the secret_file option); "" for none. Gloo's TCP transport cannot
+  // authenticate its connections or data, so connect_gloo first makes every rank prove through the
+  // store that it holds the same secret as every other (or that none has one), failing on every
+  // rank when they differ; then, with a secret, it refuses unless allow_unauthenticated says the
+  // user accepts Gloo's unauthenticated transport.
+  std::string secret;
+  bool allow_unauthenticated = false;
+  std::string cluster_id;
 };
 
 // A connected full mesh (null context for one process) and its peers.

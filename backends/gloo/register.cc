@@ -76,6 +76,17 @@ Status register_gloo(BackendRegistry& registry) {
        .type = OptionType::kString,
        .default_value = "",
        .help = "network interface Gloo listens on (e.g. eth0); overrides host"},
+      {.name = "secret_file",
+       .type = OptionType::kString,
+       .default_value = "",
+       .help = "file holding the shared secret (else TRIBUTARY_SECRET, else "
+               "TRIBUTARY_SECRET_FILE): every rank must hold the same one, or none"},
+      {.name = "allow_unauthenticated",
+       .type = OptionType::kBool,
+       .default_value = "false",
+       .help = "with a shared secret set, run anyway: Gloo's TCP transport cannot authenticate "
+               "its connections or data, so without this the backend refuses (ring and ucx "
+               "authenticate). Ranks still prove they hold the same secret"},
       {.name = "bcube_base",
        .type = OptionType::kInt,
        .default_value = "0",
@@ -127,6 +138,11 @@ Status register_gloo(BackendRegistry& registry) {
                                 " does not divide the number of processes (" +
                                 std::to_string(context.world_size) + ")");
       }
+      TRIBUTARY_ASSIGN_OR_RETURN(c.secret,
+                                 internal::read_secret(context.config,
+                                                       options.get_string("secret_file")));
+      c.allow_unauthenticated = options.get_bool("allow_unauthenticated");
+      c.cluster_id = context.cluster_id;
       TRIBUTARY_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
                                  internal::instance_store(context, "gloo"));
       auto made = backends::connect_gloo(context.rank, context.world_size, store, c);

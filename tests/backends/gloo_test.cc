@@ -675,6 +675,57 @@ TEST(GlooFailure, MismatchIsAnErrorOnEveryRank) {
   expect_all_zero(codes);
 }
 
+// Secrets: ranks that hold different secrets, or one a secret and one none, are refused on every
+// rank, naming the difference; the same secret is refused too (Gloo's transport cannot be
+// authenticated) unless allow_unauthenticated=true, and then the group works.
+TEST(GlooFailure, SecretsMustMatchAndAreNotSilentlyUnprotected) {
+  struct Case {
+    const char* secret0;
+    const char* secret1;
+    const char* options;
+    const char* expect0;  // "" = success
+    const char* expect1;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"aaa", "bbb", "", "rank 1 holds a different secret", "rank 0 holds a different secret"},
+           {"aaa", "", "", "rank 1 has none", "rank 0 has a secret"},
+           {"aaa", "", ",allow_unauthenticated=true", "rank 1 has none", "rank 0 has a secret"},
+           {"aaa", "aaa", "", "cannot authenticate", "cannot authenticate"},
+           {"aaa", "aaa", ",allow_unauthenticated=true", "", ""},
+       }) {
+    expect_all_zero(run_world(
+        2, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          const char* secret = me.rank == 0 ? c.secret0 : c.secret1;
+          const std::string expect = me.rank == 0 ? c.expect0 : c.expect1;
+          if (*secret) me.context.config = Config::from_map({{"TRIBUTARY_SECRET", secret}});
+          const std::string spec = std::string("gloo:timeout=20s") + c.options;
+          auto made = create(spec, me);
+          if (expect.empty()) {
+            if (!made.ok()) {
+              check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+              return 1;
+            }
+            std::vector<float> v(16, 1.0f);
+            Tensor t(v.data(), DType::kFloat32, Shape{16});
+            Status s = (*made)
+                           ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}),
+                                        PerReplica<Tensor>({t}))
+                           .wait();
+            if (!s.ok() || v[0] != 2.0f) check.fail("all_reduce: %s", s.to_string().c_str());
+          } else if (made.ok()) {
+            check.fail("secrets %s/%s%s: created, want an error with '%s'", c.secret0, c.secret1,
+                       c.options, expect.c_str());
+          } else if (made.status().message().find(expect) == std::string::npos) {
+            check.fail("want '%s' in: %s", expect.c_str(), made.status().to_string().c_str());
+          }
+          return check.ok() ? 0 : 1;
+        },
+        60));
+  }
+}
+
 // A rendezvous that the other rank never joins: a clear DeadlineExceeded from create().
 TEST(GlooFailure, RendezvousTimeout) {
   const std::vector<int> codes = run_world(
