@@ -213,7 +213,21 @@ Work ProcessGroupOps::broadcast_impl(const CallInfo& call, const Tensor& source,
   const Tensor& first = destinations[0];
   if (s.ok() && rank() == root) s = local_copy(source, one(first));
   if (s.ok() && group_ && world_size() > 1) {
-    s = group_->broadcast(group_call(call), first.data(), first.nbytes(), root);
+    // Every rank must name the same root. Data flows one way in a broadcast, so a leaf naming
+    // another root could only notice it alone while the others succeed; a small all-reduce of the
+    // root first makes every rank see a difference (the root also rides in every tag, so over TCP
+    // and UCX the mismatch is reported by the transport, naming both sides).
+    GroupCall gc = group_call(call);
+    gc.tag.root = root;
+    int64_t roots[2] = {root, -root};  // max, and -min
+    s = group_->all_reduce(gc, roots, 2, DType::kInt64, ReduceOp::kMax, 1, nullptr);
+    if (s.ok() && roots[0] != -roots[1]) {
+      s = aborted("collective mismatch: broadcast " + call.describe() + ": rank " +
+                  std::to_string(rank()) + " named root " + std::to_string(root) +
+                  " but other ranks named roots from " + std::to_string(-roots[1]) + " to " +
+                  std::to_string(roots[0]) + "; every rank must name the same root");
+    }
+    if (s.ok()) s = group_->broadcast(gc, first.data(), first.nbytes(), root);
   }
   if (s.ok() && destinations.size() > 1) {
     s = local_copy(first, std::span<const Tensor>(destinations.values()).subspan(1));

@@ -15,7 +15,7 @@ MessageTag MessageTag::of(const CallInfo& call, uint32_t step) {
 
 bool MessageTag::same_collective(const MessageTag& o) const {
   return sequence == o.sequence && collective == o.collective && op == o.op && dtype == o.dtype &&
-         count == o.count;
+         count == o.count && root == o.root;
 }
 
 std::string MessageTag::describe() const {
@@ -25,7 +25,9 @@ std::string MessageTag::describe() const {
   c.op = op;
   c.dtype = dtype;
   c.count = count;
-  return c.describe() + " step " + std::to_string(step);
+  std::string s = c.describe();
+  if (root >= 0) s += " from root " + std::to_string(root);
+  return s + " step " + std::to_string(step);
 }
 
 Status Transport::sendrecv(int send_peer, std::span<const std::byte> send, int recv_peer,

@@ -40,6 +40,7 @@ struct MessageTag {
   ReduceOp op = ReduceOp::kSum;
   DType dtype = DType::kFloat32;
   int64_t count = 0;  // elements per rank of the whole collective
+  int32_t root = -1;  // broadcast: the root every rank named (-1 for collectives without one)
 
   static MessageTag of(const CallInfo& call, uint32_t step = 0);
   MessageTag at_step(uint32_t s) const {

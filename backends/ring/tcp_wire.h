@@ -18,7 +18,8 @@ inline constexpr uint32_t kFrameMagic = 0x54524246;  // "TRBF"
 inline constexpr uint32_t kHelloMagic = 0x54524248;  // "TRBH"
 inline constexpr uint32_t kAbortMagic = 0x54524241;  // "TRBA": the sender gave up; a reason follows
 // 2: the handshake carries the socket count and index (sockets_per_peer); frames carry the stripe.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: frames carry the broadcast root.
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr size_t kMaxAbortReason = 4096;
 inline constexpr int kMaxSocketsPerPeer = 16;
 
@@ -33,8 +34,10 @@ struct FrameHeader {
   uint32_t stripe = 0;   // which stripe of the message this frame is (0 when not striped)
   uint64_t length = 0;   // payload bytes of this frame
   uint64_t message = 0;  // bytes of the whole message (= length when not striped)
+  int32_t root = -1;     // broadcast: the root the sender named; -1 otherwise
+  uint32_t reserved = 0;
 };
-static_assert(sizeof(FrameHeader) == 48);
+static_assert(sizeof(FrameHeader) == 56);
 
 inline FrameHeader header_for(const algorithms::MessageTag& tag, size_t length) {
   FrameHeader h;
@@ -44,6 +47,7 @@ inline FrameHeader header_for(const algorithms::MessageTag& tag, size_t length) 
   h.collective = static_cast<uint8_t>(tag.collective);
   h.op = static_cast<uint8_t>(tag.op);
   h.dtype = static_cast<uint8_t>(tag.dtype);
+  h.root = tag.root;
   h.length = length;
   h.message = length;
   return h;
@@ -57,6 +61,7 @@ inline algorithms::MessageTag tag_of(const FrameHeader& h) {
   t.collective = static_cast<Collective>(h.collective);
   t.op = static_cast<ReduceOp>(h.op);
   t.dtype = static_cast<DType>(h.dtype);
+  t.root = h.root;
   return t;
 }
 

@@ -49,12 +49,13 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) 
 uint64_t rank_bits(int rank) { return static_cast<uint64_t>(rank) << kRankShift; }
 
 // collective (3 bits) | op (3) | dtype (4) | sequence mod 2^14 | 16-bit hash of everything
-// (sequence, step, count, message bytes): decodable enough to name the sender's collective.
+// (sequence, step, count, message bytes, broadcast root): decodable enough to name the sender's collective.
 uint64_t fingerprint(const MessageTag& t, size_t bytes) {
   uint64_t h = fnv1a(&t.sequence, sizeof t.sequence);
   h = fnv1a(&t.step, sizeof t.step, h);
   h = fnv1a(&t.count, sizeof t.count, h);
   h = fnv1a(&bytes, sizeof bytes, h);
+  h = fnv1a(&t.root, sizeof t.root, h);
   return (static_cast<uint64_t>(t.collective) & 7) << 37 | (static_cast<uint64_t>(t.op) & 7) << 34 |
          (static_cast<uint64_t>(t.dtype) & 15) << 30 | (t.sequence & 0x3fff) << 16 |
          ((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xffff);

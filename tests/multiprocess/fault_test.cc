@@ -170,6 +170,35 @@ TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
   }
 }
 
+// A broadcast where one rank names another root fails on every rank, naming the roots (it used
+// to succeed everywhere over TCP, leaving the ranks disagreeing).
+TEST_P(RingFaults, BroadcastWithAnotherRootFailsOnEveryRank) {
+  const std::string spec = GetParam() + ",timeout=5s";
+  const std::string dir = make_temp_dir("root");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok()) return kChildFailed;
+    std::vector<float> v(64, static_cast<float>(rank));
+    Tensor t(v.data(), DType::kFloat32, Shape{64});
+    const int root = rank == 2 ? 1 : 0;
+    Status s = (*ops)->broadcast(t, Mirrored<Tensor>({t}), root).wait(30s);
+    write_note(dir, rank, s.to_string());
+    return s.ok() ? kChildOk : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  int named = 0;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    named += note.find("collective mismatch") != std::string::npos &&
+                     note.find("root") != std::string::npos
+                 ? 1
+                 : 0;
+  }
+  EXPECT_GE(named, 1) << read_note(dir, 0) << read_note(dir, 1) << read_note(dir, 2);
+}
+
 // A call one rank refuses (bad arguments) fails the group at once, not at the peers' timeout.
 TEST_P(RingFaults, CallRefusedOnOneRankFailsThePeersQuickly) {
   const std::string spec = GetParam() + ",timeout=30s";
