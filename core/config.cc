@@ -132,11 +132,10 @@ StatusOr<Config> Config::from_json(std::string_view text, std::string_view origi
 }
 
 StatusOr<Config> Config::from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return not_found("cannot open config file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), path);
+  // A config is a few lines; 1 MiB leaves room without letting /dev/zero or a FIFO in.
+  TRIBUTARY_ASSIGN_OR_RETURN(std::string text,
+                             internal::read_settings_file(path, size_t{1} << 20, "config file"));
+  return from_json(text, path);
 }
 
 StatusOr<Config> Config::load() {

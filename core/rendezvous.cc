@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include "core/strings.h"
+
 namespace tributary::internal {
 namespace {
 
@@ -75,11 +77,8 @@ StatusOr<std::string> read_secret(const Config& config, const std::string& secre
     path = config.get("TRIBUTARY_SECRET_FILE").value_or("");
   }
   if (path.empty()) return std::string();
-  std::ifstream in(path);
-  if (!in) return not_found("cannot read the secret file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string secret = ss.str();
+  TRIBUTARY_ASSIGN_OR_RETURN(std::string secret,
+                             read_settings_file(path, size_t{64} << 10, "secret file"));
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty()) return invalid_argument("the secret file '" + path + "' is empty");
   return secret;

@@ -1,6 +1,12 @@
 #include "core/strings.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <charconv>
 #include <cstdlib>
 #include <string>
@@ -63,6 +69,43 @@ bool parse_double(std::string_view s, double* out) {
   char* end = nullptr;
   *out = std::strtod(tmp.c_str(), &end);
   return end == tmp.c_str() + tmp.size();
+}
+
+StatusOr<std::string> read_settings_file(const std::string& path, size_t max_bytes,
+                                         std::string_view what) {
+  const std::string name = std::string(what) + " '" + path + "'";
+  // Non-blocking open: opening a FIFO with no writer would otherwise wait forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return not_found("cannot open " + name + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return invalid_argument(name + " is not a regular file; give the path of a file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return invalid_argument(name + " is " + std::to_string(st.st_size) + " bytes; it may be at most " +
+                            std::to_string(max_bytes));
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return invalid_argument("reading " + name + " failed: " + std::strerror(e));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {  // grew while we read
+      ::close(fd);
+      return invalid_argument(name + " is larger than " + std::to_string(max_bytes) + " bytes");
+    }
+  }
+  ::close(fd);
+  return out;
 }
 
 }  // namespace tributary::internal

@@ -5,6 +5,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tributary/status.h"
+
 namespace tributary::internal {
 
 std::string_view trim(std::string_view s);
@@ -17,5 +19,11 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep);
 // Parses a whole string as a base-10 integer; false on anything else (sign allowed).
 bool parse_int64(std::string_view s, long long* out);
 bool parse_double(std::string_view s, double* out);
+
+// The contents of the settings file `path` (config, secret, tuning): only a regular file (a FIFO,
+// device or directory would block or never end), of at most `max_bytes`. `what` names it in
+// errors ("config file"): NotFound when it cannot be opened, InvalidArgument otherwise.
+StatusOr<std::string> read_settings_file(const std::string& path, size_t max_bytes,
+                                         std::string_view what);
 
 }  // namespace tributary::internal

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/crypto/sha256.h"
+#include "core/strings.h"
 #include "tributary/cluster.h"
 #include "tributary/options.h"
 #include "tributary/store.h"
@@ -250,14 +251,13 @@ StatusOr<TuningTable> TuningTable::parse(std::string_view text, std::string_view
 }
 
 StatusOr<TuningTable> TuningTable::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return not_found("cannot read tuning file '" + path +
-                     "'; write one with tributary-tune, or unset TRIBUTARY_TUNING_FILE");
+  auto text = internal::read_settings_file(path, size_t{16} << 20, "tuning file");
+  if (!text.ok()) {
+    return Status(text.status().code(),
+                  text.status().message() +
+                      "; write one with tributary-tune, or unset TRIBUTARY_TUNING_FILE");
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), "'" + path + "'");
+  return parse(*text, "'" + path + "'");
 }
 
 std::string TuningTable::to_json() const {

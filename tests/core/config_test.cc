@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 
@@ -40,6 +43,33 @@ TEST(Config, MalformedFilesAreErrors) {
   EXPECT_FALSE(Config::from_json(R"({"timeout": [1]})", "e").ok());
   EXPECT_FALSE(Config::from_json(R"({"cross_device_ops": {"options": {}}})", "f").ok());
   EXPECT_EQ(Config::from_file("/nonexistent/x.json").status().code(), StatusCode::kNotFound);
+}
+
+// Settings files are read only when they are regular files of sane size: /dev/zero used to abort
+// with std::bad_alloc, and a FIFO blocked forever.
+TEST(Config, FilesThatAreNotSmallRegularFilesAreErrors) {
+  auto zero = Config::from_file("/dev/zero");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("not a regular file"), std::string::npos)
+      << zero.status().message();
+  const std::string fifo = ::testing::TempDir() + "/tributary_config_fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto from_fifo = Config::from_file(fifo);  // returns at once, no writer needed
+  ::unlink(fifo.c_str());
+  ASSERT_FALSE(from_fifo.ok());
+  EXPECT_NE(from_fifo.status().message().find("not a regular file"), std::string::npos);
+  EXPECT_FALSE(Config::from_file(::testing::TempDir()).ok());  // a directory
+  const std::string big = ::testing::TempDir() + "/tributary_config_big.json";
+  {
+    std::ofstream f(big);
+    f << std::string((size_t{1} << 20) + 1, ' ');
+  }
+  auto too_big = Config::from_file(big);
+  ::unlink(big.c_str());
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().message().find("at most 1048576"), std::string::npos)
+      << too_big.status().message();
 }
 
 TEST(Config, EnvironmentWinsOverFile) {
