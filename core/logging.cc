@@ -15,7 +15,7 @@ StatusOr<LogLevel> parse_log_level(std::string_view text) {
   if (s == "warning" || s == "warn") return LogLevel::kWarning;
   if (s == "error") return LogLevel::kError;
   if (s == "off" || s == "none") return LogLevel::kOff;
-  return invalid_argument("unknown log level '" + std::string(text) +
+  return invalid_argument("unknown log level '" + excerpt(text) +
                           "'; valid levels: trace, debug, info, warning, error, off");
 }
 

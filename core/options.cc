@@ -35,7 +35,8 @@ Status parse_value(const OptionDef& d, std::string_view text, Options::Value* ou
   std::string_view t = trim(text);
   out->type = d.type;
   auto bad = [&](std::string_view why) {
-    return invalid_argument("bad value '" + std::string(text) + "' for option " + option_line(d) +
+    return invalid_argument("bad value '" + internal::excerpt(text) + "' for option " +
+                            option_line(d) +
                             ": " + std::string(why));
   };
   switch (d.type) {

@@ -71,6 +71,11 @@ bool parse_double(std::string_view s, double* out) {
   return end == tmp.c_str() + tmp.size();
 }
 
+std::string excerpt(std::string_view text, size_t max) {
+  if (text.size() <= max) return std::string(text);
+  return std::string(text.substr(0, max)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
 StatusOr<std::string> read_settings_file(const std::string& path, size_t max_bytes,
                                          std::string_view what) {
   const std::string name = std::string(what) + " '" + path + "'";

@@ -14,6 +14,9 @@ std::string to_lower(std::string_view s);
 std::string to_upper(std::string_view s);
 bool iequals(std::string_view a, std::string_view b);
 std::vector<std::string_view> split(std::string_view s, char sep);
+// `text` for an error message: whole when short, else its first `max` bytes, "...", and its size
+// (a 50 MB setting must not come back as a 50 MB message).
+std::string excerpt(std::string_view text, size_t max = 80);
 // "a, b, c"
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 // Parses a whole string as a base-10 integer; false on anything else (sign allowed).

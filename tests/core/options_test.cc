@@ -107,6 +107,15 @@ TEST(Options, UnknownKeyListsOptionsWithTypes) {
   EXPECT_NE(m.find("algorithm (enum: auto|ring|halving_doubling"), std::string::npos) << m;
 }
 
+// A huge bad value is quoted in part, with its size, not echoed whole.
+TEST(Options, HugeBadValuesAreQuotedInPart) {
+  const std::string huge(1 << 20, 'x');
+  auto o = Options::resolve("ring", schema(), {{"num_packs", huge}}, Config());
+  ASSERT_FALSE(o.ok());
+  EXPECT_LT(o.status().message().size(), 1000u) << o.status().message().substr(0, 200);
+  EXPECT_NE(o.status().message().find("... (1048576 bytes)"), std::string::npos);
+}
+
 TEST(Options, BadValuesNameTheOptionAndRule) {
   struct Case {
     const char* key;
