@@ -5,6 +5,7 @@
 
 #include "core/logging.h"
 #include "core/strings.h"
+#include "tributary/store.h"
 
 namespace tributary {
 
@@ -52,6 +53,31 @@ std::vector<OptionDef> BackendRegistry::options_of(const BackendInfo& info) cons
 }
 
 namespace {
+
+// Across processes: every rank publishes what its `auto` follows and compares the others'.
+Status agree_on_auto(const BackendContext& context, const std::string& choice) {
+  if (context.world_size <= 1 || !context.store) return Status();
+  const std::string prefix = "auto/" + std::to_string(++*context.instances) + "/";
+  TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + std::to_string(context.rank), choice));
+  const auto wait = context.store->options().timeout;
+  for (int r = 0; r < context.world_size; ++r) {
+    if (r == context.rank) continue;
+    auto theirs = context.store->get(prefix + std::to_string(r), wait);
+    if (!theirs.ok()) {
+      return theirs.status().with_context("'auto': waiting for rank " + std::to_string(r) +
+                                          " to say what it follows; did every rank create "
+                                          "'auto' in the same order?");
+    }
+    if (*theirs != choice) {
+      return failed_precondition("'auto' on rank " + std::to_string(context.rank) + " follows " +
+                                 choice + " but rank " + std::to_string(r) + " follows " +
+                                 *theirs +
+                                 "; every rank must see the same TRIBUTARY_TUNING_FILE (the "
+                                 "same file contents) and layout");
+    }
+  }
+  return Status();
+}
 
 // Why `info` cannot serve `context`, or OK.
 Status can_serve(const BackendInfo& info, const BackendContext& context) {
@@ -152,8 +178,8 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create_tuned(
     members.push_back(std::move(made).value());
   }
   if (members.size() == 1) return std::move(members[0]);
-  const Config::Entry* e = context.config.find("TRIBUTARY_TUNING_FILE");
-  return internal::make_tuned_ops(context, std::move(table), e ? e->value : origin,
+  std::string source = table.source.empty() ? origin : table.source;
+  return internal::make_tuned_ops(context, std::move(table), std::move(source),
                                   std::move(members));
 }
 
@@ -181,8 +207,16 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
     }
     TRIBUTARY_ASSIGN_OR_RETURN(std::optional<TuningTable> table,
                                tuning_for(context, tuning_file));
+    if (!table) {
+      TRIBUTARY_ASSIGN_OR_RETURN(resolved.name, choose_auto(context));
+    }
+    // Every rank must make the same choice before any backend connects: a rank following another
+    // file (or none) would otherwise wait out the rendezvous timeout with an unrelated error.
+    TRIBUTARY_RETURN_IF_ERROR(agree_on_auto(
+        context, table ? "the tuning rules '" + table->summary() + "' (digest " +
+                             std::to_string(table->digest()) + ")"
+                       : "the cost model's choice '" + resolved.name + "' (no tuning file)"));
     if (table) return create_tuned(std::move(*table), resolved.options, context);
-    TRIBUTARY_ASSIGN_OR_RETURN(resolved.name, choose_auto(context));
   }
   const BackendInfo* info = find(resolved.name);
   if (info == nullptr) {

@@ -81,7 +81,11 @@ StatusOr<std::string> read_settings_file(const std::string& path, size_t max_byt
   const std::string name = std::string(what) + " '" + path + "'";
   // Non-blocking open: opening a FIFO with no writer would otherwise wait forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return not_found("cannot open " + name + ": " + std::strerror(errno));
+  if (fd < 0) {
+    const int e = errno;
+    const std::string why = "cannot open " + name + ": " + std::strerror(e);
+    return e == ENOENT || e == ENOTDIR ? not_found(why) : unavailable(why);
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

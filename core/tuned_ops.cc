@@ -4,7 +4,6 @@
 #include <numeric>
 
 #include "core/strings.h"
-#include "tributary/store.h"
 #include "tributary/tuning.h"
 
 namespace tributary {
@@ -71,7 +70,8 @@ class TunedOps final : public CrossDeviceOps {
   }
   Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
                            const PerReplica<Tensor>& outputs) override {
-    return pick(call).reduce_scatter(op, inputs, outputs);
+    (void)call;  // its count is per output; the ranges are by one replica's input
+    return member_for(inputs[0].nbytes()).reduce_scatter(op, inputs, outputs);
   }
   void abandon(const Status& why) override {
     // Every member: peers may wait in any of them.
@@ -103,29 +103,6 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> make_tuned_ops(
     std::vector<std::unique_ptr<CrossDeviceOps>> members) {
   if (members.empty() || members.size() != table.specs().size()) {
     return internal_error("tuned backend: one member per spec expected");
-  }
-  // Every rank must follow the same rules, or their members would not meet: compare digests.
-  if (context.world_size > 1 && context.store) {
-    const uint64_t n = ++*context.instances;
-    const std::string prefix = "tuned/" + std::to_string(n) + "/digest/";
-    const std::string mine = std::to_string(table.digest());
-    TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + std::to_string(context.rank), mine));
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(members[0]->timeout());
-    for (int r = 0; r < context.world_size; ++r) {
-      auto theirs = context.store->get(prefix + std::to_string(r), wait);
-      if (!theirs.ok()) {
-        return theirs.status().with_context(
-            "tuned backend: rank " + std::to_string(r) +
-            " did not publish the digest of its tuning rules; does every rank use the same "
-            "TRIBUTARY_TUNING_FILE?");
-      }
-      if (*theirs != mine) {
-        return failed_precondition("tuned backend: rank " + std::to_string(r) +
-                                   " follows other tuning rules than rank " +
-                                   std::to_string(context.rank) + " (" + origin +
-                                   "); every rank must read the same tuning file");
-      }
-    }
   }
   Capabilities caps = members[0]->capabilities();
   for (const auto& m : members) {

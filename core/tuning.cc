@@ -80,8 +80,15 @@ StatusOr<TuningTable> TuningTable::from_measurements(TuningLayout layout, DType 
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   t.created = when;
-  std::sort(measurements.begin(), measurements.end(),
-            [](const TuningMeasurement& a, const TuningMeasurement& b) { return a.bytes < b.bytes; });
+  std::stable_sort(
+      measurements.begin(), measurements.end(),
+      [](const TuningMeasurement& a, const TuningMeasurement& b) { return a.bytes < b.bytes; });
+  // One measurement per size (the first given): ranges need strictly increasing bounds.
+  measurements.erase(std::unique(measurements.begin(), measurements.end(),
+                                 [](const TuningMeasurement& a, const TuningMeasurement& b) {
+                                   return a.bytes == b.bytes;
+                                 }),
+                     measurements.end());
   t.measurements = std::move(measurements);
   // Per size, the specs within kTie of the fastest count as equally good (the noise of one
   // machine is larger than their difference); among them, take `preferred` (what the cost model
@@ -257,7 +264,9 @@ StatusOr<TuningTable> TuningTable::load(const std::string& path) {
                   text.status().message() +
                       "; write one with tributary-tune, or unset TRIBUTARY_TUNING_FILE");
   }
-  return parse(*text, "'" + path + "'");
+  auto table = parse(*text, "'" + path + "'");
+  if (table.ok()) table->source = path;
+  return table;
 }
 
 std::string TuningTable::to_json() const {

@@ -256,6 +256,8 @@ int AlgorithmCache::bound_place(ClassicKind kind, DType dtype, ReduceOp op, int6
 BoundAlgorithm& AlgorithmCache::get_bound(ClassicKind kind, DType dtype, ReduceOp op,
                                           int64_t count, void* user, int agreed_place) {
   if (op == ReduceOp::kMean) op = ReduceOp::kSum;
+  // Bounded: with ever new sizes the statistics start over (on every rank at the same call).
+  if (bind_stats_.size() >= 4096) bind_stats_.clear();
   BindStats& stats = bind_stats_[{kind, dtype, op, count}];
   auto victim = entries_.end();
   int used = 0;  // bit p: place p is taken

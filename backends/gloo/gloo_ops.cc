@@ -293,7 +293,11 @@ GlooOps::Binding GlooOps::plan_binding(const CallInfo& call, ReduceOp op,
   Binding b;
   const uint64_t bytes = static_cast<uint64_t>(call.count) * dtype_size(call.dtype);
   const std::optional<ClassicKind> kind = classic_kind(resolve(bytes));
-  if (!gloo_ || !kind || inputs.size() != 1 || outputs.size() != 1 || bytes == 0 ||
+  // Only what every rank agrees on decides: the number of destinations of a reduce is a local
+  // choice (more than one get a copy of the first). Not bcube: its run() can return while sends
+  // of later steps still read the buffer.
+  (void)outputs;
+  if (!gloo_ || !kind || *kind == ClassicKind::kBcube || inputs.size() != 1 || bytes == 0 ||
       bytes > kGlooClassicMaxBytes || (!verify_ && bytes < kBindAloneMinBytes) ||
       !cache_->binding_pays(*kind, call.dtype, partial_op(op), call.count)) {
     return b;
@@ -337,8 +341,10 @@ Status GlooOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<c
     }
     cache_->get_bound(binding->kind, dtype, partial_op(op), count, out.data(), binding->agreed)
         .run();
-    if (op == ReduceOp::kMean) return algorithms::local_reduce(op, one(out), one(out), n);
-    return Status();
+    if (op == ReduceOp::kMean) {
+      TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(op, one(out), one(out), n));
+    }
+    return algorithms::local_copy(out, outputs.subspan(1));
   }
   if (std::optional<ClassicKind> kind = classic_kind(algorithm)) {
     return classic_all_reduce(*kind, op, inputs, outputs);

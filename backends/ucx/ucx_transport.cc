@@ -36,7 +36,8 @@ constexpr uint64_t kRankMask = ((uint64_t{1} << 22) - 1) << kRankShift;
 constexpr uint64_t kFingerprintMask = (uint64_t{1} << kRankShift) - 1;
 constexpr int kMaxRanks = 1 << 22;
 constexpr uint32_t kHelloMagic = 0x54525548;  // "TRUH"
-constexpr uint32_t kProtocolVersion = 1;
+// 2: the tag fingerprint hashes the broadcast root.
+constexpr uint32_t kProtocolVersion = 2;
 constexpr size_t kMaxLayout = 2048;
 constexpr size_t kMaxReason = 2048;
 

@@ -28,8 +28,9 @@
 //  - One spec for every size: `auto` creates that backend. Several: a `tuned` backend that holds
 //    one instance of each and dispatches every collective by the bytes of one replica's input
 //    (rules are measured on all-reduce; the other collectives follow the same size ranges).
-//    Every rank must use the same file: the ranks compare its digest when they create it, and a
-//    difference is an error naming both ranks.
+//    Every rank must make the same choice: across processes, `auto` first compares through the
+//    store what each rank follows (the rules' digest, or the cost model's pick), before any
+//    backend connects, and a difference is an error on every rank naming both sides.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +80,7 @@ struct TuningTable {
   std::string host, created;
   std::vector<TuningRule> rules;  // ascending max_bytes, the last kRest
   std::vector<TuningMeasurement> measurements;
+  std::string source;  // the file it was loaded from (load()), for messages; not written
 
   // From measurements: per size, the fastest spec, where specs within 5% of it count as tied and
   // ties go to `preferred` (the cost model's own choice, so that the file departs from it only for
@@ -106,7 +108,7 @@ struct TuningTable {
 
 namespace internal {
 // The `tuned` backend over `members` (one per distinct spec of `table`, in table.specs() order,
-// created from `context`). Compares the table's digest across ranks first.
+// created from `context`).
 StatusOr<std::unique_ptr<CrossDeviceOps>> make_tuned_ops(
     const BackendContext& context, TuningTable table, std::string origin,
     std::vector<std::unique_ptr<CrossDeviceOps>> members);

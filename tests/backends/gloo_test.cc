@@ -507,6 +507,51 @@ TEST(Gloo, BoundToCallersBuffersAcrossReuseAndReplacement) {
   }
 }
 
+// How many destinations a reduce has is each rank's own choice; it must not change which Gloo
+// instance runs (rank 0 passes two destinations, the others one), with verify on and off.
+TEST(Gloo, ReduceToSeveralDestinationsOnOneRankOnly) {
+  for (const std::string verify : {"true", "false"}) {
+    const std::string spec = "gloo:timeout=20s,verify=" + verify;
+    expect_all_zero(run_world(
+        2, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          auto made = create(spec, me);
+          if (!made.ok()) {
+            check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+            return 1;
+          }
+          const int64_t count = int64_t{1} << 20;  // 4 MiB: bound without verify too
+          for (int call = 0; call < 3; ++call) {
+            std::vector<float> in(count, static_cast<float>(me.rank + 1 + call));
+            std::vector<float> d0(count, -1.0f), d1(count, -1.0f);
+            std::vector<Tensor> dests = {Tensor(d0.data(), DType::kFloat32, Shape{count})};
+            if (me.rank == 0) dests.emplace_back(d1.data(), DType::kFloat32, Shape{count});
+            Status s = (*made)
+                           ->reduce(ReduceOp::kSum,
+                                    PerReplica<Tensor>({Tensor(in.data(), DType::kFloat32,
+                                                               Shape{count})}),
+                                    Mirrored<Tensor>(dests))
+                           .wait();
+            const float want = static_cast<float>(3 + 2 * call);
+            if (!s.ok()) {
+              check.fail("%s call %d: %s", spec.c_str(), call, s.to_string().c_str());
+              return 1;
+            }
+            for (const Tensor& d : dests) {
+              const float* p = static_cast<const float*>(d.data());
+              if (p[0] != want || p[count - 1] != want) {
+                check.fail("%s call %d: got %g/%g, want %g", spec.c_str(), call, p[0],
+                           p[count - 1], want);
+              }
+            }
+          }
+          return check.ok() ? 0 : 1;
+        },
+        60));
+  }
+}
+
 // --- failures ------------------------------------------------------------------------------------
 
 // Loops all-reduces of `count` floats until one fails; returns that Status and how long the

@@ -7,9 +7,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "tributary/registry.h"
+#include "tributary/store.h"
 #include "tributary/version.h"
 
 namespace tributary {
@@ -56,7 +58,8 @@ class Recorder final : public CrossDeviceOps {
 };
 
 BackendInfo recorder(const std::string& name, std::vector<Call>* log,
-                     std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat64}) {
+                     std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat64},
+                     bool multi_process = false) {
   BackendInfo info;
   info.name = name;
   info.summary = "records calls";
@@ -66,6 +69,7 @@ BackendInfo recorder(const std::string& name, std::vector<Call>* log,
   info.capabilities.collectives = {Collective::kAllReduce, Collective::kReduce,
                                    Collective::kBatchReduce, Collective::kBroadcast,
                                    Collective::kAllGather, Collective::kReduceScatter};
+  info.capabilities.multi_process = multi_process;
   info.auto_priority = name == "small" ? 2 : 1;
   info.create = [name, log, caps = info.capabilities](const BackendContext& ctx, Options o)
       -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
@@ -131,6 +135,15 @@ TEST(TuningTable, RangesFromMeasurementsTolerateTiesAndMergeNeighbours) {
   auto none = TuningTable::from_measurements(layout, DType::kFloat32, ReduceOp::kSum,
                                              {at(1024, {{"a", 0}})});
   EXPECT_FALSE(none.ok());
+
+  // A size measured twice counts once (the first), so bounds stay strictly increasing and the
+  // file parses back.
+  auto twice = TuningTable::from_measurements(
+      layout, DType::kFloat32, ReduceOp::kSum,
+      {at(1024, {{"a", 1}, {"b", 2}}), at(1024, {{"a", 2}, {"b", 1}}), at(4096, {{"a", 5}, {"b", 1}})});
+  ASSERT_TRUE(twice.ok());
+  EXPECT_EQ(twice->summary(), "<= 2KiB: a; rest: b");
+  EXPECT_TRUE(TuningTable::parse(twice->to_json(), "x").ok());
 }
 
 // Ties (within 5%) go to the cost model's choice: the file departs from it only for a real gain.
@@ -344,6 +357,53 @@ TEST(TunedAuto, MalformedOrUnknownBackendIsAnError) {
   auto missing = r.create("auto:tuning_file=/nonexistent.json", two_cpus());
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// Across processes every rank must follow the same thing: ranks with different files (or one
+// with none) fail before any backend connects, naming both choices. Two ranks as threads over one
+// memory store, with fake multi-process backends.
+TEST(TunedAuto, RanksFollowingDifferentFilesFailBeforeConnecting) {
+  std::vector<Call> log0, log1;
+  TempFile file(R"({"tributary_tuning": 1, "library_version": ")" + std::string(version()) +
+                R"(", "dtype": "float32", "op": "sum",
+      "layout": {"processes": 2, "local_replicas": 1, "processes_per_host": 0, "device": "CPU"},
+      "rules": [{"spec": "small", "max_bytes": 4096}, {"spec": "large", "max_bytes": null}]})");
+  for (bool same : {false, true}) {
+    auto store = std::make_shared<MemoryStore>(StoreOptions{.timeout = std::chrono::seconds(5)});
+    StatusOr<std::unique_ptr<CrossDeviceOps>> made[2] = {internal_error("not run"),
+                                                         internal_error("not run")};
+    std::thread ranks[2];
+    for (int r = 0; r < 2; ++r) {
+      ranks[r] = std::thread([&, r] {
+        BackendRegistry reg;
+        std::vector<Call>* log = r == 0 ? &log0 : &log1;
+        (void)reg.add(recorder("small", log, {DType::kFloat32}, true));
+        (void)reg.add(recorder("large", log, {DType::kFloat32}, true));
+        BackendContext ctx;
+        ctx.rank = r;
+        ctx.world_size = 2;
+        ctx.store = store;
+        if (same || r == 0) ctx.config.set("TRIBUTARY_TUNING_FILE", file.path());
+        made[r] = reg.create("auto", ctx);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) {
+      if (same) {
+        ASSERT_TRUE(made[r].ok()) << made[r].status().message();
+        EXPECT_EQ((*made[r])->name(), "tuned");
+      } else {
+        ASSERT_FALSE(made[r].ok());
+        EXPECT_EQ(made[r].status().code(), StatusCode::kFailedPrecondition);
+        EXPECT_NE(made[r].status().message().find("the cost model's choice 'small'"),
+                  std::string::npos)
+            << made[r].status().message();
+        EXPECT_NE(made[r].status().message().find("the tuning rules '<= 4KiB: small; rest: large'"),
+                  std::string::npos)
+            << made[r].status().message();
+      }
+    }
+  }
 }
 
 // The real in-process backends behind a two-range file: results stay right at both sizes.
