@@ -71,6 +71,18 @@ bool parse_double(std::string_view s, double* out) {
   return end == tmp.c_str() + tmp.size();
 }
 
+std::string hex(const void* data, size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    s += kHex[p[i] >> 4];
+    s += kHex[p[i] & 15];
+  }
+  return s;
+}
+
 std::string excerpt(std::string_view text, size_t max) {
   if (text.size() <= max) return std::string(text);
   return std::string(text.substr(0, max)) + "... (" + std::to_string(text.size()) + " bytes)";

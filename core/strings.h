@@ -14,6 +14,8 @@ std::string to_lower(std::string_view s);
 std::string to_upper(std::string_view s);
 bool iequals(std::string_view a, std::string_view b);
 std::vector<std::string_view> split(std::string_view s, char sep);
+// Lower-case hexadecimal of `n` bytes.
+std::string hex(const void* data, size_t n);
 // `text` for an error message: whole when short, else its first `max` bytes, "...", and its size
 // (a 50 MB setting must not come back as a 50 MB message).
 std::string excerpt(std::string_view text, size_t max = 80);

@@ -28,6 +28,7 @@
 #include "backends/gloo/gloo_store.h"
 #include "core/crypto/sha256.h"
 #include "core/rendezvous.h"
+#include "core/strings.h"
 #include "tributary/options.h"
 #include "tributary/store.h"
 
@@ -202,15 +203,7 @@ int PeerDirectory::peer_in(const std::string& gloo_message) const {
 
 namespace {
 
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out += kDigits[p[i] >> 4];
-    out += kDigits[p[i] & 15];
-  }
-  return out;
-}
+using internal::hex;
 
 // Every rank shows, through the store, that it holds the same secret as the others (an HMAC over
 // every rank's fresh nonce, so a proof cannot be replayed from another job or instance), or that

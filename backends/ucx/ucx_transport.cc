@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/crypto/sha256.h"
+#include "core/strings.h"
 #include "transports/shm/shm_segment.h"
 
 namespace tributary::backends {
@@ -77,17 +78,7 @@ std::string describe_fingerprint(uint64_t f) {
   return s + ")";
 }
 
-std::string hex(const void* data, size_t n) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::string s;
-  s.reserve(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    s += kHex[p[i] >> 4];
-    s += kHex[p[i] & 15];
-  }
-  return s;
-}
+using internal::hex;
 
 bool unhex(const std::string& text, std::string* out) {
   if (text.size() % 2) return false;
