@@ -6,6 +6,7 @@
 
 #include "algorithms/local_collectives.h"
 #include "algorithms/packing.h"
+#include "core/rendezvous.h"
 
 namespace tributary::algorithms {
 namespace {
@@ -44,11 +45,7 @@ std::vector<OptionDef> transport_group_options() {
                "unless this host runs more ranks than it has cores, where polling would steal the "
                "CPU from the peers: it then yields the core between polls for up to 1 ms)",
        .choices = {"auto", "on", "off"}},
-      {.name = "secret_file",
-       .type = OptionType::kString,
-       .default_value = "",
-       .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then the "
-               "file TRIBUTARY_SECRET_FILE names; none = no authentication)"},
+      internal::secret_file_option(),
   };
 }
 

@@ -84,6 +84,15 @@ StatusOr<std::string> read_secret(const Config& config, const std::string& secre
   return secret;
 }
 
+OptionDef secret_file_option() {
+  return {.name = "secret_file",
+          .type = OptionType::kString,
+          .default_value = "",
+          .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then "
+                  "the file TRIBUTARY_SECRET_FILE names; none = no authentication); every rank "
+                  "must hold the same one, or none"};
+}
+
 int local_ranks(const BackendContext& context) {
   for (const char* key : {"TRIBUTARY_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"}) {
     if (auto v = context.config.get(key)) {

@@ -10,6 +10,7 @@
 
 #include "tributary/config.h"
 #include "tributary/cross_device_ops.h"
+#include "tributary/options.h"
 #include "tributary/status.h"
 #include "tributary/store.h"
 
@@ -18,6 +19,8 @@ namespace tributary::internal {
 // The secret_file option, else TRIBUTARY_SECRET, else the file TRIBUTARY_SECRET_FILE names
 // (explicit option > environment); "" = no authentication. An unreadable or empty file is an error.
 StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file);
+// The `secret_file` option every authenticating multi-process backend offers (read by read_secret).
+OptionDef secret_file_option();
 
 // Ranks on this host: the launcher's TRIBUTARY_LOCAL_WORLD_SIZE or LOCAL_WORLD_SIZE, else all of
 // them when the coordinator is this host's loopback, else one.

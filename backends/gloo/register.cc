@@ -76,11 +76,7 @@ Status register_gloo(BackendRegistry& registry) {
        .type = OptionType::kString,
        .default_value = "",
        .help = "network interface Gloo listens on (e.g. eth0); overrides host"},
-      {.name = "secret_file",
-       .type = OptionType::kString,
-       .default_value = "",
-       .help = "file holding the shared secret (else TRIBUTARY_SECRET, else "
-               "TRIBUTARY_SECRET_FILE): every rank must hold the same one, or none"},
+      internal::secret_file_option(),
       {.name = "allow_unauthenticated",
        .type = OptionType::kBool,
        .default_value = "false",
