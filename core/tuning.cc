@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/crypto/sha256.h"
+#include "core/crypto/crypto.h"
 #include "core/strings.h"
 #include "tributary/cluster.h"
 #include "tributary/options.h"

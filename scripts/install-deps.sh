@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake ninja-build ccache pkg-config git ca-certificates
-  libfmt-dev libboost-dev nlohmann-json3-dev libgloo-dev libucx-dev
+  libfmt-dev libboost-dev libssl-dev nlohmann-json3-dev libgloo-dev libucx-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox iproute2
 )

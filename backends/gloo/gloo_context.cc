@@ -26,7 +26,7 @@
 #include <utility>
 
 #include "backends/gloo/gloo_store.h"
-#include "core/crypto/sha256.h"
+#include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
 #include "core/strings.h"
 #include "tributary/options.h"

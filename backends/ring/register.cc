@@ -7,7 +7,7 @@
 #include "algorithms/hierarchical_group.h"
 #include "algorithms/process_group_ops.h"
 #include "backends/ring/tcp_transport.h"
-#include "core/crypto/sha256.h"
+#include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
 #include "transports/shm/shm_group.h"
 #include "tributary/registry.h"
@@ -61,7 +61,8 @@ std::string layout_text(const BackendContext& context, const Options& options) {
   return algorithms::transport_group_layout(context, options) +
          ",sockets_per_peer=" + options.find("sockets_per_peer")->text +
          ",shm_chunk_bytes=" + options.find("shm_chunk_bytes")->text +
-         ",hierarchy=" + options.get_string("hierarchy");
+         ",hierarchy=" + options.get_string("hierarchy") +
+         ",authenticate_frames=" + options.find("authenticate_frames")->text;
 }
 
 // Ranks `rank` of `size` over TCP, meeting under `store` (the whole world, or a subgroup under its
@@ -81,6 +82,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
   t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
+  t.authenticate_frames = options.get_bool("authenticate_frames");
   TRIBUTARY_ASSIGN_OR_RETURN(auto transport, backends::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
@@ -226,6 +228,13 @@ Status register_ring(BackendRegistry& registry) {
            .help = "shared memory: collectives move through each process's slots in chunks of this "
                    "size; 0 = auto (512KiB)",
            .min = 0},
+          {.name = "authenticate_frames",
+           .type = OptionType::kBool,
+           .default_value = "true",
+           .help = "with a shared secret, put a MAC (GMAC, keyed per connection from the secret) "
+                   "on every TCP frame and check it before data is used; false authenticates only "
+                   "the handshake, which is faster but lets a relay on the path change data; "
+                   "every process must use the same value"},
           {.name = "host",
            .type = OptionType::kString,
            .default_value = "",

@@ -9,7 +9,6 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
-#include <random>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -17,7 +16,7 @@
 
 #include "backends/ring/tcp_wire.h"
 #include "backends/ring/tcp_writer.h"
-#include "core/crypto/sha256.h"
+#include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
 
 namespace tributary::backends {
@@ -32,9 +31,8 @@ using Request = algorithms::Transport::Request;
 using wire::FrameHeader;
 
 std::array<uint8_t, 32> random_nonce() {
-  std::random_device rd;
   std::array<uint8_t, 32> n;
-  for (auto& b : n) b = static_cast<uint8_t>(rd());
+  internal::random_bytes(n.data(), n.size());
   return n;
 }
 
@@ -44,6 +42,18 @@ std::array<uint8_t, 32> proof(const std::string& secret, char role,
   std::string msg(1, role);
   msg.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
   msg += ":" + std::to_string(from) + ":" + std::to_string(to);
+  return internal::hmac_sha256(secret, msg);
+}
+
+// The key of the frames `from` sends to `to` on connection `socket`: bound to this connection by
+// both handshake nonces, so that frames cannot be moved between connections or sessions.
+internal::Digest frame_key(const std::string& secret, const std::array<uint8_t, 32>& hello_nonce,
+                           const std::array<uint8_t, 32>& ack_nonce, int from, int to,
+                           int socket) {
+  std::string msg = "tributary-ring-frames|";
+  msg.append(reinterpret_cast<const char*>(hello_nonce.data()), hello_nonce.size());
+  msg.append(reinterpret_cast<const char*>(ack_nonce.data()), ack_nonce.size());
+  msg += "|" + std::to_string(from) + ">" + std::to_string(to) + "|" + std::to_string(socket);
   return internal::hmac_sha256(secret, msg);
 }
 
@@ -85,6 +95,12 @@ struct TcpTransport::Impl {
     std::deque<RecvPart> recvs;
     bool reading = false;
     FrameHeader incoming;
+    // Authenticated frames (a secret and authenticate_frames): the keys of both directions, set by
+    // the handshake, and the receiving MAC with the tag being read.
+    bool authenticated = false;
+    internal::Digest send_key{}, recv_key{};
+    internal::FrameMac recv_mac;
+    internal::FrameMac::Tag incoming_tag{};
   };
 
   asio::io_context io;
@@ -120,7 +136,11 @@ struct TcpTransport::Impl {
   void start_writer() {
     writer = std::make_unique<TcpWriter>(conns.size(), [this] { asio::post(io, [] {}); });
     for (size_t c = 0; c < conns.size(); ++c) {
-      if (conns[c].socket) writer->set_fd(static_cast<int>(c), conns[c].socket->native_handle());
+      Connection& x = conns[c];
+      if (!x.socket) continue;
+      writer->set_fd(static_cast<int>(c), x.socket->native_handle(),
+                     x.authenticated ? &x.send_key : nullptr);
+      if (x.authenticated) x.recv_mac = internal::FrameMac(x.recv_key);
     }
   }
 
@@ -169,16 +189,19 @@ struct TcpTransport::Impl {
     abort_frame += reason;
     if (writer) writer->quiesce();
     for (size_t c = 0; c < conns.size(); ++c) {
-      if (between_frames(static_cast<int>(c))) send_abort_and_close(conns[c]);
+      if (between_frames(static_cast<int>(c))) send_abort_and_close(static_cast<int>(c));
     }
   }
 
-  void send_abort_and_close(Connection& c) {
-    if (c.socket && c.socket->is_open()) {
-      (void)::send(c.socket->native_handle(), abort_frame.data(), abort_frame.size(),
+  void send_abort_and_close(int c) {
+    Connection& x = conns[static_cast<size_t>(c)];
+    if (x.socket && x.socket->is_open()) {
+      std::string frame = abort_frame;
+      if (writer) writer->seal(c, frame);
+      (void)::send(x.socket->native_handle(), frame.data(), frame.size(),
                    MSG_DONTWAIT | MSG_NOSIGNAL);
     }
-    close(c);
+    close(x);
   }
 
   // After a failure, outside any handler: lets frames in flight finish (briefly), then sends the
@@ -198,7 +221,7 @@ struct TcpTransport::Impl {
     if (writer) writer->stop();
     absorb();
     for (size_t c = 0; c < conns.size(); ++c) {
-      if (clean[c]) send_abort_and_close(conns[c]);
+      if (clean[c]) send_abort_and_close(static_cast<int>(c));
       close(conns[c]);
     }
   }
@@ -229,13 +252,37 @@ struct TcpTransport::Impl {
           h.magic != wire::kAbortMagic || h.length > wire::kMaxAbortReason) {
         continue;
       }
-      std::string frame(sizeof h + h.length, '\0');
+      const size_t tag = c.authenticated ? internal::FrameMac::kTagBytes : 0;
+      std::string frame(sizeof h + h.length + tag, '\0');
       const ssize_t got = ::recv(fd, frame.data(), frame.size(), MSG_DONTWAIT);
       if (got != static_cast<ssize_t>(frame.size())) continue;
+      std::string reason = frame.substr(sizeof h, h.length);
+      if (tag != 0 && !abort_authentic(c, frame.data(), sizeof h + h.length,
+                                       frame.data() + sizeof h + h.length)) {
+        reason = unauthenticated_abort(reason);
+      }
       return aborted("rank " + std::to_string(peer) + " gave up while rank " +
-                     std::to_string(rank) + " " + doing + ": " + frame.substr(sizeof h));
+                     std::to_string(rank) + " " + doing + ": " + reason);
     }
     return Status();
+  }
+
+  // An abort frame's tag (its frame number is the next one on the connection).
+  static bool abort_authentic(Connection& c, const void* frame, size_t n, const void* tag) {
+    const internal::FrameMac::Tag want = c.recv_mac.of(frame, n);
+    return internal::bytes_equal(want.data(), tag, want.size());
+  }
+  static std::string unauthenticated_abort(const std::string& reason) {
+    return "(the reason given failed authentication: it was not sent by a process with the "
+           "secret, or was changed on the way) \"" +
+           reason.substr(0, 200) + "\"";
+  }
+
+  Status frame_forged(int c, const MessageTag& tag) const {
+    return aborted("a frame of " + tag.describe() + " from " + link_name(c) +
+                   " failed authentication: it was changed on the way or sent by a process "
+                   "without the secret (a tampering relay or a misrouted connection on the "
+                   "network); the data was rejected and this collective failed");
   }
 
   // --- receiving ---------------------------------------------------------------------------------
@@ -308,6 +355,11 @@ struct TcpTransport::Impl {
       return read_abort_reason(c, part.tag, h.length);
     }
     if (Status bad = check_header(c, h, part); !bad.ok()) return read_failed(c, std::move(bad));
+    if (x.authenticated) {
+      x.recv_mac.begin();
+      x.recv_mac.update(&h, sizeof h);
+      return read_authenticated(c, 0);
+    }
     if (part.length == 0) return finish_recv(c);
     asio::async_read(*x.socket, asio::buffer(part.data, part.length),
                      [this, c](const boost::system::error_code& ec2, size_t) {
@@ -322,14 +374,65 @@ struct TcpTransport::Impl {
                      });
   }
 
+  // The payload of an authenticated frame, `done` bytes of it read: the rest as it arrives, each
+  // piece fed to the MAC while the next is in flight, then the tag, checked before the receive
+  // completes.
+  void read_authenticated(int c, size_t done) {
+    Connection& x = conns[static_cast<size_t>(c)];
+    const RecvPart& part = x.recvs.front();
+    if (done == part.length) {
+      asio::async_read(*x.socket, asio::buffer(x.incoming_tag),
+                       [this, c](const boost::system::error_code& ec, size_t) {
+                         Connection& y = conns[static_cast<size_t>(c)];
+                         if (y.recvs.empty()) {
+                           y.reading = false;
+                         } else if (ec) {
+                           read_failed(c, error.ok() ? peer_closed(c, y.recvs.front(), ec) : error);
+                         } else if (const auto want = y.recv_mac.finish();
+                                    !internal::bytes_equal(want.data(), y.incoming_tag.data(),
+                                                           want.size())) {
+                           read_failed(c, frame_forged(c, y.recvs.front().tag));
+                         } else {
+                           finish_recv(c);
+                         }
+                       });
+      return;
+    }
+    x.socket->async_read_some(
+        asio::buffer(part.data + done, part.length - done),
+        [this, c, done](const boost::system::error_code& ec, size_t n) {
+          Connection& y = conns[static_cast<size_t>(c)];
+          if (y.recvs.empty()) {
+            y.reading = false;
+          } else if (ec) {
+            read_failed(c, error.ok() ? peer_closed(c, y.recvs.front(), ec) : error);
+          } else {
+            y.recv_mac.update(y.recvs.front().data + done, n);
+            read_authenticated(c, done + n);
+          }
+        });
+  }
+
   void read_abort_reason(int c, const MessageTag& waiting_for, size_t length) {
-    auto reason = std::make_shared<std::string>(length, '\0');
+    Connection& x = conns[static_cast<size_t>(c)];
+    const size_t tag = x.authenticated ? internal::FrameMac::kTagBytes : 0;
+    auto frame = std::make_shared<std::string>(sizeof(FrameHeader) + length + tag, '\0');
+    std::memcpy(frame->data(), &x.incoming, sizeof(FrameHeader));
     asio::async_read(
-        *conns[static_cast<size_t>(c)].socket, asio::buffer(*reason),
-        [this, c, waiting_for, reason](const boost::system::error_code& ec, size_t) {
+        *x.socket, asio::buffer(frame->data() + sizeof(FrameHeader), length + tag),
+        [this, c, waiting_for, frame, length, tag](const boost::system::error_code& ec, size_t) {
+          std::string reason = frame->substr(sizeof(FrameHeader), length);
+          if (ec) {
+            reason = "(no reason received)";
+          } else if (tag != 0 &&
+                     !abort_authentic(conns[static_cast<size_t>(c)], frame->data(),
+                                      sizeof(FrameHeader) + length,
+                                      frame->data() + sizeof(FrameHeader) + length)) {
+            reason = unauthenticated_abort(reason);
+          }
           read_failed(c, aborted("rank " + std::to_string(peer_of(c)) + " gave up while rank " +
                                  std::to_string(rank) + " waited for " + waiting_for.describe() +
-                                 ": " + (ec ? std::string("(no reason received)") : *reason)));
+                                 ": " + reason));
         });
   }
 
@@ -583,8 +686,18 @@ class TcpSetup {
                          ": authentication failed; every process must be given the same "
                          "secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE), or none");
     }
-    impl_.conn(peer, k).socket = std::move(socket);
+    TcpTransport::Impl::Connection& x = impl_.conn(peer, k);
+    x.socket = std::move(socket);
+    if (authenticate_frames()) {
+      x.authenticated = true;
+      x.send_key = frame_key(options_.secret, hello.nonce, ack.nonce, impl_.rank, peer, k);
+      x.recv_key = frame_key(options_.secret, hello.nonce, ack.nonce, peer, impl_.rank, k);
+    }
     return Status();
+  }
+
+  bool authenticate_frames() const {
+    return !options_.secret.empty() && options_.authenticate_frames;
   }
 
   Status check_ack(const std::string& ctx, int peer, int k, const wire::HelloAck& ack) const {
@@ -673,7 +786,15 @@ class TcpSetup {
       socket->close(ignored);
       return false;
     }
-    impl_.conn(hello.rank, hello.socket).socket = std::move(socket);
+    TcpTransport::Impl::Connection& x = impl_.conn(hello.rank, hello.socket);
+    x.socket = std::move(socket);
+    if (authenticate_frames()) {
+      x.authenticated = true;
+      x.send_key =
+          frame_key(options_.secret, hello.nonce, ack.nonce, rank, hello.rank, hello.socket);
+      x.recv_key =
+          frame_key(options_.secret, hello.nonce, ack.nonce, hello.rank, rank, hello.socket);
+    }
     return true;
   }
 

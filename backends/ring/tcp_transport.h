@@ -10,7 +10,16 @@
 // that fails the handshake (wrong magic, version, cluster, garbage) is dropped without disturbing
 // the others.
 //
-// Data: each message is one frame, a 48-byte header (magic, collective sequence number and
+// Authenticated data: with a secret, each connection gets two keys (one per direction), derived
+// from the secret and both nonces of its handshake, so a session is bound to its connection. Every
+// frame, abort frames included, is followed by a 16-byte tag: GMAC (AES-256-GCM) under that key,
+// over the header and payload, with the frame's number on the connection as the nonce. A frame
+// that was changed, replayed, reordered, dropped or injected by anyone without the secret fails the
+// check, and the receive (and the transport) fails instead of completing: data is never accepted
+// unchecked. The sender computes the tag as it writes; the receiver as bytes arrive. Data is not
+// encrypted: anyone on the path can read it (README, "Security").
+//
+// Data: each message is one frame, a 56-byte header (magic, collective sequence number and
 // fingerprint, step, stripe, frame and message length) and the payload, written with TCP_NODELAY.
 // With K > 1 sockets per peer, a message of 64 KiB or more is cut into K contiguous stripes, stripe
 // k a frame on socket k (tcp_wire.h); smaller ones go whole on socket 0, so latency is as with one.
@@ -40,6 +49,10 @@ struct TcpTransportOptions {
   std::string host;         // address to publish; "" = the interface that reaches the coordinator
   std::string coordinator;  // the store's host, used to pick the interface when host is ""
   std::string secret;       // "" = no authentication
+  // With a secret: a 16-byte MAC (GMAC under a key derived from the secret and both handshake
+  // nonces) follows every frame, checked before a receive completes. false authenticates only the
+  // handshake (faster, but a relay on the path can then change data). Every rank must agree.
+  bool authenticate_frames = true;
   std::string cluster_id;   // ranks of different jobs refuse each other
   // What every rank must agree on besides the cluster (local replica count, algorithm options):
   // ranks whose layout differs refuse each other at setup with a message naming both.

@@ -4,18 +4,34 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace tributary::backends {
 
 TcpWriter::TcpWriter(size_t sockets, std::function<void()> wake)
-    : queues_(sockets), busy_(sockets, 0), fds_(sockets, -1), wake_(std::move(wake)) {
+    : queues_(sockets),
+      busy_(sockets, 0),
+      fds_(sockets, -1),
+      macs_(sockets),
+      wake_(std::move(wake)) {
   thread_ = std::jthread([this](std::stop_token st) { loop(st); });
 }
 
 TcpWriter::~TcpWriter() { stop(); }
 
-void TcpWriter::set_fd(int socket, int fd) { fds_[static_cast<size_t>(socket)] = fd; }
+void TcpWriter::set_fd(int socket, int fd, const internal::Digest* mac_key) {
+  fds_[static_cast<size_t>(socket)] = fd;
+  if (mac_key != nullptr) macs_[static_cast<size_t>(socket)] = internal::FrameMac(*mac_key);
+}
+
+void TcpWriter::seal(int socket, std::string& frame) {
+  std::lock_guard lock(mu_);
+  internal::FrameMac* mac = mac_of(static_cast<size_t>(socket));
+  if (mac == nullptr) return;
+  const internal::FrameMac::Tag tag = mac->of(frame.data(), frame.size());
+  frame.append(reinterpret_cast<const char*>(tag.data()), tag.size());
+}
 
 bool TcpWriter::submit(int socket, Op op) {
   const size_t s = static_cast<size_t>(socket);
@@ -25,8 +41,9 @@ bool TcpWriter::submit(int socket, Op op) {
     done_.push_back({op.id, socket, ECANCELED, wire::tag_of(op.header)});
     return false;
   }
+  op.mac = macs_[s].enabled();
   if (q.empty()) {
-    int err = push(fds_[s], op);
+    int err = push(fds_[s], op, mac_of(s));
     if (err == 0 && op.sent == op.total()) return true;
     if (err != 0 && err != EAGAIN) {
       done_.push_back({op.id, socket, err, wire::tag_of(op.header)});
@@ -50,7 +67,12 @@ void TcpWriter::quiesce() {
   stopping_ = true;
   for (size_t s = 0; s < queues_.size(); ++s) {
     auto& q = queues_[s];
-    const size_t keep = !q.empty() && (busy_[s] || q.front().sent > 0) ? 1 : 0;
+    // A frame the MAC has started on is kept too: dropping it would put the MAC's frame count
+    // ahead of the receiver's, and the abort frame after it would fail authentication.
+    const size_t keep =
+        !q.empty() && (busy_[s] || q.front().sent > 0 || q.front().maced > 0 || q.front().sealed)
+            ? 1
+            : 0;
     while (q.size() > keep) {
       done_.push_back({q.back().id, static_cast<int>(s), ECANCELED, wire::tag_of(q.back().header)});
       q.pop_back();
@@ -84,17 +106,43 @@ void TcpWriter::stop() {
   }
 }
 
-// One non-blocking sendmsg of what is left of `op`; 0 or an errno.
-int TcpWriter::push(int fd, Op& op) {
+// How far the MAC runs ahead of the bytes handed to the kernel: big enough to keep a socket
+// buffer full, small enough to stay in cache until it is sent.
+constexpr size_t kMacSlice = size_t{256} << 10;
+
+// Non-blocking sendmsg calls for what is left of `op`, until it is sent or the socket is full; 0 or
+// an errno. With `mac`, the payload is sent only as far as it has been fed to the MAC, and the tag
+// once all of it has.
+int TcpWriter::push(int fd, Op& op, internal::FrameMac* mac) {
+  constexpr size_t kHeader = sizeof op.header;
+  if (mac != nullptr && op.sent == 0 && op.maced == 0 && !op.sealed) {
+    mac->begin();
+    mac->update(&op.header, kHeader);
+  }
   while (op.sent < op.total()) {
-    iovec iov[2];
+    if (mac != nullptr && !op.sealed) {
+      const size_t payload_sent = op.sent > kHeader ? op.sent - kHeader : 0;
+      const size_t want = std::min(op.length, std::max(op.maced, payload_sent) + kMacSlice);
+      if (want > op.maced) mac->update(op.data + op.maced, want - op.maced);
+      op.maced = want;
+      if (op.maced == op.length) {
+        op.tag = mac->finish();
+        op.sealed = true;
+      }
+    }
+    const size_t payload_ready = mac != nullptr ? op.maced : op.length;
+    iovec iov[3];
     int n = 0;
-    if (op.sent < sizeof op.header) {
-      iov[n++] = {reinterpret_cast<char*>(&op.header) + op.sent, sizeof op.header - op.sent};
-      if (op.length) iov[n++] = {const_cast<std::byte*>(op.data), op.length};
-    } else {
-      const size_t off = op.sent - sizeof op.header;
-      iov[n++] = {const_cast<std::byte*>(op.data) + off, op.length - off};
+    if (op.sent < kHeader) {
+      iov[n++] = {reinterpret_cast<char*>(&op.header) + op.sent, kHeader - op.sent};
+    }
+    const size_t off = op.sent > kHeader ? op.sent - kHeader : 0;
+    if (off < payload_ready) {
+      iov[n++] = {const_cast<std::byte*>(op.data) + off, payload_ready - off};
+    }
+    if (op.sealed) {
+      const size_t tag_off = op.sent > kHeader + op.length ? op.sent - kHeader - op.length : 0;
+      iov[n++] = {op.tag.data() + tag_off, op.tag.size() - tag_off};
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -138,7 +186,7 @@ void TcpWriter::loop(std::stop_token st) {
       }
       if (op == nullptr) continue;
       const size_t before = op->sent;
-      const int err = push(fds_[s], *op);
+      const int err = push(fds_[s], *op, mac_of(s));
       progress = progress || op->sent != before;
       if (err == EAGAIN) {
         std::lock_guard lock(mu_);

@@ -10,6 +10,10 @@
 //
 // Sockets are numbered by the transport (peer x sockets per peer + index); the writer knows only
 // file descriptors, which the transport owns and closes after stop().
+//
+// Authenticated sockets (a secret is set): each frame is followed by its 16-byte tag (FrameMac,
+// keyed per socket and direction). The writer computes it as it sends, a slice ahead of the
+// bytes handed to the kernel, so the MAC overlaps the transfer instead of delaying its start.
 #pragma once
 
 #include <condition_variable>
@@ -17,11 +21,13 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "algorithms/transport.h"
 #include "backends/ring/tcp_wire.h"
+#include "core/crypto/crypto.h"
 
 namespace tributary::backends {
 
@@ -32,8 +38,14 @@ class TcpWriter {
     wire::FrameHeader header;
     const std::byte* data;
     size_t length;
-    size_t sent = 0;  // of header + payload
-    size_t total() const { return sizeof header + length; }
+    size_t sent = 0;   // of header + payload + tag
+    size_t maced = 0;  // payload bytes fed to the MAC
+    bool mac = false;  // the socket authenticates frames: a tag follows the payload
+    bool sealed = false;
+    internal::FrameMac::Tag tag{};
+    size_t total() const {
+      return sizeof header + length + (mac ? internal::FrameMac::kTagBytes : 0);
+    }
   };
   struct Done {
     algorithms::Transport::Request id;
@@ -47,7 +59,11 @@ class TcpWriter {
   TcpWriter(const TcpWriter&) = delete;
   TcpWriter& operator=(const TcpWriter&) = delete;
 
-  void set_fd(int socket, int fd);
+  // `mac_key`: the socket's sending key when frames are authenticated, else null.
+  void set_fd(int socket, int fd, const internal::Digest* mac_key = nullptr);
+  // Appends the socket's tag to `frame` (a whole frame written outside the queue, such as an abort
+  // frame, while the socket is between frames); nothing when it does not authenticate frames.
+  void seal(int socket, std::string& frame);
 
   // Queues `op` on `socket`, or sends it at once; true when it is already complete (no Done then).
   bool submit(int socket, Op op);
@@ -62,7 +78,10 @@ class TcpWriter {
   void stop();
 
  private:
-  static int push(int fd, Op& op);
+  static int push(int fd, Op& op, internal::FrameMac* mac);
+  internal::FrameMac* mac_of(size_t socket) {
+    return macs_[socket].enabled() ? &macs_[socket] : nullptr;
+  }
   void loop(std::stop_token st);
 
   std::mutex mu_;
@@ -70,6 +89,7 @@ class TcpWriter {
   std::vector<std::deque<Op>> queues_;
   std::vector<char> busy_;  // the thread is pushing the front op of this socket
   std::vector<int> fds_;
+  std::vector<internal::FrameMac> macs_;  // per socket; disabled when frames carry no tag
   std::vector<Done> done_;
   bool stopping_ = false;
   std::function<void()> wake_;

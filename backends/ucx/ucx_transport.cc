@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/crypto/sha256.h"
+#include "core/crypto/crypto.h"
 #include "core/strings.h"
 #include "transports/shm/shm_segment.h"
 

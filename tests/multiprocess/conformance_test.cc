@@ -241,7 +241,12 @@ TEST_P(MultiProcessConformance, EveryCollective) {
   const auto& [spec, world, local] = GetParam();
   const std::string dir = make_temp_dir("conformance");
   GroupResult g = run_group(world, std::chrono::seconds(240), [&](int rank) {
-    auto ctx = group_context(rank, world, local, dir);
+    // A spec that asks for authenticated frames gets a secret to authenticate them with.
+    Config config;
+    if (spec.find("authenticate_frames=true") != std::string::npos) {
+      config = Config::from_map({{"TRIBUTARY_SECRET", "conformance secret"}});
+    }
+    auto ctx = group_context(rank, world, local, dir, config);
     if (!ctx.ok()) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, ctx.status().to_string().c_str());
       return kChildFailed;
@@ -287,7 +292,10 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingForcedRing,
                                    "ring:intra_host=net,algorithm=ring,segment_bytes=4KiB");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingHalvingDoubling,
                                    "ring:intra_host=net,algorithm=halving_doubling");
-TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSockets, "ring:intra_host=net,sockets_per_peer=3");
+// Striped and authenticated: every frame of every stripe carries a MAC.
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSocketsAuthenticated,
+                                   "ring:intra_host=net,sockets_per_peer=3,"
+                                   "authenticate_frames=true");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Gloo, "gloo");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxSharedMemory, "ucx:tls=sm");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcp, "ucx:tls=tcp");

@@ -5,10 +5,12 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "backends/ring/tcp_wire.h"
+#include "core/rendezvous.h"
 #include "tests/multiprocess/harness.h"
 #include "tributary/store.h"
 
@@ -482,6 +486,120 @@ TEST(RingSecurity, GarbageAndTruncatedHandshakesAreDroppedAndTheGroupForms) {
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
     for (const ChildResult& c : g.children)
       EXPECT_EQ(c.exit_code, kChildOk) << g.describe() << read_note(dir, 0);
+  }
+}
+
+// A man in the middle: takes rank 0's place in the store, passes the handshake through untouched
+// (it cannot forge it without the secret) and then flips one byte of the first data frame's
+// payload from rank 1 to rank 0. Returns when either side closes or after `limit`.
+void tampering_relay(const std::string& dir, std::chrono::seconds limit) {
+  auto store = FileStore::open(dir);
+  // Rank 0 publishes its address once every rank has said where it runs: say it for rank 1 (which
+  // waits for the relay), as rank 1 will.
+  (void)(*store)->set("ring/0/host/1",
+                      "intra_host=net,hierarchy=auto|" + internal::host_id(Config()));
+  auto addr = (*store)->get("ring/0/addr/0", 20s);
+  if (!addr.ok()) return;
+  const std::string host = addr->substr(0, addr->rfind(':'));
+  sockaddr_in real{};
+  real.sin_family = AF_INET;
+  real.sin_port = htons(static_cast<uint16_t>(std::stoi(addr->substr(addr->rfind(':') + 1))));
+  inet_pton(AF_INET, host.c_str(), &real.sin_addr);
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in mine{};
+  mine.sin_family = AF_INET;
+  inet_pton(AF_INET, host.c_str(), &mine.sin_addr);
+  socklen_t len = sizeof mine;
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&mine), sizeof mine) != 0 || listen(lfd, 4) != 0 ||
+      getsockname(lfd, reinterpret_cast<sockaddr*>(&mine), &len) != 0) {
+    return;
+  }
+  (void)(*store)->set("ring/0/addr/0", host + ":" + std::to_string(ntohs(mine.sin_port)));
+  (void)(*store)->set("relay/ready", "1");
+  pollfd accept_wait{lfd, POLLIN, 0};
+  if (poll(&accept_wait, 1, static_cast<int>(limit.count() * 1000)) != 1) return;
+  const int client = accept(lfd, nullptr, nullptr);
+  const int server = socket(AF_INET, SOCK_STREAM, 0);
+  if (client < 0 || connect(server, reinterpret_cast<sockaddr*>(&real), sizeof real) != 0) return;
+  // The client's handshake (hello, proof), then a frame header: the next byte is payload.
+  const size_t target = sizeof(backends::wire::Hello) + sizeof(backends::wire::Auth) +
+                        sizeof(backends::wire::FrameHeader);
+  size_t upstream = 0;
+  const auto until = Clock::now() + limit;
+  char buf[65536];
+  while (Clock::now() < until) {
+    pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+    if (poll(fds, 2, 100) <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) return;
+      if (i == 0) {
+        if (upstream <= target && target < upstream + static_cast<size_t>(n)) {
+          buf[target - upstream] ^= 0x40;
+        }
+        upstream += static_cast<size_t>(n);
+      }
+      if (write(fds[1 - i].fd, buf, static_cast<size_t>(n)) != n) return;
+    }
+  }
+}
+
+// With a secret, a relay that rewrites data frames is caught on the frame it changed: the rank that
+// received it fails saying why, no rank gets a wrong result, and the job stops (a rank that got
+// only intact data may finish that collective, but not the next). Without frame authentication (the
+// control), the same relay silently changes the result, which is what the MAC is for.
+TEST(RingSecurity, TamperedFramesAreRejectedNotReduced) {
+  for (const bool authenticate : {true, false}) {
+    SCOPED_TRACE(authenticate ? "authenticate_frames=true" : "authenticate_frames=false");
+    const std::string dir = make_temp_dir("relay");
+    GroupResult g = run_group(3, 90s, [&](int rank) {
+      if (rank == 2) {
+        tampering_relay(dir, 30s);
+        return kChildOk;
+      }
+      if (rank == 1) {  // only once the relay has taken rank 0's place
+        auto store = FileStore::open(dir);
+        if (!(*store)->get("relay/ready", 20s).ok()) return kChildFailed;
+      }
+      auto ctx = group_context(rank, 2, 1, dir, Config::from_map({{"TRIBUTARY_SECRET", "s3cret"}}));
+      auto ops = builtin_backends().create(
+          std::string("ring:intra_host=net,timeout=20s,authenticate_frames=") +
+              (authenticate ? "true" : "false"),
+          *ctx);
+      if (!ops.ok()) {
+        write_note(dir, rank, "setup: " + ops.status().to_string());
+        return kChildFailed;
+      }
+      std::vector<float> x(1024, static_cast<float>(rank + 1));
+      PerReplica<Tensor> v{Tensor(x.data(), DType::kFloat32, int64_t{1024})};
+      Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      if (!s.ok()) {
+        write_note(dir, rank, s.to_string());
+        return kChildSawError;
+      }
+      const bool right = std::all_of(x.begin(), x.end(), [](float f) { return f == 3.0f; });
+      if (!right) {
+        write_note(dir, rank, "wrong");
+        return kChildFailed;
+      }
+      // A rank whose own data arrived intact may finish the collective with the right result; the
+      // job must still stop at the next one.
+      s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      write_note(dir, rank, "right, then " + s.to_string());
+      return s.ok() ? kChildOk : kChildSawError;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    if (authenticate) {
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError)
+            << "rank " << r << ": " << read_note(dir, r);
+      }
+      EXPECT_NE(read_note(dir, 0).find("failed authentication"), std::string::npos)
+          << read_note(dir, 0);
+    } else {
+      EXPECT_EQ(read_note(dir, 0), "wrong") << "the relay did not change the data: " << g.describe();
+    }
   }
 }
 

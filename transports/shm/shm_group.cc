@@ -9,7 +9,7 @@
 #include <functional>
 
 #include "algorithms/reduce_kernels.h"
-#include "core/crypto/sha256.h"
+#include "core/crypto/crypto.h"
 #include "transports/shm/shm_segment.h"
 
 #if defined(__x86_64__) || defined(__i386__)
