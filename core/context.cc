@@ -1,6 +1,8 @@
 // make_backend_context: from a cluster spec to a context with a rendezvous store.
+#include <algorithm>
 #include <string>
 
+#include "core/rendezvous.h"
 #include "tributary/cluster.h"
 #include "tributary/options.h"
 #include "tributary/registry.h"
@@ -34,9 +36,16 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
   StoreOptions options;
   options.timeout = *timeout;
   options.connect_timeout = *timeout;
+  // The job's secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE) guards the store too: without it
+  // nobody can read or change the keys the ranks meet by.
+  TRIBUTARY_ASSIGN_OR_RETURN(options.secret, internal::read_secret(ctx.config, ""));
   if (cluster.rank == 0) {
-    auto server =
-        TcpStore::create_server("0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port));
+    TcpStoreServerOptions server_options;
+    server_options.secret = options.secret;
+    server_options.max_connections =
+        std::max<size_t>(1024, 16 * static_cast<size_t>(cluster.world_size));
+    auto server = TcpStore::create_server(
+        "0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port), server_options);
     if (!server.ok()) {
       return server.status().with_context(
           "the chief could not start the rendezvous store on port " +

@@ -36,7 +36,13 @@ StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
   for (int r = 0; r < context.world_size; ++r) {
     const auto left = std::chrono::duration_cast<Store::Duration>(std::max(
         std::chrono::steady_clock::duration::zero(), deadline - std::chrono::steady_clock::now()));
-    TRIBUTARY_ASSIGN_OR_RETURN(std::string theirs, store.get("host/" + std::to_string(r), left));
+    auto got = store.get("host/" + std::to_string(r), left);
+    if (!got.ok()) {
+      return got.status().with_context("backend 'ring' (rank " + std::to_string(context.rank) +
+                                        "): rank " + std::to_string(r) +
+                                        " did not join (is it running, with the same secret?)");
+    }
+    std::string theirs = std::move(got).value();
     const std::string choice = theirs.substr(0, theirs.find('|'));
     if (choice != intra_host) {
       return invalid_argument("backend 'ring': rank " + std::to_string(r) + " uses " + choice +

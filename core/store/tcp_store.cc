@@ -77,6 +77,10 @@ class Connection {
 
   tcp::socket& socket() { return socket_; }
 
+  // With a secret, after the handshake: the MACs of the frames sent and received.
+  bool sealed = false;
+  internal::FrameMac send_mac, recv_mac;
+
  private:
   asio::io_context ioc_{1};
   tcp::socket socket_{ioc_};
@@ -147,10 +151,15 @@ StatusOr<std::unique_ptr<Connection>> ClientCore::connect_once(Clock::time_point
       return unavailable(*last_error);
     }
     conn->socket().set_option(tcp::no_delay(true), ec);
+    const std::string& secret = options_.secret;
+    wire::Nonce client_nonce{};
+    internal::random_bytes(client_nonce.data(), client_nonce.size());
     std::string hello = wire::Writer()
                             .u8(static_cast<std::uint8_t>(wire::Op::kHello))
                             .raw(std::string_view(wire::kMagic, sizeof(wire::kMagic)))
                             .u32(wire::kVersion)
+                            .raw(wire::bytes_of(client_nonce))
+                            .u8(secret.empty() ? 0 : 1)
                             .finish();
     if ((ec = conn->write(hello, deadline))) {
       *last_error = "sending the hello: " + ec.message();
@@ -184,12 +193,69 @@ StatusOr<std::unique_ptr<Connection>> ClientCore::connect_once(Clock::time_point
     }
     std::string_view magic = r.raw(sizeof(wire::kMagic));
     std::uint32_t version = r.u32();
+    std::string_view nonce = r.raw(wire::kNonceBytes);
+    const bool server_has_secret = r.u8() != 0;
+    std::string_view proof = r.raw(sizeof(internal::Digest));
     if (!r.done() || magic != std::string_view(wire::kMagic, sizeof(wire::kMagic)) ||
         version != wire::kVersion) {
       return unavailable("the service at " + address() +
                          " is not a tributary store of this version (bad hello answer); check the "
                          "port and that every rank runs the same tributary build");
     }
+    if (secret.empty()) {
+      *failure = Failure::kNone;
+      return conn;
+    }
+    if (!server_has_secret) {
+      return unavailable("the TCP store at " + address() +
+                         " does not use a shared secret but this process has one; give every "
+                         "process the same secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE)");
+    }
+    wire::Nonce server_nonce{};
+    std::copy(nonce.begin(), nonce.end(), reinterpret_cast<char*>(server_nonce.data()));
+    const internal::Digest want = wire::session_digest(secret, "S", client_nonce, server_nonce);
+    if (!internal::bytes_equal(proof.data(), want.data(), want.size())) {
+      return unavailable("authentication failed: the TCP store at " + address() +
+                         " does not hold this process's shared secret; give every process the "
+                         "same secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE)");
+    }
+    const internal::Digest mine = wire::session_digest(secret, "C", client_nonce, server_nonce);
+    std::string auth =
+        wire::Writer()
+            .u8(static_cast<std::uint8_t>(wire::Op::kAuth))
+            .raw(std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size()))
+            .finish();
+    *failure = Failure::kTransient;
+    if ((ec = conn->write(auth, deadline))) {
+      *last_error = "sending the proof of the secret: " + ec.message();
+      return unavailable(*last_error);
+    }
+    if ((ec = conn->read(header, sizeof(header), deadline))) {
+      *last_error = "waiting for the store to accept the proof: " + ec.message();
+      return unavailable(*last_error);
+    }
+    *failure = Failure::kFatal;
+    length = wire::read_frame_length(header);
+    if (length == 0 || length > wire::kMaxUnauthenticatedFrameBytes) {
+      return unavailable("the TCP store at " + address() + " answered the proof with a frame of " +
+                         std::to_string(length) + " bytes");
+    }
+    body.assign(length, '\0');
+    if ((ec = conn->read(body.data(), length, deadline))) {
+      *failure = Failure::kTransient;
+      *last_error = "reading the answer to the proof: " + ec.message();
+      return unavailable(*last_error);
+    }
+    wire::Reader a(body);
+    if (std::uint8_t c = a.u8(); c != 0) {
+      return unavailable("the TCP store at " + address() + " refused the connection: " +
+                         std::string(a.str()));
+    }
+    conn->sealed = true;
+    conn->send_mac =
+        internal::FrameMac(wire::session_digest(secret, "c", client_nonce, server_nonce));
+    conn->recv_mac =
+        internal::FrameMac(wire::session_digest(secret, "s", client_nonce, server_nonce));
     *failure = Failure::kNone;
     return conn;
   } catch (const std::exception& e) {  // io_context creation can fail when out of descriptors
@@ -246,19 +312,38 @@ StatusOr<std::string> ClientCore::call(const std::string& frame, milliseconds bu
     TRIBUTARY_ASSIGN_OR_RETURN(conn, connect(std::min(left, options_.connect_timeout)));
   }
   // A connection that fails or times out is dropped here (its answer might still be in flight).
-  if (error_code ec = conn->write(frame, deadline)) return transport_error(ec, budget);
+  std::string sealed;
+  if (conn->sealed) {
+    sealed = frame;
+    wire::seal(conn->send_mac, sealed);
+  }
+  if (error_code ec = conn->write(conn->sealed ? sealed : frame, deadline)) {
+    return transport_error(ec, budget);
+  }
   char header[wire::kFrameHeaderBytes];
   if (error_code ec = conn->read(header, sizeof(header), deadline)) {
     return transport_error(ec, budget);
   }
   std::uint32_t length = wire::read_frame_length(header);
-  if (length == 0 || length > wire::kMaxFrameBytes) {
+  const std::size_t limit =
+      wire::kMaxFrameBytes + (conn->sealed ? internal::FrameMac::kTagBytes : 0);
+  if (length == 0 || length > limit) {
     return internal_error("the server at " + address() + " sent a frame of " +
                           std::to_string(length) + " bytes, outside the protocol's limits");
   }
   std::string body(length, '\0');
   if (error_code ec = conn->read(body.data(), length, deadline)) return transport_error(ec, budget);
+  if (conn->sealed) {
+    std::string_view view(body);
+    if (!wire::unseal(conn->recv_mac, header, view)) {
+      return unavailable("an answer from the TCP store at " + address() +
+                         " failed authentication: it was changed on the way or did not come from "
+                         "the store (is something on the network between them?)");
+    }
+    body.resize(view.size());
+  }
   give_back(std::move(conn));
+  if (body.empty()) return internal_error("the server at " + address() + " sent an empty answer");
   auto code = static_cast<std::uint8_t>(body[0]);
   if (code != 0) {
     wire::Reader r(std::string_view(body).substr(1));

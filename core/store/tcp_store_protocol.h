@@ -5,7 +5,8 @@
 // as bytes actually arrive. Strings are a 4-byte length and the bytes; integers are little-endian.
 //
 // Requests (body = op byte, then fields):
-//   kHello   magic[8] version:u32                   must be the first request of a connection
+//   kHello   magic[8] version:u32 nonce[32] secret:u8   must be the first request of a connection
+//   kAuth    proof[32]                              next, when the server answered secret=1
 //   kSet     key:str value:str
 //   kGet     timeout_ms:u64 key:str                 parked until the key exists or the timeout
 //   kAdd     key:str delta:i64
@@ -13,7 +14,8 @@
 //   kCheck   count:u32 key:str...
 //   kDelete  key:str
 // Responses (body = status byte: 0 = OK, else a StatusCode, followed by message:str):
-//   kHello   magic[8] version:u32
+//   kHello   magic[8] version:u32 nonce[32] secret:u8 proof[32]
+//   kAuth    (nothing)
 //   kSet     (nothing)
 //   kGet     found:u8, then value:str when found
 //   kAdd     value:i64
@@ -22,14 +24,26 @@
 //   kDelete  existed:u8
 // A malformed request (bad length, unknown op, fields that do not parse, no hello first) gets an
 // error response when possible and the connection is closed; other connections are unaffected.
+//
+// Authentication (a shared secret on both sides, StoreOptions::secret and
+// TcpStoreServerOptions::secret): the hello carries the client's nonce, the answer the server's
+// nonce and its proof HMAC(secret, "store-server" | client nonce | server nonce); the client checks
+// it and sends kAuth with HMAC(secret, "store-client" | server nonce | client nonce). A server with
+// a secret refuses a client without one, and serves nothing before kAuth succeeds; a client with a
+// secret refuses a server without one. From the kAuth answer on, every frame in each direction is
+// sealed: its length counts a 16-byte tag that follows the body, GMAC (FrameMac) over the length
+// and body under a key per direction derived from the secret and both nonces, frames numbered
+// from 0. Until then frames are at most kMaxUnauthenticatedFrameBytes.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
 
+#include "core/crypto/crypto.h"
 #include "tributary/store.h"
 
 namespace tributary::internal::wire {
@@ -38,7 +52,11 @@ namespace tributary::internal::wire {
 inline constexpr std::chrono::milliseconds kMaxServerWait{std::chrono::hours(24 * 365)};
 
 inline constexpr char kMagic[8] = {'t', 'r', 'i', 'b', 's', 't', 'o', 'r'};
-inline constexpr std::uint32_t kVersion = 1;
+// 2: nonces in the hello, kAuth, sealed frames.
+inline constexpr std::uint32_t kVersion = 2;
+inline constexpr std::size_t kNonceBytes = 32;
+// The largest frame before a connection is authenticated (the hello and kAuth are far smaller).
+inline constexpr std::size_t kMaxUnauthenticatedFrameBytes = 1024;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
 // The largest body: a set of the largest key and value, plus field headers.
 inline constexpr std::size_t kMaxFrameBytes = kMaxStoreKeyBytes + kMaxStoreValueBytes + 64;
@@ -51,7 +69,52 @@ enum class Op : std::uint8_t {
   kWait = 5,
   kCheck = 6,
   kDelete = 7,
+  kAuth = 8,
 };
+
+using Nonce = std::array<std::uint8_t, kNonceBytes>;
+
+inline std::string_view bytes_of(const Nonce& n) {
+  return {reinterpret_cast<const char*>(n.data()), n.size()};
+}
+
+// The proofs of the two sides ('S' server, 'C' client) and the frame keys of the two directions
+// ('c' client to server, 's' server to client).
+inline Digest session_digest(const std::string& secret, std::string_view what,
+                             const Nonce& client, const Nonce& server) {
+  std::string msg = "tributary-store|";
+  msg += what;
+  msg += '|';
+  msg += bytes_of(client);
+  msg += bytes_of(server);
+  return hmac_sha256(secret, msg);
+}
+
+inline void put_length(std::string& frame, std::size_t body_bytes) {
+  for (std::size_t i = 0; i < kFrameHeaderBytes; ++i)
+    frame[i] = static_cast<char>((body_bytes >> (8 * i)) & 0xff);
+}
+
+// Seals a finished frame (from Writer::finish()): appends its tag and counts it in the length.
+inline void seal(FrameMac& mac, std::string& frame) {
+  put_length(frame, frame.size() - kFrameHeaderBytes + FrameMac::kTagBytes);
+  const FrameMac::Tag tag = mac.of(frame.data(), frame.size());
+  frame.append(reinterpret_cast<const char*>(tag.data()), tag.size());
+}
+
+// Checks and strips the tag of a sealed frame whose length header is `header` and whose body
+// (tag included) is `body`; false when it is missing or wrong.
+inline bool unseal(FrameMac& mac, const char* header, std::string_view& body) {
+  if (body.size() < FrameMac::kTagBytes) return false;
+  const std::size_t n = body.size() - FrameMac::kTagBytes;
+  mac.begin();
+  mac.update(header, kFrameHeaderBytes);
+  mac.update(body.data(), n);
+  const FrameMac::Tag want = mac.finish();
+  if (!bytes_equal(want.data(), body.data() + n, want.size())) return false;
+  body = body.substr(0, n);
+  return true;
+}
 
 // Builds one frame; the length header is filled in by finish().
 class Writer {
@@ -75,9 +138,7 @@ class Writer {
   // The frame, header included; leaves the writer empty. The body must fit kMaxFrameBytes (callers
   // validate sizes first).
   std::string finish() {
-    std::uint64_t n = buf_.size() - kFrameHeaderBytes;
-    for (std::size_t i = 0; i < kFrameHeaderBytes; ++i)
-      buf_[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    put_length(buf_, buf_.size() - kFrameHeaderBytes);
     return std::move(buf_);
   }
 

@@ -6,6 +6,11 @@
 // answered by the set/add that completes it or by its own timer: no polling. Each connection reads
 // only what has arrived (it waits for readability, then reads what is there), so a length field can
 // never make the server allocate memory the peer has not actually sent.
+//
+// Limits (TcpStoreServerOptions): connections open at once, bytes received and not yet handled
+// over all connections, bytes stored, and the time a new connection has to say hello (and, with a
+// secret, to authenticate); before that, frames are at most kMaxUnauthenticatedFrameBytes. With a
+// secret, nothing is served before the client proved it, and every later frame is sealed.
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/connect.hpp>
@@ -63,12 +68,17 @@ struct Waiter {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(ServerCore& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {}
+  Session(ServerCore& server, tcp::socket socket)
+      : server_(server), socket_(std::move(socket)), handshake_timer_(socket_.get_executor()) {}
 
-  void start() {
+  void start(milliseconds handshake_timeout) {
     error_code ec;
     socket_.non_blocking(true, ec);
     if (ec) return close();
+    handshake_timer_.expires_after(handshake_timeout);
+    handshake_timer_.async_wait([self = shared_from_this()](const error_code& e) {
+      if (!e && !self->ready()) self->close();  // silent, or never authenticated
+    });
     wait_readable();
   }
   void close();
@@ -82,20 +92,35 @@ class Session : public std::enable_shared_from_this<Session> {
   void process_input();
 
   bool hello_done = false;
+  // With a secret: the nonces of the hello, and once kAuth succeeded, the frame MACs.
+  bool authenticated = false;
+  wire::Nonce client_nonce{}, server_nonce{};
+  internal::FrameMac in_mac, out_mac;
+  // Served: said hello and, when the server has a secret, authenticated.
+  bool ready() const;
   std::shared_ptr<Waiter> waiter;  // the parked request, if any
 
  private:
   void wait_readable();
   void on_readable(const error_code& ec);
   void write_next();
+  // After a rejection's answer is written: stops sending and reads (and drops) what the client is
+  // still sending for a moment before closing, so that the close does not reset the connection
+  // and destroy the answer before the client reads it.
+  void linger_then_close();
+  // Keeps the server's count of bytes received and not handled in step with in_.
+  void account();
 
   ServerCore& server_;
   tcp::socket socket_;
+  asio::steady_timer handshake_timer_;
+  std::size_t counted_ = 0;
   std::string in_;  // received bytes; in_[consumed_..] not handled yet
   std::size_t consumed_ = 0;
   std::deque<std::string> out_;
   bool writing_ = false;
   bool close_after_write_ = false;
+  bool draining_ = false;
   bool closed_ = false;
 };
 
@@ -108,8 +133,14 @@ class ServerCore {
   void stop();
 
   void handle(const std::shared_ptr<Session>& session, std::string_view body);
+  void handshake(const std::shared_ptr<Session>& session, wire::Op op, wire::Reader& r);
   void cancel_waiter(const std::shared_ptr<Waiter>& w);
   void forget(const std::shared_ptr<Session>& s) { sessions_.erase(s); }
+
+  const TcpStoreServerOptions& options() const { return options_; }
+  bool has_secret() const { return !options_.secret.empty(); }
+  // Bytes received and not yet handled, over all sessions.
+  std::size_t& buffered() { return buffered_; }
 
   asio::io_context& ioc() { return ioc_; }
   const std::string& host() const { return host_; }
@@ -131,6 +162,22 @@ class ServerCore {
   void unregister_waiter(const std::shared_ptr<Waiter>& w);
   void finish_waiter(const std::shared_ptr<Waiter>& w);
   void key_changed(const std::string& key);
+  // Counts `key` with a value of `value_bytes` in stored_ in place of its old value, or says why it
+  // would pass max_stored_bytes (nothing counted then).
+  Status make_room(std::string_view key, std::size_t value_bytes) {
+    auto it = data_.find(key);
+    const std::size_t old = it == data_.end() ? 0 : key.size() + it->second.size();
+    const std::size_t after = stored_ - old + key.size() + value_bytes;
+    if (after > options_.max_stored_bytes) {
+      return resource_exhausted(
+          "the store holds " + std::to_string(stored_) + " bytes and storing " +
+          std::to_string(value_bytes) + " more under '" + std::string(key.substr(0, 100)) +
+          "' would pass its limit of " + std::to_string(options_.max_stored_bytes) +
+          " (TcpStoreServerOptions::max_stored_bytes)");
+    }
+    stored_ = after;
+    return Status();
+  }
   std::string answer_for(wire::Op op, const std::vector<std::string>& keys) const;
 
   asio::io_context ioc_{1};  // first member: destroyed last, after everything that refers to it
@@ -138,6 +185,9 @@ class ServerCore {
   asio::steady_timer accept_retry_{ioc_};
   std::string host_;
   std::uint16_t port_ = 0;
+  TcpStoreServerOptions options_;
+  std::size_t buffered_ = 0;
+  std::size_t stored_ = 0;  // bytes of keys and values in data_
   std::atomic<std::size_t> accepted_{0};
   bool stopping_ = false;
   std::unordered_set<std::shared_ptr<Session>> sessions_;
@@ -148,9 +198,19 @@ class ServerCore {
 
 // --- Session -------------------------------------------------------------------------------------
 
+bool Session::ready() const { return hello_done && (authenticated || !server_.has_secret()); }
+
+void Session::account() {
+  const std::size_t now = closed_ ? 0 : in_.size() - consumed_;
+  server_.buffered() = server_.buffered() - counted_ + now;
+  counted_ = now;
+}
+
 void Session::close() {
   if (closed_) return;
   closed_ = true;
+  account();
+  handshake_timer_.cancel();
   if (waiter) server_.cancel_waiter(waiter);
   waiter.reset();
   error_code ignored;
@@ -164,23 +224,57 @@ void Session::wait_readable() {
                      [self = shared_from_this()](const error_code& ec) { self->on_readable(ec); });
 }
 
+void Session::linger_then_close() {
+  error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_send, ignored);
+  draining_ = true;
+  in_.clear();
+  consumed_ = 0;
+  account();
+  handshake_timer_.expires_after(std::chrono::seconds(1));
+  handshake_timer_.async_wait([self = shared_from_this()](const error_code& e) {
+    if (!e) self->close();
+  });
+  wait_readable();
+}
+
 void Session::on_readable(const error_code& ec) {
   if (closed_) return;
   if (ec) return close();
+  if (draining_) {
+    char sink[65536];
+    error_code rec;
+    for (;;) {
+      socket_.read_some(asio::buffer(sink), rec);
+      if (rec == asio::error::would_block || rec == asio::error::try_again) return wait_readable();
+      if (rec) return close();
+    }
+  }
   error_code rec;
   std::size_t available = socket_.available(rec);
-  std::size_t want = std::clamp<std::size_t>(available, 4096, 1 << 20);
+  // Before the handshake a client has no business sending more than a small frame.
+  const std::size_t cap = ready() ? std::size_t{1} << 20 : wire::kMaxUnauthenticatedFrameBytes;
+  std::size_t want = std::clamp<std::size_t>(available, std::min<std::size_t>(4096, cap), cap);
+  if (server_.buffered() + want > server_.options().max_buffered_bytes) {
+    return reject(resource_exhausted(
+        "the store has " + std::to_string(server_.buffered()) +
+        " bytes of requests in hand, its limit (TcpStoreServerOptions::max_buffered_bytes); "
+        "this connection is closed"));
+  }
   std::size_t old = in_.size();
   in_.resize(old + want);
   std::size_t n = socket_.read_some(asio::buffer(in_.data() + old, want), rec);
   in_.resize(old + n);
+  account();
   if (rec == asio::error::would_block || rec == asio::error::try_again) return wait_readable();
   if (rec) return close();  // end of file, reset: the client went away
   // A client may send one request ahead while another is parked, but never more than one frame's
   // worth of bytes; anything beyond that is not our protocol.
-  if (in_.size() - consumed_ > wire::kFrameHeaderBytes + wire::kMaxFrameBytes + (1 << 20)) {
-    return close();
-  }
+  const std::size_t max_pending =
+      ready() ? wire::kFrameHeaderBytes + wire::kMaxFrameBytes + internal::FrameMac::kTagBytes +
+                    (1 << 20)
+              : 2 * wire::kMaxUnauthenticatedFrameBytes;
+  if (in_.size() - consumed_ > max_pending) return close();
   process_input();
   if (!closed_ && !close_after_write_) wait_readable();
 }
@@ -190,16 +284,25 @@ void Session::process_input() {
   while (!closed_ && !close_after_write_ && !waiter) {
     std::size_t available = in_.size() - consumed_;
     if (available < wire::kFrameHeaderBytes) break;
-    std::uint32_t length = wire::read_frame_length(in_.data() + consumed_);
-    if (length == 0 || length > wire::kMaxFrameBytes) {
+    const char* header = in_.data() + consumed_;
+    std::uint32_t length = wire::read_frame_length(header);
+    const std::size_t limit =
+        !ready() ? wire::kMaxUnauthenticatedFrameBytes
+                 : wire::kMaxFrameBytes + (authenticated ? internal::FrameMac::kTagBytes : 0);
+    if (length == 0 || length > limit) {
       reject(invalid_argument("request frame of " + std::to_string(length) +
-                              " bytes is outside 1.." + std::to_string(wire::kMaxFrameBytes) +
+                              " bytes is outside 1.." + std::to_string(limit) +
+                              (ready() ? "" : " before the handshake") +
                               "; is this client a tributary TcpStore of the same version?"));
       break;
     }
     if (available < wire::kFrameHeaderBytes + length) break;
-    std::string_view body(in_.data() + consumed_ + wire::kFrameHeaderBytes, length);
+    std::string_view body(header + wire::kFrameHeaderBytes, length);
     consumed_ += wire::kFrameHeaderBytes + length;
+    if (authenticated && !wire::unseal(in_mac, header, body)) {
+      close();  // changed on the way, or not from the client that authenticated: say nothing
+      break;
+    }
     server_.handle(self, body);
   }
   if (consumed_ == in_.size()) {
@@ -210,10 +313,12 @@ void Session::process_input() {
     in_.erase(0, consumed_);
     consumed_ = 0;
   }
+  account();
 }
 
 void Session::send(std::string frame) {
   if (closed_) return;
+  if (authenticated) wire::seal(out_mac, frame);
   out_.push_back(std::move(frame));
   if (!writing_) write_next();
 }
@@ -222,7 +327,7 @@ void Session::write_next() {
   if (closed_) return;
   if (out_.empty()) {
     writing_ = false;
-    if (close_after_write_) close();
+    if (close_after_write_ && !draining_) linger_then_close();
     return;
   }
   writing_ = true;
@@ -240,6 +345,7 @@ void Session::write_next() {
 Status ServerCore::start(const std::string& host, std::uint16_t port,
                          const TcpStoreServerOptions& options) {
   host_ = host;
+  options_ = options;
   std::string where = (host.empty() ? std::string("0.0.0.0") : host) + ":" + std::to_string(port);
   try {
     std::vector<tcp::endpoint> endpoints;
@@ -325,10 +431,14 @@ void ServerCore::do_accept() {
     }
     accepted_++;
     error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    auto session = std::make_shared<Session>(*this, std::move(socket));
-    sessions_.insert(session);
-    session->start();
+    if (sessions_.size() >= options_.max_connections) {
+      socket.close(ignored);  // full: the client retries or reports the store unreachable
+    } else {
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto session = std::make_shared<Session>(*this, std::move(socket));
+      sessions_.insert(session);
+      session->start(options_.handshake_timeout);
+    }
     do_accept();
   });
 }
@@ -340,24 +450,7 @@ void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body
     s->reject(invalid_argument("malformed request (type " + std::to_string(int(op)) + ", " +
                                std::to_string(body.size()) + " bytes)"));
   };
-  if (!s->hello_done) {
-    std::string_view magic = r.raw(sizeof(wire::kMagic));
-    std::uint32_t version = r.u32();
-    if (op != wire::Op::kHello || !r.done() ||
-        magic != std::string_view(wire::kMagic, sizeof(wire::kMagic))) {
-      return s->reject(
-          invalid_argument("expected a tributary store hello; is this client a "
-                           "tributary TcpStore?"));
-    }
-    if (version != wire::kVersion) {
-      return s->reject(failed_precondition("protocol version mismatch: the client speaks version " +
-                                           std::to_string(version) + ", this server version " +
-                                           std::to_string(wire::kVersion) +
-                                           "; run the same tributary build on every rank"));
-    }
-    s->hello_done = true;
-    return s->send(wire::Writer().u8(0).raw(magic).u32(wire::kVersion).finish());
-  }
+  if (!s->ready()) return handshake(s, op, r);
 
   auto key_error = [](std::string_view key) { return internal::validate_store_key(key); };
   switch (op) {
@@ -367,6 +460,7 @@ void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body
       if (!r.done()) return malformed();
       Status st = key_error(key);
       if (st.ok()) st = internal::validate_store_value(key, value.size());
+      if (st.ok()) st = make_room(key, value.size());
       if (!st.ok()) return s->send(error_frame(st));
       data_.insert_or_assign(std::string(key), std::string(value));
       s->send(wire::Writer().u8(0).finish());
@@ -389,7 +483,9 @@ void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body
       auto it = data_.find(key);
       auto result = internal::add_to_counter(key, it == data_.end() ? nullptr : &it->second, delta);
       if (!result.ok()) return s->send(error_frame(result.status()));
-      data_.insert_or_assign(std::string(key), std::to_string(*result));
+      const std::string text = std::to_string(*result);
+      if (Status st = make_room(key, text.size()); !st.ok()) return s->send(error_frame(st));
+      data_.insert_or_assign(std::string(key), text);
       s->send(wire::Writer().u8(0).i64(*result).finish());
       return key_changed(std::string(key));
     }
@@ -415,13 +511,79 @@ void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body
       if (Status st = key_error(key); !st.ok()) return s->send(error_frame(st));
       auto it = data_.find(key);
       bool existed = it != data_.end();
-      if (existed) data_.erase(it);
+      if (existed) {
+        stored_ -= it->first.size() + it->second.size();
+        data_.erase(it);
+      }
       return s->send(wire::Writer().u8(0).u8(existed ? 1 : 0).finish());
     }
     case wire::Op::kHello:
+    case wire::Op::kAuth:
       break;
   }
   s->reject(invalid_argument("unknown request type " + std::to_string(int(op))));
+}
+
+// The hello, then (with a secret) kAuth; see tcp_store_protocol.h.
+void ServerCore::handshake(const std::shared_ptr<Session>& s, wire::Op op, wire::Reader& r) {
+  const std::string& secret = options_.secret;
+  if (s->hello_done) {  // the server has a secret and waits for the client's proof
+    std::string_view proof = r.raw(sizeof(internal::Digest));
+    if (op != wire::Op::kAuth || !r.done()) {
+      return s->reject(unavailable(
+          "this store requires the job's shared secret and the client did not authenticate"));
+    }
+    const internal::Digest want = wire::session_digest(secret, "C", s->client_nonce,
+                                                       s->server_nonce);
+    if (!internal::bytes_equal(proof.data(), want.data(), want.size())) {
+      return s->reject(unavailable(
+          "authentication failed: the client does not hold this store's shared secret; give "
+          "every process the same secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE)"));
+    }
+    s->send(wire::Writer().u8(0).finish());
+    s->authenticated = true;
+    s->in_mac = internal::FrameMac(wire::session_digest(secret, "c", s->client_nonce,
+                                                        s->server_nonce));
+    s->out_mac = internal::FrameMac(wire::session_digest(secret, "s", s->client_nonce,
+                                                         s->server_nonce));
+    return;
+  }
+  std::string_view magic = r.raw(sizeof(wire::kMagic));
+  std::uint32_t version = r.u32();
+  if (op != wire::Op::kHello || magic != std::string_view(wire::kMagic, sizeof(wire::kMagic))) {
+    return s->reject(
+        invalid_argument("expected a tributary store hello; is this client a "
+                         "tributary TcpStore?"));
+  }
+  if (version != wire::kVersion) {
+    return s->reject(failed_precondition("protocol version mismatch: the client speaks version " +
+                                         std::to_string(version) + ", this server version " +
+                                         std::to_string(wire::kVersion) +
+                                         "; run the same tributary build on every rank"));
+  }
+  std::string_view nonce = r.raw(wire::kNonceBytes);
+  const bool client_has_secret = r.u8() != 0;
+  if (!r.done()) return s->reject(invalid_argument("malformed store hello"));
+  if (!secret.empty() && !client_has_secret) {
+    return s->reject(unavailable(
+        "this store requires the job's shared secret and this process has none; give every "
+        "process the same secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE)"));
+  }
+  std::copy(nonce.begin(), nonce.end(), reinterpret_cast<char*>(s->client_nonce.data()));
+  internal::random_bytes(s->server_nonce.data(), s->server_nonce.size());
+  internal::Digest proof{};
+  if (!secret.empty()) {
+    proof = wire::session_digest(secret, "S", s->client_nonce, s->server_nonce);
+  }
+  s->hello_done = true;
+  s->send(wire::Writer()
+              .u8(0)
+              .raw(magic)
+              .u32(wire::kVersion)
+              .raw(wire::bytes_of(s->server_nonce))
+              .u8(secret.empty() ? 0 : 1)
+              .raw(std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()))
+              .finish());
 }
 
 // The OK answer to a get/wait/check, given what the map holds now.

@@ -42,6 +42,11 @@ struct StoreOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // TcpStore: how long connect() (and any later reconnection) keeps retrying an unreachable server.
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
+  // TcpStore: the job's shared secret ("" = none). With one, client and server prove it to each
+  // other when connecting and every frame after that carries a MAC (tcp_store_protocol.h), so a
+  // process without it can neither read nor change keys; the server must have the same secret.
+  // make_backend_context sets it from TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE.
+  std::string secret;
 };
 
 class PrefixStore;
@@ -142,6 +147,20 @@ class FileStore final : public Store {
 struct TcpStoreServerOptions {
   // Pending connections the kernel queues; raise it when thousands of ranks connect at once.
   int listen_backlog = 4096;
+  // The shared secret clients must prove ("" = none: anyone who reaches the port is served).
+  std::string secret;
+  // Limits, so that whoever can reach the port cannot exhaust the server's memory or descriptors:
+  // connections open at once (more are closed on accept; make_backend_context allows 16 per rank,
+  // at least 1024);
+  std::size_t max_connections = 1024;
+  // bytes of requests received but not yet handled, over all connections (a connection that would
+  // pass it is closed with an error);
+  std::size_t max_buffered_bytes = std::size_t{256} << 20;
+  // bytes of keys and values held (a set or add that would pass it fails with kResourceExhausted);
+  std::size_t max_stored_bytes = std::size_t{1} << 30;
+  // how long a new connection has to say hello (and, with a secret, to authenticate) before it is
+  // closed.
+  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10);
 };
 
 class TcpStoreServer;

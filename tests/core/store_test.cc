@@ -161,6 +161,8 @@ std::string hello_frame(std::uint32_t version = internal::wire::kVersion) {
       .u8(static_cast<std::uint8_t>(internal::wire::Op::kHello))
       .raw(std::string_view(internal::wire::kMagic, sizeof(internal::wire::kMagic)))
       .u32(version)
+      .raw(std::string(internal::wire::kNonceBytes, 'n'))
+      .u8(0)  // no secret
       .finish();
 }
 
@@ -214,10 +216,17 @@ class FileBackend {
   std::string dir_;
 };
 
-class TcpBackend {
+inline constexpr char kNoSecret[] = "";
+inline constexpr char kTestSecret[] = "store test secret";
+
+// `kSecret` empty: anyone is served; else client and server prove it and seal every frame.
+template <const char* kSecret>
+class TcpBackendWith {
  public:
-  TcpBackend() {
-    auto s = TcpStore::create_server("127.0.0.1", 0);
+  TcpBackendWith() {
+    TcpStoreServerOptions o;
+    o.secret = kSecret;
+    auto s = TcpStore::create_server("127.0.0.1", 0, o);
     if (s.ok())
       server_ = std::move(*s);
     else
@@ -225,7 +234,9 @@ class TcpBackend {
   }
   std::shared_ptr<Store> client() {
     if (!server_) return nullptr;
-    auto c = TcpStore::connect("127.0.0.1", server_->port(), test_options());
+    StoreOptions o = test_options();
+    o.secret = kSecret;
+    auto c = TcpStore::connect("127.0.0.1", server_->port(), o);
     if (!c.ok()) {
       ADD_FAILURE() << c.status().to_string();
       return nullptr;
@@ -236,6 +247,9 @@ class TcpBackend {
  private:
   std::unique_ptr<TcpStoreServer> server_;
 };
+
+using TcpBackend = TcpBackendWith<kNoSecret>;
+using TcpSecretBackend = TcpBackendWith<kTestSecret>;
 
 template <typename Backend>
 class StoreTest : public ::testing::Test {
@@ -252,11 +266,12 @@ struct BackendNames {
   static std::string GetName(int) {
     if (std::is_same_v<T, MemoryBackend>) return "Memory";
     if (std::is_same_v<T, FileBackend>) return "File";
+    if (std::is_same_v<T, TcpSecretBackend>) return "TcpWithSecret";
     return "Tcp";
   }
 };
 
-using Backends = ::testing::Types<MemoryBackend, FileBackend, TcpBackend>;
+using Backends = ::testing::Types<MemoryBackend, FileBackend, TcpBackend, TcpSecretBackend>;
 TYPED_TEST_SUITE(StoreTest, Backends, BackendNames);
 
 TYPED_TEST(StoreTest, SetGetOverwrite) {
@@ -893,6 +908,157 @@ TEST_F(TcpStoreServerTest, DestroyingTheServerReleasesBlockedClients) {
   EXPECT_LT(Clock::now() - start, kPrompt);
 }
 
+// --- the shared secret and the server's limits ----------------------------------------------------
+
+std::unique_ptr<TcpStoreServer> start_server(TcpStoreServerOptions o) {
+  auto s = TcpStore::create_server("127.0.0.1", 0, std::move(o));
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+StatusOr<std::unique_ptr<TcpStore>> connect_with(const TcpStoreServer& server,
+                                                 const std::string& secret) {
+  StoreOptions o = test_options();
+  o.secret = secret;
+  o.connect_timeout = 2s;
+  return TcpStore::connect("127.0.0.1", server.port(), o);
+}
+
+TEST(TcpStoreSecurity, OnlyHoldersOfTheSecretAreServed) {
+  Watchdog watchdog(60s);
+  TcpStoreServerOptions o;
+  o.secret = "right";
+  auto server = start_server(o);
+  ASSERT_TRUE(server);
+  auto good = connect_with(*server, "right");
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  ASSERT_TRUE((*good)->set("k", "v").ok());
+
+  const auto start = Clock::now();
+  auto none = connect_with(*server, "");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("requires the job's shared secret"), std::string::npos)
+      << none.status().to_string();
+  auto wrong = connect_with(*server, "wrong");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("authentication failed"), std::string::npos)
+      << wrong.status().to_string();
+  EXPECT_LT(Clock::now() - start, kPrompt);  // refused at once, not retried until the timeout
+
+  // A raw client that says hello without a secret is refused before it can send anything else,
+  // and cannot get a value by skipping the proof.
+  RawSocket raw(server->port());
+  raw.send(hello_frame() + internal::wire::Writer().u8(3).u64(0).str("k").finish());
+  std::string got;
+  EXPECT_TRUE(raw.read_until_closed(&got));
+  EXPECT_EQ(got.find(std::string("\x01\x01\0\0\0v", 6)), std::string::npos);  // no value
+  EXPECT_GT(first_frame_code(got), 0);
+
+  // A client with a secret refuses a server without one.
+  auto open_server = start_server({});
+  ASSERT_TRUE(open_server);
+  auto picky = connect_with(*open_server, "right");
+  ASSERT_FALSE(picky.ok());
+  EXPECT_NE(picky.status().message().find("does not use a shared secret"), std::string::npos)
+      << picky.status().to_string();
+  auto v = (*good)->get("k", 1s);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(*v, "v");
+}
+
+TEST(TcpStoreSecurity, SealedFramesRejectAnyChange) {
+  internal::Digest key = internal::sha256("k");
+  internal::FrameMac a(key), b(key), c(key);
+  std::string frame = internal::wire::Writer().u8(2).str("key").str("value").finish();
+  internal::wire::seal(a, frame);
+  std::string changed = frame;
+  changed[10] ^= 1;
+  std::string_view body(changed.data() + 4, changed.size() - 4);
+  EXPECT_FALSE(internal::wire::unseal(b, changed.data(), body));
+  body = std::string_view(frame.data() + 4, frame.size() - 4);
+  EXPECT_TRUE(internal::wire::unseal(c, frame.data(), body));  // frame 0 of c, as sealed by a
+  EXPECT_EQ(body.size(), frame.size() - 4 - internal::FrameMac::kTagBytes);
+  body = std::string_view(frame.data() + 4, frame.size() - 4);
+  EXPECT_FALSE(internal::wire::unseal(c, frame.data(), body));  // the same frame again: a replay
+}
+
+TEST(TcpStoreLimits, ConnectionsBeyondTheCapAndSilentOnesAreClosed) {
+  Watchdog watchdog(60s);
+  TcpStoreServerOptions o;
+  o.max_connections = 4;
+  o.handshake_timeout = 300ms;
+  auto server = start_server(o);
+  ASSERT_TRUE(server);
+  std::vector<std::unique_ptr<RawSocket>> silent;
+  for (int i = 0; i < 4; ++i) silent.push_back(std::make_unique<RawSocket>(server->port()));
+  // Full: a fifth is closed on accept.
+  RawSocket fifth(server->port());
+  std::string got;
+  EXPECT_TRUE(fifth.read_until_closed(&got, 2s));
+  // The silent ones are closed once their handshake time is up, and the store serves again.
+  for (auto& s : silent) EXPECT_TRUE(s->read_until_closed(&got, 3s));
+  auto c = connect_with(*server, "");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE((*c)->set("k", "v").ok());
+}
+
+TEST(TcpStoreLimits, StoredBytesAreCapped) {
+  Watchdog watchdog(60s);
+  TcpStoreServerOptions o;
+  o.max_stored_bytes = 1 << 20;
+  auto server = start_server(o);
+  ASSERT_TRUE(server);
+  auto c = connect_with(*server, "");
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->set("a", std::string(600 << 10, 'a')).ok());
+  Status s = (*c)->set("b", std::string(600 << 10, 'b'));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_NE(s.message().find("max_stored_bytes"), std::string::npos) << s.message();
+  ASSERT_TRUE((*c)->set("a", std::string(100, 'a')).ok());  // replacing frees the old value
+  EXPECT_TRUE((*c)->set("b", std::string(600 << 10, 'b')).ok());
+  ASSERT_TRUE((*c)->delete_key("b").ok());
+  EXPECT_TRUE((*c)->set("c", std::string(800 << 10, 'c')).ok());
+}
+
+TEST(TcpStoreLimits, BytesInHandAreCappedAndUnauthenticatedFramesAreSmall) {
+  Watchdog watchdog(60s);
+  TcpStoreServerOptions o;
+  o.max_buffered_bytes = 4 << 20;
+  auto server = start_server(o);
+  ASSERT_TRUE(server);
+  // Two clients each start a 3 MiB request and stall: the second passes the cap and is closed
+  // with the reason; the first is not harmed.
+  auto partial = [&](RawSocket& s) {
+    std::string header(4, '\0');
+    internal::wire::put_length(header, (3 << 20) + 1024);  // and never sends the last KiB
+    s.send(hello_frame() + header + std::string(3 << 20, 'x'));
+  };
+  RawSocket first(server->port()), second(server->port());
+  partial(first);
+  std::this_thread::sleep_for(200ms);
+  std::thread sender([&] { partial(second); });
+  std::string got;
+  EXPECT_TRUE(second.read_until_closed(&got, kPrompt));
+  sender.join();
+  EXPECT_NE(got.find("max_buffered_bytes"), std::string::npos) << got.size() << ": " << got;
+  auto c = connect_with(*server, "");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE((*c)->set("k", "v").ok());
+
+  // With a secret, a client that has not proved it cannot even start a large frame.
+  TcpStoreServerOptions so;
+  so.secret = "s";
+  auto guarded = start_server(so);
+  ASSERT_TRUE(guarded);
+  RawSocket big(guarded->port());
+  std::string header(4, '\0');
+  internal::wire::put_length(header, 60 << 20);
+  big.send(header + std::string(64 << 10, 'x'));
+  got.clear();
+  EXPECT_TRUE(big.read_until_closed(&got, kPrompt));
+  EXPECT_NE(got.find("before the handshake"), std::string::npos) << got;
+}
+
 // A peer that answers the hello and then never again: every call still returns within its timeout.
 TEST(TcpStore, CallsHonourTheirTimeoutWhenTheServerStopsAnswering) {
   Watchdog watchdog(60s);
@@ -913,14 +1079,24 @@ TEST(TcpStore, CallsHonourTheirTimeoutWhenTheServerStopsAnswering) {
                              .u8(0)
                              .raw(std::string_view(internal::wire::kMagic, 8))
                              .u32(internal::wire::kVersion)
+                             .raw(std::string(internal::wire::kNonceBytes, '\0'))
+                             .u8(0)  // no secret
+                             .raw(std::string(32, '\0'))
                              .finish();
+    const std::string hello_example = internal::wire::Writer()
+                                          .u8(1)
+                                          .raw(std::string_view(internal::wire::kMagic, 8))
+                                          .u32(internal::wire::kVersion)
+                                          .raw(std::string(internal::wire::kNonceBytes, '\0'))
+                                          .u8(0)
+                                          .finish();
     while (!stop.stop_requested()) {
       pollfd p{listener, POLLIN, 0};
       if (::poll(&p, 1, 20) <= 0) continue;
       int peer = ::accept(listener, nullptr, nullptr);
       if (peer < 0) continue;
-      char hello[17];
-      ::recv(peer, hello, sizeof(hello), MSG_WAITALL);
+      std::string hello(hello_example.size(), '\0');
+      ::recv(peer, hello.data(), hello.size(), MSG_WAITALL);
       ::send(peer, answer.data(), answer.size(), MSG_NOSIGNAL);
       peers.push_back(peer);  // and never answer again
     }

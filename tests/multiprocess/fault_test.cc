@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -600,6 +601,56 @@ TEST(RingSecurity, TamperedFramesAreRejectedNotReduced) {
     } else {
       EXPECT_EQ(read_note(dir, 0), "wrong") << "the relay did not change the data: " << g.describe();
     }
+  }
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// The rendezvous store (a real TcpStore started by rank 0) serves only processes with the job's
+// secret: a rank with another secret or none is refused at once, saying so, and the chief's
+// backend then fails within its timeout naming the rank that never came.
+TEST(RendezvousSecurity, TheStoreRefusesRanksWithoutTheSecret) {
+  for (const char* other : {"wrong", ""}) {
+    SCOPED_TRACE(std::string("rank 1's secret: '") + other + "'");
+    const std::string dir = make_temp_dir("store_secret");
+    const int port = free_port();
+    GroupResult g = run_group(2, 60s, [&](int rank) {
+      std::map<std::string, std::string> env{{"TRIBUTARY_RANK", std::to_string(rank)},
+                                             {"TRIBUTARY_WORLD_SIZE", "2"},
+                                             {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                             {"TRIBUTARY_MASTER_PORT", std::to_string(port)}};
+      const std::string secret = rank == 0 ? "right" : other;
+      if (!secret.empty()) env["TRIBUTARY_SECRET"] = secret;
+      if (rank == 1) std::this_thread::sleep_for(300ms);  // the chief's store is up by then
+      auto ctx = make_backend_context({Device::cpu(0)}, Config::from_map(env), 5s);
+      if (!ctx.ok()) {
+        write_note(dir, rank, ctx.status().to_string());
+        return kChildSawError;
+      }
+      auto ops = builtin_backends().create("ring:timeout=3s", *ctx);
+      write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
+      return ops.ok() ? kChildOk : kChildSawError;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError)
+          << "rank " << r << ": " << read_note(dir, r);
+    }
+    const std::string refused = read_note(dir, 1);
+    EXPECT_NE(refused.find(*other ? "authentication failed" : "requires the job's shared secret"),
+              std::string::npos)
+        << refused;
+    EXPECT_NE(read_note(dir, 0).find("rank 1"), std::string::npos) << read_note(dir, 0);
   }
 }
 
