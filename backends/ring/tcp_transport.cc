@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
 #include <cerrno>
@@ -576,29 +577,27 @@ class TcpSetup {
   }
 
   // Files every higher rank's connections by the socket index of their hello; those that fail the
-  // handshake are dropped and we go on.
+  // handshake are dropped and we go on. Handshakes run concurrently, each under its own short
+  // deadline, so a silent or slow connection delays no one: accepting goes on while it waits.
   Status accept_higher() {
-    int expected = (impl_.size - 1 - impl_.rank) * impl_.sockets_per_peer;
-    while (expected > 0) {
-      auto socket = std::make_unique<tcp::socket>(impl_.io);
-      bool accepted = false;
-      boost::system::error_code aec;
-      acceptor_.async_accept(*socket, [&](const boost::system::error_code& e) {
-        aec = e;
-        accepted = true;
-      });
-      if (!impl_.run_until(deadline_, [&] { return accepted; })) {
-        acceptor_.cancel();
-        impl_.run_until(Clock::now() + std::chrono::seconds(1), [&] { return accepted; });
-        return deadline_exceeded(
-            who_ + ": " + std::to_string(expected) +
-            " connection(s) from higher ranks did not arrive before the timeout" +
-            (rejected_.empty() ? "" : "; rejected: " + rejected_));
-      }
-      if (aec) return unavailable(who_ + ": accept failed: " + aec.message());
-      tune(*socket);
-      TRIBUTARY_ASSIGN_OR_RETURN(bool filed, serve_handshake(std::move(socket)));
-      if (filed) --expected;
+    expected_ = (impl_.size - 1 - impl_.rank) * impl_.sockets_per_peer;
+    if (expected_ > 0) start_accept();
+    const bool finished = impl_.run_until(deadline_, [&] { return expected_ <= 0 || !fatal_.ok(); });
+    // Whatever is still in flight ends here: its handlers refer to this object.
+    boost::system::error_code ignored;
+    acceptor_.cancel(ignored);
+    for (const auto& h : pending_) {
+      h->timer.cancel();
+      if (h->socket) h->socket->close(ignored);
+    }
+    impl_.run_until(Clock::now() + std::chrono::seconds(2), [&] { return in_flight_ == 0; });
+    pending_.clear();
+    if (!fatal_.ok()) return fatal_;
+    if (!finished) {
+      return deadline_exceeded(
+          who_ + ": " + std::to_string(expected_) +
+          " connection(s) from higher ranks did not arrive before the timeout" +
+          (rejected_.empty() ? "" : "; rejected: " + rejected_));
     }
     return Status();
   }
@@ -722,80 +721,152 @@ class TcpSetup {
     return Status();
   }
 
-  // The server side of one handshake: true when the connection was filed, false when it was
-  // rejected (and closed); an error only when the group cannot form (a different layout).
-  StatusOr<bool> serve_handshake(std::unique_ptr<tcp::socket> socket) {
-    const int rank = impl_.rank;
-    const int sockets = impl_.sockets_per_peer;
-    boost::system::error_code pec;
-    const std::string from = endpoint_text(socket->remote_endpoint(pec));
-    // A short deadline per handshake, so that a silent client cannot hold up the others.
-    const Deadline hs_deadline = std::min(deadline_, Clock::now() + std::chrono::seconds(10));
+  // --- the server side of the handshake, one state machine per accepted connection ---------------
+  struct Pending {
+    explicit Pending(asio::io_context& io) : timer(io) {}
+    std::unique_ptr<tcp::socket> socket;
+    asio::steady_timer timer;
+    std::string from;
     wire::Hello hello;
-    Status s = read_exact(impl_, *socket, asio::buffer(&hello, sizeof hello), hs_deadline, "hello");
-    if (s.ok() && (hello.magic != wire::kHelloMagic || hello.version != wire::kProtocolVersion)) {
-      s = unavailable("not a tributary peer (bad magic or version)");
-    }
-    if (s.ok() && (hello.cluster != cluster_ || hello.world != impl_.size || hello.rank <= rank ||
-                   hello.rank >= impl_.size)) {
-      s = unavailable("a peer of another job (rank " + std::to_string(hello.rank) + ")");
-    }
-    const bool same_sockets = hello.sockets == sockets;
-    if (s.ok() && same_sockets &&
-        (hello.socket < 0 || hello.socket >= sockets ||
-         impl_.conn(hello.rank, hello.socket).socket)) {
-      s = unavailable("a duplicate or bad connection: rank " + std::to_string(hello.rank) +
-                      " socket " + std::to_string(hello.socket));
-    }
     wire::HelloAck ack;
-    if (s.ok()) {
-      ack.cluster = cluster_;
-      ack.layout = layout_;
-      ack.world = impl_.size;
-      ack.rank = rank;
-      ack.sockets = sockets;
-      ack.socket = hello.socket;
-      ack.nonce = random_nonce();
-      ack.mac = proof(options_.secret, 'A', hello.nonce, rank, hello.rank);
-      s = write_exact(impl_, *socket, asio::buffer(&ack, sizeof ack), hs_deadline, "hello answer");
-    }
-    // A different layout: the answer (with ours) lets the other side name it too; then refuse.
-    // The group cannot form: no point waiting for the others.
-    if (s.ok() && !same_sockets) return sockets_differ(who_, hello.rank, hello.sockets);
-    if (s.ok() && hello.layout != layout_) {
-      return invalid_argument(who_ + ": rank " + std::to_string(hello.rank) +
-                              " is set up differently; " + layout_advice());
-    }
     wire::Auth auth;
-    if (s.ok()) {
-      s = read_exact(impl_, *socket, asio::buffer(&auth, sizeof auth), hs_deadline,
-                     "authentication");
+    wire::Verdict verdict;
+    bool same_sockets = true;
+  };
+
+  void start_accept() {
+    auto socket = std::make_unique<tcp::socket>(impl_.io);
+    tcp::socket& target = *socket;
+    ++in_flight_;
+    acceptor_.async_accept(target, [this, s = std::shared_ptr<tcp::socket>(std::move(socket))](
+                                       const boost::system::error_code& ec) mutable {
+      --in_flight_;
+      if (expected_ <= 0 || !fatal_.ok() || ec == asio::error::operation_aborted) return;
+      if (ec) {
+        fatal_ = unavailable(who_ + ": accept failed: " + ec.message());
+        return;
+      }
+      tune(*s);
+      auto h = std::make_shared<Pending>(impl_.io);
+      h->socket = std::make_unique<tcp::socket>(std::move(*s));
+      boost::system::error_code pec;
+      h->from = endpoint_text(h->socket->remote_endpoint(pec));
+      pending_.push_back(h);
+      // A short deadline per handshake, so that a silent client holds only its own connection.
+      h->timer.expires_at(std::min(deadline_, Clock::now() + std::chrono::seconds(10)));
+      ++in_flight_;
+      h->timer.async_wait([this, h](const boost::system::error_code& e) {
+        --in_flight_;
+        boost::system::error_code ignored;
+        if (!e && h->socket) h->socket->close(ignored);  // its pending read or write fails
+      });
+      read_hello(h);
+      start_accept();
+    });
+  }
+
+  // Runs `step` once `n` bytes at `p` have been read (or written) on h's socket; a failure (the
+  // handshake's deadline included) drops the connection.
+  template <typename Step>
+  void io_step(const std::shared_ptr<Pending>& h, bool write, void* p, size_t n, const char* what,
+               Step step) {
+    ++in_flight_;
+    auto done = [this, h, what, step](const boost::system::error_code& ec, size_t) {
+      --in_flight_;
+      if (ec == asio::error::operation_aborted) {
+        return drop(h, std::string("timed out waiting for the ") + what);
+      }
+      if (ec) return drop(h, std::string("the ") + what + " failed: " + ec.message());
+      if (!fatal_.ok() || expected_ <= 0) return drop(h, "setup is over");
+      step();
+    };
+    if (write) {
+      asio::async_write(*h->socket, asio::buffer(p, n), std::move(done));
+    } else {
+      asio::async_read(*h->socket, asio::buffer(p, n), std::move(done));
     }
-    const bool ok = s.ok() && internal::digest_equal(auth.mac, proof(options_.secret, 'C',
-                                                                     ack.nonce, hello.rank, rank));
-    if (s.ok()) {
-      wire::Verdict verdict;
-      verdict.accepted = ok ? 1 : 0;
-      s = write_exact(impl_, *socket, asio::buffer(&verdict, sizeof verdict), hs_deadline,
-                      "verdict");
+  }
+
+  void drop(const std::shared_ptr<Pending>& h, const std::string& why) {
+    if (!h->socket) return;
+    rejected_ += (rejected_.empty() ? "" : "; ") + h->from + " (" + why + ")";
+    boost::system::error_code ignored;
+    h->socket->close(ignored);
+    h->socket.reset();
+    h->timer.cancel();
+    forget(h);
+  }
+
+  void forget(const std::shared_ptr<Pending>& h) {
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), h), pending_.end());
+  }
+
+  void read_hello(const std::shared_ptr<Pending>& h) {
+    io_step(h, false, &h->hello, sizeof h->hello, "hello", [this, h] { answer_hello(h); });
+  }
+
+  void answer_hello(const std::shared_ptr<Pending>& h) {
+    const wire::Hello& hello = h->hello;
+    const int sockets = impl_.sockets_per_peer;
+    if (hello.magic != wire::kHelloMagic || hello.version != wire::kProtocolVersion) {
+      return drop(h, "not a tributary peer (bad magic or version)");
     }
-    if (!s.ok() || !ok) {
-      rejected_ += (rejected_.empty() ? "" : "; ") + from + " (" +
-                   (s.ok() ? std::string("failed authentication") : s.message()) + ")";
-      boost::system::error_code ignored;
-      socket->close(ignored);
-      return false;
+    if (hello.cluster != cluster_ || hello.world != impl_.size || hello.rank <= impl_.rank ||
+        hello.rank >= impl_.size) {
+      return drop(h, "a peer of another job (rank " + std::to_string(hello.rank) + ")");
     }
-    TcpTransport::Impl::Connection& x = impl_.conn(hello.rank, hello.socket);
-    x.socket = std::move(socket);
-    if (authenticate_frames()) {
-      x.authenticated = true;
-      x.send_key =
-          frame_key(options_.secret, hello.nonce, ack.nonce, rank, hello.rank, hello.socket);
-      x.recv_key =
-          frame_key(options_.secret, hello.nonce, ack.nonce, hello.rank, rank, hello.socket);
+    h->same_sockets = hello.sockets == sockets;
+    if (h->same_sockets && (hello.socket < 0 || hello.socket >= sockets ||
+                            impl_.conn(hello.rank, hello.socket).socket)) {
+      return drop(h, "a duplicate or bad connection: rank " + std::to_string(hello.rank) +
+                         " socket " + std::to_string(hello.socket));
     }
-    return true;
+    wire::HelloAck& ack = h->ack;
+    ack.cluster = cluster_;
+    ack.layout = layout_;
+    ack.world = impl_.size;
+    ack.rank = impl_.rank;
+    ack.sockets = sockets;
+    ack.socket = hello.socket;
+    ack.nonce = random_nonce();
+    ack.mac = proof(options_.secret, 'A', hello.nonce, impl_.rank, hello.rank);
+    io_step(h, true, &h->ack, sizeof h->ack, "hello answer", [this, h] {
+      // A different layout: the answer (with ours) lets the other side name it too; then refuse.
+      // The group cannot form: no point waiting for the others.
+      if (!h->same_sockets) {
+        fatal_ = sockets_differ(who_, h->hello.rank, h->hello.sockets);
+        return drop(h, "set up differently");
+      }
+      if (h->hello.layout != layout_) {
+        fatal_ = invalid_argument(who_ + ": rank " + std::to_string(h->hello.rank) +
+                                  " is set up differently; " + layout_advice());
+        return drop(h, "set up differently");
+      }
+      io_step(h, false, &h->auth, sizeof h->auth, "authentication", [this, h] { judge(h); });
+    });
+  }
+
+  void judge(const std::shared_ptr<Pending>& h) {
+    const bool ok = internal::digest_equal(
+        h->auth.mac, proof(options_.secret, 'C', h->ack.nonce, h->hello.rank, impl_.rank));
+    h->verdict.accepted = ok ? 1 : 0;
+    io_step(h, true, &h->verdict, sizeof h->verdict, "verdict", [this, h, ok] {
+      if (!ok) return drop(h, "failed authentication");
+      const wire::Hello& hello = h->hello;
+      TcpTransport::Impl::Connection& x = impl_.conn(hello.rank, hello.socket);
+      if (x.socket) return drop(h, "a duplicate connection");  // two raced for one place
+      h->timer.cancel();
+      x.socket = std::move(h->socket);
+      if (authenticate_frames()) {
+        x.authenticated = true;
+        x.send_key = frame_key(options_.secret, hello.nonce, h->ack.nonce, impl_.rank, hello.rank,
+                               hello.socket);
+        x.recv_key = frame_key(options_.secret, hello.nonce, h->ack.nonce, hello.rank, impl_.rank,
+                               hello.socket);
+      }
+      forget(h);
+      --expected_;
+    });
   }
 
   TcpTransport::Impl& impl_;
@@ -807,6 +878,12 @@ class TcpSetup {
   const std::string who_;
   tcp::acceptor acceptor_;
   std::string rejected_;
+  // Accepting: connections still to be filed, the first error that ends setup, the handshakes in
+  // progress, and the asynchronous operations not yet completed.
+  int expected_ = 0;
+  Status fatal_;
+  std::vector<std::shared_ptr<Pending>> pending_;
+  int in_flight_ = 0;
 };
 
 }  // namespace

@@ -8,7 +8,8 @@
 // (TRIBUTARY_SECRET or a secret file), both sides prove they know it with an HMAC-SHA256
 // challenge-response over fresh nonces; a process without the secret cannot join, and a connection
 // that fails the handshake (wrong magic, version, cluster, garbage) is dropped without disturbing
-// the others.
+// the others. Incoming handshakes run concurrently, each under its own 10 s deadline (capped by the
+// setup timeout), so silent or slow connections delay no one.
 //
 // Authenticated data: with a secret, each connection gets two keys (one per direction), derived
 // from the secret and both nonces of its handshake, so a session is bound to its connection. Every

@@ -449,45 +449,98 @@ TEST(RingSetup, DifferentLayoutsAreRefusedNamingThem) {
     }
 }
 
-// Sends `bytes` to rank 0's listening port (read from the store), then closes.
-void poke_rank0(const std::string& dir, const std::string& bytes) {
+// An outsider with access to the store: says where ranks 1.. `world`-1 run on their behalf (rank 0
+// publishes its address only once every rank has), waits for rank 0's address, and opens
+// `connections` to it, each sent `bytes`. Returns the sockets, still open; -1 entries failed.
+std::vector<int> connect_to_rank0(const std::string& dir, int world, int connections,
+                                  const std::string& bytes) {
   auto store = FileStore::open(dir);
-  auto addr = (*store)->get("ring/0/addr/0", 10s);
-  if (!addr.ok()) return;
+  for (int r = 1; r < world; ++r) {
+    (void)(*store)->set("ring/0/host/" + std::to_string(r),
+                        "intra_host=net,hierarchy=auto|" + internal::host_id(Config()));
+  }
+  std::vector<int> fds;
+  auto addr = (*store)->get("ring/0/addr/0", 20s);
+  if (!addr.ok()) return fds;
   const std::string host = addr->substr(0, addr->rfind(':'));
   const int port = std::stoi(addr->substr(addr->rfind(':') + 1));
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, host.c_str(), &sa.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
-    (void)!write(fd, bytes.data(), bytes.size());
+  for (int i = 0; i < connections; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, host.c_str(), &sa.sin_addr);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+      (void)!write(fd, bytes.data(), bytes.size());
+      fds.push_back(fd);
+    } else {
+      close(fd);
+      fds.push_back(-1);
+    }
   }
-  close(fd);
+  (void)(*store)->set("outsider/done", "1");
+  return fds;
+}
+
+// Ranks 1.. of a ring group wait for the outsider before they join (rank 0 is already listening).
+bool wait_for_outsider(const std::string& dir) {
+  auto store = FileStore::open(dir);
+  return (*store)->get("outsider/done", 30s).ok();
+}
+
+// Three ranks and an outsider (process 3) that connects to rank 0 first and sends `junk`, then
+// closes (`hold` = 0) or keeps the connections open for `hold`. The group must form and compute.
+GroupResult ring_with_outsider(const std::string& dir, const std::string& junk, int connections,
+                               std::chrono::seconds hold, const std::string& spec) {
+  return run_group(4, 60s, [&](int p) {
+    if (p == 3) {
+      std::vector<int> fds = connect_to_rank0(dir, 3, connections, junk);
+      if (fds.empty()) return kChildFailed;
+      std::this_thread::sleep_for(hold);
+      for (int fd : fds) {
+        if (fd >= 0) close(fd);
+      }
+      return std::count(fds.begin(), fds.end(), -1) == 0 ? kChildOk : kChildFailed;
+    }
+    if (p > 0 && !wait_for_outsider(dir)) return kChildFailed;
+    auto ctx = group_context(p, 3, 1, dir);
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok()) {
+      write_note(dir, p, ops.status().to_string());
+      return kChildFailed;
+    }
+    float x = static_cast<float>(p + 1);
+    PerReplica<Tensor> v{Tensor(&x, DType::kFloat32, int64_t{1})};
+    Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+    write_note(dir, p, s.ok() ? std::to_string(x) : s.to_string());
+    return s.ok() && x == 6.0f ? kChildOk : kChildFailed;
+  });
 }
 
 TEST(RingSecurity, GarbageAndTruncatedHandshakesAreDroppedAndTheGroupForms) {
   for (std::string junk : {std::string("GET / HTTP/1.1\r\n\r\n") + std::string(200, 'x'),
                            std::string("TRBH", 4), std::string()}) {
     const std::string dir = make_temp_dir("garbage");
-    GroupResult g = run_group(3, 60s, [&](int rank) {
-      if (rank == 2) poke_rank0(dir, junk);  // before joining itself
-      auto ctx = group_context(rank, 3, 1, dir);
-      auto ops = builtin_backends().create("ring:intra_host=net,timeout=20s", *ctx);
-      if (!ops.ok()) {
-        write_note(dir, rank, ops.status().to_string());
-        return kChildFailed;
-      }
-      float x = static_cast<float>(rank + 1);
-      PerReplica<Tensor> v{Tensor(&x, DType::kFloat32, int64_t{1})};
-      Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
-      return s.ok() && x == 6.0f ? kChildOk : kChildFailed;
-    });
+    GroupResult g = ring_with_outsider(dir, junk, 1, 0s, "ring:intra_host=net,timeout=20s");
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
     for (const ChildResult& c : g.children)
       EXPECT_EQ(c.exit_code, kChildOk) << g.describe() << read_note(dir, 0);
   }
+}
+
+// Silent connections cost no one anything: handshakes run concurrently, each under its own
+// deadline, so three that never say a word do not hold up a setup whose whole timeout is shorter
+// than one handshake's deadline (they used to be served one at a time, 10 s each).
+TEST(RingSecurity, SilentConnectionsDoNotDelaySetup) {
+  const std::string dir = make_temp_dir("silent");
+  const auto start = Clock::now();
+  GroupResult g = ring_with_outsider(dir, "", 3, 12s, "ring:intra_host=net,timeout=6s");
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_EQ(g.children[static_cast<size_t>(p)].exit_code, kChildOk)
+        << "process " << p << ": " << read_note(dir, p) << "; " << g.describe();
+  }
+  EXPECT_GE(Clock::now() - start, 12s);  // the outsider held its connections through setup
 }
 
 // A man in the middle: takes rank 0's place in the store, passes the handshake through untouched
