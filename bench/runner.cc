@@ -77,7 +77,9 @@ class Runner::Impl {
     for (int r = 0; r < o_.replicas; ++r) devices.push_back(Device::cpu(r));
     TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
     // One process, or one rank of several (under tributary-run, TF_CONFIG, torchrun, Slurm...).
-    TRIBUTARY_ASSIGN_OR_RETURN(ctx_, make_backend_context(devices, config));
+    // The longest timeout= among the specs bounds the rendezvous too.
+    TRIBUTARY_ASSIGN_OR_RETURN(ctx_,
+                               make_backend_context(devices, config, spec_timeout(o_.backends)));
     report->processes = ctx_.world_size;
     report->rank = ctx_.rank;
     BackendRegistry registry = builtin_backends();

@@ -10,9 +10,30 @@
 
 namespace tributary {
 
+std::optional<std::chrono::milliseconds> spec_timeout(const std::vector<std::string>& specs) {
+  std::optional<std::chrono::milliseconds> longest;
+  for (const std::string& text : specs) {
+    auto spec = BackendSpec::parse(text);
+    if (!spec.ok()) continue;
+    for (const auto& [key, value] : spec->options) {
+      if (key != "timeout") continue;
+      auto d = parse_duration(value);
+      if (!d.ok() || d->count() <= 0) continue;
+      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(*d);
+      if (!longest || ms > *longest) longest = ms;
+    }
+  }
+  return longest;
+}
+
 StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Config config,
                                               std::optional<std::chrono::milliseconds> timeout) {
   if (devices.empty()) return invalid_argument("make_backend_context: the device list is empty");
+  if (!timeout) {
+    if (std::optional<std::string> spec = config.get("TRIBUTARY_CROSS_DEVICE_OPS")) {
+      timeout = spec_timeout({*spec});
+    }
+  }
   if (!timeout) {
     timeout = std::chrono::minutes(5);
     if (std::optional<std::string> text = config.get("TRIBUTARY_TIMEOUT")) {

@@ -55,7 +55,9 @@ int main(int argc, char** argv) {
   // The cluster (one process, or several under tributary-run / TF_CONFIG / torchrun variables).
   std::vector<Device> devices;
   for (int r = 0; r < replicas; ++r) devices.push_back(Device::cpu(r));
-  auto context = make_backend_context(devices, *config);
+  // The spec's timeout= bounds the rendezvous too.
+  auto context = make_backend_context(
+      devices, *config, spec.empty() ? std::nullopt : spec_timeout({spec}));
   if (!context.ok()) return fail(context.status().message());
   BackendContext& ctx = *context;
 

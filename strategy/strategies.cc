@@ -161,8 +161,10 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
   if (options.context) {
     context = *options.context;
   } else {
-    TRIBUTARY_ASSIGN_OR_RETURN(context,
-                               make_backend_context(devices, config, options.startup_timeout));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        context, make_backend_context(devices, config,
+                                      options.startup_timeout ? options.startup_timeout
+                                                              : spec_timeout({spec})));
   }
   TRIBUTARY_ASSIGN_OR_RETURN(auto ops, create_backend(registry, spec, context));
   StrategyParts parts = parts_of(StrategyKind::kMultiWorkerMirrored, "MultiWorkerMirroredStrategy",

@@ -78,11 +78,17 @@ BackendRegistry builtin_backends();
 // A context for `devices` (this process's replicas) in the cluster described by `config`
 // (resolve_cluster_spec: TRIBUTARY_RANK..., TF_CONFIG, torchrun, Open MPI, Slurm). With more than
 // one process, the chief (rank 0) starts the rendezvous store server on the coordinator port and
-// every process connects to it, retrying until `timeout`: when not given, the config's
-// TRIBUTARY_TIMEOUT (as for every backend), else 5 minutes. A malformed TRIBUTARY_TIMEOUT is an
-// error naming it.
+// every process connects to it, retrying until `timeout`: when not given, the timeout= of the
+// config's backend spec (TRIBUTARY_CROSS_DEVICE_OPS), else the config's TRIBUTARY_TIMEOUT (as for
+// every backend), else 5 minutes. A malformed TRIBUTARY_TIMEOUT is an error naming it. Programs that
+// take a backend spec of their own pass spec_timeout(spec), so that "ring:timeout=10s" bounds the
+// rendezvous as well as the collectives.
 StatusOr<BackendContext> make_backend_context(
     std::vector<Device> devices, Config config,
     std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+// The timeout= that backend specs set (the longest, for several); nullopt when none sets one or one
+// does not parse (its error comes when the backend is created).
+std::optional<std::chrono::milliseconds> spec_timeout(const std::vector<std::string>& specs);
 
 }  // namespace tributary
