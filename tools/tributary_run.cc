@@ -158,6 +158,13 @@ std::optional<int> parse_args(int argc, char** argv, LaunchOptions& o) {
       if (tributary::tools::is_launcher_variable(key)) {
         return usage_error("--env cannot set " + key + "; tributary-run sets it for each rank");
       }
+      if (key == "TRIBUTARY_SECRET") {
+        std::fprintf(stderr,
+                     "tributary-run: warning: --env TRIBUTARY_SECRET puts the secret on this "
+                     "command line, where every user of this machine can read it (ps); export "
+                     "TRIBUTARY_SECRET, or set TRIBUTARY_SECRET_FILE to a file only you can read, "
+                     "instead\n");
+      }
       o.env.push_back(*v);
     } else {
       return usage_error("unknown option '" + arg + "'");

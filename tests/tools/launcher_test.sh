@@ -110,6 +110,11 @@ test_env_option() {
   launch -n 2 --env RANK=1 -- true
   expect_rc 2
   has_text err "--env cannot set RANK"
+  # A secret on the command line works, with a warning that ps shows it.
+  launch -n 1 --env TRIBUTARY_SECRET=abc -- sh -c 'echo "secret=$TRIBUTARY_SECRET"'
+  expect_rc 0
+  has_line out "[rank 0] secret=abc"
+  has_text err "every user of this machine can read it"
 }
 
 test_master_port() {
