@@ -449,16 +449,22 @@ TEST(RingSetup, DifferentLayoutsAreRefusedNamingThem) {
     }
 }
 
-// An outsider with access to the store: says where ranks 1.. `world`-1 run on their behalf (rank 0
-// publishes its address only once every rank has), waits for rank 0's address, and opens
+// Says in the store, for ranks 1 .. world-1, where they run, as they will say it themselves: rank 0
+// publishes its address only once every rank has, so an outsider that must act before some ranks
+// join speaks for them.
+void speak_for_ranks(Store& store, int world) {
+  for (int r = 1; r < world; ++r) {
+    (void)store.set("ring/0/host/" + std::to_string(r),
+                    "intra_host=net,hierarchy=auto|" + internal::host_id(Config()));
+  }
+}
+
+// An outsider with access to the store: speaks for ranks 1.., waits for rank 0's address, and opens
 // `connections` to it, each sent `bytes`. Returns the sockets, still open; -1 entries failed.
 std::vector<int> connect_to_rank0(const std::string& dir, int world, int connections,
                                   const std::string& bytes) {
   auto store = FileStore::open(dir);
-  for (int r = 1; r < world; ++r) {
-    (void)(*store)->set("ring/0/host/" + std::to_string(r),
-                        "intra_host=net,hierarchy=auto|" + internal::host_id(Config()));
-  }
+  speak_for_ranks(**store, world);
   std::vector<int> fds;
   auto addr = (*store)->get("ring/0/addr/0", 20s);
   if (!addr.ok()) return fds;
@@ -548,10 +554,7 @@ TEST(RingSecurity, SilentConnectionsDoNotDelaySetup) {
 // payload from rank 1 to rank 0. Returns when either side closes or after `limit`.
 void tampering_relay(const std::string& dir, std::chrono::seconds limit) {
   auto store = FileStore::open(dir);
-  // Rank 0 publishes its address once every rank has said where it runs: say it for rank 1 (which
-  // waits for the relay), as rank 1 will.
-  (void)(*store)->set("ring/0/host/1",
-                      "intra_host=net,hierarchy=auto|" + internal::host_id(Config()));
+  speak_for_ranks(**store, 2);  // rank 1 joins only once the relay is in place
   auto addr = (*store)->get("ring/0/addr/0", 20s);
   if (!addr.ok()) return;
   const std::string host = addr->substr(0, addr->rfind(':'));
@@ -657,6 +660,7 @@ TEST(RingSecurity, TamperedFramesAreRejectedNotReduced) {
   }
 }
 
+// A loopback port nobody listens on: bound, read and closed.
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sa{};
@@ -708,16 +712,7 @@ TEST(RendezvousSecurity, TheStoreRefusesRanksWithoutTheSecret) {
 }
 
 TEST(Rendezvous, UnreachableStoreIsAnErrorNamingTheAddress) {
-  // A port nobody listens on: bind one and close it.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  const int port = ntohs(sa.sin_port);
-  close(fd);
+  const int port = free_port();  // nobody listens on it
   Config config = Config::from_map({{"TRIBUTARY_RANK", "1"},
                                     {"TRIBUTARY_WORLD_SIZE", "2"},
                                     {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
