@@ -9,6 +9,7 @@
 #include "backends/ring/tcp_transport.h"
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
+#include "core/strings.h"
 #include "transports/shm/shm_group.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
@@ -121,12 +122,8 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   // process without it cannot join, as over TCP.
   std::string proof = "none";
   if (!secret.empty()) {
-    static constexpr char kHex[] = "0123456789abcdef";
-    proof.clear();
-    for (uint8_t b : internal::hmac_sha256(secret, "shm:" + context.cluster_id)) {
-      proof += kHex[b >> 4];
-      proof += kHex[b & 15];
-    }
+    const internal::Digest d = internal::hmac_sha256(secret, "shm:" + context.cluster_id);
+    proof = internal::hex(d.data(), d.size());
   }
   o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof;
   const int local =

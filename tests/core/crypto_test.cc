@@ -1,4 +1,5 @@
 #include "core/crypto/crypto.h"
+#include "core/strings.h"
 
 #include <gtest/gtest.h>
 
@@ -8,15 +9,7 @@
 namespace tributary::internal {
 namespace {
 
-std::string hex(const Digest& d) {
-  static const char* kHex = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : d) {
-    s += kHex[b >> 4];
-    s += kHex[b & 15];
-  }
-  return s;
-}
+std::string hex(const Digest& d) { return internal::hex(d.data(), d.size()); }
 
 TEST(Sha256, KnownVectors) {
   EXPECT_EQ(hex(sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -47,12 +40,7 @@ TEST(HmacSha256, Rfc4231) {
 TEST(FrameMac, EmptyFrameMatchesGcmTestCase13) {
   FrameMac mac(Digest{});
   const FrameMac::Tag tag = mac.of("", 0);
-  std::string h;
-  for (uint8_t b : tag) {
-    h += "0123456789abcdef"[b >> 4];
-    h += "0123456789abcdef"[b & 15];
-  }
-  EXPECT_EQ(h, "530f8afbc74536b9a963b4f1c4cb738b");
+  EXPECT_EQ(internal::hex(tag.data(), tag.size()), "530f8afbc74536b9a963b4f1c4cb738b");
 }
 
 TEST(FrameMac, PiecesEqualWholeAndEveryChangeIsCaught) {
