@@ -108,7 +108,9 @@ StatusOr<Config> Config::from_json(std::string_view text, std::string_view origi
         TRIBUTARY_ASSIGN_OR_RETURN(std::string text, scalar_text(v, where));
         c.set("TRIBUTARY_CROSS_DEVICE_OPS", text, source);
       }
-    } else if (key == "log_level" || key == "timeout" || key == "tuning_file") {
+    } else if (key == "log_level" || key == "timeout" || key == "tuning_file" ||
+               key == "timeline" || key == "stall_check_time" || key == "flight_recorder_size" ||
+               key == "flight_recorder_file") {
       TRIBUTARY_ASSIGN_OR_RETURN(std::string text, scalar_text(v, where));
       c.set("TRIBUTARY_" + key_part(key), text, source);
     } else if (key == "backends") {
@@ -125,7 +127,8 @@ StatusOr<Config> Config::from_json(std::string_view text, std::string_view origi
       }
     } else {
       return invalid_argument(where + " is not a known key; valid keys: cross_device_ops, "
-                              "log_level, timeout, tuning_file, backends");
+                              "log_level, timeout, tuning_file, timeline, stall_check_time, "
+                              "flight_recorder_size, flight_recorder_file, backends");
     }
   }
   return c;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/flight_recorder.h"
 #include "core/logging.h"
 #include "core/strings.h"
 
@@ -263,9 +264,16 @@ CrossDeviceOps::CrossDeviceOps(std::string name, BackendContext context, Options
   log_level_ = static_cast<int>(internal::log_level_from(context_.config));
   log_prefix_ = "rank " + std::to_string(context_.rank) + "/" + name_;
   health_ = std::make_shared<Health>();
+  recorder_ = internal::make_recorder(name_, context_.rank, context_.world_size, context_.config);
 }
 
-CrossDeviceOps::~CrossDeviceOps() = default;
+CrossDeviceOps::~CrossDeviceOps() { internal::release_recorder(recorder_); }
+
+namespace internal {
+void attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope) {
+  if (ops.recorder_ && scope) ops.recorder_->report_progress_to(std::move(scope));
+}
+}  // namespace internal
 
 Status CrossDeviceOps::broken() const { return health_->get(); }
 
@@ -349,6 +357,7 @@ CallInfo CrossDeviceOps::begin(Collective c, ReduceOp op, DType dtype, int64_t c
   call.count = count;
   call.timeout = timeout_;
   call.start = std::chrono::steady_clock::now();
+  if (recorder_) recorder_->issued(call);
   return call;
 }
 
@@ -356,11 +365,13 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
   // A collective that failed after validation leaves the group in an unknown state.
   if (work.test()) {
     // Already complete (synchronous backends): no callback to allocate.
-    if (Status s = work.error(); !s.ok()) health_->record(s);
+    Status s = work.error();
+    if (!s.ok()) health_->record(s);
+    if (recorder_) recorder_->ended(call.sequence, s);
   } else {
-    auto health = health_;
-    work.on_complete([health](const Status& s) {
+    work.on_complete([health = health_, recorder = recorder_, seq = call.sequence](const Status& s) {
       if (!s.ok()) health->record(s);
+      if (recorder) recorder->ended(seq, s);
     });
   }
   if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/flight_recorder.h"
 #include "core/logging.h"
 #include "core/strings.h"
 #include "tributary/store.h"
@@ -235,6 +236,9 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
     return invalid_argument("backend '" + info->name + "': timeout must be positive, not " +
                             t->text + " (from " + t->source + ")");
   }
+  // Malformed observability settings (TRIBUTARY_FLIGHT_RECORDER_SIZE, ...) are reported here, before
+  // any rank connects: the front door only reads them.
+  TRIBUTARY_RETURN_IF_ERROR(internal::FlightSettings::from(context.config).status());
   return info->create(context, std::move(options));
 }
 

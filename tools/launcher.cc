@@ -144,12 +144,15 @@ std::optional<std::vector<int>> free_ports(int count, int avoid, std::string& er
 volatile sig_atomic_t g_stop_count = 0;    // SIGINT/SIGTERM/SIGHUP received so far
 volatile sig_atomic_t g_stop_signal = 0;   // the latest of them
 volatile sig_atomic_t g_child_exited = 0;  // SIGCHLD since the last scan
+volatile sig_atomic_t g_dump_count = 0;    // SIGUSR1 received so far (forwarded to the ranks)
 int g_wake_fd = -1;                        // write end of the wake-up pipe
 
 extern "C" void on_signal(int sig) {
   int saved = errno;
   if (sig == SIGCHLD) {
     g_child_exited = 1;
+  } else if (sig == SIGUSR1) {
+    g_dump_count = g_dump_count + 1;
   } else {
     g_stop_signal = sig;
     g_stop_count = g_stop_count + 1;
@@ -203,6 +206,7 @@ class Launcher {
   void check_exits();
   void on_exit(Worker& w, const siginfo_t& info);
   void check_signals();
+  int handled_dumps_ = 0;
   void check_deadlines();
   void begin_stop(int sig);
   void send_kill();
@@ -262,7 +266,7 @@ bool Launcher::setup(std::string& error) {
   // A signal ignored when we start stays ignored, for us and for the workers (nohup works).
   sigprocmask(SIG_SETMASK, nullptr, &original_mask_);
   sigemptyset(&handled_);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGUSR1}) {
     sigaction(sig, nullptr, &original_[sig]);
     sigaddset(&handled_, sig);
   }
@@ -274,6 +278,8 @@ bool Launcher::setup(std::string& error) {
   for (int sig : kStopSignals) {
     if (original_[sig].sa_handler != SIG_IGN) sigaction(sig, &sa, nullptr);
   }
+  // SIGUSR1 is passed on to every rank, whose flight recorders dump (it stops nothing).
+  if (original_[SIGUSR1].sa_handler != SIG_IGN) sigaction(SIGUSR1, &sa, nullptr);
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ignore, nullptr);  // a closed stdout reader becomes EPIPE
@@ -302,7 +308,7 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
   sigprocmask(SIG_BLOCK, &handled_, &blocked);  // no handler of ours may run in the child
   pid_t pid = ::fork();
   if (pid == 0) {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGUSR1}) {
       sigaction(sig, &original_[sig], nullptr);
     }
     sigprocmask(SIG_SETMASK, &original_mask_, nullptr);
@@ -467,6 +473,14 @@ void Launcher::loop() {
 }
 
 void Launcher::check_signals() {
+  if (const int dumps = g_dump_count; dumps != handled_dumps_) {
+    handled_dumps_ = dumps;
+    note("received SIGUSR1; forwarding it to every rank (their flight recorders dump)");
+    for (const Worker& w : workers_) {
+      // The rank's own process only: a shell or helper in its group could die of SIGUSR1.
+      if (w.pid > 0 && !w.exited && !w.abandoned) ::kill(w.pid, SIGUSR1);
+    }
+  }
   int count = g_stop_count;
   if (count == handled_stops_) return;
   handled_stops_ = count;

@@ -25,7 +25,10 @@
 // LaunchOptions::grace. Every wait is bounded, including on processes a rank leaves behind holding
 // its output and on a reader of our output that stops reading.
 //
-// launch() installs process-wide handlers for SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGPIPE (a
+// SIGUSR1 is passed on to each rank's own process (not its group) and stops nothing: tributary
+// dumps the flight recorders of that rank on it (core/flight_recorder.h).
+//
+// launch() installs process-wide handlers for SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE and SIGUSR1 (a
 // signal ignored on entry stays ignored, so nohup works): call it once, from a single-threaded
 // process.
 #pragma once

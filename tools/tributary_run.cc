@@ -37,7 +37,9 @@ options:
   --env KEY=VALUE       set KEY for every worker (repeatable)
   --no-prefix           copy output lines without the "[rank i] " prefix
   -h, --help            show this help
-SIGINT, SIGTERM and SIGHUP are forwarded to every rank. Workers read stdin from /dev/null.
+SIGINT, SIGTERM and SIGHUP are forwarded to every rank. SIGUSR1 is passed on to every rank and
+stops nothing: each rank's flight recorder dumps its last collectives to its log (kill -USR1 PID
+of tributary-run, when a job seems stuck). Workers read stdin from /dev/null.
 )";
 
 int usage_error(const std::string& message) {

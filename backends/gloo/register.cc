@@ -120,6 +120,7 @@ Status register_gloo(BackendRegistry& registry) {
                               "ring_chunked, halving_doubling, bcube, auto)");
     }
     backends::GlooConnection gloo;
+    std::shared_ptr<Store> scope;
     if (context.world_size > 1) {
       backends::GlooConnectOptions c;
       c.host = options.get_string("host");
@@ -141,12 +142,15 @@ Status register_gloo(BackendRegistry& registry) {
       c.cluster_id = context.cluster_id;
       TRIBUTARY_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
                                  internal::instance_store(context, "gloo"));
+      scope = store;
       auto made = backends::connect_gloo(context.rank, context.world_size, store, c);
       if (!made.ok()) return made.status();
       gloo = std::move(made).value();
     }
-    return std::unique_ptr<CrossDeviceOps>(
-        std::make_unique<backends::GlooOps>(context, std::move(options), caps, std::move(gloo)));
+    std::unique_ptr<CrossDeviceOps> ops =
+        std::make_unique<backends::GlooOps>(context, std::move(options), caps, std::move(gloo));
+    internal::attach_progress_store(*ops, std::move(scope));
+    return ops;
   };
   return registry.add(std::move(info));
 }

@@ -257,8 +257,10 @@ Status register_ring(BackendRegistry& registry) {
           options.find("shm_chunk_bytes")->text);
     }
     std::unique_ptr<algorithms::ProcessGroup> group;
+    std::shared_ptr<Store> scope;
     if (context.world_size > 1) {
       TRIBUTARY_ASSIGN_OR_RETURN(auto store, internal::instance_store(context, "ring"));
+      scope = store;
       const std::string intra_host = options.get_string("intra_host");
       TRIBUTARY_ASSIGN_OR_RETURN(
           HostLayout hosts,
@@ -268,8 +270,10 @@ Status register_ring(BackendRegistry& registry) {
       TRIBUTARY_ASSIGN_OR_RETURN(group, make_group(store, context, options, hosts));
     }
     const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");
-    return std::unique_ptr<CrossDeviceOps>(std::make_unique<algorithms::ProcessGroupOps>(
-        "ring", context, std::move(options), caps, std::move(group), bytes_per_pack));
+    std::unique_ptr<CrossDeviceOps> ops = std::make_unique<algorithms::ProcessGroupOps>(
+        "ring", context, std::move(options), caps, std::move(group), bytes_per_pack);
+    internal::attach_progress_store(*ops, std::move(scope));
+    return ops;
   };
   return registry.add(std::move(info));
 }

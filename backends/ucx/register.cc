@@ -39,8 +39,10 @@ Status register_ucx(BackendRegistry& registry) {
                        Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     TRIBUTARY_RETURN_IF_ERROR(algorithms::check_transport_group_options("ucx", options));
     std::unique_ptr<algorithms::ProcessGroup> group;
+    std::shared_ptr<Store> scope;
     if (context.world_size > 1) {
       TRIBUTARY_ASSIGN_OR_RETURN(auto store, internal::instance_store(context, "ucx"));
+      scope = store;
       backends::UcxTransportOptions t;
       t.tls = options.get_string("tls");
       t.net_devices = options.get_string("net_devices");
@@ -59,8 +61,10 @@ Status register_ucx(BackendRegistry& registry) {
           options.get_size("segment_bytes"), "ucx");
     }
     const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");
-    return std::unique_ptr<CrossDeviceOps>(std::make_unique<algorithms::ProcessGroupOps>(
-        "ucx", context, std::move(options), caps, std::move(group), bytes_per_pack));
+    std::unique_ptr<CrossDeviceOps> ops = std::make_unique<algorithms::ProcessGroupOps>(
+        "ucx", context, std::move(options), caps, std::move(group), bytes_per_pack);
+    internal::attach_progress_store(*ops, std::move(scope));
+    return ops;
   };
   return registry.add(std::move(info));
 }

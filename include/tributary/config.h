@@ -8,6 +8,10 @@
 //     "log_level": "info",                                      -> TRIBUTARY_LOG_LEVEL
 //     "timeout": "30s",                                         -> TRIBUTARY_TIMEOUT
 //     "tuning_file": "tuning.json",                             -> TRIBUTARY_TUNING_FILE
+//     "timeline": "trace.json",                                 -> TRIBUTARY_TIMELINE
+//     "stall_check_time": "60s",                                -> TRIBUTARY_STALL_CHECK_TIME
+//     "flight_recorder_size": 256,                              -> TRIBUTARY_FLIGHT_RECORDER_SIZE
+//     "flight_recorder_file": "/tmp/fr-{rank}.json",            -> TRIBUTARY_FLIGHT_RECORDER_FILE
 //     "backends": { "hierarchical_copy": { "group_size": 4 } } } -> TRIBUTARY_HIERARCHICAL_COPY_GROUP_SIZE
 //
 // "cross_device_ops" may also be an object {"name": "...", "options": {...}}. Precedence, highest

@@ -7,7 +7,8 @@
 //
 // Front door: the public methods are non-virtual. They validate the arguments (replica count,
 // dtypes, element counts, devices, null data, overlapping buffers, capabilities), assign a sequence
-// number, time and log the call, and only then call the backend's *_impl. A call that fails
+// number, time, log and record the call (flight recorder, stall report, timeline: see
+// core/flight_recorder.h and the README), and only then call the backend's *_impl. A call that fails
 // validation returns a completed Work carrying an InvalidArgument/Unimplemented Status and touches
 // no buffer. All processes must issue collectives in the same order: in a multi-process group a
 // call refused for its arguments (InvalidArgument) on one rank fails the group (its peers are told at once, instead of waiting for
@@ -75,6 +76,13 @@ struct Capabilities {
 };
 
 class Store;
+class CrossDeviceOps;
+namespace internal {
+class FlightRecorder;
+// For multi-process backends: the instance's store scope, where its ranks publish their progress
+// for the stall report (core/flight_recorder.h).
+void attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope);
+}  // namespace internal
 
 // Where an instance runs and with whom. For one process, the defaults and a device list are all
 // there is to it; for several, make_backend_context() (registry.h) fills in the rest from the
@@ -203,6 +211,10 @@ class CrossDeviceOps {
   struct Health;
   std::shared_ptr<Health> health_;
   bool validating_ = false;  // between a public call's start and its begin()
+  // The last collectives, the stall report and the timeline (null when
+  // TRIBUTARY_FLIGHT_RECORDER_SIZE=0).
+  std::shared_ptr<internal::FlightRecorder> recorder_;
+  friend void internal::attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope);
 };
 
 }  // namespace tributary

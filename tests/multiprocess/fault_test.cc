@@ -727,5 +727,77 @@ TEST(Rendezvous, UnreachableStoreIsAnErrorNamingTheAddress) {
   EXPECT_LT(took, 10.0);
 }
 
+// Observability across processes: rank 2 is 3 s late for all_reduce #2, then leaves before #3. The
+// stall report of rank 0 names it; every survivor's first failure dumps its flight recorder; every
+// rank writes its own timeline.
+TEST(Observability, StallReportNamesTheLateRankAndFailuresDumpTheRecorder) {
+  const std::string dir = make_temp_dir("observe");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    if (std::freopen((dir + "/err" + std::to_string(rank)).c_str(), "w", stderr) == nullptr) {
+      return kChildFailed;
+    }
+    Config config = Config::from_map({{"TRIBUTARY_STALL_CHECK_TIME", "1s"},
+                                      {"TRIBUTARY_FLIGHT_RECORDER_FILE", dir + "/fr-{rank}.json"},
+                                      {"TRIBUTARY_TIMELINE", dir + "/timeline.json"}});
+    auto ctx = group_context(rank, 3, 1, dir, config);
+    if (!ctx.ok()) return kChildFailed;
+    auto ops = builtin_backends().create("ring:timeout=10s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    std::vector<float> a(1024, 1.0f);
+    PerReplica<Tensor> v;
+    v.values().emplace_back(a.data(), DType::kFloat32, 1024, Device::cpu(0));
+    for (int i = 0; i < 3; ++i) {
+      if (rank == 2 && i == 1) std::this_thread::sleep_for(3s);
+      if (rank == 2 && i == 2) return kChildOk;  // never issues #3
+      Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      if (!s.ok()) {
+        write_note(dir, rank, s.to_string());
+        return i == 2 ? kChildSawError : kChildFailed;
+      }
+    }
+    return kChildOk;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[2].exit_code, kChildOk) << g.describe();
+  std::string logs[3];
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream in(dir + "/err" + std::to_string(r));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    logs[r] = ss.str();
+  }
+  EXPECT_NE(logs[0].find("all_reduce #2"), std::string::npos) << logs[0];
+  EXPECT_NE(logs[0].find("rank 2 (last issued #1) had not issued it"), std::string::npos)
+      << logs[0];
+  EXPECT_NE(logs[1].find("Rank 0's stall report names the ranks"), std::string::npos) << logs[1];
+  for (int r : {0, 1}) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError)
+        << g.describe() << "\n" << logs[r];
+    EXPECT_NE(logs[r].find("flight recorder (the first failed collective of this instance)"),
+              std::string::npos)
+        << logs[r];
+    std::ifstream in(dir + "/fr-" + std::to_string(r) + ".json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string dump = ss.str();
+    EXPECT_NE(dump.find("\"last_issued\": 3"), std::string::npos) << dump;
+    EXPECT_NE(dump.find("\"state\": \"failed\""), std::string::npos) << dump;
+    EXPECT_NE(dump.find("\"backend\": \"ring\""), std::string::npos) << dump;
+  }
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream in(dir + "/timeline.json." + std::to_string(r));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string timeline = ss.str();
+    size_t events = 0;
+    for (size_t pos = timeline.find("\"ph\":\"X\""); pos != std::string::npos;
+         pos = timeline.find("\"ph\":\"X\"", pos + 1)) {
+      ++events;
+    }
+    EXPECT_EQ(events, r == 2 ? 2u : 3u) << timeline;
+    EXPECT_NE(timeline.find("\"pid\":" + std::to_string(r)), std::string::npos) << timeline;
+  }
+}
+
 }  // namespace
 }  // namespace tributary::testing

@@ -306,6 +306,32 @@ forward() {
   has_text err "tributary-run: received SIG$sig"
 }
 
+test_sigusr1_passed_on() {
+  # SIGUSR1 reaches every rank (tributary dumps its flight recorders on it) and stops nothing.
+  : >"$TMP/out"
+  "$BIN" -n 2 -- sh -c "trap 'echo got USR1' USR1; echo ready; while :; do sleep 0.1; done" \
+    >"$TMP/out" 2>"$TMP/err" &
+  pid=$!
+  start_watchdog "$pid"
+  wait_ready 2
+  kill -USR1 "$pid"
+  tries=0
+  while [ "$(grep -c 'got USR1' "$TMP/out")" -lt 2 ]; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 100 ] || { kill -KILL "$pid"; fail "SIGUSR1 did not reach both ranks"; }
+    sleep 0.1
+  done
+  alive "$pid" || fail "the launcher stopped on SIGUSR1"
+  kill -TERM "$pid"
+  wait "$pid"
+  RC=$?
+  stop_watchdog
+  expect_rc 143
+  has_line out "[rank 0] got USR1"
+  has_line out "[rank 1] got USR1"
+  has_text err "tributary-run: received SIGUSR1; forwarding it to every rank"
+}
+
 test_sigint_forwarded() { forward INT 130; }
 test_sigterm_forwarded() { forward TERM 143; }
 test_sighup_forwarded() { forward HUP 129; }
@@ -396,7 +422,7 @@ test_bad_options() {
 
 ALL="environment env_option master_port prefix lines_whole last_words failure_stops_siblings
   first_failure_wins killed_by_signal stopped_rank start_failure timeout sigkill_after_grace sigterm_forwarded
-  sigint_forwarded sighup_forwarded ignored_signal_stays_ignored second_signal_kills leftover_processes success missing_program bad_options"
+  sigint_forwarded sighup_forwarded sigusr1_passed_on ignored_signal_stays_ignored second_signal_kills leftover_processes success missing_program bad_options"
 
 failed=0
 passed=0
