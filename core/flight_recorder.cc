@@ -384,7 +384,9 @@ FlightRecorder::FlightRecorder(std::string backend, int rank, int world_size,
       epoch_wall_us_(std::chrono::duration_cast<std::chrono::microseconds>(
                          std::chrono::system_clock::now().time_since_epoch())
                          .count()),
-      ring_(std::max<size_t>(1, settings.capacity)) {
+      capacity_(std::max<size_t>(1, settings.capacity)),
+      slots_(new Slot[capacity_]),
+      errors_(capacity_) {
   if (!settings_.timeline_path.empty()) {
     timeline_ = Timelines::get().open(rank_path(settings_.timeline_path, rank_, world_size_));
     if (timeline_ != nullptr) {
@@ -400,65 +402,108 @@ FlightRecorder::FlightRecorder(std::string backend, int rank, int world_size,
 
 FlightRecorder::~FlightRecorder() = default;
 
+namespace {
+
+uint64_t pack(const FlightRecorder::Entry& e) {
+  return static_cast<uint64_t>(e.collective) | static_cast<uint64_t>(e.op) << 8 |
+         static_cast<uint64_t>(e.dtype) << 16 | static_cast<uint64_t>(e.state) << 24;
+}
+
+void unpack(uint64_t meta, FlightRecorder::Entry* e) {
+  e->collective = static_cast<Collective>(meta & 0xff);
+  e->op = static_cast<ReduceOp>((meta >> 8) & 0xff);
+  e->dtype = static_cast<DType>((meta >> 16) & 0xff);
+  e->state = static_cast<FlightRecorder::State>((meta >> 24) & 0xff);
+}
+
+constexpr uint64_t kStateMask = uint64_t{0xff} << 24;
+
+int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+Clock::time_point time_of(int64_t ns) { return Clock::time_point(std::chrono::nanoseconds(ns)); }
+
+}  // namespace
+
 void FlightRecorder::issued(const CallInfo& call) {
-  std::lock_guard lock(mu_);
-  Entry& e = ring_[call.sequence % ring_.size()];
-  e.sequence = call.sequence;
+  Slot& slot = slots_[call.sequence % capacity_];
+  Entry e;
   e.collective = call.collective;
   e.op = call.op;
   e.dtype = call.dtype;
-  e.count = call.count;
   e.state = State::kIssued;
-  e.issued = call.start;
-  e.ended = {};
-  e.error.clear();
-  last_issued_ = call.sequence;
+  slot.sequence.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  slot.meta.store(pack(e), std::memory_order_relaxed);
+  slot.count.store(call.count, std::memory_order_relaxed);
+  slot.issued_ns.store(ns_of(call.start), std::memory_order_relaxed);
+  slot.ended_ns.store(0, std::memory_order_relaxed);
+  slot.sequence.store(call.sequence, std::memory_order_release);
+  last_issued_.store(call.sequence, std::memory_order_relaxed);
+}
+
+bool FlightRecorder::read_slot(size_t index, Entry* out) const {
+  const Slot& slot = slots_[index];
+  const uint64_t seq = slot.sequence.load(std::memory_order_acquire);
+  if (seq == 0) return false;
+  unpack(slot.meta.load(std::memory_order_acquire), out);
+  out->count = slot.count.load(std::memory_order_relaxed);
+  out->issued = time_of(slot.issued_ns.load(std::memory_order_relaxed));
+  out->ended = time_of(slot.ended_ns.load(std::memory_order_relaxed));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (slot.sequence.load(std::memory_order_relaxed) != seq) return false;  // being rewritten
+  out->sequence = seq;
+  if (out->state == State::kFailed) {
+    std::lock_guard lock(mu_);
+    out->error = errors_[index];
+  }
+  return true;
 }
 
 void FlightRecorder::ended(uint64_t sequence, const Status& status) {
-  const Clock::time_point now = Clock::now();
-  Entry copy;
+  const size_t index = sequence % capacity_;
+  Slot& slot = slots_[index];
+  if (slot.sequence.load(std::memory_order_acquire) != sequence) return;  // left the ring
+  const uint64_t meta = slot.meta.load(std::memory_order_relaxed);
+  if (((meta & kStateMask) >> 24) != static_cast<uint64_t>(State::kIssued)) return;
+  const State state = status.ok() ? State::kCompleted : State::kFailed;
   bool dump_now = false;
-  {
+  if (!status.ok()) {
     std::lock_guard lock(mu_);
-    Entry& e = ring_[sequence % ring_.size()];
-    if (e.sequence != sequence || e.state != State::kIssued) return;
-    e.ended = now;
-    if (status.ok()) {
-      e.state = State::kCompleted;
-    } else {
-      e.state = State::kFailed;
-      e.error = excerpt(status.to_string(), kMaxErrorBytes);
-      dump_now = !dumped_on_failure_;
-      dumped_on_failure_ = true;
-    }
-    if (timeline_ != nullptr) copy = e;
+    errors_[index] = excerpt(status.to_string(), kMaxErrorBytes);
+    dump_now = !dumped_on_failure_.exchange(true);
   }
+  slot.ended_ns.store(ns_of(Clock::now()), std::memory_order_relaxed);
+  slot.meta.store((meta & ~kStateMask) | static_cast<uint64_t>(state) << 24,
+                  std::memory_order_release);
   if (timeline_ != nullptr) {
-    const CallInfo c = call_of(copy);
-    Json args = {{"sequence", copy.sequence},
-                 {"bytes", static_cast<uint64_t>(copy.count) * dtype_size(copy.dtype)},
-                 {"dtype", dtype_name(copy.dtype)},
-                 {"status", status.ok() ? std::string("ok") : copy.error}};
-    if (has_op(copy.collective)) args["op"] = reduce_op_name(copy.op);
-    timeline_->add(Json{{"name", collective_name(c.collective)},
-                        {"cat", backend_},
-                        {"ph", "X"},
-                        {"pid", rank_},
-                        {"tid", id_},
-                        {"ts", epoch_wall_us_ + micros(copy.issued - epoch_steady_)},
-                        {"dur", micros(copy.ended - copy.issued)},
-                        {"args", std::move(args)}}
-                       .dump());
+    Entry copy;
+    if (read_slot(index, &copy)) {
+      const CallInfo c = call_of(copy);
+      Json args = {{"sequence", copy.sequence},
+                   {"bytes", static_cast<uint64_t>(copy.count) * dtype_size(copy.dtype)},
+                   {"dtype", dtype_name(copy.dtype)},
+                   {"status", status.ok() ? std::string("ok") : copy.error}};
+      if (has_op(copy.collective)) args["op"] = reduce_op_name(copy.op);
+      timeline_->add(Json{{"name", collective_name(c.collective)},
+                          {"cat", backend_},
+                          {"ph", "X"},
+                          {"pid", rank_},
+                          {"tid", id_},
+                          {"ts", epoch_wall_us_ + micros(copy.issued - epoch_steady_)},
+                          {"dur", micros(copy.ended - copy.issued)},
+                          {"args", std::move(args)}}
+                         .dump());
+    }
   }
   if (dump_now) dump("the first failed collective of this instance");
 }
 
 std::vector<FlightRecorder::Entry> FlightRecorder::snapshot() const {
-  std::lock_guard lock(mu_);
   std::vector<Entry> out;
-  for (const Entry& e : ring_) {
-    if (e.sequence != 0) out.push_back(e);
+  for (size_t i = 0; i < capacity_; ++i) {
+    Entry e;
+    if (read_slot(i, &e)) out.push_back(std::move(e));
   }
   std::sort(out.begin(), out.end(),
             [](const Entry& a, const Entry& b) { return a.sequence < b.sequence; });
@@ -466,8 +511,7 @@ std::vector<FlightRecorder::Entry> FlightRecorder::snapshot() const {
 }
 
 uint64_t FlightRecorder::last_issued() const {
-  std::lock_guard lock(mu_);
-  return last_issued_;
+  return last_issued_.load(std::memory_order_relaxed);
 }
 
 std::string FlightRecorder::text(size_t max_entries, std::string_view reason) const {
@@ -519,7 +563,7 @@ std::string FlightRecorder::json(std::string_view reason) const {
                         {"backend", backend_},
                         {"reason", reason},
                         {"last_issued", last_issued()},
-                        {"capacity", ring_.size()},
+                        {"capacity", capacity_},
                         {"entries", std::move(entries)}};
   return doc.dump(1) + "\n";
 }
@@ -561,13 +605,11 @@ void FlightRecorder::publish_progress(Clock::time_point now) {
 
 void FlightRecorder::check_stall(Clock::time_point now) {
   std::optional<Entry> oldest;
-  {
-    std::lock_guard lock(mu_);
-    for (const Entry& e : ring_) {
-      if (e.sequence != 0 && e.state == State::kIssued &&
-          (!oldest || e.sequence < oldest->sequence)) {
-        oldest = e;
-      }
+  for (size_t i = 0; i < capacity_; ++i) {
+    Entry e;
+    if (read_slot(i, &e) && e.state == State::kIssued &&
+        (!oldest || e.sequence < oldest->sequence)) {
+      oldest = std::move(e);
     }
   }
   if (!oldest || oldest->sequence == stall_warned_ ||

@@ -26,6 +26,7 @@
 // that handles SIGUSR1 itself keeps its handler.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -98,6 +99,7 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   int rank() const { return rank_; }
 
  private:
+  bool read_slot(size_t index, Entry* out) const;
   void publish_progress(Clock::time_point now);
   void check_stall(Clock::time_point now);
   std::string stall_report(const Entry& entry, Clock::time_point now);
@@ -112,10 +114,24 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   const Clock::time_point epoch_steady_;
   const int64_t epoch_wall_us_;
 
-  mutable std::mutex mu_;
-  std::vector<Entry> ring_;
-  uint64_t last_issued_ = 0;
-  bool dumped_on_failure_ = false;
+  // The ring, written without a lock: the front door issues from one thread at a time, and a
+  // collective ends on whichever thread completes it. Each field is an atomic; `sequence` is
+  // cleared while a slot is rewritten and published last, so a reader that sees the same sequence
+  // before and after reading the other fields has a consistent entry (a seqlock).
+  struct Slot {
+    std::atomic<uint64_t> sequence{0};
+    std::atomic<uint64_t> meta{0};  // collective | op << 8 | dtype << 16 | state << 24
+    std::atomic<int64_t> count{0};
+    std::atomic<int64_t> issued_ns{0};  // steady clock
+    std::atomic<int64_t> ended_ns{0};
+  };
+  const size_t capacity_;
+  std::unique_ptr<Slot[]> slots_;
+  std::atomic<uint64_t> last_issued_{0};
+  std::atomic<bool> dumped_on_failure_{false};
+
+  mutable std::mutex mu_;              // guards errors_ and progress_
+  std::vector<std::string> errors_;    // per slot, for failed entries
   std::shared_ptr<Store> progress_;
 
   // Touched by the monitor thread only.
