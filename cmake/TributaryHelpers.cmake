@@ -36,7 +36,9 @@ function(tributary_warnings target)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
   if(TRIBUTARY_SANITIZE)
-    target_compile_options(${target} PRIVATE -fsanitize=${TRIBUTARY_SANITIZE} -fno-omit-frame-pointer)
+    # Every report fails the run: UBSan would otherwise print and carry on.
+    target_compile_options(${target} PRIVATE -fsanitize=${TRIBUTARY_SANITIZE} -fno-omit-frame-pointer
+      -fno-sanitize-recover=all)
     target_link_options(${target} PRIVATE -fsanitize=${TRIBUTARY_SANITIZE})
   endif()
 endfunction()

@@ -358,7 +358,7 @@ StatusOr<ClusterSpec> parse_tf_config_impl(std::string_view text,
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // out_of_range too: a number too large for any type
     // e.what() gives the column, which matters in a long one-line TF_CONFIG.
     return invalid_argument("TF_CONFIG is not valid JSON: " + in_quotes(abbreviated(text)) + " (" +
                             e.what() + "); it should look like " + std::string(kTfConfigExample));

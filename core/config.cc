@@ -67,7 +67,8 @@ StatusOr<Config> Config::from_json(std::string_view text, std::string_view origi
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number too large for any type (found by fuzz_config).
     return invalid_argument("config " + std::string(origin) + " is not valid JSON: " + e.what());
   }
   if (!doc.is_object()) {

@@ -511,10 +511,10 @@ Work CrossDeviceOps::batch_reduce_front(ReduceOp op, std::span<const ReducePair>
   for (size_t p = 0; p < pairs.size(); ++p) {
     const int pi = static_cast<int>(p);
     const ReducePair& pair = pairs[p];
-    TRIBUTARY_CHECK_REPLICAS(pair.value, kCall, Label("value", -1, pi).str());
+    TRIBUTARY_CHECK_REPLICAS(pair.value, kCall, (Label{"value", -1, pi}.str()));
     TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(pair.value.values(), Label{"value", -1, pi}));
     if (pair.destinations.empty()) {
-      return Work::completed(v.error(Label("destinations", -1, pi).str() + " can not be empty"));
+      return Work::completed(v.error(Label{"destinations", -1, pi}.str() + " can not be empty"));
     }
     const DType dtype = pair.value[0].dtype();
     const int64_t count = pair.value[0].num_elements();

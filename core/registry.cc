@@ -169,10 +169,10 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create_tuned(
   for (const std::string& s : table.specs()) {
     TRIBUTARY_ASSIGN_OR_RETURN(BackendSpec member, BackendSpec::parse(s));
     // Options given to auto (timeout) apply to every member that does not set its own.
-    for (const auto& [key, value] : common) {
+    for (const auto& option : common) {
       const bool set = std::any_of(member.options.begin(), member.options.end(),
-                                   [&](const auto& kv) { return kv.first == key; });
-      if (!set) member.options.emplace_back(key, value);
+                                   [&](const auto& kv) { return kv.first == option.first; });
+      if (!set) member.options.push_back(option);
     }
     auto made = create(member, context);
     if (!made.ok()) return made.status().with_context("tuning rule '" + s + "'");
@@ -196,8 +196,9 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
         tuning_file = value;
         continue;
       }
+      // (Not captured by reference: clang 14 cannot capture a structured binding.)
       bool common = std::any_of(common_options().begin(), common_options().end(),
-                                [&](const OptionDef& d) { return d.name == key; });
+                                [&key = key](const OptionDef& d) { return d.name == key; });
       if (!common) {
         return invalid_argument("'auto' accepts only the options every backend has, and "
                                 "tuning_file; '" +

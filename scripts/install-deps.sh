@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tributary needs to build and test, only those that are missing.
 # Uses sudo when not root. Safe to run again: it does nothing when everything is present.
+#   scripts/install-deps.sh               # what building and testing need
+#   scripts/install-deps.sh --sanitizers  # also clang and its runtimes (sanitizers, libFuzzer)
 set -euo pipefail
 
 packages=(
@@ -9,6 +11,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox iproute2
 )
+if [ "${1:-}" = "--sanitizers" ]; then
+  packages+=(clang libclang-rt-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

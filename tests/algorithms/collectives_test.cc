@@ -48,7 +48,10 @@ using Param = std::tuple<AllReduceAlgorithm, int, int64_t>;
 class AllReduceAlgorithms : public ::testing::TestWithParam<Param> {};
 
 TEST_P(AllReduceAlgorithms, SumMeanMaxExact) {
-  const auto [algorithm, n, count] = GetParam();
+  // Not a structured binding: clang 14 cannot capture one in the lambda below.
+  const AllReduceAlgorithm algorithm = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
+  const int64_t count = std::get<2>(GetParam());
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
     std::vector<std::vector<int32_t>> data(static_cast<size_t>(n));
     auto statuses = run_ranks(n, [&](int r, Transport& t) {

@@ -1,3 +1,4 @@
+#include "tributary/cluster.h"
 #include "tributary/config.h"
 
 #include <gtest/gtest.h>
@@ -93,6 +94,17 @@ TEST(Config, EnvironmentWinsOverFile) {
 TEST(Config, DumpHidesSecrets) {
   Config c = Config::from_map({{"TRIBUTARY_SECRET", "hunter2"}});
   EXPECT_EQ(c.dump().find("hunter2"), std::string::npos);
+}
+
+TEST(Config, NumbersTooLargeForAnyTypeAreAnErrorNotAnAbort) {
+  // Found by fuzz_config: nlohmann throws out_of_range (not parse_error) for this number.
+  auto c = Config::from_json(R"({"timeout": 6660e0000733})", "big.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("big.json"), std::string::npos) << c.status().message();
+  auto tf = parse_tf_config(R"({"cluster": {"worker": ["a:1"]}, "task": {"index": 1e999}})");
+  ASSERT_FALSE(tf.ok());
+  EXPECT_EQ(tf.status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
