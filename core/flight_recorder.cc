@@ -658,7 +658,7 @@ std::string FlightRecorder::stall_report(const Entry& e, Clock::time_point now) 
   if (count > behind.size()) behind.push_back("and " + std::to_string(count - behind.size()) +
                                               " more");
   return s + ". At their last progress report, " + std::string(count == 1 ? "rank " : "ranks ") +
-         join(behind, ", ") + (count == 1 ? " had" : " had") +
+         join(behind, ", ") + " had" +
          " not issued it: stuck, dead, slower than the others, or issuing other collectives. "
          "Every rank must issue the same collectives in the same order.";
 }

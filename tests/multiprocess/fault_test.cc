@@ -38,11 +38,15 @@ void write_note(const std::string& dir, int rank, const std::string& text) {
   std::ofstream(dir + "/note" + std::to_string(rank)) << text;
 }
 
-std::string read_note(const std::string& dir, int rank) {
-  std::ifstream in(dir + "/note" + std::to_string(rank));
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::string read_note(const std::string& dir, int rank) {
+  return read_file(dir + "/note" + std::to_string(rank));
 }
 
 // Runs all-reduces until one fails; notes the error and the time it took, checks that the instance
@@ -760,12 +764,7 @@ TEST(Observability, StallReportNamesTheLateRankAndFailuresDumpTheRecorder) {
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   EXPECT_EQ(g.children[2].exit_code, kChildOk) << g.describe();
   std::string logs[3];
-  for (int r = 0; r < 3; ++r) {
-    std::ifstream in(dir + "/err" + std::to_string(r));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    logs[r] = ss.str();
-  }
+  for (int r = 0; r < 3; ++r) logs[r] = read_file(dir + "/err" + std::to_string(r));
   EXPECT_NE(logs[0].find("all_reduce #2"), std::string::npos) << logs[0];
   EXPECT_NE(logs[0].find("rank 2 (last issued #1) had not issued it"), std::string::npos)
       << logs[0];
@@ -776,19 +775,13 @@ TEST(Observability, StallReportNamesTheLateRankAndFailuresDumpTheRecorder) {
     EXPECT_NE(logs[r].find("flight recorder (the first failed collective of this instance)"),
               std::string::npos)
         << logs[r];
-    std::ifstream in(dir + "/fr-" + std::to_string(r) + ".json");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string dump = ss.str();
+    const std::string dump = read_file(dir + "/fr-" + std::to_string(r) + ".json");
     EXPECT_NE(dump.find("\"last_issued\": 3"), std::string::npos) << dump;
     EXPECT_NE(dump.find("\"state\": \"failed\""), std::string::npos) << dump;
     EXPECT_NE(dump.find("\"backend\": \"ring\""), std::string::npos) << dump;
   }
   for (int r = 0; r < 3; ++r) {
-    std::ifstream in(dir + "/timeline.json." + std::to_string(r));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string timeline = ss.str();
+    const std::string timeline = read_file(dir + "/timeline.json." + std::to_string(r));
     size_t events = 0;
     for (size_t pos = timeline.find("\"ph\":\"X\""); pos != std::string::npos;
          pos = timeline.find("\"ph\":\"X\"", pos + 1)) {
