@@ -81,6 +81,11 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
                                         " could not reach the rendezvous store (" +
                                         cluster.describe() + ")");
   }
+  // Root cause to every rank: if this process dies, the store lists it, and the survivors' errors
+  // name it (internal::name_lost_ranks). A store that cannot keep the will only loses that.
+  if ((*client)->set_last_will(internal::kLostRanksKey, internal::lost_rank_text(cluster.rank)).ok()) {
+    ctx.lost_key = internal::kLostRanksKey;
+  }
   ctx.store = std::shared_ptr<Store>(std::move(client).value());
   return ctx;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/flight_recorder.h"
+#include "core/rendezvous.h"
 #include "core/logging.h"
 #include "core/strings.h"
 
@@ -366,7 +367,17 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
   if (work.test()) {
     // Already complete (synchronous backends): no callback to allocate.
     Status s = work.error();
-    if (!s.ok()) health_->record(s);
+    if (!s.ok()) {
+      // When a rank died, every survivor names it first (root cause, not the broken neighbour).
+      if (world_size() > 1 && !context_.lost_key.empty()) {
+        Status named = internal::name_lost_ranks(context_, s);
+        if (named.message() != s.message()) {
+          s = std::move(named);
+          work = Work::completed(s);
+        }
+      }
+      health_->record(s);
+    }
     if (recorder_) recorder_->ended(call.sequence, s);
   } else {
     work.on_complete([health = health_, recorder = recorder_, seq = call.sequence](const Status& s) {

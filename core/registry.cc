@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/flight_recorder.h"
+#include "core/rendezvous.h"
 #include "core/logging.h"
 #include "core/strings.h"
 #include "tributary/store.h"
@@ -240,7 +241,9 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
   // Malformed observability settings (TRIBUTARY_FLIGHT_RECORDER_SIZE, ...) are reported here, before
   // any rank connects: the front door only reads them.
   TRIBUTARY_RETURN_IF_ERROR(internal::FlightSettings::from(context.config).status());
-  return info->create(context, std::move(options));
+  auto made = info->create(context, std::move(options));
+  if (!made.ok()) return internal::name_lost_ranks(context, made.status());
+  return made;
 }
 
 StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(

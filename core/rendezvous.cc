@@ -170,4 +170,59 @@ StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& cont
   return std::make_shared<PrefixStore>(backend + "/" + std::to_string(instance), context.store);
 }
 
+std::string lost_rank_text(int rank) {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return "rank " + std::to_string(rank) + " (pid " + std::to_string(::getpid()) + " on host " +
+         name + ")";
+}
+
+namespace {
+constexpr std::string_view kLostMarker = " was lost: ";
+constexpr std::string_view kStoreGoneMarker = "which hosts the job's store, is unreachable";
+}  // namespace
+
+Status name_lost_ranks(const BackendContext& context, Status failure,
+                       std::chrono::milliseconds grace) {
+  if (failure.ok() || context.world_size <= 1 || !context.store || context.lost_key.empty()) {
+    return failure;
+  }
+  const StatusCode code = failure.code();
+  if (code != StatusCode::kUnavailable && code != StatusCode::kAborted &&
+      code != StatusCode::kDeadlineExceeded) {
+    return failure;  // about this rank's own input or state, not about its peers
+  }
+  const std::string& said = failure.message();
+  if (said.find(kLostMarker) != std::string::npos ||
+      said.find(" were lost: ") != std::string::npos ||
+      said.find(kStoreGoneMarker) != std::string::npos) {
+    return failure;  // named already (a composite backend's inner front door)
+  }
+  const std::string here = "what rank " + std::to_string(context.rank) + " saw: ";
+  auto lost = context.store->get(context.lost_key, grace);
+  if (lost.ok()) {
+    std::vector<std::string> who;
+    std::istringstream lines(*lost);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && std::find(who.begin(), who.end(), line) == who.end()) {
+        who.push_back(line);
+      }
+    }
+    if (who.empty()) return failure;
+    std::string names = who[0];
+    for (size_t i = 1; i < who.size(); ++i) names += (i + 1 == who.size() ? " and " : ", ") + who[i];
+    return Status(code, names + (who.size() > 1 ? " were lost: their processes" : " was lost: its process") +
+                            " ended, or the connection dropped, while the job ran (the job's store "
+                            "saw it go); see the log and exit status there for why, then restart "
+                            "the job. " + here + said);
+  }
+  if (lost.status().code() == StatusCode::kUnavailable && context.rank != 0) {
+    return Status(code, std::string("rank 0, ") + std::string(kStoreGoneMarker) + " (" +
+                            lost.status().message() +
+                            "): its process has probably ended; see its log and exit status, then "
+                            "restart the job. " + here + said);
+  }
+  return failure;  // nobody lost within the grace: what this rank saw is the best account
+}
+
 }  // namespace tributary::internal

@@ -55,4 +55,21 @@ std::string host_id(const Config& config);
 StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& context,
                                                       const std::string& backend);
 
+// The store key under which the job's store lists lost ranks: each process's TcpStore client
+// leaves a last will (Store::set_last_will) that appends "rank R (pid P on host H)" to it when the
+// process dies or its connection drops. make_backend_context sets it up.
+inline constexpr char kLostRanksKey[] = "tributary/lost";
+// The value of this process's will.
+std::string lost_rank_text(int rank);
+
+// Root cause to every rank. When a collective or a backend's setup failed in a job of several
+// processes with a store that keeps wills (context.lost_key), asks the store whether any rank was
+// lost, waiting up to `grace` for the store to learn of it. If so, returns `failure` with the lost
+// ranks named first ("rank 3 (pid ... on host ...) was lost ...; what rank 1 saw: ..."), so that
+// every survivor blames the rank that died, not the neighbour whose connection broke second. If the
+// store itself no longer answers, names rank 0, which hosts it. Anything else (an error that is
+// not about peers, a message that already names a lost rank, no wills) returns `failure` as is.
+Status name_lost_ranks(const BackendContext& context, Status failure,
+                       std::chrono::milliseconds grace = std::chrono::seconds(2));
+
 }  // namespace tributary::internal

@@ -105,6 +105,20 @@ StatusOr<bool> Store::delete_key(std::string_view key) {
   return result;
 }
 
+Status Store::set_last_will(std::string_view key, std::string_view value) {
+  Status s = key.empty() ? Status() : internal::validate_store_key(key);
+  if (s.ok()) s = internal::validate_store_value(key, value.size() + 1);
+  if (s.ok()) s = set_last_will_impl(key, value);
+  if (s.ok()) return s;
+  return s.with_context(op_context(*this, "set_last_will", quote_key(key)));
+}
+
+Status Store::set_last_will_impl(std::string_view, std::string_view) {
+  return unimplemented(describe() +
+                       " cannot tell a lost client from a live one, so it keeps no last will "
+                       "(TcpStore does)");
+}
+
 // --- PrefixStore ---------------------------------------------------------------------------------
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
@@ -178,6 +192,14 @@ StatusOr<bool> PrefixStore::delete_key_impl(std::string_view key) {
   std::vector<std::string> full{full_key(key)};
   TRIBUTARY_RETURN_IF_ERROR(check_prefixed(base_, full));
   return base_->delete_key_impl(full[0]);
+}
+
+Status PrefixStore::set_last_will_impl(std::string_view key, std::string_view value) {
+  if (!base_) return failed_precondition("the PrefixStore was built on a null store");
+  if (key.empty()) return base_->set_last_will_impl(key, value);
+  std::vector<std::string> full{full_key(key)};
+  TRIBUTARY_RETURN_IF_ERROR(check_prefixed(base_, full));
+  return base_->set_last_will_impl(full[0], value);
 }
 
 // --- MemoryStore ---------------------------------------------------------------------------------

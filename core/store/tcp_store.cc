@@ -98,6 +98,9 @@ class ClientCore {
   // Sends one request frame and returns the OK response body after its status byte, or the error
   // the server answered, or a transport error. `budget` bounds the wait for the answer.
   StatusOr<std::string> call(const std::string& frame, milliseconds budget);
+  // The same on a connection the caller holds (kept out of the pool).
+  StatusOr<std::string> call_on(Connection& conn, const std::string& frame,
+                                Clock::time_point deadline, milliseconds budget);
   void give_back(std::unique_ptr<Connection> conn);
 
  private:
@@ -312,37 +315,43 @@ StatusOr<std::string> ClientCore::call(const std::string& frame, milliseconds bu
     TRIBUTARY_ASSIGN_OR_RETURN(conn, connect(std::min(left, options_.connect_timeout)));
   }
   // A connection that fails or times out is dropped here (its answer might still be in flight).
+  auto body = call_on(*conn, frame, deadline, budget);
+  if (body.ok()) give_back(std::move(conn));
+  return body;
+}
+
+StatusOr<std::string> ClientCore::call_on(Connection& conn, const std::string& frame,
+                                          Clock::time_point deadline, milliseconds budget) {
   std::string sealed;
-  if (conn->sealed) {
+  if (conn.sealed) {
     sealed = frame;
-    wire::seal(conn->send_mac, sealed);
+    wire::seal(conn.send_mac, sealed);
   }
-  if (error_code ec = conn->write(conn->sealed ? sealed : frame, deadline)) {
+  if (error_code ec = conn.write(conn.sealed ? sealed : frame, deadline)) {
     return transport_error(ec, budget);
   }
   char header[wire::kFrameHeaderBytes];
-  if (error_code ec = conn->read(header, sizeof(header), deadline)) {
+  if (error_code ec = conn.read(header, sizeof(header), deadline)) {
     return transport_error(ec, budget);
   }
   std::uint32_t length = wire::read_frame_length(header);
   const std::size_t limit =
-      wire::kMaxFrameBytes + (conn->sealed ? internal::FrameMac::kTagBytes : 0);
+      wire::kMaxFrameBytes + (conn.sealed ? internal::FrameMac::kTagBytes : 0);
   if (length == 0 || length > limit) {
     return internal_error("the server at " + address() + " sent a frame of " +
                           std::to_string(length) + " bytes, outside the protocol's limits");
   }
   std::string body(length, '\0');
-  if (error_code ec = conn->read(body.data(), length, deadline)) return transport_error(ec, budget);
-  if (conn->sealed) {
+  if (error_code ec = conn.read(body.data(), length, deadline)) return transport_error(ec, budget);
+  if (conn.sealed) {
     std::string_view view(body);
-    if (!wire::unseal(conn->recv_mac, header, view)) {
+    if (!wire::unseal(conn.recv_mac, header, view)) {
       return unavailable("an answer from the TCP store at " + address() +
                          " failed authentication: it was changed on the way or did not come from "
                          "the store (is something on the network between them?)");
     }
     body.resize(view.size());
   }
-  give_back(std::move(conn));
   if (body.empty()) return internal_error("the server at " + address() + " sent an empty answer");
   auto code = static_cast<std::uint8_t>(body[0]);
   if (code != 0) {
@@ -394,11 +403,41 @@ struct TcpStore::Impl {
   Impl(std::string host, std::uint16_t port, StoreOptions options)
       : core(std::move(host), port, options) {}
   ClientCore core;
+  // The connection that carries the last will: never pooled, never used for anything else, so
+  // that it stays open exactly as long as this process holds the store.
+  std::mutex will_mu;
+  std::unique_ptr<Connection> will_conn;
 };
 
 TcpStore::TcpStore(std::unique_ptr<Impl> impl, StoreOptions options)
     : Store(options), impl_(std::move(impl)) {}
-TcpStore::~TcpStore() = default;
+
+TcpStore::~TcpStore() {
+  // A store closed on purpose is not a lost client: withdraw the will before the connection closes.
+  std::lock_guard lock(impl_->will_mu);
+  if (!impl_->will_conn) return;
+  const auto frame = wire::Writer().u8(std::uint8_t(wire::Op::kWill)).str("").str("").finish();
+  const milliseconds budget(1000);
+  (void)impl_->core.call_on(*impl_->will_conn, frame, internal::store_deadline(budget), budget);
+}
+
+Status TcpStore::set_last_will_impl(std::string_view key, std::string_view value) {
+  std::lock_guard lock(impl_->will_mu);
+  const milliseconds budget = options().timeout;
+  const auto deadline = internal::store_deadline(budget);
+  if (!impl_->will_conn) {
+    TRIBUTARY_ASSIGN_OR_RETURN(impl_->will_conn,
+                               impl_->core.connect(std::min(budget, options().connect_timeout)));
+  }
+  const auto frame = wire::Writer().u8(std::uint8_t(wire::Op::kWill)).str(key).str(value).finish();
+  auto body = impl_->core.call_on(*impl_->will_conn, frame, deadline, budget);
+  if (!body.ok()) {
+    impl_->will_conn.reset();  // its state is unknown; the next call starts afresh
+    return body.status();
+  }
+  if (!body->empty()) return malformed_answer();
+  return Status();
+}
 
 std::string TcpStore::describe() const { return "TCP store at " + impl_->core.address(); }
 

@@ -13,6 +13,7 @@
 //   kWait    timeout_ms:u64 count:u32 key:str...    parked until all exist or the timeout
 //   kCheck   count:u32 key:str...
 //   kDelete  key:str
+//   kWill    key:str value:str                      this connection's last will ("" key: none)
 // Responses (body = status byte: 0 = OK, else a StatusCode, followed by message:str):
 //   kHello   magic[8] version:u32 nonce[32] secret:u8 proof[32]
 //   kAuth    (nothing)
@@ -22,6 +23,10 @@
 //   kWait    count:u32 missing-key:str...           count 0 = all present
 //   kCheck   all_present:u8
 //   kDelete  existed:u8
+//   kWill    (nothing)
+// A connection with a will that ends other than by the server stopping (the client's process died,
+// the network dropped it, or the client closed it without withdrawing the will first) makes the
+// server append the value and a newline to the key, as a set would, waking its readers.
 // A malformed request (bad length, unknown op, fields that do not parse, no hello first) gets an
 // error response when possible and the connection is closed; other connections are unaffected.
 //
@@ -52,8 +57,8 @@ namespace tributary::internal::wire {
 inline constexpr std::chrono::milliseconds kMaxServerWait{std::chrono::hours(24 * 365)};
 
 inline constexpr char kMagic[8] = {'t', 'r', 'i', 'b', 's', 't', 'o', 'r'};
-// 2: nonces in the hello, kAuth, sealed frames.
-inline constexpr std::uint32_t kVersion = 2;
+// 2: nonces in the hello, kAuth, sealed frames. 3: kWill.
+inline constexpr std::uint32_t kVersion = 3;
 inline constexpr std::size_t kNonceBytes = 32;
 // The largest frame before a connection is authenticated (the hello and kAuth are far smaller).
 inline constexpr std::size_t kMaxUnauthenticatedFrameBytes = 1024;
@@ -70,6 +75,7 @@ enum class Op : std::uint8_t {
   kCheck = 6,
   kDelete = 7,
   kAuth = 8,
+  kWill = 9,
 };
 
 using Nonce = std::array<std::uint8_t, kNonceBytes>;

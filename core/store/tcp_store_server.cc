@@ -99,6 +99,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Served: said hello and, when the server has a secret, authenticated.
   bool ready() const;
   std::shared_ptr<Waiter> waiter;  // the parked request, if any
+  // The last will (kWill): appended to will_key when the connection ends, unless the server stops.
+  std::string will_key, will_value;
 
  private:
   void wait_readable();
@@ -136,6 +138,11 @@ class ServerCore {
   void handshake(const std::shared_ptr<Session>& session, wire::Op op, wire::Reader& r);
   void cancel_waiter(const std::shared_ptr<Waiter>& w);
   void forget(const std::shared_ptr<Session>& s) { sessions_.erase(s); }
+  // A connection with a will ended: appends the value and a newline to the key (nothing when the
+  // server is stopping, or when the store is full: the will is then lost, as the client is).
+  void execute_will(const std::string& key, const std::string& value);
+  // A session took (+1) or dropped (-1) its will.
+  void count_will(int delta) { wills_held_ += delta; }
 
   const TcpStoreServerOptions& options() const { return options_; }
   bool has_secret() const { return !options_.secret.empty(); }
@@ -189,6 +196,9 @@ class ServerCore {
   std::size_t buffered_ = 0;
   std::size_t stored_ = 0;  // bytes of keys and values in data_
   std::atomic<std::size_t> accepted_{0};
+  // Sessions holding a will, and whether one was executed (read by stop() on another thread).
+  std::atomic<int> wills_held_{0};
+  std::atomic<bool> will_executed_{false};
   bool stopping_ = false;
   std::unordered_set<std::shared_ptr<Session>> sessions_;
   std::map<std::string, std::string, std::less<>> data_;
@@ -213,6 +223,10 @@ void Session::close() {
   handshake_timer_.cancel();
   if (waiter) server_.cancel_waiter(waiter);
   waiter.reset();
+  if (!will_key.empty()) {
+    server_.count_will(-1);
+    server_.execute_will(std::exchange(will_key, {}), will_value);
+  }
   error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
@@ -402,6 +416,13 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
 
 void ServerCore::stop() {
   if (!thread_.joinable()) return;
+  if (will_executed_) {
+    // A process of the job was lost: let the survivors read who before the store goes.
+    const auto until = Clock::now() + options_.linger_after_loss;
+    while (wills_held_ > 0 && Clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
   asio::post(ioc_, [this] {
     stopping_ = true;
     error_code ignored;
@@ -517,11 +538,36 @@ void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body
       }
       return s->send(wire::Writer().u8(0).u8(existed ? 1 : 0).finish());
     }
+    case wire::Op::kWill: {
+      std::string_view key = r.str();
+      std::string_view value = r.str();
+      if (!r.done()) return malformed();
+      Status st = key.empty() ? Status() : key_error(key);
+      if (st.ok()) st = internal::validate_store_value(key, value.size());
+      if (!st.ok()) return s->send(error_frame(st));
+      count_will((key.empty() ? 0 : 1) - (s->will_key.empty() ? 0 : 1));
+      s->will_key = std::string(key);
+      s->will_value = std::string(value);
+      return s->send(wire::Writer().u8(0).finish());
+    }
     case wire::Op::kHello:
     case wire::Op::kAuth:
       break;
   }
   s->reject(invalid_argument("unknown request type " + std::to_string(int(op))));
+}
+
+void ServerCore::execute_will(const std::string& key, const std::string& value) {
+  if (stopping_) return;
+  auto it = data_.find(key);
+  std::string next = it == data_.end() ? std::string() : it->second;
+  next += value;
+  next += '\n';
+  if (!internal::validate_store_value(key, next.size()).ok()) return;
+  if (!make_room(key, next.size()).ok()) return;
+  data_.insert_or_assign(key, std::move(next));
+  will_executed_ = true;
+  key_changed(key);
 }
 
 // The hello, then (with a secret) kAuth; see tcp_store_protocol.h.

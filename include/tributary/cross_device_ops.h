@@ -95,10 +95,16 @@ struct BackendContext {
   // Rendezvous of multi-process backends (null for one process). Each multi-process backend
   // created from this context takes the next instance number, so that every rank, creating its
   // backends in the same order, meets its peers under the same keys.
-  std::shared_ptr<Store> store;
+  // Declared before the store so that the store's client closes (withdrawing its last will) before
+  // the server it talks to, when one context holds both.
   std::shared_ptr<void> keep_alive;  // what the store needs alive (the chief's store server)
+  std::shared_ptr<Store> store;
   std::string coordinator_host;      // the store's host, to pick the interface that reaches it
   std::string cluster_id;            // differs between jobs; peers of another job are refused
+  // The store key that lists the job's lost ranks ("" when the store cannot tell): each process
+  // leaves a last will there (Store::set_last_will), so that when one dies every survivor's error
+  // names it first. make_backend_context sets it up with its TcpStore.
+  std::string lost_key;
   std::shared_ptr<uint64_t> instances = std::make_shared<uint64_t>(0);
 };
 

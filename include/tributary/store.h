@@ -74,6 +74,13 @@ class Store {
   StatusOr<bool> check(const std::vector<std::string>& keys);
   // Removes `key`; true when it existed.
   StatusOr<bool> delete_key(std::string_view key);
+  // A last will, as in MQTT: if this process dies, or its connection to the store is lost, before
+  // this store object is destroyed, the store appends `value` and a newline to `key` (waking the
+  // readers of `key`), so that the job's other processes learn who was lost rather than only that a
+  // connection broke. One will per store object: a later call replaces it, and an empty `key`
+  // withdraws it; destroying the store object withdraws it too. Only a store that sees its clients'
+  // connections can honour this: TcpStore does; MemoryStore and FileStore answer kUnimplemented.
+  Status set_last_will(std::string_view key, std::string_view value);
 
   const StoreOptions& options() const { return options_; }
   // For messages: "memory store", "file store at /shared/job42", "TCP store at 10.0.0.1:29500".
@@ -90,6 +97,7 @@ class Store {
                            std::vector<std::string>* missing) = 0;
   virtual StatusOr<bool> check_impl(const std::vector<std::string>& keys) = 0;
   virtual StatusOr<bool> delete_key_impl(std::string_view key) = 0;
+  virtual Status set_last_will_impl(std::string_view key, std::string_view value);
 
  private:
   friend class PrefixStore;  // forwards to the *_impl of the store it wraps
@@ -161,6 +169,10 @@ struct TcpStoreServerOptions {
   // how long a new connection has to say hello (and, with a secret, to authenticate) before it is
   // closed.
   std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10);
+  // Once a client's last will has been executed (a process of the job was lost), destroying the
+  // server waits up to this long for the clients that still hold a will to close, so that the
+  // survivors can still read who was lost when the chief (rank 0) ends first. 0 = do not wait.
+  std::chrono::milliseconds linger_after_loss = std::chrono::seconds(5);
 };
 
 class TcpStoreServer;
@@ -193,6 +205,7 @@ class TcpStore final : public Store {
                    std::vector<std::string>* missing) override;
   StatusOr<bool> check_impl(const std::vector<std::string>& keys) override;
   StatusOr<bool> delete_key_impl(std::string_view key) override;
+  Status set_last_will_impl(std::string_view key, std::string_view value) override;
 
  private:
   struct Impl;
@@ -238,6 +251,7 @@ class PrefixStore final : public Store {
                    std::vector<std::string>* missing) override;
   StatusOr<bool> check_impl(const std::vector<std::string>& keys) override;
   StatusOr<bool> delete_key_impl(std::string_view key) override;
+  Status set_last_will_impl(std::string_view key, std::string_view value) override;
 
  private:
   std::string full_key(std::string_view key) const;

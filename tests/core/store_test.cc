@@ -721,6 +721,86 @@ TEST_F(TcpStoreServerTest, ClientsInOtherProcesses) {
   EXPECT_GE(server_->num_connections_accepted(), std::size_t(kChildren + 1));
 }
 
+// The last will: a client that dies (or whose connection drops) has its will appended to the key;
+// one that closes on purpose, or withdrew its will, leaves nothing.
+TEST_F(TcpStoreServerTest, LastWillIsKeptOnlyForClientsThatAreLost) {
+  const std::uint16_t port = server_->port();
+  auto child = [port](const std::function<int(Store&)>& body) {
+    return spawn([port, body]() -> int {
+      auto store = TcpStore::connect("127.0.0.1", port, test_options());
+      if (!store.ok()) return 2;
+      return body(**store);
+    });
+  };
+  std::vector<pid_t> pids;
+  // Killed with its will set: the store lists it.
+  pids.push_back(child([](Store& s) {
+    if (!s.set_last_will("lost", "rank 1").ok()) return 3;
+    ::raise(SIGKILL);
+    return 0;
+  }));
+  // Closes its store before exiting: nothing.
+  pids.push_back(child([](Store& s) { return s.set_last_will("lost", "rank 2").ok() ? 0 : 3; }));
+  // Another one killed: a second line.
+  pids.push_back(child([](Store& s) {
+    if (!s.set_last_will("lost", "rank 3").ok()) return 3;
+    ::raise(SIGKILL);
+    return 0;
+  }));
+  // Withdrew its will, then killed: nothing.
+  pids.push_back(child([](Store& s) {
+    if (!s.set_last_will("lost", "rank 4").ok() || !s.set_last_will("", "").ok()) return 3;
+    ::raise(SIGKILL);
+    return 0;
+  }));
+  EXPECT_EQ(join_child(pids[0]), 128 + SIGKILL);
+  EXPECT_EQ(join_child(pids[1]), 0);
+  EXPECT_EQ(join_child(pids[2]), 128 + SIGKILL);
+  EXPECT_EQ(join_child(pids[3]), 128 + SIGKILL);
+  auto c = connect();
+  ASSERT_TRUE(c);
+  // Both deaths reach the server within moments; each appends a line, in the order they came.
+  for (auto until = Clock::now() + 10s; Clock::now() < until;) {
+    auto v = c->get("lost", 0ms);
+    if (v.ok() && std::count(v->begin(), v->end(), '\n') >= 2) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(200ms);  // time for a wrongly kept will to show up too
+  auto lost = c->get("lost", 0ms);
+  ASSERT_TRUE(lost.ok()) << lost.status().to_string();
+  EXPECT_TRUE(*lost == "rank 1\nrank 3\n" || *lost == "rank 3\nrank 1\n")
+      << *lost;
+}
+
+TEST_F(TcpStoreServerTest, LastWillGoesThroughAPrefixAndIsReplaced) {
+  const std::uint16_t port = server_->port();
+  pid_t pid = spawn([port]() -> int {
+    auto store = TcpStore::connect("127.0.0.1", port, test_options());
+    if (!store.ok()) return 2;
+    PrefixStore scoped("job7", std::shared_ptr<Store>(std::move(*store)));
+    if (!scoped.set_last_will("lost", "first").ok()) return 3;
+    if (!scoped.set_last_will("gone", "second").ok()) return 4;
+    ::raise(SIGKILL);
+    return 0;
+  });
+  EXPECT_EQ(join_child(pid), 128 + SIGKILL);
+  auto c = connect();
+  ASSERT_TRUE(c);
+  auto gone = c->get("job7/gone", 10s);
+  ASSERT_TRUE(gone.ok()) << gone.status().to_string();
+  EXPECT_EQ(*gone, "second\n");
+  EXPECT_FALSE(*c->check({"job7/lost"}));
+}
+
+TEST(StoreLastWill, StoresThatCannotSeeTheirClientsSaySo) {
+  MemoryStore memory;
+  Status s = memory.set_last_will("lost", "rank 1");
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.to_string();
+  EXPECT_NE(s.message().find("TcpStore"), std::string::npos) << s.to_string();
+  Status bad = memory.set_last_will(std::string(kMaxStoreKeyBytes + 1, 'k'), "x");
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.to_string();
+}
+
 TEST(TcpStore, ClientStartedBeforeTheServerConnectsWhenItAppears) {
   Watchdog watchdog(60s);
   std::uint16_t port = free_port();

@@ -238,7 +238,10 @@ using Param = std::tuple<std::string, int, int>;  // spec, world, local replicas
 class MultiProcessConformance : public ::testing::TestWithParam<Param> {};
 
 TEST_P(MultiProcessConformance, EveryCollective) {
-  const auto& [spec, world, local] = GetParam();
+  // Named copies, not a structured binding: the lambda below captures them (clang 14 cannot).
+  const std::string spec = std::get<0>(GetParam());
+  const int world = std::get<1>(GetParam());
+  const int local = std::get<2>(GetParam());
   const std::string dir = make_temp_dir("conformance");
   GroupResult g = run_group(world, std::chrono::seconds(240), [&](int rank) {
     // A spec that asks for authenticated frames gets a secret to authenticate them with.
@@ -363,7 +366,12 @@ class MultiHostConformance : public ::testing::TestWithParam<HostsParam> {};
 // not consecutive ranks; every collective, op and dtype is checked as on one host, and the group
 // must be the composition the layout calls for.
 TEST_P(MultiHostConformance, EveryCollective) {
-  const auto& [spec, hosts, per_host, local] = GetParam();
+  // Named copies, not a structured binding: lambdas below capture them (clang 14 cannot capture
+  // bindings).
+  const std::string spec = std::get<0>(GetParam());
+  const int hosts = std::get<1>(GetParam());
+  const int per_host = std::get<2>(GetParam());
+  const int local = std::get<3>(GetParam());
   Hosts net(hosts);
   if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
   const int world = hosts * per_host;

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "backends/ring/tcp_wire.h"
@@ -293,6 +294,64 @@ TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
   }
   EXPECT_EQ(dev_shm_entries(), before);
 }
+
+// Root cause to every rank: the group meets through a real TcpStore (make_backend_context), rank
+// `victim` is killed with SIGKILL in the middle of all-reduces, and every survivor's error must name
+// the victim first, whichever connection broke for it (the victim's neighbours see the death, the
+// others only a live peer giving up). Rank 0 hosts the store, so its death is named through the
+// store going silent.
+class LostRank : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
+  const std::string base = std::get<0>(GetParam());
+  const std::string spec =
+      base + (base.find(':') == std::string::npos ? ":" : ",") + "timeout=10s";
+  const int victim = std::get<1>(GetParam());
+  constexpr int kWorld = 4;
+  const std::string dir = make_temp_dir("lost");
+  const std::uint16_t port = free_port();
+  GroupResult g = run_group(kWorld, 90s, [&](int rank) {
+    auto ctx = tcp_group_context(rank, kWorld, 1, port);
+    if (!ctx.ok()) {
+      write_note(dir, rank, ctx.status().to_string());
+      return kChildFailed;
+    }
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok() && ops.status().code() == StatusCode::kNotFound) return kChildSkip;
+    if (!ops.ok()) {
+      write_note(dir, rank, ops.status().to_string());
+      return kChildFailed;
+    }
+    return all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1);
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  if (g.children[static_cast<size_t>((victim + 1) % kWorld)].exit_code == kChildSkip) {
+    GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
+  }
+  EXPECT_EQ(g.children[static_cast<size_t>(victim)].signal, SIGKILL) << g.describe();
+  const std::string named = victim == 0 ? "rank 0, which hosts the job's store, is unreachable"
+                                        : "rank " + std::to_string(victim) + " (pid ";
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == victim) continue;
+    const std::string note = read_note(dir, r);
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    // First: the message leads with the lost rank, then says what this rank saw.
+    EXPECT_EQ(note.find(named), note.find(':') + 2) << "rank " << r << ": " << note;
+    EXPECT_NE(note.find("what rank " + std::to_string(r) + " saw: "), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), 10.0 + 5.0) << note;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, LostRank,
+    ::testing::Combine(::testing::Values("ring:intra_host=net", "ring", "gloo", "ucx:tls=tcp"),
+                       ::testing::Values(2, 0)),
+    [](const auto& info) {
+      std::string name = std::get<0>(info.param);
+      name = name.substr(0, name.find(':')) + (name.find("tls") != std::string::npos ? "_tcp" : "") +
+             (name.find("intra_host") != std::string::npos ? "_net" : "");
+      return name + "_kill" + std::to_string(std::get<1>(info.param));
+    });
 
 INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
                          ::testing::Values("ring:intra_host=net,algorithm=ring",

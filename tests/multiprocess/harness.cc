@@ -1,7 +1,10 @@
 #include "tests/multiprocess/harness.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -103,6 +106,34 @@ StatusOr<BackendContext> group_context(int rank, int world, int local, const std
   if (!store.ok()) return store.status();
   ctx.store = std::shared_ptr<Store>(std::move(store).value());
   return ctx;
+}
+
+StatusOr<BackendContext> tcp_group_context(int rank, int world, int local, std::uint16_t port,
+                                           std::map<std::string, std::string> config) {
+  config["RANK"] = std::to_string(rank);
+  config["WORLD_SIZE"] = std::to_string(world);
+  config["MASTER_ADDR"] = "127.0.0.1";
+  config["MASTER_PORT"] = std::to_string(port);
+  std::vector<Device> devices;
+  for (int i = 0; i < local; ++i) devices.push_back(Device::cpu(i));
+  return make_backend_context(std::move(devices), Config::from_map(config),
+                              std::chrono::seconds(20));
+}
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  std::uint16_t port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  if (port == 0) ADD_FAILURE() << "no free port on 127.0.0.1";
+  return port;
 }
 
 }  // namespace tributary::testing

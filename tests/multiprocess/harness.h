@@ -4,7 +4,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,5 +42,14 @@ std::string make_temp_dir(const std::string& tag);
 // The context of `rank` in a group of `world` processes with `local` CPU replicas each.
 StatusOr<BackendContext> group_context(int rank, int world, int local, const std::string& store_dir,
                                        Config config = {});
+
+// The same through make_backend_context, as a real job meets: rank 0 serves a TcpStore on `port`
+// (free_port()) of 127.0.0.1, and every rank's store client leaves its last will there. `config`
+// adds settings; RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set here.
+StatusOr<BackendContext> tcp_group_context(int rank, int world, int local, std::uint16_t port,
+                                           std::map<std::string, std::string> config = {});
+
+// A TCP port that was free a moment ago on 127.0.0.1.
+std::uint16_t free_port();
 
 }  // namespace tributary::testing
