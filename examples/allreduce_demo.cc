@@ -2,6 +2,9 @@
 // checks the result and prints what it did.
 //
 //   allreduce_demo [--backend SPEC] [--replicas N] [--count ELEMENTS] [--op sum|mean|min|max|prod]
+//                  [--iterations K]
+// --iterations repeats the all-reduce K times (the inputs refilled each time) and checks the last;
+// scripts/kill_trials.sh uses it to keep a job busy while it kills one of its ranks.
 // Without --backend the spec comes from TRIBUTARY_CROSS_DEVICE_OPS (or a config file named by
 // TRIBUTARY_CONFIG_FILE), else "auto".
 #include <chrono>
@@ -29,6 +32,7 @@ int main(int argc, char** argv) {
   int replicas = 4;
   long long count = 1 << 20;
   std::string op_text = "sum";
+  long long iterations = 1;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -37,8 +41,10 @@ int main(int argc, char** argv) {
     else if (a == "--replicas" && (v = next())) replicas = std::atoi(v);
     else if (a == "--count" && (v = next())) count = std::atoll(v);
     else if (a == "--op" && (v = next())) op_text = v;
+    else if (a == "--iterations" && (v = next())) iterations = std::atoll(v);
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: %s [--backend SPEC] [--replicas N] [--count ELEMENTS] [--op OP]\n",
+      std::printf("usage: %s [--backend SPEC] [--replicas N] [--count ELEMENTS] [--op OP] "
+                  "[--iterations K]\n",
                   argv[0]);
       return 0;
     } else {
@@ -47,6 +53,7 @@ int main(int argc, char** argv) {
   }
   if (replicas < 1) return fail("--replicas must be >= 1");
   if (count < 0) return fail("--count must be >= 0");
+  if (iterations < 1) return fail("--iterations must be >= 1");
   auto op = parse_reduce_op(op_text);
   if (!op.ok()) return fail(op.status().message());
 
@@ -72,12 +79,16 @@ int main(int argc, char** argv) {
   for (int r = 0; r < replicas; ++r) {
     auto b = Buffer::allocate(DType::kFloat32, Shape{count}, ctx.devices[r]);
     if (!b.ok()) return fail(b.status().message());
-    float* p = b->data_as<float>();
-    const int global = ctx.rank * replicas + r;
-    for (long long i = 0; i < count; ++i) p[i] = static_cast<float>(global + 1);
     values.values().push_back(b->tensor());
     buffers.push_back(std::move(b).value());
   }
+  auto fill = [&] {
+    for (int r = 0; r < replicas; ++r) {
+      float* p = buffers[static_cast<size_t>(r)].data_as<float>();
+      const int global = ctx.rank * replicas + r;
+      for (long long i = 0; i < count; ++i) p[i] = static_cast<float>(global + 1);
+    }
+  };
   const int in_sync = cdo.num_replicas_in_sync();
   double n = in_sync;
   double expected = 0;
@@ -93,11 +104,15 @@ int main(int argc, char** argv) {
     }
   }
 
-  auto start = std::chrono::steady_clock::now();
-  Work work = cdo.all_reduce(*op, values, values);  // in place
-  Status s = work.wait(std::chrono::duration_cast<std::chrono::milliseconds>(cdo.timeout()));
-  auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start);
-  if (!s.ok()) return fail(s.to_string());
+  std::chrono::duration<double, std::micro> us{0};
+  for (long long k = 0; k < iterations; ++k) {
+    fill();
+    auto start = std::chrono::steady_clock::now();
+    Work work = cdo.all_reduce(*op, values, values);  // in place
+    Status s = work.wait(std::chrono::duration_cast<std::chrono::milliseconds>(cdo.timeout()));
+    us = std::chrono::steady_clock::now() - start;
+    if (!s.ok()) return fail(s.to_string());
+  }
 
   long long wrong = 0;
   for (const Buffer& b : buffers) {
