@@ -4,14 +4,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <mutex>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/flight_recorder.h"
-#include "core/rendezvous.h"
 #include "core/logging.h"
+#include "core/rendezvous.h"
 #include "core/strings.h"
 
 namespace tributary {
@@ -92,14 +92,12 @@ class Validator {
       Label l0{name.name, 0, name.pair};
       TRIBUTARY_RETURN_IF_ERROR(check_tensor(ts[i], li));
       if (ts[i].dtype() != ts[0].dtype()) [[unlikely]] {
-        return error(li.str() + " has dtype " +
-                     std::string(dtype_name(ts[i].dtype())) + " but " + l0.str() + " has " +
-                     std::string(dtype_name(ts[0].dtype())) +
+        return error(li.str() + " has dtype " + std::string(dtype_name(ts[i].dtype())) + " but " +
+                     l0.str() + " has " + std::string(dtype_name(ts[0].dtype())) +
                      "; every replica must pass the same dtype");
       }
       if (ts[i].num_elements() != ts[0].num_elements()) [[unlikely]] {
-        return error(li.str() + " has " +
-                     std::to_string(ts[i].num_elements()) + " elements " +
+        return error(li.str() + " has " + std::to_string(ts[i].num_elements()) + " elements " +
                      shape_to_string(ts[i].shape()) + " but " + l0.str() + " has " +
                      std::to_string(ts[0].num_elements()) + " " + shape_to_string(ts[0].shape()) +
                      "; every replica must pass the same number of elements");
@@ -114,13 +112,14 @@ class Validator {
                            Rule rule) const {
     TRIBUTARY_RETURN_IF_ERROR(check_tensor(t, label));
     if (t.dtype() != dtype) [[unlikely]] {
-      return error(label.str() + " has dtype " + std::string(dtype_name(t.dtype())) + " but the input is " +
-                   std::string(dtype_name(dtype)) + "; outputs must have the input's dtype");
+      return error(label.str() + " has dtype " + std::string(dtype_name(t.dtype())) +
+                   " but the input is " + std::string(dtype_name(dtype)) +
+                   "; outputs must have the input's dtype");
     }
     if (t.num_elements() != count) [[unlikely]] {
       return error(label.str() + " has " + std::to_string(t.num_elements()) +
-                   " elements but must have " + std::to_string(count) + " (" +
-                   std::string(rule()) + ")");
+                   " elements but must have " + std::to_string(count) + " (" + std::string(rule()) +
+                   ")");
     }
     return Status();
   }
@@ -191,12 +190,18 @@ constexpr auto kSameAsSource = [] { return "same as the source"; };
 
 std::string_view collective_name(Collective c) {
   switch (c) {
-    case Collective::kReduce: return "reduce";
-    case Collective::kBatchReduce: return "batch_reduce";
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kReduce:
+      return "reduce";
+    case Collective::kBatchReduce:
+      return "batch_reduce";
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
   }
   return "?";
 }
@@ -272,6 +277,7 @@ CrossDeviceOps::~CrossDeviceOps() { internal::release_recorder(recorder_); }
 
 namespace internal {
 void attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope) {
+  ops.scope_ = scope;
   if (ops.recorder_ && scope) ops.recorder_->report_progress_to(std::move(scope));
 }
 }  // namespace internal
@@ -286,6 +292,7 @@ Work CrossDeviceOps::screened(Work work) {
     Status s = work.error();
     if (s.code() == StatusCode::kInvalidArgument && broken().ok()) {
       health_->record(s);
+      publish_refusal(s);
       abandon(s);
     }
   }
@@ -296,7 +303,44 @@ Work CrossDeviceOps::screened(Work work) {
 void CrossDeviceOps::abort(const Status& why) {
   if (why.ok() || !broken().ok()) return;
   health_->record(why);
-  if (world_size() > 1) abandon(why);
+  if (world_size() > 1) {
+    publish_refusal(why);
+    abandon(why);
+  }
+}
+
+namespace {
+constexpr std::string_view kRefusedKey = "refused/";
+constexpr size_t kMaxPublishedReason = 4096;
+}  // namespace
+
+void CrossDeviceOps::publish_refusal(const Status& why) const {
+  if (!scope_ || world_size() <= 1) return;
+  (void)scope_->set(std::string(kRefusedKey) + std::to_string(rank()),
+                    why.message().substr(0, kMaxPublishedReason));
+}
+
+Status CrossDeviceOps::explain_failure(Status failure) const {
+  const StatusCode code = failure.code();
+  if (world_size() <= 1 || (code != StatusCode::kUnavailable && code != StatusCode::kAborted &&
+                            code != StatusCode::kDeadlineExceeded)) {
+    return failure;
+  }
+  // A peer that refused its part said why in the store before it broke the connections. Backends
+  // that pass the reason on their own connections (ring, ucx) have it in the message already.
+  if (scope_ && failure.message().find(" refused its part: ") == std::string::npos) {
+    for (int r = 0; r < world_size(); ++r) {
+      if (r == rank()) continue;
+      auto reason =
+          scope_->get(std::string(kRefusedKey) + std::to_string(r), std::chrono::milliseconds(0));
+      if (!reason.ok()) continue;
+      return Status(code, "rank " + std::to_string(r) + " refused its part: " + *reason +
+                              ". what rank " + std::to_string(rank()) +
+                              " saw: " + failure.message());
+    }
+  }
+  if (context_.lost_key.empty()) return failure;
+  return internal::name_lost_ranks(context_, std::move(failure));
 }
 
 std::string CrossDeviceOps::spec() const {
@@ -341,8 +385,8 @@ Status CrossDeviceOps::check_supported(Collective c, ReduceOp op, DType dtype) c
 Status CrossDeviceOps::check_device(const Tensor& t, std::string_view name, int index,
                                     int pair) const {
   if (!capabilities_.supports(t.device().type())) [[unlikely]] {
-    return unimplemented(Label{name, index, pair}.str() + " is on " + t.device().to_string() + " but backend '" +
-                         name_ + "' does not support " +
+    return unimplemented(Label{name, index, pair}.str() + " is on " + t.device().to_string() +
+                         " but backend '" + name_ + "' does not support " +
                          std::string(device_type_name(t.device().type())) + " devices");
   }
   return Status();
@@ -368,9 +412,9 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
     // Already complete (synchronous backends): no callback to allocate.
     Status s = work.error();
     if (!s.ok()) {
-      // When a rank died, every survivor names it first (root cause, not the broken neighbour).
-      if (world_size() > 1 && !context_.lost_key.empty()) {
-        Status named = internal::name_lost_ranks(context_, s);
+      // The root cause first: a peer's refusal, or a rank that died (not the broken neighbour).
+      if (world_size() > 1) {
+        Status named = explain_failure(s);
         if (named.message() != s.message()) {
           s = std::move(named);
           work = Work::completed(s);
@@ -380,10 +424,11 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
     }
     if (recorder_) recorder_->ended(call.sequence, s);
   } else {
-    work.on_complete([health = health_, recorder = recorder_, seq = call.sequence](const Status& s) {
-      if (!s.ok()) health->record(s);
-      if (recorder) recorder->ended(seq, s);
-    });
+    work.on_complete(
+        [health = health_, recorder = recorder_, seq = call.sequence](const Status& s) {
+          if (!s.ok()) health->record(s);
+          if (recorder) recorder->ended(seq, s);
+        });
   }
   if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {
     std::string what = call.describe();
@@ -417,27 +462,29 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
     }                                                                                            \
     for (size_t i_ = 0; i_ < (v).size(); ++i_) {                                                 \
       if ((v)[i_].device() != devices()[i_]) {                                                   \
-        return Work::completed(invalid_argument(                                                 \
-            std::string(call) + ": " + name + "[" + std::to_string(i_) + "] is on " +            \
-            (v)[i_].device().to_string() + " but local replica " + std::to_string(i_) +         \
-            " is " + devices()[i_].to_string()));                                                \
+        return Work::completed(                                                                  \
+            invalid_argument(std::string(call) + ": " + name + "[" + std::to_string(i_) +        \
+                             "] is on " + (v)[i_].device().to_string() + " but local replica " + \
+                             std::to_string(i_) + " is " + devices()[i_].to_string()));          \
       }                                                                                          \
     }                                                                                            \
   } while (0)
 
-#define TRIBUTARY_REFUSE_IF_BROKEN(call)                                                       \
-  do {                                                                                       \
-    if (::tributary::Status _b = broken(); !_b.ok()) {                                       \
-      return ::tributary::Work::completed(::tributary::failed_precondition(                  \
-          std::string(call) + ": backend '" + name_ + "' is unusable after an earlier "      \
-          "failure; create a new one. The failure was: " + _b.message()));                   \
-    }                                                                                        \
+#define TRIBUTARY_REFUSE_IF_BROKEN(call)                                                    \
+  do {                                                                                      \
+    if (::tributary::Status _b = broken(); !_b.ok()) {                                      \
+      return ::tributary::Work::completed(                                                  \
+          ::tributary::failed_precondition(std::string(call) + ": backend '" + name_ +      \
+                                           "' is unusable after an earlier "                \
+                                           "failure; create a new one. The failure was: " + \
+                                           _b.message()));                                  \
+    }                                                                                       \
   } while (0)
 
-#define TRIBUTARY_RETURN_WORK_IF_ERROR(expr)                          \
-  do {                                                                \
-    ::tributary::Status _trib_s = (expr);                             \
-    if (!_trib_s.ok()) return ::tributary::Work::completed(_trib_s);  \
+#define TRIBUTARY_RETURN_WORK_IF_ERROR(expr)                         \
+  do {                                                               \
+    ::tributary::Status _trib_s = (expr);                            \
+    if (!_trib_s.ok()) return ::tributary::Work::completed(_trib_s); \
   } while (0)
 
 Work CrossDeviceOps::all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
@@ -447,7 +494,7 @@ Work CrossDeviceOps::all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
 }
 
 Work CrossDeviceOps::all_reduce_front(ReduceOp op, const PerReplica<Tensor>& inputs,
-                                const PerReplica<Tensor>& outputs) {
+                                      const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "all_reduce";
   Validator v(kCall);
   TRIBUTARY_REFUSE_IF_BROKEN(kCall);
@@ -477,7 +524,7 @@ Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,
 }
 
 Work CrossDeviceOps::reduce_front(ReduceOp op, const PerReplica<Tensor>& value,
-                            const Mirrored<Tensor>& destinations) {
+                                  const Mirrored<Tensor>& destinations) {
   ReducePair pair{value, destinations};
   constexpr std::string_view kCall = "reduce";
   Validator v(kCall);
@@ -576,13 +623,14 @@ Work CrossDeviceOps::broadcast(const Tensor& source, const Mirrored<Tensor>& des
 }
 
 Work CrossDeviceOps::broadcast_front(const Tensor& source, const Mirrored<Tensor>& destinations,
-                               int root) {
+                                     int root) {
   constexpr std::string_view kCall = "broadcast";
   Validator v(kCall);
   TRIBUTARY_REFUSE_IF_BROKEN(kCall);
   if (root < 0 || root >= world_size()) {
-    return Work::completed(v.error("root " + std::to_string(root) + " is not a process rank in [0, " +
-                                   std::to_string(world_size()) + ")"));
+    return Work::completed(v.error("root " + std::to_string(root) +
+                                   " is not a process rank in [0, " + std::to_string(world_size()) +
+                                   ")"));
   }
   if (destinations.empty()) {
     return Work::completed(v.error("destinations can not be empty; pass at least one tensor"));
@@ -620,7 +668,7 @@ Work CrossDeviceOps::all_gather(const PerReplica<Tensor>& inputs,
 }
 
 Work CrossDeviceOps::all_gather_front(const PerReplica<Tensor>& inputs,
-                                const PerReplica<Tensor>& outputs) {
+                                      const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "all_gather";
   Validator v(kCall);
   TRIBUTARY_REFUSE_IF_BROKEN(kCall);
@@ -640,7 +688,8 @@ Work CrossDeviceOps::all_gather_front(const PerReplica<Tensor>& inputs,
       return "num_replicas_in_sync (" + std::to_string(n) + ") x the input's count";
     }));
     // In place: the input is the output's slice at this replica's global position.
-    const int64_t pos = static_cast<int64_t>(rank()) * num_local_replicas() + static_cast<int64_t>(i);
+    const int64_t pos =
+        static_cast<int64_t>(rank()) * num_local_replicas() + static_cast<int64_t>(i);
     Range own = range_of(outputs[i].slice(pos * count, count), label);
     if (!ins[i].empty() && same(own, ins[i])) {
       outs[i] = own;  // the rest of outputs[i] must still not touch other buffers
@@ -672,7 +721,7 @@ Work CrossDeviceOps::reduce_scatter(ReduceOp op, const PerReplica<Tensor>& input
 }
 
 Work CrossDeviceOps::reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>& inputs,
-                                    const PerReplica<Tensor>& outputs) {
+                                          const PerReplica<Tensor>& outputs) {
   constexpr std::string_view kCall = "reduce_scatter";
   Validator v(kCall);
   TRIBUTARY_REFUSE_IF_BROKEN(kCall);
@@ -693,10 +742,11 @@ Work CrossDeviceOps::reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>&
   RangeList outs = ranges(outputs.values(), "outputs");
   for (size_t i = 0; i < outputs.size(); ++i) {
     TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(inputs[i], "inputs", static_cast<int>(i)));
-    TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_dtype_count(outputs[i], at("outputs", i), dtype, count, [n] {
-      return "the input's count / num_replicas_in_sync (" + std::to_string(n) + ")";
-    }));
-    const int64_t pos = static_cast<int64_t>(rank()) * num_local_replicas() + static_cast<int64_t>(i);
+    TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_dtype_count(
+        outputs[i], at("outputs", i), dtype, count,
+        [n] { return "the input's count / num_replicas_in_sync (" + std::to_string(n) + ")"; }));
+    const int64_t pos =
+        static_cast<int64_t>(rank()) * num_local_replicas() + static_cast<int64_t>(i);
     Range own = range_of(inputs[i].slice(pos * count, count), at("inputs", i));
     if (!outs[i].empty() && same(own, outs[i])) {
       // In place: the output is the input's slice at this replica's position. Other replicas'
@@ -709,8 +759,7 @@ Work CrossDeviceOps::reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>&
       ins[i] = Range{};  // checked above
     }
   }
-  TRIBUTARY_RETURN_WORK_IF_ERROR(
-      v.check_overlap(outs, ins, [](size_t, size_t) { return false; }));
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(outs, ins, [](size_t, size_t) { return false; }));
   CallInfo call = begin(Collective::kReduceScatter, op, dtype, count);
   return finish(call, reduce_scatter_impl(call, op, inputs, outputs));
 }

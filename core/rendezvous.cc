@@ -88,9 +88,10 @@ OptionDef secret_file_option() {
   return {.name = "secret_file",
           .type = OptionType::kString,
           .default_value = "",
-          .help = "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then "
-                  "the file TRIBUTARY_SECRET_FILE names; none = no authentication); every rank "
-                  "must hold the same one, or none"};
+          .help =
+              "file holding the shared secret peers must prove (else TRIBUTARY_SECRET, then "
+              "the file TRIBUTARY_SECRET_FILE names; none = no authentication); every rank "
+              "must hold the same one, or none"};
 }
 
 int local_ranks(const BackendContext& context) {
@@ -210,17 +211,21 @@ Status name_lost_ranks(const BackendContext& context, Status failure,
     }
     if (who.empty()) return failure;
     std::string names = who[0];
-    for (size_t i = 1; i < who.size(); ++i) names += (i + 1 == who.size() ? " and " : ", ") + who[i];
-    return Status(code, names + (who.size() > 1 ? " were lost: their processes" : " was lost: its process") +
-                            " ended, or the connection dropped, while the job ran (the job's store "
-                            "saw it go); see the log and exit status there for why, then restart "
-                            "the job. " + here + said);
+    for (size_t i = 1; i < who.size(); ++i)
+      names += (i + 1 == who.size() ? " and " : ", ") + who[i];
+    return Status(
+        code, names + (who.size() > 1 ? " were lost: their processes" : " was lost: its process") +
+                  " ended, or the connection dropped, while the job ran (the job's store "
+                  "saw it go); see the log and exit status there for why, then restart "
+                  "the job. " +
+                  here + said);
   }
   if (lost.status().code() == StatusCode::kUnavailable && context.rank != 0) {
     return Status(code, std::string("rank 0, ") + std::string(kStoreGoneMarker) + " (" +
                             lost.status().message() +
                             "): its process has probably ended; see its log and exit status, then "
-                            "restart the job. " + here + said);
+                            "restart the job. " +
+                            here + said);
   }
   return failure;  // nobody lost within the grace: what this rank saw is the best account
 }

@@ -251,23 +251,30 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Bindi
   // collective (or the reverse) stalled Gloo's TCP pairs for seconds in our tests.
   const size_t n = static_cast<size_t>(world_size());
   std::vector<Fingerprint> all(n);
-  if (unbound) {
-    all[static_cast<size_t>(rank())] = fingerprint_of(call, root, num_local_replicas(), -1);
-    // Its own tag space (high bit), apart from the collectives' tags.
-    unbound_all_gather(gloo_, all.data(), sizeof(Fingerprint), tag(call) | 0x80000000u,
-                       call_timeout(call));
-  } else {
-    // A small halving-doubling sum over a zeroed table: a cached classic instance costs far less
-    // than gloo::allgather's per-call handshakes.
-    constexpr size_t kWords = sizeof(Fingerprint) / sizeof(int64_t);
-    BoundAlgorithm& table = cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64,
-                                        ReduceOp::kSum, static_cast<int64_t>(n * kWords));
-    auto* rows = static_cast<Fingerprint*>(table.data());
-    std::fill(rows, rows + n, Fingerprint{});  // all zero: only each rank's own row is summed
-    rows[rank()] =
-        fingerprint_of(call, root, num_local_replicas(), binding ? binding->here : -1);
-    table.run();
-    std::copy(rows, rows + n, all.begin());
+  try {
+    if (unbound) {
+      all[static_cast<size_t>(rank())] = fingerprint_of(call, root, num_local_replicas(), -1);
+      // Its own tag space (high bit), apart from the collectives' tags.
+      unbound_all_gather(gloo_, all.data(), sizeof(Fingerprint), tag(call) | 0x80000000u,
+                         call_timeout(call));
+    } else {
+      // A small halving-doubling sum over a zeroed table: a cached classic instance costs far less
+      // than gloo::allgather's per-call handshakes.
+      constexpr size_t kWords = sizeof(Fingerprint) / sizeof(int64_t);
+      BoundAlgorithm& table = cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64,
+                                          ReduceOp::kSum, static_cast<int64_t>(n * kWords));
+      auto* rows = static_cast<Fingerprint*>(table.data());
+      std::fill(rows, rows + n, Fingerprint{});  // all zero: only each rank's own row is summed
+      rows[rank()] = fingerprint_of(call, root, num_local_replicas(), binding ? binding->here : -1);
+      table.run();
+      std::copy(rows, rows + n, all.begin());
+    }
+  } catch (const gloo::IoException& e) {
+    const std::string what = e.what();
+    if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos) {
+      TRIBUTARY_RETURN_IF_ERROR(mismatch_through_store(call, root));
+    }
+    throw;
   }
   const Fingerprint& mine = all[static_cast<size_t>(rank())];
   if (binding && binding->possible) {
@@ -283,6 +290,37 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Bindi
                    describe(mine) +
                    "; every rank must issue the same collectives in the same "
                    "order");
+  }
+  return Status();
+}
+
+Status GlooOps::mismatch_through_store(const CallInfo& call, int root) {
+  const std::shared_ptr<Store>& store = instance_store();
+  if (!store) return Status();
+  const Fingerprint mine = fingerprint_of(call, root, num_local_replicas(), -1);
+  const std::string prefix = "fingerprint/" + std::to_string(call.sequence) + "/";
+  if (!store
+           ->set(prefix + std::to_string(rank()),
+                 std::string_view(reinterpret_cast<const char*>(&mine), sizeof mine))
+           .ok()) {
+    return Status();
+  }
+  // Every rank timed out at about the same moment; 2 s is ample for the others to publish theirs.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (int r = 0; r < world_size(); ++r) {
+    if (r == rank()) continue;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    auto theirs =
+        store->get(prefix + std::to_string(r), std::max(left, std::chrono::milliseconds(0)));
+    if (!theirs.ok() || theirs->size() != sizeof(Fingerprint)) continue;
+    Fingerprint f;
+    std::memcpy(&f, theirs->data(), sizeof f);
+    if (same_call(f, mine)) continue;
+    return aborted("collective mismatch: rank " + std::to_string(r) + " issued " + describe(f) +
+                   " but rank " + std::to_string(rank()) + " issued " + describe(mine) +
+                   "; every rank must issue the same collectives in the same order (found "
+                   "through the store when the exchange before the collective timed out)");
   }
   return Status();
 }

@@ -182,6 +182,8 @@ class CrossDeviceOps {
                                    const PerReplica<Tensor>& outputs) = 0;
 
   const BackendContext& context() const { return context_; }
+  // The instance's scope of the job's store (internal::attach_progress_store), null when none.
+  const std::shared_ptr<Store>& instance_store() const { return scope_; }
   // Called when this rank refuses a call that its peers will issue (a multi-process backend should
   // tell them, e.g. by aborting its transport with `why`). Default: nothing.
   virtual void abandon(const Status& why) { (void)why; }
@@ -203,6 +205,12 @@ class CrossDeviceOps {
   Work screened(Work work);
   CallInfo begin(Collective c, ReduceOp op, DType dtype, int64_t count);
   Work finish(const CallInfo& call, Work work);
+  // Root cause for a failed collective of a multi-process job: a reason a peer published when it
+  // refused its part, else a rank the store saw lost (internal::name_lost_ranks); else `failure`.
+  Status explain_failure(Status failure) const;
+  // Publishes why this rank refuses its part (under the instance's store scope), before the
+  // backend's abandon() breaks the connections, so that the peers' errors can say why.
+  void publish_refusal(const Status& why) const;
   Status check_supported(Collective c, ReduceOp op, DType dtype) const;
   Status check_device(const Tensor& t, std::string_view name, int index = -1, int pair = -1) const;
 
@@ -220,6 +228,8 @@ class CrossDeviceOps {
   // The last collectives, the stall report and the timeline (null when
   // TRIBUTARY_FLIGHT_RECORDER_SIZE=0).
   std::shared_ptr<internal::FlightRecorder> recorder_;
+  // The instance's store scope (attach_progress_store; null for in-process backends).
+  std::shared_ptr<Store> scope_;
   friend void internal::attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope);
 };
 

@@ -483,10 +483,10 @@ TEST(Gloo, BoundToCallersBuffersAcrossReuseAndReplacement) {
                 if (j % 4099) b[static_cast<size_t>(j)] = 1.0f;
               }
               Tensor t(b.data(), DType::kFloat32, Shape{count});
-              Status s = (*made)
-                             ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}),
-                                          PerReplica<Tensor>({t}))
-                             .wait();
+              Status s =
+                  (*made)
+                      ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t}))
+                      .wait();
               if (!s.ok()) {
                 check.fail("%s call %d: %s", spec.c_str(), call, s.to_string().c_str());
                 return 1;
@@ -527,12 +527,12 @@ TEST(Gloo, ReduceToSeveralDestinationsOnOneRankOnly) {
             std::vector<float> d0(count, -1.0f), d1(count, -1.0f);
             std::vector<Tensor> dests = {Tensor(d0.data(), DType::kFloat32, Shape{count})};
             if (me.rank == 0) dests.emplace_back(d1.data(), DType::kFloat32, Shape{count});
-            Status s = (*made)
-                           ->reduce(ReduceOp::kSum,
-                                    PerReplica<Tensor>({Tensor(in.data(), DType::kFloat32,
-                                                               Shape{count})}),
-                                    Mirrored<Tensor>(dests))
-                           .wait();
+            Status s =
+                (*made)
+                    ->reduce(ReduceOp::kSum,
+                             PerReplica<Tensor>({Tensor(in.data(), DType::kFloat32, Shape{count})}),
+                             Mirrored<Tensor>(dests))
+                    .wait();
             const float want = static_cast<float>(3 + 2 * call);
             if (!s.ok()) {
               check.fail("%s call %d: %s", spec.c_str(), call, s.to_string().c_str());
@@ -541,8 +541,8 @@ TEST(Gloo, ReduceToSeveralDestinationsOnOneRankOnly) {
             for (const Tensor& d : dests) {
               const float* p = static_cast<const float*>(d.data());
               if (p[0] != want || p[count - 1] != want) {
-                check.fail("%s call %d: got %g/%g, want %g", spec.c_str(), call, p[0],
-                           p[count - 1], want);
+                check.fail("%s call %d: got %g/%g, want %g", spec.c_str(), call, p[0], p[count - 1],
+                           want);
               }
             }
           }
@@ -720,6 +720,89 @@ TEST(GlooFailure, MismatchIsAnErrorOnEveryRank) {
   expect_all_zero(codes);
 }
 
+// A call refused on one rank (a wrong output size) fails the peers at once, with the reason the
+// refusing rank gave; they do not wait out their timeout.
+TEST(GlooFailure, CallRefusedOnOneRankFailsThePeersWithItsReason) {
+  const std::vector<int> codes = run_world(
+      3, 1,
+      [](Rank& me) {
+        Checker check(me.rank);
+        auto made = create("gloo:timeout=20s", me);
+        if (!made.ok()) {
+          check.fail("%s", made.status().to_string().c_str());
+          return 1;
+        }
+        std::vector<float> in(64, 1.0f), out(64, 0.0f);
+        Tensor x(in.data(), DType::kFloat32, Shape{64});
+        Tensor y(out.data(), DType::kFloat32, Shape{me.rank == 1 ? 63 : 64});
+        const auto start = Clock::now();
+        Status s =
+            (*made)
+                ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({x}), PerReplica<Tensor>({y}))
+                .wait();
+        const double took = std::chrono::duration<double>(Clock::now() - start).count();
+        if (me.rank == 1) {
+          if (s.code() != StatusCode::kInvalidArgument) check.fail("got %s", s.to_string().c_str());
+        } else if (s.message().find("rank 1 refused its part: all_reduce: outputs[0] has 63") !=
+                       0 ||
+                   took > 10.0) {
+          check.fail("want rank 1's reason first, well within the timeout; got after %.1f s: %s",
+                     took, s.to_string().c_str());
+        } else {
+          fprintf(stderr, "[rank %d] expected error after %.2f s: %s\n", me.rank, took,
+                  s.to_string().c_str());
+        }
+        return check.ok() ? 0 : 1;
+      },
+      40);
+  expect_all_zero(codes);
+}
+
+// Different kinds of collective on the ranks (an all-gather against an all-reduce, a broadcast
+// against an all-reduce) meet no common exchange; at the timeout each rank compares fingerprints
+// through the store, so the error is the mismatch, naming both calls, not "did not answer".
+TEST(GlooFailure, DifferentCollectivesAreAMismatchNotATimeout) {
+  for (const char* other : {"all_gather", "broadcast"}) {
+    const std::string other_kind = other;
+    const std::vector<int> codes = run_world(
+        2, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          auto made = create("gloo:timeout=2s", me);
+          if (!made.ok()) {
+            check.fail("%s", made.status().to_string().c_str());
+            return 1;
+          }
+          std::vector<float> in(16, 1.0f), out(32, 0.0f);
+          Tensor x(in.data(), DType::kFloat32, Shape{16});
+          Status s;
+          if (me.rank == 0) {
+            s = (*made)
+                    ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({x}), PerReplica<Tensor>({x}))
+                    .wait();
+          } else if (other_kind == "all_gather") {
+            Tensor y(out.data(), DType::kFloat32, Shape{32});
+            s = (*made)->all_gather(PerReplica<Tensor>({x}), PerReplica<Tensor>({y})).wait();
+          } else {
+            s = (*made)->broadcast(x, Mirrored<Tensor>({x}), 0).wait();
+          }
+          const std::string peer_call = me.rank == 0 ? other_kind : std::string("all_reduce");
+          if (s.code() != StatusCode::kAborted ||
+              s.message().find("collective mismatch") == std::string::npos ||
+              s.message().find("rank " + std::to_string(1 - me.rank) + " issued " + peer_call) ==
+                  std::string::npos) {
+            check.fail("want a mismatch naming rank %d's %s, got %s", 1 - me.rank,
+                       peer_call.c_str(), s.to_string().c_str());
+          } else {
+            fprintf(stderr, "[rank %d] expected error: %s\n", me.rank, s.to_string().c_str());
+          }
+          return check.ok() ? 0 : 1;
+        },
+        30);
+    expect_all_zero(codes);
+  }
+}
+
 // Secrets: ranks that hold different secrets, or one a secret and one none, are refused on every
 // rank, naming the difference; the same secret is refused too (Gloo's transport cannot be
 // authenticated) unless allow_unauthenticated=true, and then the group works.
@@ -754,10 +837,10 @@ TEST(GlooFailure, SecretsMustMatchAndAreNotSilentlyUnprotected) {
             }
             std::vector<float> v(16, 1.0f);
             Tensor t(v.data(), DType::kFloat32, Shape{16});
-            Status s = (*made)
-                           ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}),
-                                        PerReplica<Tensor>({t}))
-                           .wait();
+            Status s =
+                (*made)
+                    ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t}))
+                    .wait();
             if (!s.ok() || v[0] != 2.0f) check.fail("all_reduce: %s", s.to_string().c_str());
           } else if (made.ok()) {
             check.fail("secrets %s/%s%s: created, want an error with '%s'", c.secret0, c.secret1,
