@@ -334,7 +334,8 @@ Status CrossDeviceOps::explain_failure(Status failure) const {
       auto reason =
           scope_->get(std::string(kRefusedKey) + std::to_string(r), std::chrono::milliseconds(0));
       if (!reason.ok()) continue;
-      return Status(code, "rank " + std::to_string(r) + " refused its part: " + *reason +
+      // The peer gave up on purpose: the collective was aborted, whatever broke here after it.
+      return Status(StatusCode::kAborted, "rank " + std::to_string(r) + " refused its part: " + *reason +
                               ". what rank " + std::to_string(rank()) +
                               " saw: " + failure.message());
     }

@@ -201,7 +201,14 @@ Status GlooOps::guarded(const CallInfo& call, Body&& body) {
       s = internal_error(where() + ": unknown exception from Gloo");
     }
   }
-  if (!s.ok() && gloo_) abandon(s);
+  if (!s.ok() && gloo_) {
+    // A mismatch every rank sees alike, but the first to see it closes the connections, which the
+    // others may notice before their own check: its reason goes to the store first.
+    if (s.code() == StatusCode::kAborted && s.message().starts_with("collective mismatch")) {
+      publish_refusal(s);
+    }
+    abandon(s);
+  }
   return s;
 }
 
@@ -305,8 +312,10 @@ Status GlooOps::mismatch_through_store(const CallInfo& call, int root) {
            .ok()) {
     return Status();
   }
-  // Every rank timed out at about the same moment; 2 s is ample for the others to publish theirs.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  // Ranks in step time out at about the same moment. The wait for the others' fingerprints is
+  // short (a quarter of the timeout, at most 1 s), so that the call still ends close to it.
+  const auto wait = std::min<std::chrono::nanoseconds>(call.timeout / 4, std::chrono::seconds(1));
+  const auto until = std::chrono::steady_clock::now() + wait;
   for (int r = 0; r < world_size(); ++r) {
     if (r == rank()) continue;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

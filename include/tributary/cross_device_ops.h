@@ -184,6 +184,10 @@ class CrossDeviceOps {
   const BackendContext& context() const { return context_; }
   // The instance's scope of the job's store (internal::attach_progress_store), null when none.
   const std::shared_ptr<Store>& instance_store() const { return scope_; }
+  // Publishes why this rank refuses its part (under the instance's store scope), before the
+  // backend's abandon() breaks the connections, so that the peers' errors can say why. Backends
+  // call it too for failures they detect alike on every rank (a mismatch).
+  void publish_refusal(const Status& why) const;
   // Called when this rank refuses a call that its peers will issue (a multi-process backend should
   // tell them, e.g. by aborting its transport with `why`). Default: nothing.
   virtual void abandon(const Status& why) { (void)why; }
@@ -208,9 +212,6 @@ class CrossDeviceOps {
   // Root cause for a failed collective of a multi-process job: a reason a peer published when it
   // refused its part, else a rank the store saw lost (internal::name_lost_ranks); else `failure`.
   Status explain_failure(Status failure) const;
-  // Publishes why this rank refuses its part (under the instance's store scope), before the
-  // backend's abandon() breaks the connections, so that the peers' errors can say why.
-  void publish_refusal(const Status& why) const;
   Status check_supported(Collective c, ReduceOp op, DType dtype) const;
   Status check_device(const Tensor& t, std::string_view name, int index = -1, int pair = -1) const;
 
