@@ -1,6 +1,8 @@
 #include "tributary/dtype.h"
 
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "core/strings.h"
@@ -93,6 +95,20 @@ double dtype_load(DType t, const void* p, int64_t i) {
   return 0;
 }
 
+namespace {
+// A double as an integer type: the value truncated toward zero, modulo 2^bits when out of range (as
+// integer reductions wrap), 0 for NaN and infinities. A plain cast of an out-of-range double is
+// undefined behaviour.
+template <typename T>
+T wrapped(double v) {
+  if (!std::isfinite(v)) return 0;
+  constexpr double kTwo64 = 18446744073709551616.0;
+  const double m = std::fmod(std::trunc(v), kTwo64);  // an integer, |m| < 2^64
+  const uint64_t u = m >= 0 ? static_cast<uint64_t>(m) : uint64_t{0} - static_cast<uint64_t>(-m);
+  return static_cast<T>(u);  // modular since C++20
+}
+}  // namespace
+
 void dtype_store(DType t, void* p, int64_t i, double v) {
   switch (t) {
     case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
@@ -102,10 +118,10 @@ void dtype_store(DType t, void* p, int64_t i, double v) {
     case DType::kBFloat16:
       static_cast<uint16_t*>(p)[i] = float_to_bfloat16(static_cast<float>(v));
       break;
-    case DType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DType::kInt32: static_cast<int32_t*>(p)[i] = wrapped<int32_t>(v); break;
+    case DType::kInt64: static_cast<int64_t*>(p)[i] = wrapped<int64_t>(v); break;
+    case DType::kInt8: static_cast<int8_t*>(p)[i] = wrapped<int8_t>(v); break;
+    case DType::kUInt8: static_cast<uint8_t*>(p)[i] = wrapped<uint8_t>(v); break;
   }
 }
 

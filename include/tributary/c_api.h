@@ -38,10 +38,22 @@ typedef enum {
   TRIB_INT32 = 4,
   TRIB_INT64 = 5,
   TRIB_INT8 = 6,
-  TRIB_UINT8 = 7
+  TRIB_UINT8 = 7,
+  /* Not values: they make the enum span every int32, so that whatever a caller passes is checked
+   * (TRIB_INVALID_ARGUMENT) rather than undefined behaviour in the C++ implementation. */
+  TRIB_DTYPE_MIN_ENUM_ = -0x7fffffff - 1,
+  TRIB_DTYPE_MAX_ENUM_ = 0x7fffffff
 } trib_dtype;
 
-typedef enum { TRIB_SUM = 0, TRIB_MEAN = 1, TRIB_MIN = 2, TRIB_MAX = 3, TRIB_PROD = 4 } trib_reduce_op;
+typedef enum {
+  TRIB_SUM = 0,
+  TRIB_MEAN = 1,
+  TRIB_MIN = 2,
+  TRIB_MAX = 3,
+  TRIB_PROD = 4,
+  TRIB_REDUCE_OP_MIN_ENUM_ = -0x7fffffff - 1, /* not values: see trib_dtype */
+  TRIB_REDUCE_OP_MAX_ENUM_ = 0x7fffffff
+} trib_reduce_op;
 
 typedef struct trib_backend trib_backend;
 

@@ -39,8 +39,9 @@ StatusOr<DType> parse_dtype(std::string_view text);
 
 // Element access for filling and checking tensors of any dtype (not for hot loops): reads
 // element `index` of `data` as a double; stores `value` rounded to the dtype (round to nearest even
-// for floating types; integers are converted as C++ converts, so keep them in range); and rounds a
-// value to what the dtype can hold.
+// for floating types; integers are truncated toward zero and wrap modulo 2^bits when out of range,
+// as integer reductions do, NaN and infinities giving 0); and rounds a value to what the dtype can
+// hold.
 double dtype_load(DType dtype, const void* data, int64_t index);
 void dtype_store(DType dtype, void* data, int64_t index, double value);
 double dtype_round(DType dtype, double value);

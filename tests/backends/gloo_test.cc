@@ -230,7 +230,10 @@ using WorldParam = std::tuple<int, int, std::string>;
 class GlooWorld : public ::testing::TestWithParam<WorldParam> {};
 
 TEST_P(GlooWorld, AllReduceEveryAlgorithm) {
-  const auto [world, local, mode] = GetParam();
+  // Named copies: lambdas below capture them (clang 14 cannot capture structured bindings).
+  const int world = std::get<0>(GetParam());
+  const int local = std::get<1>(GetParam());
+  const std::string mode = std::get<2>(GetParam());
   expect_all_zero(run_world(
       world, local,
       [mode](Rank& me) {
@@ -260,7 +263,10 @@ TEST_P(GlooWorld, AllReduceEveryAlgorithm) {
 }
 
 TEST_P(GlooWorld, BroadcastAllGatherReduceScatter) {
-  const auto [world, local, mode] = GetParam();
+  // Named copies: lambdas below capture them (clang 14 cannot capture structured bindings).
+  const int world = std::get<0>(GetParam());
+  const int local = std::get<1>(GetParam());
+  const std::string mode = std::get<2>(GetParam());
   expect_all_zero(run_world(
       world, local,
       [mode](Rank& me) {

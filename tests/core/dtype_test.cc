@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace tributary {
 namespace {
 
@@ -41,6 +43,22 @@ TEST(ReduceOp, ParseCaseInsensitive) {
   EXPECT_EQ(*parse_reduce_op("prod"), ReduceOp::kProd);
   EXPECT_FALSE(parse_reduce_op("xor").ok());
   for (ReduceOp op : all_reduce_ops()) EXPECT_EQ(*parse_reduce_op(reduce_op_name(op)), op);
+}
+
+// Out-of-range values wrap modulo 2^bits (as integer reductions do) instead of being undefined
+// behaviour; NaN and infinities give 0; fractions truncate toward zero.
+TEST(DType, IntegerStoresWrapAndTruncate) {
+  EXPECT_EQ(dtype_round(DType::kInt8, 162), -94);
+  EXPECT_EQ(dtype_round(DType::kInt8, -129), 127);
+  EXPECT_EQ(dtype_round(DType::kUInt8, -1), 255);
+  EXPECT_EQ(dtype_round(DType::kUInt8, 256.75), 0);
+  EXPECT_EQ(dtype_round(DType::kInt32, 2147483648.0), -2147483648.0);
+  EXPECT_EQ(dtype_round(DType::kInt32, -2.9), -2);
+  EXPECT_EQ(dtype_round(DType::kInt64, 9223372036854775808.0), -9223372036854775808.0);
+  EXPECT_EQ(dtype_round(DType::kInt64, 1e30),
+            dtype_round(DType::kInt64, std::fmod(1e30, 18446744073709551616.0)));
+  EXPECT_EQ(dtype_round(DType::kInt32, std::nan("")), 0);
+  EXPECT_EQ(dtype_round(DType::kUInt8, -INFINITY), 0);
 }
 
 }  // namespace
