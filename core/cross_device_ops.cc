@@ -329,11 +329,17 @@ Status CrossDeviceOps::explain_failure(Status failure) const {
   // A peer that refused its part said why in the store before it broke the connections. Backends
   // that pass the reason on their own connections (ring, ucx) have it in the message already.
   if (scope_ && failure.message().find(" refused its part: ") == std::string::npos) {
-    for (int r = 0; r < world_size(); ++r) {
+    // One quick look per peer, within 1 s in all (a store that stopped answering costs no more).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (int r = 0; r < world_size() && std::chrono::steady_clock::now() < until; ++r) {
       if (r == rank()) continue;
       auto reason =
           scope_->get(std::string(kRefusedKey) + std::to_string(r), std::chrono::milliseconds(0));
-      if (!reason.ok()) continue;
+      if (!reason.ok()) {
+        // Not there (deadline_exceeded at once), or the store is gone: ask no further then.
+        if (reason.status().code() == StatusCode::kDeadlineExceeded) continue;
+        break;
+      }
       // The peer gave up on purpose: the collective was aborted, whatever broke here after it.
       return Status(StatusCode::kAborted, "rank " + std::to_string(r) + " refused its part: " + *reason +
                               ". what rank " + std::to_string(rank()) +
