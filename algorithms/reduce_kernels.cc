@@ -24,7 +24,18 @@ namespace {
 // One dispatcher per dtype is compiled twice on x86-64: for x86-64-v3 (AVX2, FMA, F16C) and for
 // the baseline; the loader picks one (ifunc) on first call. Everything below the dispatchers is
 // always_inline, so it is compiled once per clone, and the per-call cost is one indirect call.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the loader runs ifunc resolvers before TSan's runtime is up, and an
+// instrumented resolver then crashes the process at start.
+#if defined(__SANITIZE_THREAD__)
+#define TRIBUTARY_NO_KERNEL_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TRIBUTARY_NO_KERNEL_CLONES 1
+#endif
+#endif
+#if defined(TRIBUTARY_NO_KERNEL_CLONES)
+#define TRIBUTARY_KERNEL_CLONES
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TRIBUTARY_KERNEL_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #elif defined(__x86_64__) && defined(__clang__) && __clang_major__ >= 14
 #define TRIBUTARY_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))

@@ -31,6 +31,7 @@ case $kind in
     cmake -S . -B "$build" "${common[@]}" -DTRIBUTARY_SANITIZE=thread \
       -DTRIBUTARY_BUILD_BENCH=ON >/dev/null
     cmake --build "$build" -j "$jobs" --target core_test algorithms_test store_test
+    export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
     [ $# -gt 0 ] || set -- -R '^(core_test|algorithms_test|store_test)$'
     ;;
