@@ -277,10 +277,13 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Bindi
       std::copy(rows, rows + n, all.begin());
     }
   } catch (const gloo::IoException& e) {
+    // The exchange failed: timed out (the ranks may have issued kinds of collective whose
+    // exchanges never meet), or a connection closed (a peer whose exchange timed out first, for
+    // that reason, closed them). Either way the fingerprints are compared through the store.
     const std::string what = e.what();
-    if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos) {
-      TRIBUTARY_RETURN_IF_ERROR(mismatch_through_store(call, root));
-    }
+    const bool timed_out =
+        what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+    TRIBUTARY_RETURN_IF_ERROR(mismatch_through_store(call, root, timed_out));
     throw;
   }
   const Fingerprint& mine = all[static_cast<size_t>(rank())];
@@ -301,7 +304,7 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Bindi
   return Status();
 }
 
-Status GlooOps::mismatch_through_store(const CallInfo& call, int root) {
+Status GlooOps::mismatch_through_store(const CallInfo& call, int root, bool timed_out) {
   const std::shared_ptr<Store>& store = instance_store();
   if (!store) return Status();
   const Fingerprint mine = fingerprint_of(call, root, num_local_replicas(), -1);
@@ -312,24 +315,44 @@ Status GlooOps::mismatch_through_store(const CallInfo& call, int root) {
            .ok()) {
     return Status();
   }
-  // Ranks in step time out at about the same moment. The wait for the others' fingerprints is
-  // short (a quarter of the timeout, at most 1 s), so that the call still ends close to it.
+  // The waits for the others' fingerprints are short (each a quarter of the timeout, at most
+  // 1 s), so that the call still ends close to its timeout.
   const auto wait = std::min<std::chrono::nanoseconds>(call.timeout / 4, std::chrono::seconds(1));
-  const auto until = std::chrono::steady_clock::now() + wait;
+  std::vector<int> missing;
   for (int r = 0; r < world_size(); ++r) {
-    if (r == rank()) continue;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    auto theirs =
-        store->get(prefix + std::to_string(r), std::max(left, std::chrono::milliseconds(0)));
-    if (!theirs.ok() || theirs->size() != sizeof(Fingerprint)) continue;
-    Fingerprint f;
-    std::memcpy(&f, theirs->data(), sizeof f);
-    if (same_call(f, mine)) continue;
-    return aborted("collective mismatch: rank " + std::to_string(r) + " issued " + describe(f) +
-                   " but rank " + std::to_string(rank()) + " issued " + describe(mine) +
-                   "; every rank must issue the same collectives in the same order (found "
-                   "through the store when the exchange before the collective timed out)");
+    if (r != rank()) missing.push_back(r);
+  }
+  for (int round = 0; round < 2 && !missing.empty(); ++round) {
+    if (round == 1) {
+      // A peer still inside its own exchange (it started later, so its timeout has not come) can
+      // only publish once something fails it: closing the connections does, and this instance is
+      // unusable after a timed-out exchange anyway.
+      if (!timed_out) break;
+      try {
+        gloo_->closeConnections();
+      } catch (...) {
+      }
+    }
+    const auto until = std::chrono::steady_clock::now() + wait;
+    std::vector<int> still;
+    for (int r : missing) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      auto theirs =
+          store->get(prefix + std::to_string(r), std::max(left, std::chrono::milliseconds(0)));
+      if (!theirs.ok() || theirs->size() != sizeof(Fingerprint)) {
+        still.push_back(r);
+        continue;
+      }
+      Fingerprint f;
+      std::memcpy(&f, theirs->data(), sizeof f);
+      if (same_call(f, mine)) continue;
+      return aborted("collective mismatch: rank " + std::to_string(r) + " issued " + describe(f) +
+                     " but rank " + std::to_string(rank()) + " issued " + describe(mine) +
+                     "; every rank must issue the same collectives in the same order (found "
+                     "through the store when the exchange before the collective failed)");
+    }
+    missing = std::move(still);
   }
   return Status();
 }

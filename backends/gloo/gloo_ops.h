@@ -111,10 +111,12 @@ class GlooOps final : public CrossDeviceOps {
   // `unbound`: through gloo::allgather rather than a classic instance, as the data will go.
   // `binding`, when possible, rides along and comes back agreed.
   Status verify_order(const CallInfo& call, int root, bool unbound, Binding* binding = nullptr);
-  // When the fingerprint exchange timed out: the ranks may have issued different kinds of
-  // collective, whose exchanges never meet. Compares fingerprints through the store instead (each
-  // rank publishes its own, then waits briefly for the others'); the mismatch, or OK when none.
-  Status mismatch_through_store(const CallInfo& call, int root);
+  // When the fingerprint exchange failed (`timed_out`, or a connection closed): the ranks may have
+  // issued different kinds of collective, whose exchanges never meet. Compares fingerprints through
+  // the store instead: each rank publishes its own and waits briefly for the others' (after a
+  // timeout, closing the connections first to fail a peer still waiting in its exchange); the
+  // mismatch, or OK when none was found.
+  Status mismatch_through_store(const CallInfo& call, int root, bool timed_out);
   // verify_order, then the binding's agreement when verify did not carry it.
   Status prepare(const CallInfo& call, bool unbound, Binding* binding);
   // Whether an all-reduce of `call` goes through gloo::allreduce (an unbound algorithm).
