@@ -4,29 +4,30 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/device_local_collectives.h"
 #include "algorithms/parallel.h"
 #include "algorithms/reduce_kernels.h"
 
 namespace tributary::algorithms {
 namespace {
 
-Status require_host(std::span<const Tensor> ts) {
+bool all_host(std::span<const Tensor> ts) {
   for (const Tensor& t : ts) {
-    if (!t.device().is_cpu()) {
-      return unimplemented("in-process collectives on " + t.device().to_string() +
-                           " memory are not implemented yet; use CPU devices");
-    }
+    if (!t.device().is_cpu()) return false;
   }
-  return Status();
+  return true;
 }
 
 }  // namespace
 
 Status local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<const Tensor> dsts,
-                    int64_t mean_divisor) {
-  TRIBUTARY_RETURN_IF_ERROR(require_host(srcs));
-  TRIBUTARY_RETURN_IF_ERROR(require_host(dsts));
+                    int64_t mean_divisor, const std::optional<Device>& on) {
   if (srcs.empty()) return invalid_argument("local_reduce needs at least one source");
+  if (!all_host(srcs) || !all_host(dsts) || (on && !on->is_cpu())) {
+    // TF's ReductionToOneDevice: on `on`, else on the first destination's device.
+    const Device target = on ? *on : dsts.empty() ? srcs[0].device() : dsts[0].device();
+    return device_local_reduce(op, srcs, dsts, mean_divisor, target);
+  }
   const int64_t count = srcs[0].num_elements();
   if (count == 0 || dsts.empty()) return Status();
   // One source: a copy (or nothing, in place), unless MEAN has a division to do.
@@ -58,8 +59,7 @@ Status local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<const T
 }
 
 Status local_copy(const Tensor& src, std::span<const Tensor> dsts) {
-  TRIBUTARY_RETURN_IF_ERROR(require_host(std::span<const Tensor>(&src, 1)));
-  TRIBUTARY_RETURN_IF_ERROR(require_host(dsts));
+  if (!src.device().is_cpu() || !all_host(dsts)) return device_local_copy(src, dsts);
   const size_t bytes = src.nbytes();
   for (const Tensor& d : dsts) {
     if (bytes != 0 && d.data() != src.data()) parallel_copy(d.data(), src.data(), bytes);
@@ -68,8 +68,7 @@ Status local_copy(const Tensor& src, std::span<const Tensor> dsts) {
 }
 
 Status local_all_gather(std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
-  TRIBUTARY_RETURN_IF_ERROR(require_host(inputs));
-  TRIBUTARY_RETURN_IF_ERROR(require_host(outputs));
+  if (!all_host(inputs) || !all_host(outputs)) return device_local_all_gather(inputs, outputs);
   for (const Tensor& out : outputs) {
     for (size_t j = 0; j < inputs.size(); ++j) {
       const int64_t count = inputs[j].num_elements();
@@ -84,8 +83,6 @@ Status local_all_gather(std::span<const Tensor> inputs, std::span<const Tensor> 
 
 Status local_reduce_scatter(ReduceOp op, std::span<const Tensor> inputs,
                             std::span<const Tensor> outputs, int64_t mean_divisor) {
-  TRIBUTARY_RETURN_IF_ERROR(require_host(inputs));
-  TRIBUTARY_RETURN_IF_ERROR(require_host(outputs));
   std::vector<Tensor> slices(inputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     const int64_t count = outputs[i].num_elements();

@@ -53,6 +53,8 @@ What to measure:
                           repeat for several; 'none' for none. Default when no --backend is
                           named: yardstick (one process), gloo (several)
   -r, --replicas N        local replicas per process (CPU devices), default 2
+  -g, --gpus N            N GPUs per process as the replicas (GPU:0..N-1), as nccl-tests' -g; the
+                          buffers live on the GPUs and the default reference is nccl (direct)
   --np N                  processes (multi-process runs need the multi-worker backends)
   -d, --datatype T        float32 (default), float64, float16, bfloat16, int32, int64, int8, uint8
   -o, --op OP             sum (default), mean, min, max, prod
@@ -115,14 +117,19 @@ StatusOr<BenchOptions> parse_bench_options(int argc, char** argv, bool* help) {
       }
       auto spec = BackendSpec::parse(v);
       if (!spec.ok()) return spec.status();
-      if (spec->name != "yardstick" && spec->name != "gloo") {
-        return flag_error(a, v, "unknown reference '" + spec->name + "' (yardstick, gloo, none)");
+      if (spec->name != "yardstick" && spec->name != "gloo" && spec->name != "nccl") {
+        return flag_error(a, v,
+                          "unknown reference '" + spec->name + "' (yardstick, gloo, nccl, none)");
       }
       std::erase(o.references, "none");
       o.references.emplace_back(v);
     } else if (a == "-r" || a == "--replicas") {
       TB_VALUE(v);
       TRIBUTARY_ASSIGN_OR_RETURN(o.replicas, parse_positive_int(a, v, 1));
+    } else if (a == "-g" || a == "--gpus") {
+      TB_VALUE(v);
+      TRIBUTARY_ASSIGN_OR_RETURN(o.gpus, parse_positive_int(a, v, 1));
+      o.replicas = o.gpus;
     } else if (a == "--np") {
       TB_VALUE(v);
       TRIBUTARY_ASSIGN_OR_RETURN(o.np, parse_positive_int(a, v, 1));

@@ -23,6 +23,7 @@ struct BenchOptions {
   std::vector<std::string> references;  // reference lines (lines.h); empty: the default set
                                         // when no backend is named either
   int replicas = 2;
+  int gpus = 0;  // -g N: N GPU replicas per process (GPU:0..N-1) instead of CPU ones
   int np = 1;
   bool check = true;
   bool quiet = false;

@@ -24,10 +24,29 @@ class BackendLine final : public Line {
     // The backend's own timeout (its spec's timeout=, else TRIBUTARY_TIMEOUT).
     return ops_->all_reduce(op, inputs, outputs).wait();
   }
+  Status enqueue(ReduceOp op, const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs,
+                 std::chrono::milliseconds timeout) override {
+    if (!ops_->devices()[0].is_cuda()) return all_reduce(op, inputs, outputs, timeout);
+    // On GPUs the Work completes on the device: keep issuing, wait once (drain).
+    Work w = ops_->all_reduce(op, inputs, outputs);
+    if (w.test()) return w.error();
+    in_flight_.push_back(std::move(w));
+    return Status();
+  }
+  Status drain(std::chrono::milliseconds) override {
+    Status first;
+    for (const Work& w : in_flight_) {
+      Status s = w.wait();
+      if (first.ok()) first = s;
+    }
+    in_flight_.clear();
+    return first;
+  }
   CrossDeviceOps* backend() override { return ops_.get(); }
 
  private:
   std::unique_ptr<CrossDeviceOps> ops_;
+  std::vector<Work> in_flight_;
 };
 
 // The in-process yardstick: a plain two-pass reduction (sum into the first output, block by block,
@@ -172,10 +191,12 @@ StatusOr<std::unique_ptr<Line>> reference_line(const BackendSpec& spec,
                                                ReduceOp op) {
   if (spec.name == "yardstick") return yardstick(spec, context, dtype, op);
   if (spec.name == "gloo") return internal::gloo_reference(spec, context, dtype, op);
-  return invalid_argument("unknown reference '" + spec.name + "' (yardstick, gloo)");
+  if (spec.name == "nccl") return internal::nccl_reference(spec, context, dtype, op);
+  return invalid_argument("unknown reference '" + spec.name + "' (yardstick, gloo, nccl)");
 }
 
-std::vector<std::string> default_references(int world_size) {
+std::vector<std::string> default_references(int world_size, bool gpus) {
+  if (gpus) return nccl_reference_built() ? std::vector<std::string>{"nccl"} : std::vector<std::string>{};
   if (world_size == 1) return {"yardstick"};
   if (gloo_reference_built()) return {"gloo"};
   return {};

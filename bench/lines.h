@@ -16,6 +16,11 @@
 //                      ring_chunked from there), mode=async|sync (Gloo's pairs; default async, as
 //                      the gloo backend's).
 //
+//   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device buffers, with
+//                      its own communicators (ncclCommInitAll in one process; the unique id through
+//                      the store across processes) and streams, timed as nccl-tests times: every
+//                      iteration enqueued, then one synchronisation.
+//
 // References are asked for with --reference SPEC; the default set has the yardstick (one process)
 // or the direct Gloo line (several processes, when Gloo is built in), so that what a backend costs
 // above the library it wraps, or above the machine, shows in the same run.
@@ -40,6 +45,17 @@ class Line {
   virtual Status all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
                             const PerReplica<Tensor>& outputs,
                             std::chrono::milliseconds timeout) = 0;
+  // For GPU lines, as nccl-tests times them: enqueue() issues one all-reduce without waiting for
+  // the device, drain() waits for everything enqueued (or fails within `timeout`). The defaults
+  // run all_reduce() to completion and have nothing to drain (host lines).
+  virtual Status enqueue(ReduceOp op, const PerReplica<Tensor>& inputs,
+                         const PerReplica<Tensor>& outputs, std::chrono::milliseconds timeout) {
+    return all_reduce(op, inputs, outputs, timeout);
+  }
+  virtual Status drain(std::chrono::milliseconds timeout) {
+    (void)timeout;
+    return Status();
+  }
   // The backend behind a backend line, else null.
   virtual CrossDeviceOps* backend() { return nullptr; }
 };
@@ -52,15 +68,22 @@ StatusOr<std::unique_ptr<Line>> reference_line(const BackendSpec& spec,
                                                const BackendContext& context, DType dtype,
                                                ReduceOp op);
 
+// Whether the direct NCCL line was built in (tributary was built with NCCL).
+bool nccl_reference_built();
+
 // Whether the direct Gloo line was built in (the bench found Gloo's headers and library).
 bool gloo_reference_built();
 
-// Which references the bench runs when none is named: for one process or several.
-std::vector<std::string> default_references(int world_size);
+// Which references the bench runs when none is named: for one process or several, on CPUs or GPUs.
+std::vector<std::string> default_references(int world_size, bool gpus = false);
 
 namespace internal {
 // Built only with Gloo; returns an error naming the missing piece otherwise.
 StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
+                                               const BackendContext& context, DType dtype,
+                                               ReduceOp op);
+// Built only with NCCL; returns an error naming the missing piece otherwise.
+StatusOr<std::unique_ptr<Line>> nccl_reference(const BackendSpec& spec,
                                                const BackendContext& context, DType dtype,
                                                ReduceOp op);
 }  // namespace internal

@@ -63,7 +63,18 @@ double expected_value(ReduceOp op, DType dtype, int n, int64_t i) {
 
 struct Replica {
   Buffer in, out;
+  Buffer host;  // GPU runs: the host side of fills and checks
 };
+
+// Copies between a host tensor and a device one (synchronous), whole or the first `bytes`.
+Status copy_tensor(const Tensor& dst, const Tensor& src, size_t bytes) {
+  const Device& gpu = dst.device().is_cuda() ? dst.device() : src.device();
+  TRIBUTARY_ASSIGN_OR_RETURN(Allocator * a, allocator_for(gpu));
+  return a->copy(dst.data(), dst.device(), src.data(), src.device(), bytes);
+}
+Status upload(const Tensor& host, const Tensor& device) {
+  return copy_tensor(device, host, device.nbytes());
+}
 
 }  // namespace
 
@@ -74,7 +85,9 @@ class Runner::Impl {
 
   Status setup(Report* report) {
     std::vector<Device> devices;
-    for (int r = 0; r < o_.replicas; ++r) devices.push_back(Device::cpu(r));
+    for (int r = 0; r < o_.replicas; ++r) {
+      devices.push_back(o_.gpus > 0 ? Device::cuda(r) : Device::cpu(r));
+    }
     TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
     // One process, or one rank of several (under tributary-run, TF_CONFIG, torchrun, Slurm...).
     // The longest timeout= among the specs bounds the rendezvous too.
@@ -87,13 +100,23 @@ class Runner::Impl {
     if (specs.empty()) {
       // The default: every backend that serves this layout (in-process ones for one process);
       // across processes ring also over TCP, so that the same-host path's gain shows beside it.
+      // On GPUs: every backend that serves GPUs (nccl serves one process too).
       for (const BackendInfo& b : registry.backends()) {
+        if (o_.gpus > 0) {
+          if (b.capabilities.supports(DeviceType::kCuda) &&
+              (b.capabilities.multi_process || ctx_.world_size == 1)) {
+            specs.push_back(b.name);
+          }
+          continue;
+        }
         if (b.capabilities.multi_process == (ctx_.world_size > 1)) specs.push_back(b.name);
         if (b.name == "ring" && ctx_.world_size > 1) specs.push_back("ring:intra_host=net");
       }
     }
     std::vector<std::string> references = o_.references;
-    if (references.empty() && o_.backends.empty()) references = default_references(ctx_.world_size);
+    if (references.empty() && o_.backends.empty()) {
+      references = default_references(ctx_.world_size, o_.gpus > 0);
+    }
     if (references == std::vector<std::string>{"none"}) references.clear();
     int usable = 0;
     std::string last_error;
@@ -160,8 +183,16 @@ class Runner::Impl {
                                  Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
       TRIBUTARY_ASSIGN_OR_RETURN(rep.out,
                                  Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
-      std::memset(rep.in.data(), 0, rep.in.nbytes());  // touch every page before timing
-      std::memset(rep.out.data(), 0, rep.out.nbytes());
+      if (o_.gpus > 0) {
+        // Device buffers are written and read through a host copy (fill, check).
+        TRIBUTARY_ASSIGN_OR_RETURN(rep.host, Buffer::allocate(o_.dtype, Shape{max_count}));
+        std::memset(rep.host.data(), 0, rep.host.nbytes());
+        TRIBUTARY_RETURN_IF_ERROR(upload(rep.host.tensor(), rep.in.tensor()));
+        TRIBUTARY_RETURN_IF_ERROR(upload(rep.host.tensor(), rep.out.tensor()));
+      } else {
+        std::memset(rep.in.data(), 0, rep.in.nbytes());  // touch every page before timing
+        std::memset(rep.out.data(), 0, rep.out.nbytes());
+      }
       replicas_.push_back(std::move(rep));
     }
     return Status();
@@ -197,10 +228,15 @@ class Runner::Impl {
 
   Status fill(int64_t count) {
     for (int r = 0; r < o_.replicas; ++r) {
-      void* p = replicas_[static_cast<size_t>(r)].in.data();
+      const Replica& rep = replicas_[static_cast<size_t>(r)];
+      void* p = o_.gpus > 0 ? rep.host.data() : rep.in.data();
       const int global = ctx_.rank * o_.replicas + r;
       for (int64_t i = 0; i < count; ++i)
         dtype_store(o_.dtype, p, i, check_value(o_.op, global, i));
+      if (o_.gpus > 0) {
+        TRIBUTARY_RETURN_IF_ERROR(copy_tensor(rep.in.tensor(), rep.host.tensor(),
+                                              static_cast<size_t>(count) * dtype_size(o_.dtype)));
+      }
     }
     return Status();
   }
@@ -210,9 +246,10 @@ class Runner::Impl {
     const auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
     auto start = Clock::now();
     for (int i = 0; i < iters; ++i) {
-      Status s = line.all_reduce(o_.op, in, out, wait_for);
+      Status s = line.enqueue(o_.op, in, out, wait_for);
       if (!s.ok()) return s.with_context(line.spec());
     }
+    if (Status s = line.drain(wait_for); !s.ok()) return s.with_context(line.spec());
     *seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return Status();
   }
@@ -265,17 +302,29 @@ class Runner::Impl {
       row->busbw[k] = row->algbw[k] * bus_factor(n);
       if (o_.check) {
         TRIBUTARY_RETURN_IF_ERROR(fill(count));
-        for (const Tensor& t2 : out.values()) {
-          if (!in_place) std::memset(t2.data(), 0x5a, t2.nbytes());
+        for (size_t r = 0; r < out.size() && !in_place; ++r) {
+          const Tensor& t2 = out[r];
+          if (o_.gpus == 0) {
+            std::memset(t2.data(), 0x5a, t2.nbytes());
+          } else {
+            const Tensor& host = replicas_[r].host.tensor();
+            std::memset(host.data(), 0x5a, t2.nbytes());
+            TRIBUTARY_RETURN_IF_ERROR(copy_tensor(t2, host, t2.nbytes()));
+          }
         }
         Status s = line.all_reduce(o_.op, in, out, std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
         if (!s.ok()) return s.with_context(line.spec());
         int64_t wrong = 0;
-        for (int64_t i = 0; i < count; ++i) {
-          const double want = expected_value(o_.op, o_.dtype, n, i);
-          for (const Tensor& t2 : out.values()) {
-            double got = dtype_load(o_.dtype, t2.data(), i);
-            wrong += got != want;
+        for (size_t r = 0; r < out.size(); ++r) {
+          const Tensor& t2 = out[r];
+          const void* data = t2.data();
+          if (o_.gpus > 0) {
+            const Tensor& host = replicas_[r].host.tensor();
+            TRIBUTARY_RETURN_IF_ERROR(copy_tensor(host, t2, t2.nbytes()));
+            data = host.data();
+          }
+          for (int64_t i = 0; i < count; ++i) {
+            wrong += dtype_load(o_.dtype, data, i) != expected_value(o_.op, o_.dtype, n, i);
           }
         }
         TRIBUTARY_ASSIGN_OR_RETURN(double total,

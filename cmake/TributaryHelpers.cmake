@@ -27,18 +27,23 @@ endmacro()
 # tributary_warnings(TARGET): the project's warning flags.
 function(tributary_warnings target)
   # Designated initializers that leave members to their defaults are intended.
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wno-missing-field-initializers)
+  target_compile_options(${target} PRIVATE
+    "$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra;-Wpedantic;-Wno-missing-field-initializers>")
+  # nvcc: the host compiler's warnings on the host side of .cu files, nvcc's own on the device side.
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers>)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     # GCC 12 reports false -Wrestrict positives inside std::string at -O3 (GCC bug 105329).
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>)
   endif()
   if(TRIBUTARY_WERROR)
-    target_compile_options(${target} PRIVATE -Werror)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:C,CXX>:-Werror>
+                                             $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
   endif()
   if(TRIBUTARY_SANITIZE)
     # Every report fails the run: UBSan would otherwise print and carry on.
-    target_compile_options(${target} PRIVATE -fsanitize=${TRIBUTARY_SANITIZE} -fno-omit-frame-pointer
-      -fno-sanitize-recover=all)
+    target_compile_options(${target} PRIVATE
+      "$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${TRIBUTARY_SANITIZE};-fno-omit-frame-pointer;-fno-sanitize-recover=all>")
     target_link_options(${target} PRIVATE -fsanitize=${TRIBUTARY_SANITIZE})
   endif()
 endfunction()

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/flight_recorder.h"
+#include "core/gpu.h"
 #include "core/logging.h"
 #include "core/rendezvous.h"
 #include "core/strings.h"
@@ -395,6 +396,12 @@ Status CrossDeviceOps::check_device(const Tensor& t, std::string_view name, int 
     return unimplemented(Label{name, index, pair}.str() + " is on " + t.device().to_string() +
                          " but backend '" + name_ + "' does not support " +
                          std::string(device_type_name(t.device().type())) + " devices");
+  }
+  if (t.device().is_cuda()) [[unlikely]] {
+    // A GPU this process cannot see: say so before any CUDA call fails on it.
+    if (Status s = gpu::check_visible(t.device()); !s.ok()) {
+      return Status(s.code(), Label{name, index, pair}.str() + ": " + s.message());
+    }
   }
   return Status();
 }

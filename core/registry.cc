@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/gpu.h"
 #include "core/flight_recorder.h"
 #include "core/rendezvous.h"
 #include "core/logging.h"
@@ -98,6 +99,11 @@ Status can_serve(const BackendInfo& info, const BackendContext& context) {
       return unimplemented("it does not support " + std::string(device_type_name(d.type())) +
                            " devices (" + d.to_string() + ")");
     }
+  }
+  for (const Device& d : context.devices) {
+    // A GPU that this process cannot see: say so (and CUDA_VISIBLE_DEVICES) now, not at the first
+    // collective.
+    TRIBUTARY_RETURN_IF_ERROR(gpu::check_visible(d));
   }
   if (context.world_size > 1 && !info.capabilities.multi_process) {
     return unimplemented("it works within one process only, and the world size is " +

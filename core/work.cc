@@ -14,6 +14,7 @@ struct Work::State {
   Clock::time_point start = Clock::now();
   Clock::time_point end{};
   std::vector<std::function<void(const Status&)>> callbacks;
+  std::function<Status(void*)> stream_waiter;
 };
 
 Work::Work() : state_(std::make_shared<State>()) {}
@@ -73,9 +74,26 @@ void Work::complete(Status status) const {
     state_->status = std::move(status);
     state_->end = Clock::now();
     callbacks.swap(state_->callbacks);
+    state_->stream_waiter = nullptr;
   }
   state_->cv.notify_all();
   for (auto& fn : callbacks) fn(state_->status);
+}
+
+Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) const {
+  std::function<Status(void*)> waiter;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->done) return state_->status;
+    waiter = state_->stream_waiter;
+  }
+  if (!waiter) return wait(timeout);
+  return waiter(cuda_stream);
+}
+
+void Work::set_stream_waiter(std::function<Status(void* cuda_stream)> fn) const {
+  std::lock_guard lock(state_->mu);
+  if (!state_->done) state_->stream_waiter = std::move(fn);
 }
 
 void Work::on_complete(std::function<void(const Status&)> fn) const {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <set>
 
+#include "core/gpu.h"
+#include "core/logging.h"
 #include "fmt/format.h"
 #include "tributary/cluster.h"
 
@@ -94,8 +96,24 @@ StatusOr<std::unique_ptr<Strategy>> make_mirrored_strategy(MirroredStrategyOptio
   const BackendRegistry& registry = registry_or_builtin(options.registry);
   std::string spec = options.cross_device_ops;
   if (spec.empty()) {
-    // TF's select_cross_device_ops: NCCL only when every device is a GPU and NCCL exists.
+    // TF's select_cross_device_ops: NCCL only when every device is a GPU and NCCL exists, with
+    // TF's warnings when it falls back.
     spec = all_gpus(devices) && registry.find("nccl") ? "nccl" : "reduction_to_one_device";
+    const bool any_gpu = std::any_of(devices.begin(), devices.end(),
+                                     [](const Device& d) { return d.is_cuda(); });
+    const internal::Logger log(internal::log_level_from(Config::from_environment()),
+                               "MirroredStrategy");
+    if (any_gpu && !all_gpus(devices)) {
+      log.log(internal::LogLevel::kWarning,
+              "There are non-GPU devices in `tf.distribute.Strategy`, not using nccl allreduce.");
+    } else if (any_gpu && !registry.find("nccl")) {
+      log.log(internal::LogLevel::kWarning, "Nccl kernel is not found, not using nccl allreduce.");
+    } else if (any_gpu && gpu::virtual_per_physical() > 1) {
+      log.log(internal::LogLevel::kWarning,
+              "NCCL is not supported when using virtual GPUs, falling back to reduction to one "
+              "device");
+      spec = "reduction_to_one_device";
+    }
   }
   BackendContext context;
   context.devices = devices;
@@ -137,6 +155,14 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
     spec = "ring";
   } else if (spec == "NCCL") {
     spec = "nccl";
+  }
+  if (spec == "nccl" && !all_gpus(devices)) {
+    // TF's MultiWorkerMirroredStrategy: NCCL asked for on a worker without GPUs warns and runs the
+    // ring instead.
+    internal::Logger(internal::log_level_from(config), "MultiWorkerMirroredStrategy")
+        .log(internal::LogLevel::kWarning,
+             "Enabled NCCL communication but no GPUs detected/specified.");
+    spec = "ring";
   }
   // The communication options become backend options, where the backend has them.
   TRIBUTARY_ASSIGN_OR_RETURN(BackendSpec parsed, BackendSpec::parse(spec));

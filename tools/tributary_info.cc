@@ -69,7 +69,21 @@ int main(int argc, char** argv) {
   }
   BackendRegistry registry = builtin_backends();
   std::printf("tributary %s\n", std::string(version()).c_str());
-  std::printf("CUDA devices visible: %s\n\n", cuda_available() ? "yes" : "no");
+  const BuildInfo build = build_info();
+  if (!build.cuda) {
+    std::printf("CUDA: not built in (configure with -DTRIBUTARY_WITH_CUDA=ON)\n");
+  } else {
+    std::printf("CUDA: runtime %s, driver %s; %s\n", build.cuda_runtime.c_str(),
+                build.cuda_driver.empty() ? "none found" : build.cuda_driver.c_str(),
+                build.visible_devices.c_str());
+    if (build.virtual_gpus_per_gpu > 1) {
+      std::printf("  TRIBUTARY_VIRTUAL_GPUS=%d: each GPU appears as %d virtual ones\n",
+                  build.virtual_gpus_per_gpu, build.virtual_gpus_per_gpu);
+    }
+    for (const std::string& g : build.gpus) std::printf("  %s\n", g.c_str());
+    if (build.gpus.empty()) std::printf("  no GPU visible: %s\n", build.gpu_error.c_str());
+  }
+  std::printf("\n");
   for (const BackendInfo& b : registry.backends()) {
     std::printf("backend %s\n  %s\n  %s\n  options:\n", b.name.c_str(), b.summary.c_str(),
                 b.capabilities.to_string().c_str());

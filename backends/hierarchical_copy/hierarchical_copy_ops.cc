@@ -1,10 +1,12 @@
 #include "backends/hierarchical_copy/hierarchical_copy_ops.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 
 #include "algorithms/local_collectives.h"
 #include "algorithms/packing.h"
+#include "core/gpu.h"
 
 namespace tributary::backends {
 namespace {
@@ -19,16 +21,114 @@ std::vector<std::vector<int>> make_groups(int n, int64_t group_size) {
   return groups;
 }
 
+// The driver's view of the context's GPUs; empty when a query fails (the caller then keeps the
+// CPU default).
+std::vector<std::vector<GpuLink>> query_links(const std::vector<Device>& devices) {
+  const size_t n = devices.size();
+  std::vector<std::vector<GpuLink>> links(n, std::vector<GpuLink>(n));
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      auto l = gpu::peer_link(devices[i].index(), devices[j].index());
+      if (!l.ok()) return {};
+      links[i][j] = GpuLink{l->access, l->performance_rank};
+    }
+  }
+  return links;
+}
+
+bool all_gpus(const std::vector<Device>& devices) {
+  for (const Device& d : devices) {
+    if (!d.is_cuda()) return false;
+  }
+  return true;
+}
+
+// Copies `parts` back to back into `packed` (or the reverse): host memcpy on CPUs, device copies
+// otherwise.
+Status pack_into(std::span<const Tensor> parts, const Tensor& packed) {
+  if (packed.device().is_cpu()) {
+    bool host = true;
+    for (const Tensor& t : parts) host = host && t.device().is_cpu();
+    if (host) {
+      algorithms::pack(parts, packed.data());
+      return Status();
+    }
+  }
+  int64_t offset = 0;
+  for (const Tensor& t : parts) {
+    const Tensor slot = packed.slice(offset, t.num_elements());
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(t, std::span<const Tensor>(&slot, 1)));
+    offset += t.num_elements();
+  }
+  return Status();
+}
+
+Status unpack_from(const Tensor& packed, std::span<const Tensor> parts) {
+  if (packed.device().is_cpu()) {
+    bool host = true;
+    for (const Tensor& t : parts) host = host && t.device().is_cpu();
+    if (host) {
+      algorithms::unpack(packed.data(), parts);
+      return Status();
+    }
+  }
+  int64_t offset = 0;
+  for (const Tensor& t : parts) {
+    TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(packed.slice(offset, t.num_elements()),
+                                                     std::span<const Tensor>(&t, 1)));
+    offset += t.num_elements();
+  }
+  return Status();
+}
+
 // The stage-1 and stage-2 op: partial results combine with the op itself, MEAN as a sum.
 ReduceOp partial_op(ReduceOp op) { return op == ReduceOp::kMean ? ReduceOp::kSum : op; }
 
 }  // namespace
 
+std::vector<std::vector<int>> groups_from_topology(const std::vector<std::vector<GpuLink>>& links) {
+  const size_t n = links.size();
+  int best = -1;  // the fastest rank among peer-accessible pairs
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j || !links[i][j].peer_access) continue;
+      const int r = links[i][j].performance_rank;
+      if (best < 0 || (r >= 0 && r < best)) best = r < 0 ? 0 : r;
+    }
+  }
+  auto fast = [&](size_t i, size_t j) {
+    return links[i][j].peer_access && links[j][i].peer_access &&
+           std::max(links[i][j].performance_rank, 0) <= best &&
+           std::max(links[j][i].performance_rank, 0) <= best;
+  };
+  std::vector<std::vector<int>> groups;
+  for (size_t i = 0; i < n; ++i) {
+    bool placed = false;
+    for (auto& g : groups) {
+      bool all = true;
+      for (int m : g) all = all && fast(i, static_cast<size_t>(m));
+      if (all) {
+        g.push_back(static_cast<int>(i));
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) groups.push_back({static_cast<int>(i)});
+  }
+  return groups;
+}
+
 HierarchicalCopyOps::HierarchicalCopyOps(BackendContext context, Options options,
                                          Capabilities caps)
     : CrossDeviceOps("hierarchical_copy", std::move(context), std::move(options),
                      std::move(caps)) {
-  groups_ = make_groups(num_local_replicas(), this->options().get_int("group_size"));
+  const int64_t group_size = this->options().get_int("group_size");
+  if (group_size == 0 && all_gpus(devices())) {
+    auto links = query_links(devices());
+    if (!links.empty()) groups_ = groups_from_topology(links);
+  }
+  if (groups_.empty()) groups_ = make_groups(num_local_replicas(), group_size);
   num_packs_ = this->options().get_int("num_packs");
 }
 
@@ -125,7 +225,7 @@ Work HierarchicalCopyOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
       views[r] = packed[r].tensor();
       std::vector<Tensor> parts;
       for (const ReducePair* p : group) parts.push_back(p->value[r]);
-      algorithms::pack(parts, packed[r].data());
+      if (Status s = pack_into(parts, views[r]); !s.ok()) return Work::completed(s);
     }
     int64_t offset = 0;
     std::vector<Tensor> slices(replicas);
@@ -138,7 +238,7 @@ Work HierarchicalCopyOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
     for (size_t r = 0; r < replicas; ++r) {
       std::vector<Tensor> parts;
       for (const ReducePair* p : group) parts.push_back(p->destinations[r]);
-      algorithms::unpack(packed[r].data(), parts);
+      if (Status s = unpack_from(views[r], parts); !s.ok()) return Work::completed(s);
     }
   }
   log_debug("batch_all_reduce: " + std::to_string(pairs.size()) +

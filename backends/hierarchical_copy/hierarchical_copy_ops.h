@@ -1,7 +1,9 @@
 // hierarchical_copy: TF's HierarchicalCopyAllReduce, made correct for every replica count.
 //
-// The local replicas are split into consecutive groups of `group_size` (default: ceil(n / 2), i.e. two
-// groups, TF's DGX-1 layout; the last group may be smaller). Each all-reduce:
+// The local replicas are split into consecutive groups of `group_size` (default on CPUs: ceil(n / 2),
+// i.e. two groups, TF's DGX-1 layout; the last group may be smaller). On GPUs the default groups
+// come from the topology the driver reports instead of a fixed table (groups_from_topology). Each
+// all-reduce:
 //   1. each group reduces into its leader's output;
 //   2. the leaders' partial results are reduced on the root group's leader, and the total is copied
 //      back to every leader (fused into one pass over host memory);
@@ -24,6 +26,20 @@
 #include "tributary/cross_device_ops.h"
 
 namespace tributary::backends {
+
+// How GPU i reaches GPU j, as the driver reports it (core/gpu.h's PeerLink, kept here CUDA-free).
+struct GpuLink {
+  bool peer_access = false;   // i can read and write j's memory directly
+  int performance_rank = -1;  // the driver's relative rank of the link: lower is faster (NVLink)
+};
+
+// Groups of GPUs for the hierarchy: GPUs joined by the fastest kind of link present (the lowest
+// performance rank among peer-accessible pairs) form cliques, greedily in index order: a GPU joins
+// the first group all of whose members it reaches that fast, else starts a new group. A DGX-1
+// (0-3 and 4-7 fully NVLinked, PCIe across) gives {0,1,2,3} and {4,5,6,7}; GPUs without peer
+// access give one group each; virtual GPUs of one physical GPU (rank 0 to each other) one group.
+// `links[i][j]` for i != j; the diagonal is ignored.
+std::vector<std::vector<int>> groups_from_topology(const std::vector<std::vector<GpuLink>>& links);
 
 class HierarchicalCopyOps final : public CrossDeviceOps {
  public:

@@ -21,10 +21,11 @@ Status register_hierarchical_copy(BackendRegistry& registry) {
       {.name = "group_size",
        .type = OptionType::kInt,
        .default_value = "0",
-       .help = "replicas per group; 0 means ceil(replicas / 2), i.e. two groups as on a DGX-1",
+       .help = "replicas per group; 0: on GPUs the groups the topology gives (peer access, NVLink "
+               "first), on CPUs ceil(replicas / 2), i.e. two groups as on a DGX-1",
        .min = 0},
   };
-  info.capabilities = backends::in_process_cpu_capabilities();
+  info.capabilities = backends::in_process_capabilities();
   info.auto_priority = 5;
   info.create = [caps = info.capabilities](const BackendContext& context, Options options)
       -> StatusOr<std::unique_ptr<CrossDeviceOps>> {

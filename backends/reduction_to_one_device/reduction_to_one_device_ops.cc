@@ -20,7 +20,8 @@ Work ReductionToOneDeviceOps::reduce_impl(const CallInfo& call, ReduceOp op,
   log_debug("reduce to " + target.to_string() + " then broadcast to " +
             std::to_string(destinations.size()) + " destination(s): " + call.describe());
   return Work::completed(algorithms::local_reduce(op, value.values(), destinations.values(),
-                                                  static_cast<int64_t>(value.size())));
+                                                  static_cast<int64_t>(value.size()),
+                                                  reduce_to_device_));
 }
 
 Work ReductionToOneDeviceOps::all_reduce_impl(const CallInfo& call, ReduceOp op,

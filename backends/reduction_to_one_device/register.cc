@@ -17,7 +17,7 @@ Status register_reduction_to_one_device(BackendRegistry& registry) {
        .default_value = "",
        .help = "device to reduce on, e.g. CPU:0 (default: the first destination's device)"},
   };
-  info.capabilities = backends::in_process_cpu_capabilities();
+  info.capabilities = backends::in_process_capabilities();
   info.auto_priority = 10;  // TF's choice for anything that is not all-GPU with NCCL
   info.create = [caps = info.capabilities](const BackendContext& context, Options options)
       -> StatusOr<std::unique_ptr<CrossDeviceOps>> {

@@ -34,10 +34,22 @@ class Work {
   // the collective before returning hand back an already complete Work: time the call instead.
   std::chrono::nanoseconds elapsed() const;
 
+  // For collectives on GPU memory: makes the CUDA stream `cuda_stream` (a cudaStream_t passed as
+  // void*; nullptr is the legacy default stream) wait, on the device, until the collective's
+  // results are written, without blocking the host: what NCCL users do after an ncclAllReduce.
+  // A Work without a device-side completion (host backends, or one already complete) is waited for
+  // from the host instead, up to `timeout`. Returns the collective's Status when known, else OK
+  // once the stream will wait (a later failure still shows in wait() and error()).
+  Status wait_stream(void* cuda_stream,
+                     std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) const;
+
   // For backends: completes the Work (later calls are ignored) and runs the callbacks.
   void complete(Status status) const;
   // For the front door: runs `fn` on completion (at once when already complete).
   void on_complete(std::function<void(const Status&)> fn) const;
+  // For backends that complete on a device: how wait_stream makes a stream wait while the Work is
+  // pending (e.g. cudaStreamWaitEvent on the collective's events).
+  void set_stream_waiter(std::function<Status(void* cuda_stream)> fn) const;
 
  private:
   struct State;

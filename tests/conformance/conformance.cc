@@ -1,10 +1,14 @@
 #include "tests/conformance/conformance.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "tests/conformance/values.h"
@@ -28,44 +32,147 @@ double epsilon(DType t) {
 
 struct Replicas {
   BackendContext ctx;
-  std::unique_ptr<CrossDeviceOps> ops;
+  std::shared_ptr<CrossDeviceOps> ops;
+  std::string backend_spec;   // the spec without the device-kind prefix
+  std::string device_kind;    // "CPU" or "GPU"
+  std::string missing_gpus;   // set (and no backend made) when fewer GPUs than replicas are visible
   std::string skip_reason;
 };
 
+// `spec` is a backend spec (CPU devices) or kGpuSpecPrefix + a backend spec (GPU devices).
 Replicas make_backend(const std::string& spec, int replicas) {
   Replicas r;
+  const std::string_view gpu_prefix(kGpuSpecPrefix);
+  const bool gpu = spec.starts_with(gpu_prefix);
+  r.backend_spec = gpu ? spec.substr(gpu_prefix.size()) : spec;
+  r.device_kind = gpu ? "GPU" : "CPU";
+  if (gpu) {
+    const int visible = cuda_device_count();
+    if (visible < replicas) {
+      r.missing_gpus = "needs " + std::to_string(replicas) + " GPUs; " + std::to_string(visible) +
+                       " visible (TRIBUTARY_VIRTUAL_GPUS=N splits each GPU into N virtual ones)";
+      return r;
+    }
+  }
   r.ctx.devices.clear();
-  for (int i = 0; i < replicas; ++i) r.ctx.devices.push_back(Device::cpu(i));
-  auto made = builtin_backends().create(spec, r.ctx);
+  for (int i = 0; i < replicas; ++i) {
+    r.ctx.devices.push_back(gpu ? Device::cuda(i) : Device::cpu(i));
+  }
+  // GPU backends are kept for the next case with the same spec and replica count while they stay
+  // healthy: an NCCL communicator takes about half a second to tear down, which over thousands of
+  // cases would dwarf the collectives under test. CPU backends are made fresh for every case.
+  // (Never destroyed: the kept backends live until the process exits.)
+  static auto& kept = *new std::map<std::pair<std::string, int>, std::shared_ptr<CrossDeviceOps>>();
+  const auto key = std::make_pair(r.backend_spec, replicas);
+  if (gpu) {
+    auto it = kept.find(key);
+    if (it != kept.end() && it->second->broken().ok()) {
+      r.ops = it->second;
+      return r;
+    }
+    kept.erase(key);
+  }
+  auto made = builtin_backends().create(r.backend_spec, r.ctx);
   if (!made.ok()) {
     r.skip_reason = made.status().to_string();
   } else {
     r.ops = std::move(made).value();
+    if (gpu) kept[key] = r.ops;
   }
   return r;
 }
 
-// Per-replica buffers of `count` elements.
+// Copies `bytes` between a device buffer and its host shadow, synchronously.
+::testing::AssertionResult copy_bytes(void* dst, const Device& dst_device, const void* src,
+                                      const Device& src_device, size_t bytes) {
+  const Device& device = dst_device.is_cpu() ? src_device : dst_device;
+  auto allocator = allocator_for(device);
+  if (!allocator.ok()) {
+    return ::testing::AssertionFailure() << "no allocator for " << device.to_string() << ": "
+                                         << allocator.status().to_string();
+  }
+  Status s = (*allocator)->copy(dst, dst_device, src, src_device, bytes);
+  if (!s.ok()) {
+    return ::testing::AssertionFailure() << "copy " << src_device.to_string() << " -> "
+                                         << dst_device.to_string() << " (" << bytes
+                                         << " bytes): " << s.to_string();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Per-replica buffers of `count` elements. The collectives see the device tensors (operator[],
+// views); the test writes inputs into and checks results in the host tensors (host()). On a CPU
+// device the host tensor is the buffer itself and upload()/download() do nothing; on a GPU it is
+// a host shadow that upload() copies to the device buffer and download() copies back, each buffer
+// whole in one copy.
 struct Buffers {
-  std::vector<Buffer> owned;
-  PerReplica<Tensor> views;
+  std::vector<Buffer> owned;    // on the replicas' devices
+  std::vector<Buffer> shadows;  // host shadows of the non-CPU buffers (none for CPU devices)
+  PerReplica<Tensor> views;     // device tensors
+  std::vector<Tensor> hosts;    // per replica: the shadow, or on CPU the buffer itself
+  Status status;                // the first allocation failure
 
   Buffers(DType t, int64_t count, const std::vector<Device>& devices) {
     for (const Device& d : devices) {
       auto b = Buffer::allocate(t, Shape{count}, d);
-      EXPECT_TRUE(b.ok());
+      EXPECT_TRUE(b.ok()) << "allocating " << count << " x " << dtype_name(t) << " on "
+                          << d.to_string() << ": " << b.status().to_string();
+      if (!b.ok()) {
+        if (status.ok()) status = b.status();
+        // Keep the replicas' indices: a host stand-in that upload() refuses to run with.
+        b = Buffer::allocate(t, Shape{count}, Device::cpu());
+        if (!b.ok()) std::abort();
+      }
       views.values().push_back(b->tensor());
+      if (d.is_cpu()) {
+        hosts.push_back(b->tensor());
+      } else {
+        auto shadow = Buffer::allocate(t, Shape{count}, Device::cpu());
+        if (!shadow.ok()) std::abort();
+        hosts.push_back(shadow->tensor());
+        shadows.push_back(std::move(shadow).value());
+      }
       owned.push_back(std::move(b).value());
     }
   }
   const Tensor& operator[](size_t i) const { return views[i]; }
+  const Tensor& host(size_t i) const { return hosts[i]; }
+
+  // Host shadows -> device buffers.
+  ::testing::AssertionResult upload() const {
+    if (!status.ok()) return ::testing::AssertionFailure() << status.to_string();
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (views[i].device().is_cpu()) continue;
+      auto copied = copy_bytes(views[i].data(), views[i].device(), hosts[i].data(),
+                               Device::cpu(), views[i].nbytes());
+      if (!copied) return copied;
+    }
+    return ::testing::AssertionSuccess();
+  }
+  // Device buffers -> host shadows.
+  ::testing::AssertionResult download() const {
+    if (!status.ok()) return ::testing::AssertionFailure() << status.to_string();
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (views[i].device().is_cpu()) continue;
+      auto copied = copy_bytes(hosts[i].data(), Device::cpu(), views[i].data(),
+                               views[i].device(), views[i].nbytes());
+      if (!copied) return copied;
+    }
+    return ::testing::AssertionSuccess();
+  }
 };
 
+// Writes the poison pattern to a host tensor (upload it before the collective).
 void fill_poison(const Tensor& t) { std::memset(t.data(), 0x5a, t.nbytes()); }
 
 #define SKIP_IF_UNAVAILABLE(r)                                                               \
+  if (!(r).missing_gpus.empty()) {                                                           \
+    GTEST_SKIP() << (r).missing_gpus;                                                        \
+  }                                                                                          \
   if (!(r).ops) {                                                                            \
-    GTEST_SKIP() << "backend '" << spec << "' not available here: " << (r).skip_reason;      \
+    GTEST_SKIP() << "backend '" << (r).backend_spec << "' not available here"                \
+                 << ((r).device_kind == "GPU" ? " on GPU devices" : "") << ": "              \
+                 << (r).skip_reason;                                                         \
   }
 
 // Unsupported combinations must be refused with Unimplemented; the test then ends.
@@ -119,24 +226,35 @@ TEST_P(ReduceConformance, AllReduceExact) {
   SKIP_IF_UNAVAILABLE(r);
   Buffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
   for (int k = 0; k < replicas; ++k) {
-    for (int64_t i = 0; i < count; ++i) store(dtype, in[k].data(), i, exact_value(op, k, i));
-    fill_poison(out[k]);
+    for (int64_t i = 0; i < count; ++i) {
+      store(dtype, in.host(k).data(), i, exact_value(op, k, i));
+    }
+    fill_poison(out.host(k));
   }
-  const PerReplica<Tensor>& dst = in_place ? in.views : out.views;
+  ASSERT_TRUE(in.upload());
+  if (!in_place) {  // in place, `out` is not used
+    ASSERT_TRUE(out.upload());
+  }
+  Buffers& dst_buffers = in_place ? in : out;
+  const PerReplica<Tensor>& dst = dst_buffers.views;
   EXPECT_REFUSED_IF_UNSUPPORTED(r, Collective::kAllReduce, op, dtype,
                                 r.ops->all_reduce(op, in.views, dst));
   ASSERT_TRUE(r.ops->all_reduce(op, in.views, dst).wait(std::chrono::seconds(60)).ok());
+  ASSERT_TRUE(dst_buffers.download());
   Checker check(dtype, "all_reduce");
   std::vector<double> xs(static_cast<size_t>(replicas));
   for (int64_t i = 0; i < count; ++i) {
     for (int k = 0; k < replicas; ++k) xs[static_cast<size_t>(k)] = exact_value(op, k, i);
     double want = reference(op, dtype, xs);
-    for (int k = 0; k < replicas; ++k) check.expect(dst[k], i, want, 0, k);
+    for (int k = 0; k < replicas; ++k) check.expect(dst_buffers.host(k), i, want, 0, k);
   }
   if (!in_place) {  // inputs untouched
+    ASSERT_TRUE(in.download());
     Checker inputs(dtype, "all_reduce input");
     for (int k = 0; k < replicas; ++k) {
-      for (int64_t i = 0; i < count; ++i) inputs.expect(in[k], i, exact_value(op, k, i), 0, k);
+      for (int64_t i = 0; i < count; ++i) {
+        inputs.expect(in.host(k), i, exact_value(op, k, i), 0, k);
+      }
     }
   }
 }
@@ -157,12 +275,15 @@ TEST_P(ReduceConformance, AllReduceRandom) {
   for (int k = 0; k < replicas; ++k) {
     for (int64_t i = 0; i < count; ++i) {
       double v = dtype_is_floating(dtype) ? real(rng) : small(rng);
-      store(dtype, in[k].data(), i, v);
-      xs[static_cast<size_t>(i)][static_cast<size_t>(k)] = load(dtype, in[k].data(), i);
+      store(dtype, in.host(k).data(), i, v);
+      xs[static_cast<size_t>(i)][static_cast<size_t>(k)] = load(dtype, in.host(k).data(), i);
     }
   }
-  const PerReplica<Tensor>& dst = in_place ? in.views : out.views;
+  ASSERT_TRUE(in.upload());
+  Buffers& dst_buffers = in_place ? in : out;
+  const PerReplica<Tensor>& dst = dst_buffers.views;
   ASSERT_TRUE(r.ops->all_reduce(op, in.views, dst).wait(std::chrono::seconds(60)).ok());
+  ASSERT_TRUE(dst_buffers.download());
   Checker check(dtype, "all_reduce (random)");
   const double eps = epsilon(dtype);
   for (int64_t i = 0; i < count; ++i) {
@@ -174,7 +295,7 @@ TEST_P(ReduceConformance, AllReduceRandom) {
     double tol = (op == ReduceOp::kMin || op == ReduceOp::kMax)
                      ? 0
                      : 2.0 * (replicas + 1) * eps * magnitude;
-    for (int k = 0; k < replicas; ++k) check.expect(dst[k], i, want, tol, k);
+    for (int k = 0; k < replicas; ++k) check.expect(dst_buffers.host(k), i, want, tol, k);
   }
 }
 
@@ -184,23 +305,37 @@ TEST_P(ReduceConformance, ReduceToDestinations) {
   SKIP_IF_UNAVAILABLE(r);
   Buffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
   for (int k = 0; k < replicas; ++k) {
-    for (int64_t i = 0; i < count; ++i) store(dtype, in[k].data(), i, exact_value(op, k, i));
-    fill_poison(out[k]);
+    for (int64_t i = 0; i < count; ++i) {
+      store(dtype, in.host(k).data(), i, exact_value(op, k, i));
+    }
+    fill_poison(out.host(k));
+  }
+  ASSERT_TRUE(in.upload());
+  if (!in_place) {  // in place, `out` is not used
+    ASSERT_TRUE(out.upload());
   }
   // In place: the result lands in replica 0's own buffer; else in one fresh destination on the
-  // last replica's device plus one on the first.
-  Mirrored<Tensor> dst = in_place ? Mirrored<Tensor>{in[0]}
-                                  : Mirrored<Tensor>{out[static_cast<size_t>(replicas - 1)], out[0]};
-  if (!in_place && replicas == 1) dst = Mirrored<Tensor>{out[0]};
+  // last replica's device plus one on the first. dst_host holds the same tensors' host views.
+  const size_t last = static_cast<size_t>(replicas - 1);
+  Mirrored<Tensor> dst = in_place ? Mirrored<Tensor>{in[0]} : Mirrored<Tensor>{out[last], out[0]};
+  std::vector<Tensor> dst_host = in_place ? std::vector<Tensor>{in.host(0)}
+                                          : std::vector<Tensor>{out.host(last), out.host(0)};
+  if (!in_place && replicas == 1) {
+    dst = Mirrored<Tensor>{out[0]};
+    dst_host = {out.host(0)};
+  }
   EXPECT_REFUSED_IF_UNSUPPORTED(r, Collective::kReduce, op, dtype,
                                 r.ops->reduce(op, in.views, dst));
   ASSERT_TRUE(r.ops->reduce(op, in.views, dst).wait(std::chrono::seconds(60)).ok());
+  ASSERT_TRUE((in_place ? in : out).download());
   Checker check(dtype, "reduce");
   std::vector<double> xs(static_cast<size_t>(replicas));
   for (int64_t i = 0; i < count; ++i) {
     for (int k = 0; k < replicas; ++k) xs[static_cast<size_t>(k)] = exact_value(op, k, i);
     double want = reference(op, dtype, xs);
-    for (size_t d = 0; d < dst.size(); ++d) check.expect(dst[d], i, want, 0, static_cast<int>(d));
+    for (size_t d = 0; d < dst_host.size(); ++d) {
+      check.expect(dst_host[d], i, want, 0, static_cast<int>(d));
+    }
   }
 }
 
@@ -218,9 +353,13 @@ TEST_P(ReduceConformance, BatchReduce) {
     outs.emplace_back(types[j], sizes[j], r.ctx.devices);
     for (int k = 0; k < replicas; ++k) {
       for (int64_t i = 0; i < sizes[j]; ++i) {
-        store(types[j], ins[j][k].data(), i, exact_value(op, k, i + j));
+        store(types[j], ins[j].host(k).data(), i, exact_value(op, k, i + j));
       }
-      fill_poison(outs[j][k]);
+      fill_poison(outs[j].host(k));
+    }
+    ASSERT_TRUE(ins[j].upload());
+    if (!in_place) {  // in place, `outs` are not used
+      ASSERT_TRUE(outs[j].upload());
     }
   }
   std::vector<ReducePair> pairs;
@@ -237,11 +376,14 @@ TEST_P(ReduceConformance, BatchReduce) {
   ASSERT_TRUE(r.ops->batch_reduce(op, pairs).wait(std::chrono::seconds(60)).ok());
   std::vector<double> xs(static_cast<size_t>(replicas));
   for (int j = 0; j < 3; ++j) {
+    // pairs[j].destinations are these buffers' device tensors.
+    const Buffers& dst_buffers = in_place ? ins[j] : outs[j];
+    ASSERT_TRUE(dst_buffers.download());
     Checker check(types[j], "batch_reduce");
     for (int64_t i = 0; i < sizes[j]; ++i) {
       for (int k = 0; k < replicas; ++k) xs[static_cast<size_t>(k)] = exact_value(op, k, i + j);
       double want = reference(op, types[j], xs);
-      for (int k = 0; k < replicas; ++k) check.expect(pairs[j].destinations[k], i, want, 0, k);
+      for (int k = 0; k < replicas; ++k) check.expect(dst_buffers.host(k), i, want, 0, k);
     }
   }
 }
@@ -253,16 +395,28 @@ TEST_P(ReduceConformance, ReduceScatter) {
   const int64_t total = count * replicas;
   Buffers in(dtype, total, r.ctx.devices), out(dtype, count, r.ctx.devices);
   for (int k = 0; k < replicas; ++k) {
-    for (int64_t i = 0; i < total; ++i) store(dtype, in[k].data(), i, exact_value(op, k, i));
-    fill_poison(out[k]);
+    for (int64_t i = 0; i < total; ++i) {
+      store(dtype, in.host(k).data(), i, exact_value(op, k, i));
+    }
+    fill_poison(out.host(k));
   }
+  ASSERT_TRUE(in.upload());
+  if (!in_place) {  // in place, `out` is not used
+    ASSERT_TRUE(out.upload());
+  }
+  // dst_host: the host views of dst's tensors.
   PerReplica<Tensor> dst = out.views;
+  std::vector<Tensor> dst_host = out.hosts;
   if (in_place) {
-    for (int k = 0; k < replicas; ++k) dst[static_cast<size_t>(k)] = in[k].slice(k * count, count);
+    for (int k = 0; k < replicas; ++k) {
+      dst[static_cast<size_t>(k)] = in[k].slice(k * count, count);
+      dst_host[static_cast<size_t>(k)] = in.host(k).slice(k * count, count);
+    }
   }
   EXPECT_REFUSED_IF_UNSUPPORTED(r, Collective::kReduceScatter, op, dtype,
                                 r.ops->reduce_scatter(op, in.views, dst));
   ASSERT_TRUE(r.ops->reduce_scatter(op, in.views, dst).wait(std::chrono::seconds(60)).ok());
+  ASSERT_TRUE((in_place ? in : out).download());
   Checker check(dtype, "reduce_scatter");
   std::vector<double> xs(static_cast<size_t>(replicas));
   for (int k = 0; k < replicas; ++k) {
@@ -270,7 +424,7 @@ TEST_P(ReduceConformance, ReduceScatter) {
       for (int j = 0; j < replicas; ++j) {
         xs[static_cast<size_t>(j)] = exact_value(op, j, k * count + i);
       }
-      check.expect(dst[static_cast<size_t>(k)], i, reference(op, dtype, xs), 0, k);
+      check.expect(dst_host[static_cast<size_t>(k)], i, reference(op, dtype, xs), 0, k);
     }
   }
 }
@@ -280,11 +434,18 @@ TEST_P(MoveConformance, Broadcast) {
   Replicas r = make_backend(spec, replicas);
   SKIP_IF_UNAVAILABLE(r);
   Buffers out(dtype, count, r.ctx.devices);
-  auto src_buf = Buffer::allocate(dtype, Shape{count}, r.ctx.devices[0]);
-  ASSERT_TRUE(src_buf.ok());
-  Tensor src = in_place ? out[0] : src_buf->tensor();
-  for (int k = 0; k < replicas; ++k) fill_poison(out[k]);
-  for (int64_t i = 0; i < count; ++i) store(dtype, src.data(), i, exact_value(ReduceOp::kMax, 3, i));
+  Buffers src_buf(dtype, count, {r.ctx.devices[0]});
+  ASSERT_TRUE(src_buf.status.ok());
+  Tensor src = in_place ? out[0] : src_buf[0];
+  Tensor src_host = in_place ? out.host(0) : src_buf.host(0);
+  for (int k = 0; k < replicas; ++k) fill_poison(out.host(k));
+  for (int64_t i = 0; i < count; ++i) {
+    store(dtype, src_host.data(), i, exact_value(ReduceOp::kMax, 3, i));
+  }
+  ASSERT_TRUE(out.upload());
+  if (!in_place) {
+    ASSERT_TRUE(src_buf.upload());
+  }
   const auto& caps = r.ops->capabilities();
   if (!caps.supports(Collective::kBroadcast) || !caps.supports(dtype)) {
     EXPECT_EQ(r.ops->broadcast(src, Mirrored<Tensor>(out.views.values())).wait().code(),
@@ -294,10 +455,11 @@ TEST_P(MoveConformance, Broadcast) {
   ASSERT_TRUE(r.ops->broadcast(src, Mirrored<Tensor>(out.views.values()))
                   .wait(std::chrono::seconds(60))
                   .ok());
+  ASSERT_TRUE(out.download());
   Checker check(dtype, "broadcast");
   for (int k = 0; k < replicas; ++k) {
     for (int64_t i = 0; i < count; ++i) {
-      check.expect(out[k], i, exact_value(ReduceOp::kMax, 3, i), 0, k);
+      check.expect(out.host(k), i, exact_value(ReduceOp::kMax, 3, i), 0, k);
     }
   }
 }
@@ -309,23 +471,32 @@ TEST_P(MoveConformance, AllGather) {
   Buffers in(dtype, count, r.ctx.devices), out(dtype, count * replicas, r.ctx.devices);
   PerReplica<Tensor> src = in.views;
   for (int k = 0; k < replicas; ++k) {
-    fill_poison(out[k]);
-    if (in_place) src[static_cast<size_t>(k)] = out[k].slice(k * count, count);
+    fill_poison(out.host(k));
+    Tensor src_host = in.host(k);
+    if (in_place) {
+      src[static_cast<size_t>(k)] = out[k].slice(k * count, count);
+      src_host = out.host(k).slice(k * count, count);
+    }
     for (int64_t i = 0; i < count; ++i) {
-      store(dtype, src[static_cast<size_t>(k)].data(), i, exact_value(ReduceOp::kMax, k, i));
+      store(dtype, src_host.data(), i, exact_value(ReduceOp::kMax, k, i));
     }
   }
+  if (!in_place) {
+    ASSERT_TRUE(in.upload());
+  }
+  ASSERT_TRUE(out.upload());
   const auto& caps = r.ops->capabilities();
   if (!caps.supports(Collective::kAllGather) || !caps.supports(dtype)) {
     EXPECT_EQ(r.ops->all_gather(src, out.views).wait().code(), StatusCode::kUnimplemented);
     return;
   }
   ASSERT_TRUE(r.ops->all_gather(src, out.views).wait(std::chrono::seconds(60)).ok());
+  ASSERT_TRUE(out.download());
   Checker check(dtype, "all_gather");
   for (int k = 0; k < replicas; ++k) {
     for (int j = 0; j < replicas; ++j) {
       for (int64_t i = 0; i < count; ++i) {
-        check.expect(out[k], j * count + i, exact_value(ReduceOp::kMax, j, i), 0, k);
+        check.expect(out.host(k), j * count + i, exact_value(ReduceOp::kMax, j, i), 0, k);
       }
     }
   }

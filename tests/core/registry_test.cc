@@ -1,5 +1,6 @@
 // The registry and the CrossDeviceOps front door, with a recording fake backend (the layer above
 // backends may be tested with a fake) and with the real built-in backends.
+#include "algorithms/device_reduce.h"
 #include "tributary/registry.h"
 
 #include <gtest/gtest.h>
@@ -128,17 +129,34 @@ TEST(Registry, ConfigSelectsAndErrorsNameTheSource) {
   EXPECT_NE(bad.status().message().find("available backends"), std::string::npos);
 }
 
-TEST(Registry, InProcessBackendsRefuseGpusAndMultiProcess) {
+TEST(Registry, GpuDevicesWithoutAVisibleGpuAreAClearError) {
   BackendRegistry r = builtin_backends();
   BackendContext gpus;
   gpus.devices = {Device::cuda(0), Device::cuda(1)};
-  auto made = r.create("hierarchical_copy", gpus);
-  ASSERT_FALSE(made.ok());
-  EXPECT_NE(made.status().message().find("does not support GPU devices"), std::string::npos);
+  if (cuda_device_count() >= 2) {
+    GTEST_SKIP() << cuda_device_count() << " GPUs are visible: the refusal cannot happen here";
+  }
+  for (const std::string name : {"hierarchical_copy", "reduction_to_one_device", "nccl"}) {
+    if (r.find(name) == nullptr) continue;  // nccl without NCCL built in
+    auto made = r.create(name, gpus);
+    ASSERT_FALSE(made.ok()) << name;
+    const std::string& m = made.status().message();
+    if (!algorithms::device_kernels_built()) {
+      EXPECT_NE(m.find("does not support GPU devices"), std::string::npos) << m;
+    } else {
+      // Built with CUDA: the error says why the GPU is not usable, and where to look.
+      EXPECT_NE(m.find("is not usable"), std::string::npos) << m;
+      EXPECT_NE(m.find("CUDA_VISIBLE_DEVICES"), std::string::npos) << m;
+      EXPECT_EQ(made.status().code(), StatusCode::kFailedPrecondition) << m;
+    }
+  }
   auto a = r.choose_auto(gpus);
   ASSERT_FALSE(a.ok());
-  EXPECT_NE(a.status().message().find("reduction_to_one_device: it does not support GPU"),
-            std::string::npos);
+  EXPECT_NE(a.status().message().find("reduction_to_one_device: "), std::string::npos);
+}
+
+TEST(Registry, InProcessBackendsRefuseMultiProcess) {
+  BackendRegistry r = builtin_backends();
   BackendContext multi = two_cpus();
   multi.world_size = 2;
   EXPECT_FALSE(r.create("reduction_to_one_device", multi).ok());

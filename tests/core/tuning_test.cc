@@ -349,10 +349,11 @@ TEST(TunedAuto, MalformedOrUnknownBackendIsAnError) {
   TempFile unknown(R"({"tributary_tuning": 1, "library_version": ")" + std::string(version()) +
                    R"(", "dtype": "float32", "op": "sum",
       "layout": {"processes": 1, "local_replicas": 2, "processes_per_host": 1, "device": "CPU"},
-      "rules": [{"spec": "nccl", "max_bytes": null}]})");
+      "rules": [{"spec": "not_built_here", "max_bytes": null}]})");
   auto unknown_made = r.create("auto:tuning_file=" + unknown.path(), two_cpus());
   ASSERT_FALSE(unknown_made.ok());
-  EXPECT_NE(unknown_made.status().message().find("names backend 'nccl'"), std::string::npos)
+  EXPECT_NE(unknown_made.status().message().find("names backend 'not_built_here'"),
+            std::string::npos)
       << unknown_made.status().message();
   auto missing = r.create("auto:tuning_file=/nonexistent.json", two_cpus());
   ASSERT_FALSE(missing.ok());

@@ -88,9 +88,15 @@ TEST_F(Validation, WrongDevice) {
   expect_error(ops_->all_reduce(ReduceOp::kSum, {in(0), on_cpu0}, {out(0), out(1)}),
                StatusCode::kInvalidArgument, "inputs[1] is on CPU:0 but local replica 1 is CPU:1");
   Tensor gpu(out_[1].data(), DType::kFloat32, int64_t{8}, Device::cuda(0));
-  expect_error(ops_->reduce(ReduceOp::kSum, {in(0), in(1)}, {gpu}), StatusCode::kUnimplemented,
-               "destinations[0] is on GPU:0 but backend 'reduction_to_one_device' does not "
-               "support GPU devices");
+  if (!ops_->capabilities().supports(DeviceType::kCuda)) {  // built without CUDA
+    expect_error(ops_->reduce(ReduceOp::kSum, {in(0), in(1)}, {gpu}), StatusCode::kUnimplemented,
+                 "destinations[0] is on GPU:0 but backend 'reduction_to_one_device' does not "
+                 "support GPU devices");
+  } else if (cuda_device_count() == 0) {  // built with CUDA, on a machine without a GPU
+    expect_error(ops_->reduce(ReduceOp::kSum, {in(0), in(1)}, {gpu}),
+                 StatusCode::kFailedPrecondition,
+                 "destinations[0]: GPU:0 is not usable: no CUDA device is visible");
+  }
 }
 
 TEST_F(Validation, OverlappingBuffers) {

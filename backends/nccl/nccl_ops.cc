@@ -1,0 +1,795 @@
+#include "backends/nccl/nccl_ops.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algorithms/device_reduce.h"
+#include "algorithms/packing.h"
+#include "core/gpu.h"
+#include "core/rendezvous.h"
+#include "fmt/format.h"
+
+namespace tributary::backends {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// NCCL's result codes become Status here, once, keeping NCCL's text and its last error message.
+Status nccl_status(ncclResult_t r, ncclComm_t comm, const std::string& what) {
+  if (r == ncclSuccess || r == ncclInProgress) return Status();
+  std::string text = fmt::format("{} failed: {}", what, ncclGetErrorString(r));
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') text += fmt::format(" ({})", last);
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return invalid_argument(text);
+    case ncclRemoteError:
+      return unavailable(text + "; a peer process failed or disconnected");
+    case ncclSystemError:
+      return unavailable(text + "; a system call or the network failed (NCCL_DEBUG=INFO says more)");
+    case ncclUnhandledCudaError:
+      return internal_error(text + "; a CUDA call inside NCCL failed");
+    default:
+      return internal_error(text);
+  }
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kInt8: return ncclInt8;
+    case DType::kUInt8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+// The NCCL op for `op`, and whether a division by the replica count follows on the device.
+std::pair<ncclRedOp_t, bool> nccl_op(ReduceOp op, DType t) {
+  switch (op) {
+    case ReduceOp::kSum: return {ncclSum, false};
+    case ReduceOp::kProd: return {ncclProd, false};
+    case ReduceOp::kMin: return {ncclMin, false};
+    case ReduceOp::kMax: return {ncclMax, false};
+    case ReduceOp::kMean:
+      if (dtype_is_floating(t)) return {ncclSum, true};
+      return {ncclAvg, false};
+  }
+  return {ncclSum, false};
+}
+
+cudaStream_t cuda(void* s) { return static_cast<cudaStream_t>(s); }
+
+std::string nanos_text(std::chrono::nanoseconds d) {
+  return fmt::format("{:.3g} s", std::chrono::duration<double>(d).count());
+}
+
+// One local GPU: its communicator and stream.
+struct Local {
+  Device device;
+  gpu::Stream stream;
+  ncclComm_t comm = nullptr;
+};
+
+// A collective in flight: the events that say it is done on each local GPU.
+struct Pending {
+  CallInfo call;  // described only when it fails
+  Work work;
+  std::shared_ptr<std::vector<gpu::Event>> events;
+  Clock::time_point deadline;
+};
+
+// Recycled CUDA events, one set per collective: creating events costs microseconds per call. A
+// set returns to the pool when the last holder (the watchdog, a Work's stream waiter) lets go.
+class EventPool : public std::enable_shared_from_this<EventPool> {
+ public:
+  explicit EventPool(std::vector<int> devices) : devices_(std::move(devices)) {}
+  StatusOr<std::shared_ptr<std::vector<gpu::Event>>> take() {
+    std::vector<gpu::Event>* set = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        set = free_.back().release();
+        free_.pop_back();
+      }
+    }
+    if (set == nullptr) {
+      auto fresh = std::make_unique<std::vector<gpu::Event>>();
+      for (int d : devices_) {
+        TRIBUTARY_ASSIGN_OR_RETURN(gpu::Event e, gpu::Event::create(d));
+        fresh->push_back(std::move(e));
+      }
+      set = fresh.release();
+    }
+    return std::shared_ptr<std::vector<gpu::Event>>(
+        set, [pool = shared_from_this()](std::vector<gpu::Event>* e) {
+          std::lock_guard lock(pool->mu_);
+          pool->free_.emplace_back(e);
+        });
+  }
+
+ private:
+  std::vector<int> devices_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<std::vector<gpu::Event>>> free_;
+};
+
+// Device scratch on one GPU, freed (stream-ordered) when the call's enqueueing is over.
+class Scratch {
+ public:
+  ~Scratch() {
+    for (auto& [ptr, device, stream] : blocks_) (void)gpu::free_async(ptr, device, stream);
+  }
+  StatusOr<void*> get(size_t bytes, int device, void* stream) {
+    TRIBUTARY_ASSIGN_OR_RETURN(void* p, gpu::allocate_async(bytes, device, stream));
+    blocks_.push_back({p, device, stream});
+    return p;
+  }
+
+ private:
+  struct Block {
+    void* ptr;
+    int device;
+    void* stream;
+  };
+  std::vector<Block> blocks_;
+};
+
+class NcclOps final : public CrossDeviceOps {
+ public:
+  NcclOps(BackendContext context, Options options, Capabilities caps)
+      : CrossDeviceOps("nccl", std::move(context), std::move(options), std::move(caps)) {}
+
+  ~NcclOps() override {
+    // Let what is in flight finish (bounded), then stop the watchdog and free the communicators.
+    // ncclCommAbort, not ncclCommDestroy: it never waits for peers, and nothing is pending here.
+    const auto until = Clock::now() + std::min<std::chrono::nanoseconds>(timeout(), std::chrono::seconds(10));
+    for (;;) {
+      std::unique_lock lock(mu_);
+      if (pending_.empty() || Clock::now() > until) break;
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    fail_pending(aborted("nccl: the backend was destroyed while this collective was in flight"));
+    if (failure().ok()) destroy_communicators();
+    abort_communicators();
+  }
+
+  Status init(const std::shared_ptr<Store>& scope) {
+    const int G = num_local_replicas();
+    const int nranks = num_replicas_in_sync();
+    locals_.resize(static_cast<size_t>(G));
+    for (int i = 0; i < G; ++i) {
+      Local& l = locals_[static_cast<size_t>(i)];
+      l.device = devices()[static_cast<size_t>(i)];
+      TRIBUTARY_ASSIGN_OR_RETURN(l.stream, gpu::Stream::create(l.device.index()));
+    }
+    const auto deadline = Clock::now() + timeout();
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    if (world_size() == 1) {
+      TRIBUTARY_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId"));
+    } else {
+      TRIBUTARY_RETURN_IF_ERROR(exchange_id(*scope, id, deadline));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // initialisation and collectives return at once; we poll with a deadline
+    Status s = nccl_status(ncclGroupStart(), nullptr, "ncclGroupStart");
+    for (int i = 0; i < G && s.ok(); ++i) {
+      Local& l = locals_[static_cast<size_t>(i)];
+      s = gpu::set_device(l.device.index());
+      if (s.ok()) {
+        s = nccl_status(ncclCommInitRankConfig(&l.comm, nranks, id, rank() * G + i, &config),
+                        l.comm, fmt::format("ncclCommInitRankConfig (rank {} of {}, {})",
+                                            rank() * G + i, nranks, l.device.to_string()));
+      }
+    }
+    Status end = nccl_status(ncclGroupEnd(), nullptr, "ncclGroupEnd (communicator setup)");
+    if (s.ok()) s = end;
+    if (s.ok()) s = settle(deadline, "the NCCL communicator setup");
+    if (!s.ok()) {
+      abort_communicators();
+      return s.with_context(fmt::format(
+          "backend 'nccl' (rank {} of {} processes, {} GPU(s) each)", rank(), world_size(), G));
+    }
+    std::vector<int> event_devices;
+    for (const Local& l : locals_) event_devices.push_back(l.device.index());
+    events_ = std::make_shared<EventPool>(std::move(event_devices));
+    watchdog_ = std::thread([this] { watch(); });
+    return Status();
+  }
+
+ protected:
+  Work all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                       const PerReplica<Tensor>& outputs) override {
+    const auto [nop, divide] = nccl_op(op, call.dtype);
+    return launch(call, [&](Scratch&) -> Status {
+      Status s = group([&](size_t i, Local& l) {
+        return nccl_status(ncclAllReduce(inputs[i].data(), outputs[i].data(),
+                                         static_cast<size_t>(call.count), nccl_type(call.dtype),
+                                         nop, l.comm, cuda(l.stream.get())),
+                           l.comm, "ncclAllReduce");
+      });
+      if (s.ok() && divide) {
+        for (size_t i = 0; i < locals_.size() && s.ok(); ++i) s = divide_on(i, outputs[i], call.count);
+      }
+      return s;
+    });
+  }
+
+  Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
+                           const PerReplica<Tensor>& outputs) override {
+    const auto [nop, divide] = nccl_op(op, call.dtype);
+    const int64_t recv = outputs[0].num_elements();
+    return launch(call, [&](Scratch&) -> Status {
+      Status s = group([&](size_t i, Local& l) {
+        return nccl_status(ncclReduceScatter(inputs[i].data(), outputs[i].data(),
+                                             static_cast<size_t>(recv), nccl_type(call.dtype), nop,
+                                             l.comm, cuda(l.stream.get())),
+                           l.comm, "ncclReduceScatter");
+      });
+      if (s.ok() && divide) {
+        for (size_t i = 0; i < locals_.size() && s.ok(); ++i) s = divide_on(i, outputs[i], recv);
+      }
+      return s;
+    });
+  }
+
+  Work all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& inputs,
+                       const PerReplica<Tensor>& outputs) override {
+    return launch(call, [&](Scratch&) -> Status {
+      return group([&](size_t i, Local& l) {
+        return nccl_status(ncclAllGather(inputs[i].data(), outputs[i].data(),
+                                         static_cast<size_t>(call.count), nccl_type(call.dtype),
+                                         l.comm, cuda(l.stream.get())),
+                           l.comm, "ncclAllGather");
+      });
+    });
+  }
+
+  Work broadcast_impl(const CallInfo& call, const Tensor& source,
+                      const Mirrored<Tensor>& destinations, int root) override {
+    const size_t bytes = source.nbytes();
+    return launch(call, [&](Scratch& scratch) -> Status {
+      // Each local GPU receives into its first destination, else into scratch.
+      std::vector<void*> recv(locals_.size(), nullptr);
+      for (size_t i = 0; i < locals_.size(); ++i) {
+        recv[i] = on_device(destinations.values(), locals_[i].device);
+        if (recv[i] == nullptr) {
+          TRIBUTARY_ASSIGN_OR_RETURN(recv[i], scratch.get(bytes, locals_[i].device.index(),
+                                                          locals_[i].stream.get()));
+        }
+      }
+      // NCCL's root: the root process's first GPU, which sends from the source (copied there when
+      // the source lives on another local GPU).
+      const void* send = nullptr;
+      if (rank() == root) {
+        send = source.data();
+        if (source.device() != locals_[0].device) {
+          TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(recv[0], locals_[0].device, source.data(),
+                                                    source.device(), bytes,
+                                                    locals_[0].stream.get()));
+          send = recv[0];
+        }
+      }
+      const int nccl_root = root * num_local_replicas();
+      TRIBUTARY_RETURN_IF_ERROR(group([&](size_t i, Local& l) {
+        const bool is_root = rank() == root && i == 0;
+        return nccl_status(ncclBroadcast(is_root ? send : recv[i], recv[i],
+                                         static_cast<size_t>(call.count), nccl_type(call.dtype),
+                                         nccl_root, l.comm, cuda(l.stream.get())),
+                           l.comm, "ncclBroadcast");
+      }));
+      return copy_out(destinations.values(), recv, bytes);
+    });
+  }
+
+  Work reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& value,
+                   const Mirrored<Tensor>& destinations) override {
+    return launch(call, [&](Scratch& scratch) { return enqueue_reduce(call, op, value, destinations, scratch); });
+  }
+
+  Work batch_reduce_impl(const CallInfo& call, ReduceOp op,
+                         std::span<const ReducePair> pairs) override {
+    const int64_t num_packs = options().get_int("num_packs");
+    bool own_devices = true;  // every destination set is exactly the local devices, in order
+    bool one_dtype = true;
+    for (const ReducePair& p : pairs) {
+      own_devices = own_devices && p.destinations.size() == locals_.size();
+      for (size_t i = 0; own_devices && i < p.destinations.size(); ++i) {
+        own_devices = p.destinations[i].device() == locals_[i].device;
+      }
+      one_dtype = one_dtype && p.value[0].dtype() == pairs[0].value[0].dtype();
+    }
+    return launch(call, [&](Scratch& scratch) -> Status {
+      if (!own_devices || num_packs == 0 || !one_dtype) {
+        // One reduce per pair, all enqueued before the Work is returned.
+        for (const ReducePair& p : pairs) {
+          CallInfo one = call;
+          one.collective = Collective::kReduce;
+          one.dtype = p.value[0].dtype();
+          one.count = p.value[0].num_elements();
+          TRIBUTARY_RETURN_IF_ERROR(enqueue_reduce(one, op, p.value, p.destinations, scratch));
+        }
+        return Status();
+      }
+      return enqueue_packed(op, pairs, num_packs, scratch);
+    });
+  }
+
+  void abandon(const Status& why) override {
+    // This rank will not issue the collective its peers wait in: abort the communicators so that
+    // NCCL's peers fail now (their proxies see the connections close).
+    fail_all(why);
+  }
+
+ private:
+  // --- enqueueing -----------------------------------------------------------------------------
+
+  // Runs `one` for every local GPU inside one NCCL group, then waits (bounded) for non-blocking
+  // enqueueing to settle.
+  template <typename Fn>
+  Status group(Fn one) {
+    Status s = nccl_status(ncclGroupStart(), nullptr, "ncclGroupStart");
+    for (size_t i = 0; i < locals_.size() && s.ok(); ++i) {
+      s = gpu::set_device(locals_[i].device.index());
+      if (s.ok()) s = one(i, locals_[i]);
+    }
+    Status end = nccl_status(ncclGroupEnd(), nullptr, "ncclGroupEnd");
+    if (s.ok()) s = end;
+    if (s.ok()) s = settle(Clock::now() + timeout(), "enqueueing the collective");
+    return s;
+  }
+
+  // Polls every communicator until non-blocking work is no longer in progress.
+  Status settle(Clock::time_point deadline, const std::string& what) {
+    for (Local& l : locals_) {
+      for (int spins = 0;; ++spins) {
+        ncclResult_t state = ncclSuccess;
+        Status s = nccl_status(ncclCommGetAsyncError(l.comm, &state), l.comm, "ncclCommGetAsyncError");
+        if (!s.ok()) return s;
+        if (state == ncclSuccess) break;
+        if (state != ncclInProgress) {
+          return nccl_status(state, l.comm, what + " on " + l.device.to_string());
+        }
+        if (Clock::now() > deadline) {
+          return deadline_exceeded(fmt::format(
+              "{} on {} did not complete within {} (timeout=); rank {} of {} processes waited. Are "
+              "all processes running, each with the same number of GPUs? NCCL_DEBUG=INFO shows "
+              "what NCCL is waiting for",
+              what, l.device.to_string(), nanos_text(timeout()), rank(), world_size()));
+        }
+        if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    return Status();
+  }
+
+  // The first tensor of `ts` on `device`, or null.
+  static void* on_device(std::span<const Tensor> ts, const Device& device) {
+    for (const Tensor& t : ts) {
+      if (t.device() == device) return t.data();
+    }
+    return nullptr;
+  }
+
+  size_t local_index(const Device& d) const {
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      if (locals_[i].device == d) return i;
+    }
+    return locals_.size();
+  }
+
+  Status divide_on(size_t i, const Tensor& t, int64_t count) {
+    return algorithms::device_divide(t.dtype(), t.data(), static_cast<size_t>(count),
+                                     num_replicas_in_sync(),
+                                     gpu::physical_device(locals_[i].device.index()),
+                                     locals_[i].stream.get());
+  }
+
+  // Copies buffers[i] (on local GPU i) to every destination that is not that buffer: from the
+  // buffer on the destination's own GPU when it is local, else from buffers[0].
+  Status copy_out(std::span<const Tensor> destinations, const std::vector<void*>& buffers,
+                  size_t bytes) {
+    for (const Tensor& d : destinations) {
+      size_t i = local_index(d.device());
+      if (i == locals_.size()) i = 0;
+      if (d.data() == buffers[i]) continue;
+      TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(d.data(), d.device(), buffers[i],
+                                                locals_[i].device, bytes, locals_[i].stream.get()));
+    }
+    return Status();
+  }
+
+  Status enqueue_reduce(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& value,
+                        const Mirrored<Tensor>& destinations, Scratch& scratch) {
+    const auto [nop, divide] = nccl_op(op, call.dtype);
+    const size_t bytes = value[0].nbytes();
+    const auto count = static_cast<size_t>(call.count);
+    const ncclDataType_t type = nccl_type(call.dtype);
+    if (world_size() == 1) {
+      // ncclReduce to the local GPU of the first destination (GPU 0's when it is not local).
+      size_t root = local_index(destinations[0].device());
+      if (root == locals_.size()) root = 0;
+      void* target = on_device(destinations.values(), locals_[root].device);
+      if (target == nullptr) {
+        TRIBUTARY_ASSIGN_OR_RETURN(target, scratch.get(bytes, locals_[root].device.index(),
+                                                       locals_[root].stream.get()));
+      }
+      TRIBUTARY_RETURN_IF_ERROR(group([&](size_t i, Local& l) {
+        return nccl_status(ncclReduce(value[i].data(), i == root ? target : nullptr, count, type,
+                                      nop, static_cast<int>(root), l.comm, cuda(l.stream.get())),
+                           l.comm, "ncclReduce");
+      }));
+      if (divide) {
+        TRIBUTARY_RETURN_IF_ERROR(divide_on(root, Tensor(target, call.dtype, call.count,
+                                                         locals_[root].device), call.count));
+      }
+      for (const Tensor& d : destinations.values()) {
+        if (d.data() == target) continue;
+        TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(d.data(), d.device(), target,
+                                                  locals_[root].device, bytes,
+                                                  locals_[root].stream.get()));
+      }
+      return Status();
+    }
+    // Across processes every process needs the value: an all-reduce, into a destination on each
+    // local GPU where there is one.
+    std::vector<void*> buffers(locals_.size(), nullptr);
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      // NCCL reduces in place when a destination is the replica's own input.
+      buffers[i] = on_device(destinations.values(), locals_[i].device);
+      if (buffers[i] == nullptr) {
+        TRIBUTARY_ASSIGN_OR_RETURN(buffers[i], scratch.get(bytes, locals_[i].device.index(),
+                                                           locals_[i].stream.get()));
+      }
+    }
+    TRIBUTARY_RETURN_IF_ERROR(group([&](size_t i, Local& l) {
+      return nccl_status(ncclAllReduce(value[i].data(), buffers[i], count, type, nop, l.comm,
+                                       cuda(l.stream.get())),
+                         l.comm, "ncclAllReduce");
+    }));
+    if (divide) {
+      for (size_t i = 0; i < locals_.size(); ++i) {
+        TRIBUTARY_RETURN_IF_ERROR(
+            divide_on(i, Tensor(buffers[i], call.dtype, call.count, locals_[i].device), call.count));
+      }
+    }
+    return copy_out(destinations.values(), buffers, bytes);
+  }
+
+  // TF's _ConcatAndSplitPacker: concatenate every value per GPU, split into num_packs pieces,
+  // all-reduce each piece, then copy the slices back to the destinations.
+  Status enqueue_packed(ReduceOp op, std::span<const ReducePair> pairs, int64_t num_packs,
+                        Scratch& scratch) {
+    const DType dtype = pairs[0].value[0].dtype();
+    const auto [nop, divide] = nccl_op(op, dtype);
+    const size_t esize = dtype_size(dtype);
+    int64_t total = 0;
+    for (const ReducePair& p : pairs) total += p.value[0].num_elements();
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<int64_t> packs,
+                               algorithms::split_num_packs(total, num_packs));
+    std::vector<void*> flat(locals_.size());
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      const Local& l = locals_[i];
+      TRIBUTARY_ASSIGN_OR_RETURN(flat[i], scratch.get(static_cast<size_t>(total) * esize,
+                                                      l.device.index(), l.stream.get()));
+      size_t offset = 0;
+      for (const ReducePair& p : pairs) {
+        const Tensor& v = p.value[i];
+        TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(static_cast<char*>(flat[i]) + offset, l.device,
+                                                  v.data(), v.device(), v.nbytes(),
+                                                  l.stream.get()));
+        offset += v.nbytes();
+      }
+    }
+    TRIBUTARY_RETURN_IF_ERROR(group([&](size_t i, Local& l) {
+      size_t offset = 0;
+      for (int64_t n : packs) {
+        char* at = static_cast<char*>(flat[i]) + offset;
+        if (n > 0) {
+          TRIBUTARY_RETURN_IF_ERROR(nccl_status(
+              ncclAllReduce(at, at, static_cast<size_t>(n), nccl_type(dtype), nop, l.comm,
+                            cuda(l.stream.get())),
+              l.comm, "ncclAllReduce (pack)"));
+        }
+        offset += static_cast<size_t>(n) * esize;
+      }
+      return Status();
+    }));
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      const Local& l = locals_[i];
+      if (divide) {
+        TRIBUTARY_RETURN_IF_ERROR(divide_on(i, Tensor(flat[i], dtype, total, l.device), total));
+      }
+      size_t offset = 0;
+      for (const ReducePair& p : pairs) {
+        const Tensor& d = p.destinations[i];
+        TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(d.data(), d.device(),
+                                                  static_cast<char*>(flat[i]) + offset, l.device,
+                                                  d.nbytes(), l.stream.get()));
+        offset += d.nbytes();
+      }
+    }
+    return Status();
+  }
+
+  // Enqueues with `body`, records an event per local GPU, and hands the Work to the watchdog.
+  template <typename Body>
+  Work launch(const CallInfo& call, Body body) {
+    if (Status b = failure(); !b.ok()) return Work::completed(b);
+    Status s;
+    {
+      Scratch scratch;  // freed in stream order once everything is enqueued
+      s = body(scratch);
+    }
+    std::shared_ptr<std::vector<gpu::Event>> events;
+    if (s.ok()) {
+      auto taken = events_->take();
+      if (taken.ok()) {
+        events = std::move(taken).value();
+      } else {
+        s = taken.status();
+      }
+    }
+    for (size_t i = 0; i < locals_.size() && s.ok(); ++i) {
+      s = (*events)[i].record(locals_[i].stream.get());
+    }
+    if (!s.ok()) {
+      // Half-enqueued: the group is in an unknown state. Abort so that the peers fail too.
+      Status failed = s.with_context("nccl: " + call.describe());
+      fail_all(failed);
+      return Work::completed(failed);
+    }
+    Work work;
+    work.set_stream_waiter([events](void* stream) -> Status {
+      for (const gpu::Event& e : *events) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
+      return Status();
+    });
+    bool wake = false;
+    {
+      std::lock_guard lock(mu_);
+      pending_.push_back(Pending{call, work, std::move(events), call.start + call.timeout});
+      wake = sleeping_;
+    }
+    if (wake) cv_.notify_one();  // a futex call only when the watchdog sleeps
+    return work;
+  }
+
+  // --- the watchdog -----------------------------------------------------------------------------
+
+  void watch() {
+    auto idle_since = Clock::now();
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      if (pending_.empty()) {
+        sleeping_ = true;
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
+        sleeping_ = false;
+        idle_since = Clock::now();
+        continue;
+      }
+      Pending head = pending_.front();
+      lock.unlock();
+      bool done = true;
+      Status s;
+      for (const gpu::Event& e : *head.events) {
+        StatusOr<bool> q = e.query();
+        if (!q.ok()) {
+          s = q.status();
+          break;
+        }
+        if (!*q) {
+          done = false;
+          break;
+        }
+      }
+      if (s.ok()) s = async_errors();
+      if (s.ok() && !done && Clock::now() > head.deadline) {
+        s = deadline_exceeded(fmt::format(
+            "{} did not complete within {} (timeout=): a peer process is dead, stalled, or issued "
+            "a different collective; rank {} aborted its NCCL communicators",
+            head.call.describe(), nanos_text(timeout()), rank()));
+      }
+      if (!s.ok()) {
+        const std::string what = head.call.describe();
+        fail_all(s.message().find(what) == std::string::npos ? s.with_context("nccl: " + what)
+                                                             : s);
+        lock.lock();
+        continue;
+      }
+      if (done) {
+        lock.lock();
+        if (!pending_.empty() && pending_.front().call.sequence == head.call.sequence) {
+          pending_.pop_front();
+        }
+        lock.unlock();
+        head.work.complete(Status());
+        idle_since = Clock::now();
+        lock.lock();
+        continue;
+      }
+      // In flight: poll closely for a while (a small collective takes microseconds), then back off.
+      if (Clock::now() - idle_since < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      lock.lock();
+    }
+  }
+
+  Status async_errors() {
+    std::lock_guard lock(comm_mu_);
+    if (aborted_) return Status();
+    for (Local& l : locals_) {
+      ncclResult_t state = ncclSuccess;
+      Status s = nccl_status(ncclCommGetAsyncError(l.comm, &state), l.comm, "ncclCommGetAsyncError");
+      if (!s.ok()) return s;
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return nccl_status(state, l.comm, "NCCL on " + l.device.to_string());
+      }
+    }
+    return Status();
+  }
+
+  Status failure() const {
+    std::lock_guard lock(comm_mu_);
+    return failure_;
+  }
+
+  // Aborts the communicators and fails every pending Work with `why`.
+  void fail_all(const Status& why) {
+    {
+      std::lock_guard lock(comm_mu_);
+      if (failure_.ok()) failure_ = why;
+    }
+    abort_communicators();
+    fail_pending(why);
+  }
+
+  void fail_pending(const Status& why) {
+    std::deque<Pending> failed;
+    {
+      std::lock_guard lock(mu_);
+      failed.swap(pending_);
+    }
+    for (Pending& p : failed) p.work.complete(why);
+  }
+
+  // A healthy communicator: ncclCommFinalize (non-blocking, bounded) then ncclCommDestroy. Any
+  // that does not finalize in time is left to abort_communicators().
+  void destroy_communicators() {
+    std::lock_guard lock(comm_mu_);
+    if (aborted_) return;
+    for (Local& l : locals_) {
+      if (l.comm == nullptr) continue;
+      (void)gpu::set_device(l.device.index());
+      (void)ncclCommFinalize(l.comm);
+    }
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    for (Local& l : locals_) {
+      if (l.comm == nullptr) continue;
+      ncclResult_t state = ncclInProgress;
+      while (ncclCommGetAsyncError(l.comm, &state) == ncclSuccess && state == ncclInProgress &&
+             Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (state == ncclSuccess) {
+        (void)gpu::set_device(l.device.index());
+        (void)ncclCommDestroy(l.comm);
+        l.comm = nullptr;
+      }
+    }
+  }
+
+  void abort_communicators() {
+    std::lock_guard lock(comm_mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    for (Local& l : locals_) {
+      if (l.comm != nullptr) {
+        (void)gpu::set_device(l.device.index());
+        (void)ncclCommAbort(l.comm);
+        l.comm = nullptr;
+      }
+    }
+  }
+
+  // Rank 0 makes the unique id; every rank checks that all use the same number of GPUs (NCCL would
+  // otherwise wait forever for ranks that never come).
+  Status exchange_id(Store& store, ncclUniqueId& id, Clock::time_point deadline) {
+    const int G = num_local_replicas();
+    TRIBUTARY_RETURN_IF_ERROR(store.set(fmt::format("gpus/{}", rank()), std::to_string(G)));
+    if (rank() == 0) {
+      TRIBUTARY_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId"));
+      TRIBUTARY_RETURN_IF_ERROR(
+          store.set("unique_id", std::string(reinterpret_cast<const char*>(&id), sizeof(id))));
+    }
+    auto left = [&] {
+      return std::chrono::duration_cast<Store::Duration>(
+          std::max(Clock::duration::zero(), deadline - Clock::now()));
+    };
+    for (int r = 0; r < world_size(); ++r) {
+      auto got = store.get(fmt::format("gpus/{}", r), left());
+      if (!got.ok()) {
+        return got.status().with_context(fmt::format(
+            "backend 'nccl' (rank {}): rank {} did not join (is it running?)", rank(), r));
+      }
+      if (*got != std::to_string(G)) {
+        return invalid_argument(fmt::format(
+            "backend 'nccl': rank {} drives {} GPU(s) but rank {} drives {}; every process must "
+            "use the same number of GPUs",
+            r, *got, rank(), G));
+      }
+    }
+    if (rank() != 0) {
+      auto got = store.get("unique_id", left());
+      if (!got.ok()) {
+        return got.status().with_context(
+            fmt::format("backend 'nccl' (rank {}): waiting for rank 0's NCCL unique id", rank()));
+      }
+      if (got->size() != sizeof(id)) {
+        return data_loss(fmt::format("backend 'nccl': the NCCL unique id in the store has {} "
+                                     "bytes, not {}; do all processes use the same NCCL?",
+                                     got->size(), sizeof(id)));
+      }
+      std::memcpy(&id, got->data(), sizeof(id));
+    }
+    return Status();
+  }
+
+  std::vector<Local> locals_;
+  std::mutex mu_;  // pending_, stop_
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool stop_ = false;
+  bool sleeping_ = false;  // the watchdog waits on cv_ (nothing pending)
+  std::shared_ptr<EventPool> events_;
+  mutable std::mutex comm_mu_;  // aborted_, failure_, and the communicators' teardown
+  bool aborted_ = false;
+  Status failure_;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CrossDeviceOps>> make_nccl_ops(BackendContext context, Options options,
+                                                        Capabilities caps,
+                                                        std::shared_ptr<Store> scope) {
+  auto ops = std::make_unique<NcclOps>(std::move(context), std::move(options), std::move(caps));
+  TRIBUTARY_RETURN_IF_ERROR(ops->init(scope));
+  std::unique_ptr<CrossDeviceOps> out = std::move(ops);
+  if (scope) internal::attach_progress_store(*out, scope);
+  return out;
+}
+
+std::string nccl_runtime_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown (ncclGetVersion failed)";
+  // Since 2.9: major * 10000 + minor * 100 + patch.
+  return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+}  // namespace tributary::backends

@@ -1,0 +1,378 @@
+// core/gpu.h over the CUDA runtime, and the CUDA allocator of tensor.h. The one place where CUDA
+// runtime errors become Status (the nccl backend translates NCCL's own codes in its folder).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+#include <string>
+
+#include "core/gpu.h"
+#include "fmt/format.h"
+#include "tributary/tensor.h"
+
+namespace tributary {
+namespace gpu {
+namespace {
+
+std::string bytes_text(size_t bytes) {
+  if (bytes >= (size_t{1} << 20)) return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20));
+  if (bytes >= 1024) return fmt::format("{:.1f} KiB", double(bytes) / 1024);
+  return fmt::format("{} B", bytes);
+}
+
+Status cuda_status(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status();
+  std::string text = what + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return resource_exhausted(text);
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidDevice:
+      return invalid_argument(text);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+      return failed_precondition(text + " (" + visible_devices_text() + ")");
+    default:
+      return internal_error(text);
+  }
+}
+
+struct Count {
+  int n = 0;
+  cudaError_t err = cudaSuccess;
+};
+
+const Count& count_once() {
+  static const Count c = [] {
+    Count r;
+    r.err = cudaGetDeviceCount(&r.n);
+    if (r.err != cudaSuccess) {
+      r.n = 0;
+      (void)cudaGetLastError();  // not sticky: clear it
+    }
+    return r;
+  }();
+  return c;
+}
+
+}  // namespace
+
+int virtual_per_physical() {
+  static const int n = [] {
+    const char* v = std::getenv("TRIBUTARY_VIRTUAL_GPUS");
+    if (v == nullptr || *v == '\0') return 1;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end != '\0' || x < 1 || x > 64) {
+      std::fprintf(stderr,
+                   "tributary: warning: TRIBUTARY_VIRTUAL_GPUS=%s is not a count from 1 to 64; "
+                   "using 1 (no virtual GPUs)\n", v);
+      return 1;
+    }
+    return static_cast<int>(x);
+  }();
+  return n;
+}
+
+int physical_device(int logical) { return logical / virtual_per_physical(); }
+
+int physical_device_count() { return count_once().n; }
+
+std::string version_text(int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); }
+
+std::string visible_devices_text() {
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  return v == nullptr ? "CUDA_VISIBLE_DEVICES is unset" : fmt::format("CUDA_VISIBLE_DEVICES={}", v);
+}
+
+int device_count() { return count_once().n * virtual_per_physical(); }
+
+RuntimeInfo runtime_info() {
+  RuntimeInfo info;
+  info.built = true;
+  (void)cudaRuntimeGetVersion(&info.runtime_version);
+  if (cudaDriverGetVersion(&info.driver_version) != cudaSuccess) info.driver_version = 0;
+  const Count& c = count_once();
+  info.device_count = c.n;
+  if (c.err != cudaSuccess) {
+    info.error = fmt::format("{}: {}", cudaGetErrorName(c.err), cudaGetErrorString(c.err));
+  } else if (c.n == 0) {
+    info.error = "the driver reports no CUDA device";
+  }
+  for (int i = 0; i < c.n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    info.devices.push_back(fmt::format("GPU:{} {}, sm_{}{}, {:.1f} GiB, {} SMs, PCI {:04x}:{:02x}:{:02x}",
+                                       i, p.name, p.major, p.minor,
+                                       double(p.totalGlobalMem) / double(1ull << 30),
+                                       p.multiProcessorCount, p.pciDomainID, p.pciBusID,
+                                       p.pciDeviceID));
+  }
+  return info;
+}
+
+Status check_visible(const Device& device) {
+  if (!device.is_cuda()) return Status();
+  const Count& phys = count_once();
+  const Count c{phys.n * virtual_per_physical(), phys.err};
+  if (c.n == 0) {
+    std::string why = c.err != cudaSuccess
+                          ? fmt::format("the CUDA runtime says {}: {}", cudaGetErrorName(c.err),
+                                        cudaGetErrorString(c.err))
+                          : "the driver reports no CUDA device";
+    return failed_precondition(fmt::format(
+        "{} is not usable: no CUDA device is visible to this process ({}; {}). Run on a machine "
+        "with an NVIDIA GPU and its driver, or use CPU devices",
+        device.to_string(), visible_devices_text(), why));
+  }
+  if (device.index() < 0 || device.index() >= c.n) {
+    return failed_precondition(fmt::format(
+        "{} is not usable: only {} CUDA device{} visible (GPU:0{}; {})", device.to_string(), c.n,
+        c.n == 1 ? " is" : "s are", c.n == 1 ? "" : fmt::format("..GPU:{}", c.n - 1),
+        visible_devices_text()));
+  }
+  return Status();
+}
+
+Status set_device(int device) {
+  const int physical = physical_device(device);
+  return cuda_status(cudaSetDevice(physical),
+                     physical == device ? fmt::format("cudaSetDevice({})", device)
+                                        : fmt::format("cudaSetDevice({}) for virtual GPU:{}",
+                                                      physical, device));
+}
+
+// --- Stream ----------------------------------------------------------------------------------------
+
+StatusOr<Stream> Stream::create(int device) {
+  TRIBUTARY_RETURN_IF_ERROR(check_visible(Device::cuda(device)));
+  TRIBUTARY_RETURN_IF_ERROR(set_device(device));
+  cudaStream_t s = nullptr;
+  TRIBUTARY_RETURN_IF_ERROR(
+      cuda_status(cudaStreamCreate(&s), fmt::format("cudaStreamCreate on GPU:{}", device)));
+  Stream out;
+  out.stream_ = s;
+  out.device_ = device;
+  return out;
+}
+
+Stream::~Stream() {
+  if (stream_ != nullptr) {
+    (void)cudaSetDevice(physical_device(device_));
+    (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+}
+
+Stream::Stream(Stream&& other) noexcept
+    : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    Stream old(std::move(*this));
+    stream_ = std::exchange(other.stream_, nullptr);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+Status Stream::synchronize() const {
+  return cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+                     fmt::format("cudaStreamSynchronize on GPU:{}", device_));
+}
+
+Status synchronize(void* stream, int device) {
+  return cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+                     fmt::format("cudaStreamSynchronize on GPU:{}", device));
+}
+
+// --- Event -----------------------------------------------------------------------------------------
+
+StatusOr<Event> Event::create(int device, bool timing) {
+  TRIBUTARY_RETURN_IF_ERROR(set_device(device));
+  cudaEvent_t e = nullptr;
+  TRIBUTARY_RETURN_IF_ERROR(cuda_status(
+      cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+      fmt::format("cudaEventCreate on GPU:{}", device)));
+  Event out;
+  out.event_ = e;
+  out.device_ = device;
+  return out;
+}
+
+Event::~Event() {
+  if (event_ != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+Event::Event(Event&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    Event old(std::move(*this));
+    event_ = std::exchange(other.event_, nullptr);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+Status Event::record(void* stream) const {
+  return cuda_status(
+      cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)),
+      fmt::format("cudaEventRecord on GPU:{}", device_));
+}
+
+StatusOr<bool> Event::query() const {
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) return false;
+  return cuda_status(err, fmt::format("cudaEventQuery on GPU:{}", device_));
+}
+
+Status Event::synchronize() const {
+  return cuda_status(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)),
+                     fmt::format("cudaEventSynchronize on GPU:{}", device_));
+}
+
+Status Event::block_stream(void* stream) const {
+  return cuda_status(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                         static_cast<cudaEvent_t>(event_), 0),
+                     fmt::format("cudaStreamWaitEvent (an event of GPU:{})", device_));
+}
+
+StatusOr<float> Event::elapsed_ms_since(const Event& start) const {
+  float ms = 0;
+  TRIBUTARY_RETURN_IF_ERROR(cuda_status(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_),
+                           static_cast<cudaEvent_t>(event_)),
+      "cudaEventElapsedTime"));
+  return ms;
+}
+
+// --- memory ----------------------------------------------------------------------------------------
+
+Status copy_async(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                  size_t bytes, void* stream) {
+  if (bytes == 0 || dst == src) return Status();
+  auto s = static_cast<cudaStream_t>(stream);
+  if (dst_device.is_cuda() && src_device.is_cuda() &&
+      physical_device(dst_device.index()) != physical_device(src_device.index())) {
+    return cuda_status(cudaMemcpyPeerAsync(dst, physical_device(dst_device.index()), src,
+                                           physical_device(src_device.index()), bytes, s),
+        fmt::format("cudaMemcpyPeerAsync {} -> {} ({})", src_device.to_string(),
+                    dst_device.to_string(), bytes_text(bytes)));
+  }
+  return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
+                     fmt::format("cudaMemcpyAsync {} -> {} ({})", src_device.to_string(),
+                                 dst_device.to_string(), bytes_text(bytes)));
+}
+
+StatusOr<void*> allocate_async(size_t bytes, int device, void* stream) {
+  TRIBUTARY_RETURN_IF_ERROR(set_device(device));
+  void* p = nullptr;
+  TRIBUTARY_RETURN_IF_ERROR(
+      cuda_status(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(stream)),
+                  fmt::format("cudaMallocAsync of {} on GPU:{}", bytes_text(bytes), device)));
+  return p;
+}
+
+Status free_async(void* ptr, int device, void* stream) {
+  if (ptr == nullptr) return Status();
+  TRIBUTARY_RETURN_IF_ERROR(set_device(device));
+  return cuda_status(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)),
+                     fmt::format("cudaFreeAsync on GPU:{}", device));
+}
+
+StatusOr<void*> allocate_pinned(size_t bytes) {
+  void* p = nullptr;
+  TRIBUTARY_RETURN_IF_ERROR(cuda_status(cudaMallocHost(&p, bytes == 0 ? 1 : bytes),
+                                        fmt::format("cudaMallocHost of {}", bytes_text(bytes))));
+  return p;
+}
+
+void free_pinned(void* ptr) noexcept {
+  if (ptr != nullptr) (void)cudaFreeHost(ptr);
+}
+
+StatusOr<PeerLink> peer_link(int from, int to) {
+  PeerLink link;
+  from = physical_device(from);
+  to = physical_device(to);
+  if (from == to) {
+    link.access = true;
+    link.performance_rank = 0;
+    return link;
+  }
+  int access = 0;
+  TRIBUTARY_RETURN_IF_ERROR(cuda_status(cudaDeviceCanAccessPeer(&access, from, to),
+                                        fmt::format("cudaDeviceCanAccessPeer({}, {})", from, to)));
+  link.access = access != 0;
+  if (link.access) {
+    int rank = -1;
+    if (cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, from, to) == cudaSuccess) {
+      link.performance_rank = rank;
+    }
+  }
+  return link;
+}
+
+Status enable_peer_access(int from, int to) {
+  if (physical_device(from) == physical_device(to)) return Status();
+  to = physical_device(to);
+  TRIBUTARY_RETURN_IF_ERROR(set_device(from));
+  cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);  // from the current (physical) device
+  if (err == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+    return Status();
+  }
+  return cuda_status(err, fmt::format("cudaDeviceEnablePeerAccess GPU:{} -> GPU:{}", from, to));
+}
+
+Status last_error(const std::string& what) { return cuda_status(cudaGetLastError(), what); }
+
+}  // namespace gpu
+
+// --- the CUDA allocator of tensor.h ----------------------------------------------------------------
+
+namespace {
+
+class CudaAllocator final : public Allocator {
+ public:
+  StatusOr<void*> allocate(const Device& device, size_t bytes) override {
+    if (!device.is_cuda()) return invalid_argument("CUDA allocator asked for " + device.to_string());
+    TRIBUTARY_RETURN_IF_ERROR(gpu::check_visible(device));
+    TRIBUTARY_RETURN_IF_ERROR(gpu::set_device(device.index()));
+    void* p = nullptr;
+    TRIBUTARY_RETURN_IF_ERROR(gpu::cuda_status(
+        cudaMalloc(&p, bytes == 0 ? 1 : bytes),
+        fmt::format("cudaMalloc of {} on {}", gpu::bytes_text(bytes), device.to_string())));
+    return p;
+  }
+  void deallocate(const Device& device, void* ptr, size_t) noexcept override {
+    (void)cudaSetDevice(gpu::physical_device(device.index()));
+    (void)cudaFree(ptr);
+  }
+  Status copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+              size_t bytes) override {
+    if (bytes == 0 || dst == src) return Status();
+    // Synchronous, on the legacy default stream: unified addressing picks the direction.
+    TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(dst, dst_device, src, src_device, bytes, nullptr));
+    return gpu::cuda_status(cudaStreamSynchronize(nullptr),
+                            "cudaMemcpy " + src_device.to_string() + " -> " +
+                                dst_device.to_string());
+  }
+};
+
+}  // namespace
+
+Allocator* cuda_allocator() {
+  static CudaAllocator allocator;
+  return &allocator;
+}
+
+int cuda_device_count() { return gpu::device_count(); }
+
+bool cuda_available() { return gpu::device_count() > 0; }
+
+}  // namespace tributary
