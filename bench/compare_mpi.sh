@@ -61,8 +61,10 @@ n_for() {
 # "oop_time oop_busbw ip_time ip_busbw" of one size, from each program's table ("" if it failed).
 ours() {  # spec size
   local n; n=$(n_for "$2")
-  "$build/bench/tributary-bench" --np "$np" -r 1 --backend "$1" --sizes "$2" -n "$n" \
-    -w $(( n / 4 + 1 )) -q | awk '!/^#/ && NF >= 12 { print $5, $7, $9, $11; exit }' || true
+  # nccl-tests' columns: size count type redop root, then time algbw busbw #wrong out of place
+  # ($6 $7 $8 $9) and in place ($10 $11 $12 $13).
+  "$build/bench/tributary-bench" --np "$np" --replicas 1 --backend "$1" --sizes "$2" -n "$n" \
+    -w $(( n / 4 + 1 )) -q | awk '!/^#/ && NF >= 13 { print $6, $8, $10, $12; exit }' || true
 }
 theirs() {  # size, then mpirun options
   local size=$1 n; shift

@@ -1,8 +1,12 @@
 #include "bench/report.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -77,15 +81,106 @@ Machine Machine::probe() {
   return m;
 }
 
+namespace {
+
+// "float32" or "float32,float64,..." (the -d list); the same for ops.
+std::string dtype_list(const BenchOptions& o) {
+  std::string s;
+  for (DType d : o.dtypes) s += (s.empty() ? "" : ",") + std::string(dtype_name(d));
+  return s;
+}
+std::string op_list(const BenchOptions& o) {
+  std::string s;
+  for (ReduceOp op : o.ops) s += (s.empty() ? "" : ",") + std::string(reduce_op_name(op));
+  return s;
+}
+
+bool on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string_view rest = path != nullptr ? path : "/usr/bin:/bin";
+  while (!rest.empty()) {
+    const size_t colon = rest.find(':');
+    std::string dir(rest.substr(0, colon));
+    if (dir.empty()) dir = ".";
+    if (access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  return false;
+}
+
+std::string time_text(double us) {
+  // nccl-tests' width; fewer decimals once the figure is large, so that the columns stay aligned.
+  return fmt_num(us >= 1e5 ? "%7.0f" : us >= 1e4 ? "%7.1f" : "%7.2f", us);
+}
+
+}  // namespace
+
+Status check_output_path(std::string_view flag, const std::string& path) {
+  if (path.empty()) return Status();
+  const std::string what = std::string(flag) + " file '" + path + "'";
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return invalid_argument("cannot write " + what + ": it is a folder");
+    if (access(path.c_str(), W_OK) != 0) {
+      return invalid_argument("cannot write " + what + ": " + std::strerror(errno));
+    }
+    return Status();
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return invalid_argument("cannot write " + what + ": the folder '" + dir +
+                            "' does not exist; create it first (nothing was measured)");
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return invalid_argument("cannot write " + what + ": the folder '" + dir +
+                            "' is not writable (" + std::strerror(errno) + ")");
+  }
+  return Status();
+}
+
+Status check_output_paths(const BenchOptions& o) {
+  TRIBUTARY_RETURN_IF_ERROR(check_output_path("-J/--json", o.json_path));
+  TRIBUTARY_RETURN_IF_ERROR(check_output_path("--csv", o.csv_path));
+  TRIBUTARY_RETURN_IF_ERROR(check_output_path("--plot", o.plot_path));
+  if (!o.plot_path.empty() && !on_path("gnuplot")) {
+    return invalid_argument(
+        "--plot needs gnuplot, which is not on the PATH (Debian: gnuplot-nox); "
+        "nothing was measured");
+  }
+  return Status();
+}
+
 std::string format_header(const Report& r) {
   const BenchOptions& o = r.options;
-  std::string s = "# tributary-bench " + std::string(version()) + ": all_reduce " +
-                  std::string(dtype_name(o.dtype)) + " " + std::string(reduce_op_name(o.op)) +
-                  ", " + std::to_string(r.processes) + " process(es) x " +
+  std::string s = "# tributary-bench " + std::string(version()) + ": all_reduce " + dtype_list(o) +
+                  " " + op_list(o) + ", " + std::to_string(r.processes) + " process(es) x " +
                   std::to_string(o.replicas) + " replica(s), ";
   s += o.target_seconds > 0 ? "~" + fmt_num("%g", o.target_seconds * 1e3) + " ms per size"
                             : std::to_string(o.iters) + " iters";
-  s += ", " + std::to_string(o.warmup_iters) + " warmup, check " + (o.check ? "on" : "off") + "\n";
+  s += ", " + std::to_string(o.warmup_iters) + " warmup, check " +
+       (o.check > 0 ? std::to_string(o.check) : std::string("off")) + ", time: " +
+       (o.average == AverageMode::kRank0  ? "rank 0's"
+        : o.average == AverageMode::kMean ? "the ranks' mean"
+        : o.average == AverageMode::kMin  ? "the fastest rank's"
+                                          : "the slowest rank's") +
+       "\n";
+  // nccl-tests' parameter line, for scripts that read it.
+  s += "# nThread " + std::to_string(o.threads) + " nGpus " + std::to_string(o.gpus) +
+       " minBytes " + std::to_string(o.min_bytes) + " maxBytes " + std::to_string(o.max_bytes) +
+       " step: " +
+       (o.step_factor > 1 ? fmt_num("%g", o.step_factor) + "(factor)"
+                          : std::to_string(o.step_bytes) + "(bytes)") +
+       " warmup iters: " + std::to_string(o.warmup_iters) + " iters: " + std::to_string(o.iters) +
+       " agg iters: " + std::to_string(o.agg_iters) + " validation: " + std::to_string(o.check) +
+       " graph: 0\n";
+  if (o.root_given) {
+    s += "# -r/--root: all_reduce has no root; the root column shows -1, as nccl-tests' "
+         "all_reduce_perf prints it (replicas per process are -t/--replicas)\n";
+  }
   s += "# host " + r.machine.host + ": " + r.machine.cpu + ", " + std::to_string(r.machine.cores) +
        " cores, " + fmt_num("%.0f", r.machine.memory_gib) + " GiB\n";
   const int n = r.processes * o.replicas;
@@ -108,44 +203,57 @@ std::string format_header(const Report& r) {
 }
 
 std::string format_table(const Report& r, const BackendResult& b) {
-  std::string s = std::string("#\n# ") + (b.reference ? "reference: " : "backend: ") + b.spec + "  (" + std::to_string(b.processes) +
-                  " process(es) x " + std::to_string(b.replicas) +
-                  " replica(s) = " + std::to_string(b.in_sync()) + " in sync)\n";
+  std::string s = std::string("#\n# ") + (b.reference ? "reference: " : "backend: ") + b.spec +
+                  "  (" + std::to_string(b.processes) + " process(es) x " +
+                  std::to_string(b.replicas) + " replica(s) = " + std::to_string(b.in_sync()) +
+                  " in sync)\n";
   if (!b.skipped.empty()) return s + "# skipped: " + b.skipped + "\n";
-  (void)r;
+  for (const std::string& note : b.notes) s += "# skipped " + note + "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "#%61s%39s\n", "out-of-place", "in-place");
+  std::snprintf(line, sizeof line,
+                "# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
+                "in-place\n",
+                "", "", "", "", "");
   s += line;
-  std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n",
-                "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "time",
+  std::snprintf(line, sizeof line,
+                "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size",
+                "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
                 "algbw", "busbw", "#wrong");
   s += line;
-  std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)",
-                "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
-                "");
+  std::snprintf(line, sizeof line,
+                "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s\n", "(B)",
+                "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+                "(GB/s)", "");
   s += line;
+  const bool out_of_place = !r.options.in_place_only;
   for (const Row& row : b.rows) {
-    std::snprintf(line, sizeof line,
-                  "  %12llu %12lld %8s %6s %10.2f %8.3f %8.3f %6s %10.2f %8.3f %8.3f %6s\n",
+    std::snprintf(line, sizeof line, "%12llu  %12lld  %8s  %6s  %6d",
                   static_cast<unsigned long long>(row.bytes), static_cast<long long>(row.count),
-                  std::string(dtype_name(r.options.dtype)).c_str(),
-                  std::string(reduce_op_name(r.options.op)).c_str(), row.time_us[0], row.algbw[0],
-                  row.busbw[0], wrong_text(row.wrong[0]).c_str(), row.time_us[1], row.algbw[1],
-                  row.busbw[1], wrong_text(row.wrong[1]).c_str());
+                  std::string(dtype_name(row.dtype)).c_str(),
+                  std::string(reduce_op_name(row.op)).c_str(), -1);
     s += line;
+    for (int k = out_of_place ? 0 : 1; k < 2; ++k) {
+      std::snprintf(line, sizeof line, "  %7s  %6.2f  %6.2f  %5s",
+                    time_text(row.time_us[k]).c_str(), row.algbw[k], row.busbw[k],
+                    wrong_text(row.wrong[k]).c_str());
+      s += line;
+    }
+    s += "\n";
   }
-  s += "# Avg bus bandwidth    : " + fmt_num("%.3f", b.avg_busbw()) + " GB/s\n";
-  if (r.options.check) s += "# Out of bounds values : " + std::to_string(b.total_wrong()) + "\n";
+  const int64_t wrong = b.total_wrong();
+  s += "# Out of bounds values : " + std::to_string(wrong) + (wrong > 0 ? " FAILED" : " OK") + "\n";
+  s += "# Avg bus bandwidth    : " + fmt_num("%g", b.avg_busbw()) + "\n";
   return s;
 }
 
 std::string format_summary(const Report& r) {
-  std::string s = "#\n# Summary (average busbw over all sizes, out-of-place and in-place):\n";
+  std::string s =
+      "#\n# Summary (average busbw in GB/s over all sizes, out-of-place and in-place):\n";
   for (const BackendResult& b : r.results) {
     if (!b.skipped.empty()) {
       s += "#   " + b.spec + ": skipped (" + b.skipped + ")\n";
     } else {
-      s += "#   " + fmt_num("%8.3f", b.avg_busbw()) + " GB/s  " + b.spec + "\n";
+      s += "#   " + fmt_num("%8.3f", b.avg_busbw()) + "  " + b.spec + "\n";
     }
   }
   return s;
@@ -157,8 +265,17 @@ Status write_json(const Report& r, const std::string& path) {
   doc["tool"] = "tributary-bench";
   doc["version"] = std::string(version());
   doc["collective"] = "all_reduce";
-  doc["dtype"] = std::string(dtype_name(r.options.dtype));
-  doc["op"] = std::string(reduce_op_name(r.options.op));
+  doc["dtype"] = dtype_list(r.options);  // one name, or the -d list (each row names its own)
+  doc["op"] = op_list(r.options);
+  doc["options"] = {{"nthreads", r.options.threads},
+                    {"ngpus", r.options.gpus},
+                    {"replicas", r.options.replicas},
+                    {"iters", r.options.iters},
+                    {"warmup_iters", r.options.warmup_iters},
+                    {"agg_iters", r.options.agg_iters},
+                    {"check", r.options.check},
+                    {"average", static_cast<int>(r.options.average)},
+                    {"root", -1}};
   doc["machine"] = {{"host", r.machine.host},
                     {"cpu", r.machine.cpu},
                     {"cores", r.machine.cores},
@@ -173,16 +290,19 @@ Status write_json(const Report& r, const std::string& path) {
   }
   json backends = json::array();
   for (const BackendResult& b : r.results) {
-    json jb = {{"requested", b.requested},
-               {"kind", b.reference ? "reference" : "backend"},
-               {"spec", b.spec},
-               {"processes", b.processes},       {"replicas", b.replicas},
-               {"in_sync", b.in_sync()},         {"skipped", b.skipped},
-               {"avg_busbw_gbps", b.avg_busbw()}};
+    json jb = {{"requested", b.requested}, {"kind", b.reference ? "reference" : "backend"},
+               {"spec", b.spec},           {"processes", b.processes},
+               {"replicas", b.replicas},   {"in_sync", b.in_sync()},
+               {"skipped", b.skipped},     {"avg_busbw_gbps", b.avg_busbw()},
+               {"notes", b.notes}};
     json rows = json::array();
     for (const Row& row : b.rows) {
       for (int k = 0; k < 2; ++k) {
-        rows.push_back({{"bytes", row.bytes},
+        if (k == 0 && r.options.in_place_only) continue;
+        rows.push_back({{"dtype", std::string(dtype_name(row.dtype))},
+                        {"op", std::string(reduce_op_name(row.op))},
+                        {"root", -1},
+                        {"bytes", row.bytes},
                         {"count", row.count},
                         {"in_place", k == 1},
                         {"iters", row.iters},
@@ -211,10 +331,10 @@ Status write_csv(const Report& r, const std::string& path) {
     for (const Row& row : b.rows) {
       for (int k = 0; k < 2; ++k) {
         out << '"' << b.spec << "\"," << b.processes << ',' << b.replicas << ','
-            << dtype_name(r.options.dtype) << ',' << reduce_op_name(r.options.op) << ','
-            << row.bytes << ',' << row.count << ',' << (k == 1 ? "true" : "false") << ','
-            << row.iters << ',' << row.time_us[k] << ',' << row.algbw[k] << ',' << row.busbw[k]
-            << ',' << row.wrong[k] << ',' << version() << ',' << r.machine.host << "\n";
+            << dtype_name(row.dtype) << ',' << reduce_op_name(row.op) << ',' << row.bytes << ','
+            << row.count << ',' << (k == 1 ? "true" : "false") << ',' << row.iters << ','
+            << row.time_us[k] << ',' << row.algbw[k] << ',' << row.busbw[k] << ',' << row.wrong[k]
+            << ',' << version() << ',' << r.machine.host << "\n";
       }
     }
   }
@@ -225,11 +345,19 @@ Status write_plot(const Report& r, const std::string& path) {
   std::string data_path = path + ".dat";
   std::ofstream data(data_path);
   if (!data) return unavailable("cannot write '" + data_path + "'");
+  // With -d/-o lists, the first pair only: one line per backend stays readable.
+  const DType dtype = r.options.dtypes.front();
+  const ReduceOp op = r.options.ops.front();
   std::vector<const BackendResult*> drawn;
   for (const BackendResult& b : r.results) {
-    if (!b.skipped.empty() || b.rows.empty()) continue;
-    for (const Row& row : b.rows)
+    if (!b.skipped.empty()) continue;
+    bool any = false;
+    for (const Row& row : b.rows) {
+      if (row.dtype != dtype || row.op != op) continue;
       data << row.bytes << ' ' << row.busbw[0] << ' ' << row.busbw[1] << "\n";
+      any = true;
+    }
+    if (!any) continue;
     data << "\n\n";  // gnuplot data blocks, one per backend
     drawn.push_back(&b);
   }
@@ -238,10 +366,11 @@ Status write_plot(const Report& r, const std::string& path) {
   std::ostringstream g;
   g << "set terminal pngcairo size 1100,650 font ',10'\n"
     << "set output " << gp_quote(path) << "\n"
-    << "set title 'tributary-bench all_reduce " << dtype_name(r.options.dtype) << " "
-    << reduce_op_name(r.options.op) << ", " << r.processes << " process(es) x "
-    << r.options.replicas << " replicas, " << r.machine.host << "' noenhanced\n"
-    << "set xlabel 'message size (bytes)'\nset ylabel 'bus bandwidth, out-of-place (GB/s)'\n"
+    << "set title 'tributary-bench all_reduce " << dtype_name(dtype) << " " << reduce_op_name(op)
+    << ", " << r.processes << " process(es) x " << r.options.replicas << " replicas, "
+    << r.machine.host << "' noenhanced\n"
+    << "set xlabel 'message size (bytes)'\nset ylabel 'bus bandwidth, "
+    << (r.options.in_place_only ? "in-place" : "out-of-place") << " (GB/s)'\n"
     << "set logscale x 2\nset format x '%.0b%B'\nset grid\nset key left top noenhanced\n"
     << "set yrange [0:*]\n";
   if (r.ceiling.memcpy_gbps > 0) {

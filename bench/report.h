@@ -3,14 +3,17 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/bench_options.h"
 
 namespace tributary::bench {
 
-// One message size of one backend; index 0 is out-of-place, 1 is in-place.
+// One message size of one line, for one dtype and op; index 0 is out-of-place, 1 is in-place.
 struct Row {
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
   uint64_t bytes = 0;
   int64_t count = 0;
   int iters = 0;
@@ -23,7 +26,9 @@ struct Row {
 struct BackendResult {
   std::string requested;  // as given on the command line
   std::string spec;       // resolved, every option
-  std::string skipped;    // why it did not run, or empty
+  std::string skipped;    // why it did not run at all, or empty
+  std::vector<std::string>
+      notes;               // "<dtype> <op>: why" for each pair it could not run (-d/-o lists)
   bool reference = false;  // a reference line (lines.h), not a tributary backend
   int processes = 1;
   int replicas = 1;  // per process
@@ -62,7 +67,19 @@ struct Report {
 // busbw = algbw * 2(n-1)/n, as nccl-tests does for all-reduce.
 double bus_factor(int n);
 
+// Fails, naming the flag and the path, when an output file (-J/--json, --csv, --plot) could not be
+// written: its folder is missing or not writable, or the path is a folder. Run before the sweep, so
+// that a typo costs seconds, not the whole run. --plot also needs gnuplot on the PATH.
+Status check_output_paths(const BenchOptions& o);
+// The same check for one file, named in the error as `flag` (tributary-tune's --out).
+Status check_output_path(std::string_view flag, const std::string& path);
+
+// The header: tributary's description of the run, then nccl-tests' parameter line.
 std::string format_header(const Report& r);
+// One line's section: a '#' comment naming it, nccl-tests' column headings and rows (size count
+// type redop root, then time algbw busbw #wrong out of place and in place; root is -1, as
+// nccl-tests prints it for all_reduce), "# Out of bounds values : N OK|FAILED" and
+// "# Avg bus bandwidth    : X" (GB/s, the number last, so that awk '{print $NF}' reads it).
 std::string format_table(const Report& r, const BackendResult& b);
 std::string format_summary(const Report& r);
 Status write_json(const Report& r, const std::string& path);

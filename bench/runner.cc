@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -78,41 +79,174 @@ Status upload(const Tensor& host, const Tensor& device) {
 
 }  // namespace
 
+// One dtype and op of the -d/-o lists.
+struct Pair {
+  DType dtype;
+  ReduceOp op;
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + " " + std::string(reduce_op_name(op));
+  }
+};
+
+// A line of the report: a backend serves every pair it supports with one instance; a reference is
+// made per pair (its dtype and op are fixed when it is made).
+struct Slot {
+  std::unique_ptr<Line> shared;
+  std::vector<std::unique_ptr<Line>> per_pair;  // null where it cannot run
+  std::vector<bool> runs;                       // per pair
+  Line* line(size_t p) const {
+    if (!runs[p]) return nullptr;
+    return shared ? shared.get() : per_pair[p].get();
+  }
+};
+
 class Runner::Impl {
  public:
   const BackendContext& context() const { return ctx_; }
-  Impl(const BenchOptions& o, std::vector<uint64_t> sizes) : o_(o), sizes_(std::move(sizes)) {}
+  explicit Impl(const BenchOptions& o) : o_(o) {
+    for (DType d : o.dtypes) {
+      for (ReduceOp op : o.ops) pairs_.push_back({d, op});
+    }
+    if (o.timeout.count() > 0) timeout_ = o.timeout;
+  }
 
   Status setup(Report* report) {
+    uint64_t max_bytes = 0;
+    for (DType d : o_.dtypes) {
+      TRIBUTARY_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, bench_sizes(o_, d));
+      max_bytes = std::max(max_bytes, sizes.back());
+      sizes_.push_back(std::move(sizes));
+    }
     std::vector<Device> devices;
     for (int r = 0; r < o_.replicas; ++r) {
       devices.push_back(o_.gpus > 0 ? Device::cuda(r) : Device::cpu(r));
     }
     TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
+    if (o_.timeout.count() > 0) {
+      // -T bounds every backend's collectives and the rendezvous, as TRIBUTARY_TIMEOUT does (a
+      // spec's own timeout= still wins for that backend).
+      config.set("TRIBUTARY_TIMEOUT", std::to_string(o_.timeout.count()) + "ms", "-T/--timeout");
+    }
     // One process, or one rank of several (under tributary-run, TF_CONFIG, torchrun, Slurm...).
     // The longest timeout= among the specs bounds the rendezvous too.
     TRIBUTARY_ASSIGN_OR_RETURN(ctx_,
                                make_backend_context(devices, config, spec_timeout(o_.backends)));
     report->processes = ctx_.world_size;
     report->rank = ctx_.rank;
-    BackendRegistry registry = builtin_backends();
-    std::vector<std::string> specs = o_.backends;
-    if (specs.empty()) {
-      // The default: every backend that serves this layout (in-process ones for one process);
-      // across processes ring also over TCP, so that the same-host path's gain shows beside it.
-      // On GPUs: every backend that serves GPUs (nccl serves one process too).
-      for (const BackendInfo& b : registry.backends()) {
-        if (o_.gpus > 0) {
-          if (b.capabilities.supports(DeviceType::kCuda) &&
-              (b.capabilities.multi_process || ctx_.world_size == 1)) {
-            specs.push_back(b.name);
+    TRIBUTARY_RETURN_IF_ERROR(make_lines(report));
+    for (int r = 0; r < o_.replicas; ++r) {
+      Replica rep;
+      const Shape shape{static_cast<int64_t>(max_bytes)};
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.in, Buffer::allocate(DType::kUInt8, shape, ctx_.devices[r]));
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.out, Buffer::allocate(DType::kUInt8, shape, ctx_.devices[r]));
+      if (o_.gpus > 0) {
+        // Device buffers are written and read through a host copy (fill, check).
+        TRIBUTARY_ASSIGN_OR_RETURN(rep.host, Buffer::allocate(DType::kUInt8, shape));
+        std::memset(rep.host.data(), 0, rep.host.nbytes());
+        TRIBUTARY_RETURN_IF_ERROR(upload(rep.host.tensor(), rep.in.tensor()));
+        TRIBUTARY_RETURN_IF_ERROR(upload(rep.host.tensor(), rep.out.tensor()));
+      } else {
+        std::memset(rep.in.data(), 0, rep.in.nbytes());  // touch every page before timing
+        std::memset(rep.out.data(), 0, rep.out.nbytes());
+      }
+      replicas_.push_back(std::move(rep));
+    }
+    return Status();
+  }
+
+  // Pairs outer (as nccl-tests loops over -d all / -o all), then sizes, lines inner: drift on a
+  // noisy machine hits every line alike.
+  Status run(Report* report) {
+    const bool progress = !o_.quiet && ctx_.rank == 0 && isatty(STDERR_FILENO);
+    for (size_t p = 0; p < pairs_.size(); ++p) {
+      const std::vector<uint64_t>& sizes = sizes_[p / o_.ops.size()];
+      for (size_t si = 0; si < sizes.size(); ++si) {
+        for (size_t bi = 0; bi < slots_.size(); ++bi) {
+          Line* line = slots_[bi].line(p);
+          if (line == nullptr) continue;
+          if (progress) {
+            std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s %s (%zu/%zu sizes)", bi + 1,
+                         slots_.size(), line->spec().c_str(), pairs_[p].name().c_str(),
+                         format_size(sizes[si]).c_str(), si + 1, sizes.size());
           }
-          continue;
+          Row row;
+          TRIBUTARY_RETURN_IF_ERROR(measure(*line, pairs_[p], sizes[si], &row));
+          report->results[bi].rows.push_back(row);
         }
-        if (b.capabilities.multi_process == (ctx_.world_size > 1)) specs.push_back(b.name);
-        if (b.name == "ring" && ctx_.world_size > 1) specs.push_back("ring:intra_host=net");
       }
     }
+    if (progress) std::fprintf(stderr, "\r\033[K");
+    return Status();
+  }
+
+ private:
+  std::vector<std::string> default_specs() const {
+    // Every backend that serves this layout (in-process ones for one process); across processes
+    // ring also over TCP, so that the same-host path's gain shows beside it. On GPUs: every
+    // backend that serves GPUs (nccl serves one process too).
+    std::vector<std::string> specs;
+    const BackendRegistry registry = builtin_backends();  // outlives the loop over its list
+    for (const BackendInfo& b : registry.backends()) {
+      if (o_.gpus > 0) {
+        if (b.capabilities.supports(DeviceType::kCuda) &&
+            (b.capabilities.multi_process || ctx_.world_size == 1)) {
+          specs.push_back(b.name);
+        }
+        continue;
+      }
+      if (b.capabilities.multi_process == (ctx_.world_size > 1)) specs.push_back(b.name);
+      if (b.name == "ring" && ctx_.world_size > 1) specs.push_back("ring:intra_host=net");
+    }
+    return specs;
+  }
+
+  // Creates one line; `why` receives, per pair, why it cannot run there (empty where it can).
+  Slot make_slot(const BackendRegistry& registry, const std::string& spec, bool reference,
+                 BackendResult* result, std::vector<std::string>* why) {
+    Slot slot;
+    slot.runs.assign(pairs_.size(), false);
+    why->assign(pairs_.size(), "");
+    if (reference) {
+      auto parsed = BackendSpec::parse(spec);
+      for (size_t p = 0; p < pairs_.size(); ++p) {
+        auto made = parsed.ok() ? reference_line(*parsed, ctx_, pairs_[p].dtype, pairs_[p].op)
+                                : StatusOr<std::unique_ptr<Line>>(parsed.status());
+        if (made.ok()) {
+          result->spec = (*made)->spec();
+          slot.per_pair.push_back(std::move(made).value());
+          slot.runs[p] = true;
+        } else {
+          (*why)[p] = made.status().message();
+          slot.per_pair.push_back(nullptr);
+        }
+      }
+      return slot;
+    }
+    auto made = registry.create(spec, ctx_);
+    if (!made.ok()) {
+      why->assign(pairs_.size(), made.status().message());
+      return slot;
+    }
+    result->spec = (*made)->spec();
+    const Capabilities& caps = (*made)->capabilities();
+    for (size_t p = 0; p < pairs_.size(); ++p) {
+      if (caps.supports(Collective::kAllReduce) && caps.supports(pairs_[p].dtype) &&
+          caps.supports(pairs_[p].op)) {
+        slot.runs[p] = true;
+      } else {
+        (*why)[p] = "it cannot all_reduce " + pairs_[p].name() + " (" + caps.to_string() + ")";
+      }
+    }
+    if (std::find(slot.runs.begin(), slot.runs.end(), true) != slot.runs.end()) {
+      slot.shared = backend_line(std::move(made).value());
+      if (!agreement_) agreement_ = slot.shared->backend();
+    }
+    return slot;
+  }
+
+  Status make_lines(Report* report) {
+    BackendRegistry registry = builtin_backends();
+    const std::vector<std::string> specs = o_.backends.empty() ? default_specs() : o_.backends;
     std::vector<std::string> references = o_.references;
     if (references.empty() && o_.backends.empty()) {
       references = default_references(ctx_.world_size, o_.gpus > 0);
@@ -127,40 +261,25 @@ class Runner::Impl {
       result.reference = reference;
       result.processes = ctx_.world_size;
       result.replicas = o_.replicas;
-      std::unique_ptr<Line> line;
-      if (reference) {
-        auto parsed = BackendSpec::parse(spec);
-        auto made = parsed.ok() ? reference_line(*parsed, ctx_, o_.dtype, o_.op)
-                                : StatusOr<std::unique_ptr<Line>>(parsed.status());
-        if (made.ok()) {
-          line = std::move(made).value();
-          result.spec = line->spec();
+      std::vector<std::string> why;
+      Slot slot = make_slot(registry, spec, reference, &result, &why);
+      size_t runs = 0;
+      for (size_t p = 0; p < pairs_.size(); ++p) {
+        if (slot.runs[p]) {
+          ++runs;
         } else {
-          result.skipped = made.status().message();
-        }
-      } else {
-        auto made = registry.create(spec, ctx_);
-        if (!made.ok()) {
-          result.skipped = made.status().message();
-        } else {
-          result.spec = (*made)->spec();
-          const Capabilities& caps = (*made)->capabilities();
-          if (!caps.supports(Collective::kAllReduce) || !caps.supports(o_.dtype) ||
-              !caps.supports(o_.op)) {
-            result.skipped = "it cannot all_reduce " + std::string(dtype_name(o_.dtype)) + " " +
-                             std::string(reduce_op_name(o_.op)) + " (" + caps.to_string() + ")";
-          } else {
-            line = backend_line(std::move(made).value());
-            if (!agreement_) agreement_ = line->backend();
-          }
+          result.notes.push_back(pairs_[p].name() + ": " + why[p]);
         }
       }
-      if (result.skipped.empty()) {
-        ++usable;
-      } else {
+      if (runs == 0) {
+        // Nothing to run: one reason (the first pair's; with a list, naming the pair).
+        result.skipped = pairs_.size() == 1 ? why[0] : result.notes[0];
+        result.notes.clear();
         last_error = result.spec + ": " + result.skipped;
+      } else {
+        ++usable;
       }
-      lines_.push_back(std::move(line));
+      slots_.push_back(std::move(slot));
       report->results.push_back(std::move(result));
     };
     for (const std::string& spec : specs) add(spec, false);
@@ -175,78 +294,42 @@ class Runner::Impl {
       TRIBUTARY_ASSIGN_OR_RETURN(agreement_owned_, registry.create("auto", ctx_));
       agreement_ = agreement_owned_.get();
     }
-    const uint64_t max_bytes = sizes_.back();
-    const int64_t max_count = static_cast<int64_t>(max_bytes / dtype_size(o_.dtype));
-    for (int r = 0; r < o_.replicas; ++r) {
-      Replica rep;
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.in,
-                                 Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.out,
-                                 Buffer::allocate(o_.dtype, Shape{max_count}, ctx_.devices[r]));
-      if (o_.gpus > 0) {
-        // Device buffers are written and read through a host copy (fill, check).
-        TRIBUTARY_ASSIGN_OR_RETURN(rep.host, Buffer::allocate(o_.dtype, Shape{max_count}));
-        std::memset(rep.host.data(), 0, rep.host.nbytes());
-        TRIBUTARY_RETURN_IF_ERROR(upload(rep.host.tensor(), rep.in.tensor()));
-        TRIBUTARY_RETURN_IF_ERROR(upload(rep.host.tensor(), rep.out.tensor()));
-      } else {
-        std::memset(rep.in.data(), 0, rep.in.nbytes());  // touch every page before timing
-        std::memset(rep.out.data(), 0, rep.out.nbytes());
-      }
-      replicas_.push_back(std::move(rep));
-    }
     return Status();
   }
 
-  // Sizes outer, backends inner: drift on a noisy machine hits every backend alike.
-  Status run(Report* report) {
-    const bool progress = !o_.quiet && ctx_.rank == 0 && isatty(STDERR_FILENO);
-    for (size_t si = 0; si < sizes_.size(); ++si) {
-      for (size_t bi = 0; bi < lines_.size(); ++bi) {
-        if (!lines_[bi]) continue;
-        if (progress) {
-          std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s (%zu/%zu sizes)", bi + 1, lines_.size(),
-                       lines_[bi]->spec().c_str(), format_size(sizes_[si]).c_str(), si + 1,
-                       sizes_.size());
-        }
-        Row row;
-        TRIBUTARY_RETURN_IF_ERROR(measure(*lines_[bi], sizes_[si], &row));
-        report->results[bi].rows.push_back(row);
-      }
-    }
-    if (progress) std::fprintf(stderr, "\r\033[K");
-    return Status();
-  }
-
- private:
-  PerReplica<Tensor> views(int64_t count, bool out) const {
+  PerReplica<Tensor> views(DType dtype, int64_t count, bool out) const {
     PerReplica<Tensor> v;
-    for (const Replica& r : replicas_)
-      v.values().push_back((out ? r.out : r.in).tensor().slice(0, count));
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      const Buffer& b = out ? replicas_[r].out : replicas_[r].in;
+      v.values().emplace_back(b.data(), dtype, count, ctx_.devices[r]);
+    }
     return v;
   }
 
-  Status fill(int64_t count) {
+  Status fill(const Pair& pair, int64_t count) {
     for (int r = 0; r < o_.replicas; ++r) {
       const Replica& rep = replicas_[static_cast<size_t>(r)];
       void* p = o_.gpus > 0 ? rep.host.data() : rep.in.data();
       const int global = ctx_.rank * o_.replicas + r;
       for (int64_t i = 0; i < count; ++i)
-        dtype_store(o_.dtype, p, i, check_value(o_.op, global, i));
+        dtype_store(pair.dtype, p, i, check_value(pair.op, global, i));
       if (o_.gpus > 0) {
-        TRIBUTARY_RETURN_IF_ERROR(copy_tensor(rep.in.tensor(), rep.host.tensor(),
-                                              static_cast<size_t>(count) * dtype_size(o_.dtype)));
+        const Tensor device(rep.in.data(), pair.dtype, count, ctx_.devices[static_cast<size_t>(r)]);
+        const Tensor host(rep.host.data(), pair.dtype, count);
+        TRIBUTARY_RETURN_IF_ERROR(copy_tensor(device, host, device.nbytes()));
       }
     }
     return Status();
   }
 
-  Status timed(Line& line, const PerReplica<Tensor>& in, const PerReplica<Tensor>& out, int iters,
-               double* seconds) {
+  // `calls` all-reduces, each waited for when -z asks (GPU lines otherwise queue them all).
+  Status timed(Line& line, ReduceOp op, const PerReplica<Tensor>& in, const PerReplica<Tensor>& out,
+               int64_t calls, double* seconds) {
     const auto wait_for = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
     auto start = Clock::now();
-    for (int i = 0; i < iters; ++i) {
-      Status s = line.enqueue(o_.op, in, out, wait_for);
+    for (int64_t i = 0; i < calls; ++i) {
+      Status s = line.enqueue(op, in, out, wait_for);
+      if (s.ok() && o_.blocking) s = line.drain(wait_for);
       if (!s.ok()) return s.with_context(line.spec());
     }
     if (Status s = line.drain(wait_for); !s.ok()) return s.with_context(line.spec());
@@ -254,8 +337,8 @@ class Runner::Impl {
     return Status();
   }
 
-  // The same value on every rank: max (times, iteration counts) or sum (wrong elements), through
-  // the backend under test itself.
+  // The same value on every rank: max, min (times, iteration counts) or sum (wrong elements),
+  // through the backend under test itself.
   StatusOr<double> agree(double value, ReduceOp op) {
     if (!agreement_ || ctx_.world_size == 1) return value;
     CrossDeviceOps& ops = *agreement_;
@@ -271,74 +354,105 @@ class Runner::Impl {
     return v[0];
   }
 
-  Status measure(Line& line, uint64_t bytes, Row* row) {
-    const int64_t count = static_cast<int64_t>(bytes / dtype_size(o_.dtype));
+  // The reported time from every rank's, as -a says (nccl-tests' 0 rank 0, 1 mean, 2 min, 3 max).
+  StatusOr<double> combine_times(double seconds) {
+    switch (o_.average) {
+      case AverageMode::kRank0:
+        return agree(ctx_.rank == 0 ? seconds : 0.0, ReduceOp::kSum);
+      case AverageMode::kMean: {
+        TRIBUTARY_ASSIGN_OR_RETURN(double sum, agree(seconds, ReduceOp::kSum));
+        return sum / ctx_.world_size;
+      }
+      case AverageMode::kMin:
+        return agree(seconds, ReduceOp::kMin);
+      case AverageMode::kMax:
+        break;
+    }
+    return agree(seconds, ReduceOp::kMax);
+  }
+
+  // One checked all-reduce: fresh inputs, poisoned outputs, every element compared; the wrong
+  // elements of every rank.
+  StatusOr<int64_t> check_once(Line& line, const Pair& pair, const PerReplica<Tensor>& in,
+                               const PerReplica<Tensor>& out, bool in_place) {
+    const int64_t count = in[0].num_elements();
+    TRIBUTARY_RETURN_IF_ERROR(fill(pair, count));
+    for (size_t r = 0; r < out.size() && !in_place; ++r) {
+      const Tensor& t = out[r];
+      if (o_.gpus == 0) {
+        std::memset(t.data(), 0x5a, t.nbytes());
+      } else {
+        std::memset(replicas_[r].host.data(), 0x5a, t.nbytes());
+        const Tensor host(replicas_[r].host.data(), pair.dtype, count);
+        TRIBUTARY_RETURN_IF_ERROR(copy_tensor(t, host, t.nbytes()));
+      }
+    }
+    Status s = line.all_reduce(pair.op, in, out,
+                               std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
+    if (!s.ok()) return s.with_context(line.spec());
+    const int n = line.num_replicas_in_sync();
+    int64_t wrong = 0;
+    for (size_t r = 0; r < out.size(); ++r) {
+      const Tensor& t = out[r];
+      const void* data = t.data();
+      if (o_.gpus > 0) {
+        const Tensor host(replicas_[r].host.data(), pair.dtype, count);
+        TRIBUTARY_RETURN_IF_ERROR(copy_tensor(host, t, t.nbytes()));
+        data = host.data();
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        wrong += dtype_load(pair.dtype, data, i) != expected_value(pair.op, pair.dtype, n, i);
+      }
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(double total, agree(static_cast<double>(wrong), ReduceOp::kSum));
+    return static_cast<int64_t>(total);
+  }
+
+  Status measure(Line& line, const Pair& pair, uint64_t bytes, Row* row) {
+    const int64_t count = static_cast<int64_t>(bytes / dtype_size(pair.dtype));
+    row->dtype = pair.dtype;
+    row->op = pair.op;
     row->bytes = bytes;
     row->count = count;
     const int n = line.num_replicas_in_sync();
     for (int k = o_.in_place_only ? 1 : 0; k < 2; ++k) {
       const bool in_place = k == 1;
-      PerReplica<Tensor> in = views(count, false);
-      PerReplica<Tensor> out = in_place ? in : views(count, true);
-      TRIBUTARY_RETURN_IF_ERROR(fill(count));
+      PerReplica<Tensor> in = views(pair.dtype, count, false);
+      PerReplica<Tensor> out = in_place ? in : views(pair.dtype, count, true);
+      TRIBUTARY_RETURN_IF_ERROR(fill(pair, count));
       double seconds = 0;
-      TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, o_.warmup_iters, &seconds));
+      TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, o_.warmup_iters, &seconds));
       int iters = o_.iters;
       if (o_.target_seconds > 0) {
         // Size the count from a short probe so that each size takes about the target time.
-        TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, 3, &seconds));
-        iters =
-            static_cast<int>(std::clamp(o_.target_seconds / std::max(seconds / 3, 1e-9), 5.0, 1e6));
+        TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, 3, &seconds));
+        iters = static_cast<int>(
+            std::clamp(o_.target_seconds / o_.agg_iters / std::max(seconds / 3, 1e-9), 5.0, 1e6));
         TRIBUTARY_ASSIGN_OR_RETURN(double agreed, agree(iters, ReduceOp::kMax));
         iters = static_cast<int>(agreed);
       }
-      TRIBUTARY_RETURN_IF_ERROR(timed(line, in, out, iters, &seconds));
-      // nccl-tests reports the slowest rank's time.
-      TRIBUTARY_ASSIGN_OR_RETURN(seconds, agree(seconds, ReduceOp::kMax));
+      const int64_t calls = int64_t{iters} * o_.agg_iters;
+      TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, calls, &seconds));
+      TRIBUTARY_ASSIGN_OR_RETURN(seconds, combine_times(seconds));
       row->iters = iters;
-      const double t = seconds / iters;
+      const double t = seconds / static_cast<double>(calls);
       row->time_us[k] = t * 1e6;
       row->algbw[k] = t > 0 ? static_cast<double>(bytes) / t / 1e9 : 0;
       row->busbw[k] = row->algbw[k] * bus_factor(n);
-      if (o_.check) {
-        TRIBUTARY_RETURN_IF_ERROR(fill(count));
-        for (size_t r = 0; r < out.size() && !in_place; ++r) {
-          const Tensor& t2 = out[r];
-          if (o_.gpus == 0) {
-            std::memset(t2.data(), 0x5a, t2.nbytes());
-          } else {
-            const Tensor& host = replicas_[r].host.tensor();
-            std::memset(host.data(), 0x5a, t2.nbytes());
-            TRIBUTARY_RETURN_IF_ERROR(copy_tensor(t2, host, t2.nbytes()));
-          }
-        }
-        Status s = line.all_reduce(o_.op, in, out, std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
-        if (!s.ok()) return s.with_context(line.spec());
-        int64_t wrong = 0;
-        for (size_t r = 0; r < out.size(); ++r) {
-          const Tensor& t2 = out[r];
-          const void* data = t2.data();
-          if (o_.gpus > 0) {
-            const Tensor& host = replicas_[r].host.tensor();
-            TRIBUTARY_RETURN_IF_ERROR(copy_tensor(host, t2, t2.nbytes()));
-            data = host.data();
-          }
-          for (int64_t i = 0; i < count; ++i) {
-            wrong += dtype_load(o_.dtype, data, i) != expected_value(o_.op, o_.dtype, n, i);
-          }
-        }
-        TRIBUTARY_ASSIGN_OR_RETURN(double total,
-                                   agree(static_cast<double>(wrong), ReduceOp::kSum));
-        row->wrong[k] = static_cast<int64_t>(total);
+      // nccl-tests' -c N: up to N checked runs, stopping at the first with a wrong element.
+      for (int c = 0; c < o_.check; ++c) {
+        TRIBUTARY_ASSIGN_OR_RETURN(row->wrong[k], check_once(line, pair, in, out, in_place));
+        if (row->wrong[k] > 0) break;
       }
     }
     return Status();
   }
 
   const BenchOptions& o_;
-  std::vector<uint64_t> sizes_;
+  std::vector<Pair> pairs_;                   // dtypes outer, ops inner
+  std::vector<std::vector<uint64_t>> sizes_;  // per dtype, as o_.dtypes
   BackendContext ctx_;
-  std::vector<std::unique_ptr<Line>> lines_;  // null where skipped
+  std::vector<Slot> slots_;  // one per report result
   // The backend through which ranks agree on counts and figures (a measured one, or its own).
   CrossDeviceOps* agreement_ = nullptr;
   std::unique_ptr<CrossDeviceOps> agreement_owned_;
@@ -346,9 +460,7 @@ class Runner::Impl {
   std::vector<Replica> replicas_;
 };
 
-
-Runner::Runner(const BenchOptions& o, std::vector<uint64_t> sizes)
-    : impl_(std::make_unique<Impl>(o, std::move(sizes))) {}
+Runner::Runner(const BenchOptions& o) : impl_(std::make_unique<Impl>(o)) {}
 Runner::~Runner() = default;
 Status Runner::setup(Report* report) { return impl_->setup(report); }
 Status Runner::run(Report* report) { return impl_->run(report); }
@@ -361,11 +473,19 @@ bool launched_as_rank() {
   return cluster.ok() && cluster->world_size > 1;
 }
 
+bool first_rank() {
+  auto config = Config::load();
+  if (!config.ok()) return true;
+  auto cluster = resolve_cluster_spec(*config);
+  return !cluster.ok() || cluster->rank == 0;
+}
+
 // Runs this benchmark again as `np` ranks under tributary-run (found next to this binary).
 int relaunch(const char* tool, int np, int argc, char** argv) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return fail(tool, "cannot find this executable to relaunch it under tributary-run", 1);
+  if (n <= 0)
+    return fail(tool, "cannot find this executable to relaunch it under tributary-run", 1);
   self[n] = '\0';
   const std::string dir = std::string(self).substr(0, std::string(self).rfind('/'));
   std::string launcher;
@@ -376,8 +496,9 @@ int relaunch(const char* tool, int np, int argc, char** argv) {
     }
   }
   if (launcher.empty()) {
-    return fail(tool, "--np " + std::to_string(np) + " needs tributary-run next to " + std::string(tool) + " (" +
-                    dir + "); or start the ranks yourself with any launcher or TF_CONFIG",
+    return fail(tool,
+                "--np " + std::to_string(np) + " needs tributary-run next to " + std::string(tool) +
+                    " (" + dir + "); or start the ranks yourself with any launcher or TF_CONFIG",
                 2);
   }
   std::vector<std::string> args = {launcher, "-n", std::to_string(np), "--no-prefix", "--", self};
@@ -402,6 +523,5 @@ int fail(const char* tool, const std::string& message, int code) {
   std::fprintf(stderr, "%s: %s\n", tool, message.c_str());
   return code;
 }
-
 
 }  // namespace tributary::bench

@@ -1,6 +1,7 @@
 // The measuring loop tributary-bench and tributary-tune share: one process, or one rank of several,
-// all-reduces every line (backends and references, lines.h) at every size, sizes outer and lines
-// inner, and fills a Report with the slowest rank's figures (nccl-tests' conventions).
+// all-reduces every line (backends and references, lines.h) at every size, for every dtype and op
+// asked for (dtypes outer, then ops, then sizes, lines inner), and fills a Report with the figures
+// of the ranks combined as -a says (nccl-tests' conventions).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,8 @@ namespace tributary::bench {
 
 class Runner {
  public:
-  Runner(const BenchOptions& o, std::vector<uint64_t> sizes);
+  // The sizes come from bench_sizes(o, dtype) for each dtype; the caller has checked them.
+  explicit Runner(const BenchOptions& o);
   ~Runner();
   // Joins the cluster (when launched as a rank), creates the lines and the buffers; fills the
   // report's layout and one (empty, or skipped with its reason) result per line.
@@ -32,6 +34,8 @@ class Runner {
 
 // True when this process is one rank of a multi-process run (launcher or cluster variables).
 bool launched_as_rank();
+// True unless this process is a rank other than 0 of a multi-process run.
+bool first_rank();
 // Runs `tool` (this executable) again as `np` ranks under tributary-run, found next to it; returns
 // only on failure, with the exit code after printing why.
 int relaunch(const char* tool, int np, int argc, char** argv);

@@ -106,22 +106,29 @@ double measure_loopback_tcp_gbps() {
 int main(int argc, char** argv) {
   using namespace tributary;
   using namespace tributary::bench;
-  bool help = false;
-  auto parsed = parse_bench_options(argc, argv, &help);
+  std::string help;
+  auto parsed = parse_command_line(Tool::kBench, argc, argv, &help);
   if (!parsed.ok()) return fail(kTool, parsed.status().message(), 2);
-  if (help) {
-    std::fputs(bench_usage().c_str(), stdout);
+  if (!help.empty()) {
+    std::fputs(help.c_str(), stdout);
     return 0;
   }
   const BenchOptions& o = *parsed;
+  for (DType d : o.dtypes) {
+    if (auto sizes = bench_sizes(o, d); !sizes.ok())
+      return fail(kTool, sizes.status().message(), 2);
+  }
+  // Before anything is measured (and before --np starts the ranks): a typo in an output path
+  // costs seconds, not the sweep. Files are written by rank 0, the launching process's first.
+  if (first_rank()) {
+    if (Status s = check_output_paths(o); !s.ok()) return fail(kTool, s.message(), 2);
+  }
   if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, argc, argv);
-  auto sizes = bench_sizes(o);
-  if (!sizes.ok()) return fail(kTool, sizes.status().message(), 2);
 
   Report report;
   report.options = o;
   report.machine = Machine::probe();
-  Runner runner(o, *sizes);
+  Runner runner(o);
   if (Status s = runner.setup(&report); !s.ok()) return fail(kTool, s.message(), 2);
   const bool leader = report.rank == 0;
   if (o.ceiling && leader) {
@@ -176,11 +183,13 @@ int main(int argc, char** argv) {
   }
   int64_t wrong = 0;
   for (const BackendResult& b : report.results) wrong += b.total_wrong();
-  if (wrong > 0) rc = fail(kTool, std::to_string(wrong) + " wrong element(s); see the #wrong columns", 1);
+  if (wrong > 0)
+    rc = fail(kTool, std::to_string(wrong) + " wrong element(s); see the #wrong columns", 1);
   if (o.min_busbw > 0) {
     for (const BackendResult& b : report.results) {
       if (b.skipped.empty() && b.avg_busbw() < o.min_busbw) {
-        rc = fail(kTool, b.spec + ": average busbw " + std::to_string(b.avg_busbw()) +
+        rc = fail(kTool,
+                  b.spec + ": average busbw " + std::to_string(b.avg_busbw()) +
                       " GB/s is below --min-busbw " + std::to_string(o.min_busbw),
                   1);
       }

@@ -1,5 +1,5 @@
-// tributary-tune: measures the candidate backend specs for this cluster layout over a size sweep and
-// writes the tuning file that `auto` follows (tributary/tuning.h). The measuring is
+// tributary-tune: measures the candidate backend specs for this cluster layout over a size sweep
+// and writes the tuning file that `auto` follows (tributary/tuning.h). The measuring is
 // tributary-bench's (runner.h): interleaved, checked, the slowest rank's time; in place only, and
 // each figure the best of --passes sweeps, so that one noisy moment does not decide a range.
 #include <unistd.h>
@@ -19,28 +19,6 @@ namespace tributary::bench {
 namespace {
 
 constexpr const char* kTool = "tributary-tune";
-
-const char* kUsage = R"(usage: tributary-tune [options] [tributary-bench options]
-Measures all-reduce with every candidate backend spec over a size sweep, on this cluster layout,
-and writes a tuning file that 'auto' then follows (TRIBUTARY_TUNING_FILE=FILE, or the spec
-auto:tuning_file=FILE): size ranges mapped to the fastest spec, with the figures behind each. Specs within 5% of the fastest
-count as tied; ties go to what 'auto' picks without the file, so that the file departs from it
-only where a measurement shows a real gain.
-
-  --out FILE              where to write it (default tributary-tuning.json)
-  --candidate SPEC        a spec to consider; repeat for several. Default: every backend that serves
-                          the layout, and the algorithm variants of the one 'auto' would pick
-  --passes N              sweeps; each figure is the best of them (default 2)
-  --np N                  run as N local processes (as tributary-bench; under a launcher or
-                          TF_CONFIG, the cluster's layout is measured instead)
-  -r, --replicas N        local replicas per process (default 2, as tributary-bench)
-  -b/-e/-f, --sizes, -t, -n, -w, -d, -o, -c, -q: as tributary-bench (defaults: 1K to 64M, factor 4,
-                          about 100ms per size and spec, float32 sum)
-  -h, --help              this text
-
-The file is for this layout (processes, processes per host, replicas, device) and this library
-version; 'auto' ignores it elsewhere with a warning. tributary-info shows what 'auto' chooses.
-)";
 
 // The default candidates: every backend serving the layout, plus the algorithm variants of the
 // one the cost model picks (the choice the file is most likely to refine).
@@ -63,55 +41,17 @@ std::vector<std::string> default_candidates(const BackendContext& ctx) {
 }
 
 int run(int argc, char** argv) {
-  std::string out_path = "tributary-tuning.json";
-  std::vector<std::string> candidates;
-  int passes = 2;
-  // Our own flags first; the rest are tributary-bench's.
-  std::vector<char*> rest = {argv[0]};
-  bool sweep_given = false, iters_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--out" && has_value) {
-      out_path = argv[++i];
-    } else if (a == "--candidate" && has_value) {
-      candidates.emplace_back(argv[++i]);
-    } else if (a == "--passes" && has_value) {
-      char* end = nullptr;
-      const long n = std::strtol(argv[++i], &end, 10);
-      if (*end || n < 1 || n > 100) return fail(kTool, "--passes takes an integer from 1 to 100", 2);
-      passes = static_cast<int>(n);
-    } else if (a == "--out" || a == "--candidate" || a == "--passes") {
-      return fail(kTool, std::string(a) + " needs a value", 2);
-    } else if (a == "--backend" || a == "--reference" || a == "--json" || a == "--csv" ||
-               a == "--plot" || a == "--ceiling" || a == "--min-busbw") {
-      return fail(kTool,
-                  std::string(a) + " is tributary-bench's; tributary-tune takes --candidate and "
-                                   "--out (see --help)",
-                  2);
-    } else {
-      if (a == "-b" || a == "-e" || a == "-f" || a == "--sizes" || a == "--minbytes" ||
-          a == "--maxbytes" || a == "--stepfactor") {
-        sweep_given = true;
-      }
-      if (a == "-n" || a == "--iters" || a == "-t" || a == "--time-per-size") iters_given = true;
-      rest.push_back(argv[i]);
-    }
-  }
-  bool help = false;
-  auto parsed = parse_bench_options(static_cast<int>(rest.size()), rest.data(), &help);
+  std::string help;
+  auto parsed = parse_command_line(Tool::kTune, argc, argv, &help);
   if (!parsed.ok()) return fail(kTool, parsed.status().message(), 2);
-  BenchOptions o = *parsed;
-  if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, argc, argv);
-  if (!sweep_given) {
-    o.min_bytes = 1024;
-    o.max_bytes = 64ull << 20;
-    o.step_factor = 4;
+  if (!help.empty()) {
+    std::fputs(help.c_str(), stdout);
+    return 0;
   }
-  if (!iters_given) o.target_seconds = 0.1;
+  BenchOptions o = *parsed;
+  const std::string& out_path = o.tune_out;
+  const int passes = o.tune_passes;
+  std::vector<std::string> candidates = o.tune_candidates;
   o.in_place_only = true;
   o.references = {"none"};
   for (const std::string& c : candidates) {
@@ -123,6 +63,11 @@ int run(int argc, char** argv) {
   }
   auto sizes = bench_sizes(o);
   if (!sizes.ok()) return fail(kTool, sizes.status().message(), 2);
+  if (first_rank()) {
+    if (Status s = check_output_path("--out", out_path); !s.ok())
+      return fail(kTool, s.message(), 2);
+  }
+  if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, argc, argv);
 
   // The default candidates need the layout; a first runner with no lines would join the cluster
   // twice, so ask the cluster spec directly.
@@ -141,7 +86,7 @@ int run(int argc, char** argv) {
   Report report;
   report.options = o;
   report.machine = Machine::probe();
-  Runner runner(o, *sizes);
+  Runner runner(o);
   if (Status s = runner.setup(&report); !s.ok()) return fail(kTool, s.message(), 2);
   const bool leader = report.rank == 0;
   if (leader) {
@@ -150,7 +95,8 @@ int run(int argc, char** argv) {
                 tuning_layout_of(runner.context()).to_string().c_str(), candidates.size(),
                 sizes->size(), passes);
     for (const BackendResult& b : report.results) {
-      if (!b.skipped.empty()) std::printf("# skipping %s: %s\n", b.requested.c_str(), b.skipped.c_str());
+      if (!b.skipped.empty())
+        std::printf("# skipping %s: %s\n", b.requested.c_str(), b.skipped.c_str());
     }
     std::fflush(stdout);
   }
@@ -162,8 +108,10 @@ int run(int argc, char** argv) {
   int64_t wrong = 0;
   for (const BackendResult& b : report.results) wrong += b.total_wrong();
   if (wrong > 0) {
-    return fail(kTool, std::to_string(wrong) + " wrong element(s): no tuning file written; run "
-                       "tributary-bench with the same candidates to see which",
+    return fail(kTool,
+                std::to_string(wrong) +
+                    " wrong element(s): no tuning file written; run "
+                    "tributary-bench with the same candidates to see which",
                 1);
   }
   if (!leader) return 0;
@@ -190,8 +138,8 @@ int run(int argc, char** argv) {
       preferred = *chosen;
     }
   }
-  auto table = TuningTable::from_measurements(tuning_layout_of(runner.context()), o.dtype, o.op,
-                                              std::move(measurements), preferred);
+  auto table = TuningTable::from_measurements(tuning_layout_of(runner.context()), o.dtypes[0],
+                                              o.ops[0], std::move(measurements), preferred);
   if (!table.ok()) return fail(kTool, table.status().message(), 1);
 
   std::printf("#\n# %12s  %-44s %10s  %-30s %10s\n", "size (B)", "fastest", "time (us)",

@@ -43,10 +43,31 @@ std::string_view log_level_name(LogLevel level) {
   return "?";
 }
 
+namespace {
+// Both outlive every logger: never destroyed, so that a line logged during static destruction
+// (a backend torn down at exit) still finds them.
+std::mutex& log_mutex() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+LogSink& log_sink() {
+  static auto* sink = new LogSink;
+  return *sink;
+}
+}  // namespace
+
+void set_log_sink(LogSink sink) {
+  std::lock_guard lock(log_mutex());
+  log_sink() = std::move(sink);
+}
+
 void write_log_line(LogLevel level, std::string_view prefix, std::string_view message) {
-  static std::mutex mu;
+  std::lock_guard lock(log_mutex());
+  if (const LogSink& sink = log_sink()) {
+    sink(level, prefix, message);
+    return;
+  }
   std::string line = fmt::format("tributary {} [{}] {}\n", log_level_name(level), prefix, message);
-  std::lock_guard lock(mu);
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -20,8 +21,17 @@ StatusOr<LogLevel> parse_log_level(std::string_view text);
 LogLevel log_level_from(const Config& config);
 std::string_view log_level_name(LogLevel level);
 
-// Writes one line "<level> [prefix] message" to stderr, atomically with respect to other lines.
+// Writes one line "<level> [prefix] message" to stderr (or to the sink), atomically with respect to
+// other lines.
 void write_log_line(LogLevel level, std::string_view prefix, std::string_view message);
+
+// Where the lines go instead of stderr (the C API's trib_set_log_callback): the sink gets each
+// line a logger lets through, one call at a time (under the lock that keeps lines whole); an empty
+// sink restores stderr. When set_log_sink returns, no call to the previous sink is running and
+// none will start. A sink must not log, nor call set_log_sink. Process-wide, as stderr is.
+using LogSink =
+    std::function<void(LogLevel level, std::string_view prefix, std::string_view message)>;
+void set_log_sink(LogSink sink);
 
 class Logger {
  public:

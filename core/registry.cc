@@ -1,7 +1,9 @@
 #include "tributary/registry.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
+#include <vector>
 
 #include "core/gpu.h"
 #include "core/flight_recorder.h"
@@ -56,6 +58,80 @@ std::vector<OptionDef> BackendRegistry::options_of(const BackendInfo& info) cons
 }
 
 namespace {
+
+// The TRIBUTARY_* variables the library reads other than backend options (those are
+// TRIBUTARY_<BACKEND>_<OPTION>, and TRIBUTARY_<OPTION> for options every backend shares). Keep in
+// step with tributary-info's table of what each one sets (tools/tributary_info.cc).
+constexpr std::string_view kGlobalVariables[] = {
+    "TRIBUTARY_CROSS_DEVICE_OPS", "TRIBUTARY_CONFIG_FILE", "TRIBUTARY_LOG_LEVEL",
+    "TRIBUTARY_TUNING_FILE", "TRIBUTARY_TIMELINE", "TRIBUTARY_STALL_CHECK_TIME",
+    "TRIBUTARY_FLIGHT_RECORDER_SIZE", "TRIBUTARY_FLIGHT_RECORDER_FILE", "TRIBUTARY_SECRET",
+    "TRIBUTARY_SECRET_FILE", "TRIBUTARY_HOST_ID", "TRIBUTARY_NUM_THREADS",
+    "TRIBUTARY_VIRTUAL_GPUS", "TRIBUTARY_RANK", "TRIBUTARY_WORLD_SIZE", "TRIBUTARY_LOCAL_RANK",
+    "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT"};
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Each TRIBUTARY_* entry of `config` that nothing in this build reads, with the closest known
+// name when one is close ("TRIBUTARY_RING_SEGMENT_BYTE (environment; did you mean ...?)").
+std::vector<std::string> unknown_variables(const BackendRegistry& registry, const Config& config) {
+  std::vector<std::string> known(std::begin(kGlobalVariables), std::end(kGlobalVariables));
+  for (const BackendInfo& b : registry.backends()) {
+    for (const OptionDef& d : registry.options_of(b)) {
+      known.push_back("TRIBUTARY_" + internal::to_upper(b.name) + "_" + internal::to_upper(d.name));
+      if (d.shared) known.push_back("TRIBUTARY_" + internal::to_upper(d.name));
+    }
+  }
+  std::vector<std::string> unknown;
+  for (const auto& [key, entry] : config.entries()) {
+    if (!key.starts_with("TRIBUTARY_") || std::ranges::find(known, key) != known.end()) continue;
+    std::string text = key + " (" + entry.source;
+    const std::string* best = nullptr;
+    size_t best_distance = 0;
+    for (const std::string& k : known) {
+      const size_t d = edit_distance(key, k);
+      if (best == nullptr || d < best_distance) {
+        best = &k;
+        best_distance = d;
+      }
+    }
+    // Close: a slip of a few letters, not a different word.
+    if (best != nullptr && best_distance <= std::max<size_t>(2, (key.size() - 10) / 4)) {
+      text += "; did you mean " + *best + "?";
+    }
+    unknown.push_back(std::move(text) + ")");
+  }
+  return unknown;
+}
+
+// A misspelt variable does nothing, silently; say so once per process (not once per instance),
+// at the first backend creation that sees one.
+void warn_unknown_variables_once(const BackendRegistry& registry, const BackendContext& context) {
+  static std::atomic<bool> warned{false};
+  if (warned.load(std::memory_order_relaxed)) return;
+  const std::vector<std::string> unknown = unknown_variables(registry, context.config);
+  if (unknown.empty() || warned.exchange(true)) return;
+  internal::Logger(internal::log_level_from(context.config),
+                   "rank " + std::to_string(context.rank) + "/registry")
+      .log(internal::LogLevel::kWarning,
+           "{} not read by tributary (misspelt?): {}; tributary-info lists every variable and "
+           "what it sets",
+           unknown.size() == 1 ? "this setting is" : "these settings are",
+           internal::join(unknown, ", "));
+}
 
 // Across processes: every rank publishes what its `auto` follows and compares the others'.
 Status agree_on_auto(const BackendContext& context, const std::string& choice) {
@@ -193,6 +269,7 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create_tuned(
 
 StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
     const BackendSpec& spec, const BackendContext& context) const {
+  warn_unknown_variables_once(*this, context);
   BackendSpec resolved = spec;
   if (spec.name == "auto") {
     // "auto" takes the options every backend shares, and tuning_file.

@@ -1,17 +1,18 @@
 // allreduce_demo: all-reduces float32 tensors across N CPU replicas with a backend chosen by spec,
 // checks the result and prints what it did.
 //
-//   allreduce_demo [--backend SPEC] [--replicas N] [--count ELEMENTS] [--op sum|mean|min|max|prod]
-//                  [--iterations K]
+//   allreduce_demo [-b|--backend SPEC] [-r|--replicas N] [--count ELEMENTS]
+//                  [--op sum|mean|min|max|prod] [--iterations K]
+// (CLI11: --replicas=4, -r4 and -r 4 are the same.)
 // --iterations repeats the all-reduce K times (the inputs refilled each time) and checks the last;
 // scripts/kill_trials.sh uses it to keep a job busy while it kills one of its ranks.
 // Without --backend the spec comes from TRIBUTARY_CROSS_DEVICE_OPS (or a config file named by
 // TRIBUTARY_CONFIG_FILE), else "auto".
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "tributary/tributary.h"
@@ -33,27 +34,23 @@ int main(int argc, char** argv) {
   long long count = 1 << 20;
   std::string op_text = "sum";
   long long iterations = 1;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    if (a == "--backend" && (v = next())) spec = v;
-    else if (a == "--replicas" && (v = next())) replicas = std::atoi(v);
-    else if (a == "--count" && (v = next())) count = std::atoll(v);
-    else if (a == "--op" && (v = next())) op_text = v;
-    else if (a == "--iterations" && (v = next())) iterations = std::atoll(v);
-    else if (a == "-h" || a == "--help") {
-      std::printf("usage: %s [--backend SPEC] [--replicas N] [--count ELEMENTS] [--op OP] "
-                  "[--iterations K]\n",
-                  argv[0]);
-      return 0;
-    } else {
-      return fail("unknown or incomplete argument '" + std::string(a) + "'; see --help");
-    }
-  }
-  if (replicas < 1) return fail("--replicas must be >= 1");
-  if (count < 0) return fail("--count must be >= 0");
-  if (iterations < 1) return fail("--iterations must be >= 1");
+  CLI::App app("All-reduces float32 tensors across CPU replicas with a backend chosen by spec, "
+               "checks the result and prints what it did. Under tributary-run (or TF_CONFIG, "
+               "torchrun, Slurm, Open MPI variables) every process takes part.",
+               "allreduce_demo");
+  app.add_option("-b,--backend", spec,
+                 "backend spec (default: TRIBUTARY_CROSS_DEVICE_OPS, else auto)");
+  app.add_option("-r,--replicas", replicas, "local CPU replicas")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--count", count, "float32 elements per replica")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--op", op_text, "sum, mean, min, max or prod")->capture_default_str();
+  app.add_option("--iterations", iterations, "all-reduces to run; the last is checked")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   auto op = parse_reduce_op(op_text);
   if (!op.ok()) return fail(op.status().message());
 

@@ -7,16 +7,17 @@
 // the strategy, as TF's optimizers do. The same global batch and seed give the same loss curve on
 // every strategy.
 //
-//   train_linear [--strategy default|one_device|mirrored|multi_worker_mirrored|central_storage]
-//                [--replicas N] [--backend SPEC] [--global-batch G] [--examples N] [--epochs E]
-//                [--lr R] [--l2 L] [--seed S] [--checkpoint PATH]
-//   tributary-run -n 2 -- train_linear --strategy multi_worker_mirrored
+//   train_linear [-s|--strategy default|one_device|mirrored|multi_worker_mirrored|central_storage]
+//                [-r|--replicas N] [-b|--backend SPEC] [--global-batch G] [--examples N]
+//                [-e|--epochs E] [--lr R] [--l2 L] [--seed S] [--checkpoint PATH]
+//   tributary-run -np 2 -- train_linear --strategy multi_worker_mirrored
+#include <CLI/CLI.hpp>
+
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
-#include <string_view>
 
 #include "tributary/tributary.h"
 
@@ -42,51 +43,38 @@ int fail(const Status& s) {
   return 1;
 }
 
-StatusOr<Flags> parse(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    auto take = [&]() {
-      ++i;
-      return std::string(v);
-    };
-    if (a == "-h" || a == "--help") {
-      std::printf(
-          "usage: train_linear [--strategy NAME] [--replicas N] [--backend SPEC] "
-          "[--global-batch G]\n                    [--examples N] [--epochs E] [--lr R] [--l2 L] "
-          "[--seed S] [--checkpoint PATH]\n"
-          "strategies: default, one_device, mirrored, multi_worker_mirrored, central_storage\n");
-      std::exit(0);
-    }
-    if (!v) return invalid_argument("missing value for '" + std::string(a) + "'; see --help");
-    if (a == "--strategy")
-      f.strategy = take();
-    else if (a == "--replicas")
-      f.replicas = std::atoi(take().c_str());
-    else if (a == "--backend")
-      f.backend = take();
-    else if (a == "--global-batch")
-      f.global_batch = std::atoll(take().c_str());
-    else if (a == "--examples")
-      f.examples = std::atoll(take().c_str());
-    else if (a == "--epochs")
-      f.epochs = std::atoi(take().c_str());
-    else if (a == "--lr")
-      f.lr = std::atof(take().c_str());
-    else if (a == "--l2")
-      f.l2 = std::atof(take().c_str());
-    else if (a == "--seed")
-      f.seed = std::strtoull(take().c_str(), nullptr, 10);
-    else if (a == "--checkpoint")
-      f.checkpoint = take();
-    else
-      return invalid_argument("unknown argument '" + std::string(a) + "'; see --help");
+// The command line (CLI11: --epochs=3, --epochs 3 and -e3 are the same); returns the exit status
+// when it says to exit now (help, or an error).
+std::optional<int> parse(int argc, char** argv, Flags& f) {
+  CLI::App app("The custom training loop of TF's distributed-training guide: Dense(1) fit to "
+               "y = 2x + 1 by SGD, through a tf.distribute strategy.",
+               "train_linear");
+  app.add_option("-s,--strategy", f.strategy,
+                 "default, one_device, mirrored, multi_worker_mirrored or central_storage")
+      ->capture_default_str();
+  app.add_option("-r,--replicas", f.replicas, "local replicas (CPU devices)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("-b,--backend", f.backend, "backend spec (default: the strategy's)");
+  app.add_option("--global-batch", f.global_batch, "examples per step, across every replica")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--examples", f.examples, "size of the synthetic data set")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("-e,--epochs", f.epochs, "passes over the data")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
+  app.add_option("--l2", f.l2, "L2 regularization factor")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of the data and its shuffle")->capture_default_str();
+  app.add_option("--checkpoint", f.checkpoint, "save the variables here at the end");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
-  if (f.global_batch < 1) return invalid_argument("--global-batch must be >= 1");
-  if (f.examples < 1 || f.epochs < 1)
-    return invalid_argument("--examples and --epochs must be >= 1");
-  return f;
+  return std::nullopt;
 }
 
 // The synthetic data set: x uniform in [-1, 1), y = 2x + 1 + noise, from the seed.
@@ -140,9 +128,8 @@ StatusOr<Array> train_step(const Element& batch, Variable& w, Variable& b, const
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto flags = parse(argc, argv);
-  if (!flags.ok()) return fail(flags.status());
-  const Flags& f = *flags;
+  Flags f;
+  if (std::optional<int> code = parse(argc, argv, f)) return *code;
   auto strategy = make_strategy(f.strategy, f.replicas, f.backend);
   if (!strategy.ok()) return fail(strategy.status());
   Strategy& s = **strategy;

@@ -8,7 +8,8 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build ccache pkg-config git ca-certificates
   libfmt-dev libboost-dev libssl-dev nlohmann-json3-dev libgloo-dev libucx-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+  pybind11-dev python3-dev python3-numpy python3-pytest
   gnuplot-nox iproute2
 )
 if [ "${1:-}" = "--sanitizers" ]; then

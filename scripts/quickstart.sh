@@ -7,18 +7,20 @@ scripts/install-deps.sh
 build=${TRIBUTARY_BUILD_DIR:-build}
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIBUTARY_WERROR=OFF >/dev/null
-cmake --build "$build" -j "$jobs"
+# Only what the main job runs (the library, the bench and the launcher it starts ranks with, info):
+# the first table appears minutes sooner; scripts/test.sh builds the rest.
+cmake --build "$build" -j "$jobs" --target tributary-bench tributary-tune tributary-run tributary-info
 
 out=${TRIBUTARY_OUT_DIR:-out}
 mkdir -p "$out"
 echo
 echo "== tributary-bench: all-reduce across 4 CPU replicas, every in-process backend and the yardstick (a plain threaded sum), one run =="
-"$build/bench/tributary-bench" --replicas 4 -b 8 -e 64M --ceiling \
-  --json "$out/allreduce.json" --csv "$out/allreduce.csv" --plot "$out/allreduce.png"
+"$build/bench/tributary-bench" -t 4 -b 8 -e 64M --ceiling \
+  -J "$out/allreduce.json" --csv "$out/allreduce.csv" --plot "$out/allreduce.png"
 echo
 echo "== tributary-bench: all-reduce across 2 local processes: ring (shared memory), ring:intra_host=net (TCP loopback), ucx, gloo, and Gloo called directly =="
-"$build/bench/tributary-bench" --np 2 --replicas 1 -b 8 -e 64M --ceiling \
-  --json "$out/allreduce_np2.json" --csv "$out/allreduce_np2.csv" --plot "$out/allreduce_np2.png"
+"$build/bench/tributary-bench" --np 2 -t 1 -b 8 -e 64M --ceiling \
+  -J "$out/allreduce_np2.json" --csv "$out/allreduce_np2.csv" --plot "$out/allreduce_np2.png"
 echo
 echo "Tables above; figures in $out/allreduce*.json and .csv; the plots are $out/allreduce.png"
 echo "(in-process replicas) and $out/allreduce_np2.png (2 processes)."

@@ -28,6 +28,8 @@
 #include <cstring>
 #include <utility>
 
+#include "tools/node_join.h"
+
 extern char** environ;
 
 namespace tributary::tools {
@@ -349,20 +351,40 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
 
 int Launcher::run() {
   std::string error;
+  const bool multi_node = opt_.nnodes > 1;
+  if (multi_node) {
+    // Before anything else: a node that is missing or misconfigured fails here, with no worker
+    // started anywhere.
+    JoinOptions join{opt_.nnodes,      opt_.node_rank,    opt_.nproc,
+                     opt_.master_addr, *opt_.master_port, opt_.join_timeout,
+                     opt_.join_timeout_text};
+    if (!join_nodes(join, error)) {
+      std::fprintf(stderr, "tributary-run: node %d of %d: %s\n", opt_.node_rank, opt_.nnodes,
+                   error.c_str());
+      return 1;
+    }
+  }
   if (!setup(error)) {
     std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
     return 1;
   }
   const int n = opt_.nproc;
-  auto ports = free_ports(opt_.master_port ? n : n + 1, opt_.master_port.value_or(-1), error);
-  if (!ports) {
-    std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
-    return 1;
+  const int first_rank = opt_.node_rank * n;
+  const std::string master_addr = opt_.master_addr.empty() ? "127.0.0.1" : opt_.master_addr;
+  // One node: a free port per worker for TF_CONFIG, plus one for MASTER_PORT unless given.
+  std::vector<int> ports;
+  if (!multi_node) {
+    auto found = free_ports(opt_.master_port ? n : n + 1, opt_.master_port.value_or(-1), error);
+    if (!found) {
+      std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
+      return 1;
+    }
+    ports = std::move(*found);
   }
-  const int master_port = opt_.master_port ? *opt_.master_port : ports->back();
+  const int master_port = opt_.master_port ? *opt_.master_port : ports.back();
   std::string cluster = "{\"cluster\": {\"worker\": [";
-  for (int i = 0; i < n; ++i) {
-    cluster += (i ? ", \"127.0.0.1:" : "\"127.0.0.1:") + std::to_string((*ports)[i]) + "\"";
+  for (int i = 0; i < n && !multi_node; ++i) {
+    cluster += (i ? ", \"127.0.0.1:" : "\"127.0.0.1:") + std::to_string(ports[i]) + "\"";
   }
   cluster += "]}, \"task\": {\"type\": \"worker\", \"index\": ";
 
@@ -379,27 +401,23 @@ int Launcher::run() {
     if (!overridden(*e)) base.emplace_back(*e);
   }
   base.insert(base.end(), opt_.env.begin(), opt_.env.end());
-  const std::string ws = std::to_string(n), mp = std::to_string(master_port);
-  for (const char* k : {"WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "TRIBUTARY_WORLD_SIZE="}) {
-    base.push_back(k + ws);
-  }
-  for (const char* k : {"MASTER_ADDR=", "TRIBUTARY_MASTER_ADDR="}) {
-    base.push_back(k + std::string("127.0.0.1"));
-  }
+  const std::string ws = std::to_string(n * opt_.nnodes), mp = std::to_string(master_port);
+  for (const char* k : {"WORLD_SIZE=", "TRIBUTARY_WORLD_SIZE="}) base.push_back(k + ws);
+  base.push_back("LOCAL_WORLD_SIZE=" + std::to_string(n));
+  for (const char* k : {"MASTER_ADDR=", "TRIBUTARY_MASTER_ADDR="}) base.push_back(k + master_addr);
   for (const char* k : {"MASTER_PORT=", "TRIBUTARY_MASTER_PORT="}) base.push_back(k + mp);
 
   start_ = Clock::now();
   workers_.resize(n);
   for (int i = 0; i < n; ++i) {
     Worker& w = workers_[i];
-    w.rank = i;
-    w.prefix = opt_.prefix ? "[rank " + std::to_string(i) + "] " : "";
+    w.rank = first_rank + i;
+    const std::string r = std::to_string(w.rank), local = std::to_string(i);
+    w.prefix = opt_.prefix ? "[rank " + r + "] " : "";
     std::vector<std::string> env = base;
-    const std::string r = std::to_string(i);
-    for (const char* k : {"RANK=", "LOCAL_RANK=", "TRIBUTARY_RANK=", "TRIBUTARY_LOCAL_RANK="}) {
-      env.push_back(k + r);
-    }
-    env.push_back("TF_CONFIG=" + cluster + r + "}}");
+    for (const char* k : {"RANK=", "TRIBUTARY_RANK="}) env.push_back(k + r);
+    for (const char* k : {"LOCAL_RANK=", "TRIBUTARY_LOCAL_RANK="}) env.push_back(k + local);
+    if (!multi_node) env.push_back("TF_CONFIG=" + cluster + local + "}}");
     if (!spawn(w, std::move(env), error)) {
       note("cannot start rank " + r + ": " + error);
       for (int j = i; j < n; ++j) workers_[j].exited = true;  // never started

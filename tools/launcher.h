@@ -1,29 +1,39 @@
-// The local launcher behind tributary-run: starts N worker processes of one program on this host,
+// The launcher behind tributary-run: starts the worker processes of one program on this host,
 // each with its cluster spec in the environment, relays their output and signals, and stops the
 // job when a rank fails. POSIX and the C++ standard library only; nothing of tributary's own.
 //
-// What each worker i of N gets:
-//  - TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task": {"type": "worker",
-//    "index": i}}, with N distinct ports that were free when the job started;
-//  - RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets
-//  them,
-//    and TRIBUTARY_RANK, TRIBUTARY_WORLD_SIZE, TRIBUTARY_LOCAL_RANK, TRIBUTARY_MASTER_ADDR,
-//    TRIBUTARY_MASTER_PORT; MASTER_PORT is the same for all ranks and none of the worker ports;
+// A job spans LaunchOptions::nnodes hosts with one launcher on each (torchrun's static
+// rendezvous): node k starts global ranks k*nproc .. k*nproc+nproc-1. With more than one node the
+// launchers first meet on the master port (node_join.h), so a node that never comes is an error
+// on the others within LaunchOptions::join_timeout, before any worker starts.
+//
+// What the worker with global rank r (local index i on this node) of W = nnodes*nproc gets:
+//  - RANK=r, WORLD_SIZE=W, LOCAL_RANK=i, LOCAL_WORLD_SIZE=nproc, MASTER_ADDR, MASTER_PORT as
+//    torchrun sets them, and TRIBUTARY_RANK, TRIBUTARY_WORLD_SIZE, TRIBUTARY_LOCAL_RANK,
+//    TRIBUTARY_MASTER_ADDR, TRIBUTARY_MASTER_PORT (the ones tributary reads first). The master is
+//    node 0's --master-addr (127.0.0.1 by default); MASTER_PORT is the same for all ranks: rank 0's
+//    rendezvous store listens there;
+//  - on a single node also TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task":
+//    {"type": "worker", "index": i}}, with N distinct ports that were free when the job started
+//    and none of them MASTER_PORT. A multi-node job sets no TF_CONFIG (and passes on none): one
+//    launcher cannot know the ports of the others;
 //  - the launcher's environment plus LaunchOptions::env otherwise; stdin from /dev/null;
 //  - its own process group (so signals reach what it starts) and, on Linux, PR_SET_PDEATHSIG, so
 //    it dies with a launcher that was SIGKILLed.
 //
 // Output: each line a worker writes to stdout (stderr) goes whole to our stdout (stderr) after
-// the prefix "[rank i] "; a last line without '\n' is completed with one. The launcher's own
-// messages go to stderr as "tributary-run: ...".
+// the prefix "[rank r] " (the global rank); a last line without '\n' is completed with one. The
+// launcher's own messages go to stderr as "tributary-run: ...".
 //
-// Exit status of launch(): 0 when every rank exits 0; otherwise that of the first failure seen:
-// a rank's exit status, or 128+signal for a rank killed by a signal; 128+signal when the launcher
-// receives SIGINT, SIGTERM or SIGHUP (which it forwards to every rank); 124 when the job outlives
-// LaunchOptions::timeout; 1 when the launcher itself fails (no free port, fork fails). On a failure
-// every remaining rank gets SIGTERM (the received signal, when forwarding), then SIGKILL after
-// LaunchOptions::grace. Every wait is bounded, including on processes a rank leaves behind holding
-// its output and on a reader of our output that stops reading.
+// Exit status of launch(): 0 when every rank of this node exits 0; otherwise that of the first
+// failure seen: a rank's exit status, or 128+signal for a rank killed by a signal; 128+signal when
+// the launcher receives SIGINT, SIGTERM or SIGHUP (which it forwards to every rank); 124 when the
+// job outlives LaunchOptions::timeout; 1 when the launcher itself fails (no free port, fork fails,
+// the nodes did not join). On a failure every remaining rank gets SIGTERM (the received signal,
+// when forwarding), then SIGKILL after LaunchOptions::grace. Every wait is bounded, including on
+// processes a rank leaves behind holding its output and on a reader of our output that stops
+// reading. The launchers of other nodes learn of a failure through their own ranks (tributary's
+// collectives fail on every rank when one is lost).
 //
 // SIGUSR1 is passed on to each rank's own process (not its group) and stops nothing: tributary
 // dumps the flight recorders of that rank on it (core/flight_recorder.h).
@@ -45,8 +55,13 @@ inline constexpr int kMaxLocalWorkers = 1024;
 inline constexpr int kTimeoutExitStatus = 124;  // as timeout(1) exits
 
 struct LaunchOptions {
-  int nproc = 1;
-  std::optional<int> master_port;  // else a free port
+  int nproc = 1;                   // workers on this node
+  int nnodes = 1;                  // nodes (hosts) of the job, one launcher each
+  int node_rank = 0;               // this node's place among them, 0 .. nnodes-1
+  std::string master_addr;         // node 0's address; "" = 127.0.0.1 (one node only)
+  std::optional<int> master_port;  // else a free port (one node only)
+  std::chrono::milliseconds join_timeout{std::chrono::minutes(5)};  // for the nodes to meet
+  std::string join_timeout_text = "5m";
   bool prefix = true;              // "[rank i] " before each line
   std::optional<std::chrono::milliseconds> timeout;
   std::string timeout_text;  // as the user wrote it, for messages

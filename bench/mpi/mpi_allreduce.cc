@@ -10,6 +10,8 @@
 // Prints one line per size: "size count oop_us oop_busbw ip_us ip_busbw wrong".
 #include <mpi.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,30 +51,26 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::vector<size_t> sizes;
+  std::vector<std::string> size_texts;
   int iters = 20, warmup = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const std::string next = i + 1 < argc ? argv[i + 1] : "";
-    if (a == "--sizes") {
-      size_t at = 0;
-      while (at <= next.size()) {
-        const size_t comma = std::min(next.find(',', at), next.size());
-        sizes.push_back(parse_size(next.substr(at, comma - at)));
-        at = comma + 1;
-      }
-      ++i;
-    } else if (a == "-n") {
-      iters = std::atoi(next.c_str());
-      ++i;
-    } else if (a == "-w") {
-      warmup = std::atoi(next.c_str());
-      ++i;
-    } else {
-      if (rank == 0) std::fprintf(stderr, "mpi-allreduce-bench: unknown argument '%s'\n", a.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 2);
-    }
+  CLI::App app{"MPI_Allreduce (float32 sum), timed as tributary-bench times its backends",
+               "mpi-allreduce-bench"};
+  app.add_option("--sizes", size_texts, "sizes in bytes (K, M, G suffixes), comma-separated")
+      ->delimiter(',')
+      ->required();
+  app.add_option("-n,--iters", iters, "timed iterations per size")->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", warmup, "untimed iterations first")
+      ->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    if (rc != 0) MPI_Abort(MPI_COMM_WORLD, 2);
+    MPI_Finalize();
+    return 0;
   }
+  std::vector<size_t> sizes;
+  for (const std::string& t : size_texts) sizes.push_back(parse_size(t));
   for (size_t bytes : sizes) {
     const int count = static_cast<int>(bytes / sizeof(float));
     std::vector<float> in(static_cast<size_t>(count)), out(static_cast<size_t>(count));

@@ -59,8 +59,10 @@
 #include <vector>
 
 #include "tributary/config.h"
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 // The port of the rendezvous store when a provider names a host but no port (torchrun's default).
@@ -122,3 +124,4 @@ StatusOr<std::vector<std::string>> expand_slurm_hostlist(std::string_view hostli
 StatusOr<std::vector<int>> expand_slurm_tasks_per_node(std::string_view tasks_per_node);
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

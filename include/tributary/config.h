@@ -24,8 +24,10 @@
 #include <string>
 #include <string_view>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 class Config {
@@ -63,3 +65,4 @@ class Config {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

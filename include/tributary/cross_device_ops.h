@@ -41,12 +41,14 @@
 #include "tributary/config.h"
 #include "tributary/device.h"
 #include "tributary/dtype.h"
+#include "tributary/export.h"
 #include "tributary/options.h"
 #include "tributary/status.h"
 #include "tributary/tensor.h"
 #include "tributary/values.h"
 #include "tributary/work.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 enum class Collective : uint8_t {
@@ -235,3 +237,4 @@ class CrossDeviceOps {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

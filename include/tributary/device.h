@@ -14,8 +14,10 @@
 #include <string>
 #include <string_view>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 enum class DeviceType : uint8_t { kCpu, kCuda };
@@ -57,3 +59,4 @@ class Device {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

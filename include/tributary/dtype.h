@@ -11,8 +11,10 @@
 #include <string>
 #include <string_view>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 enum class DType : uint8_t {
@@ -55,3 +57,4 @@ std::string_view reduce_op_name(ReduceOp op);
 StatusOr<ReduceOp> parse_reduce_op(std::string_view text);
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

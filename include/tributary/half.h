@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "tributary/export.h"
+
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 // IEEE binary16 <-> float32. float_to_half rounds to nearest even, overflows to infinity, keeps
@@ -62,3 +65,4 @@ inline uint16_t float_to_bfloat16(float f) {
 }
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

@@ -27,8 +27,10 @@
 #include <vector>
 
 #include "tributary/config.h"
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 enum class OptionType { kBool, kInt, kSize, kDuration, kDouble, kString, kEnum };
@@ -97,3 +99,4 @@ class Options {
 std::string describe_options(const std::vector<OptionDef>& schema);
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

@@ -18,10 +18,12 @@
 #include <vector>
 
 #include "tributary/cross_device_ops.h"
+#include "tributary/export.h"
 #include "tributary/options.h"
 #include "tributary/status.h"
 #include "tributary/tuning.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 struct BackendInfo {
@@ -92,3 +94,4 @@ StatusOr<BackendContext> make_backend_context(
 std::optional<std::chrono::milliseconds> spec_timeout(const std::vector<std::string>& specs);
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

@@ -13,6 +13,9 @@
 #include <utility>
 #include <variant>
 
+#include "tributary/export.h"
+
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 enum class StatusCode {
@@ -115,6 +118,7 @@ class [[nodiscard]] StatusOr {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API
 
 // Returns early from the enclosing function when `expr` yields a non-OK Status.
 #define TRIBUTARY_RETURN_IF_ERROR(expr)                 \

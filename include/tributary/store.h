@@ -30,8 +30,10 @@
 #include <string_view>
 #include <vector>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 inline constexpr std::size_t kMaxStoreKeyBytes = 64 * 1024;
@@ -261,3 +263,4 @@ class PrefixStore final : public Store {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

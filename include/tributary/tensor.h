@@ -16,8 +16,10 @@
 
 #include "tributary/device.h"
 #include "tributary/dtype.h"
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 using Shape = std::vector<int64_t>;
@@ -106,3 +108,4 @@ class Buffer {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

@@ -40,8 +40,10 @@
 #include <vector>
 
 #include "tributary/cross_device_ops.h"
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 struct TuningLayout {
@@ -115,3 +117,4 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> make_tuned_ops(
 }  // namespace internal
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

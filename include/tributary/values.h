@@ -11,6 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "tributary/export.h"
+
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 template <typename T>
@@ -48,3 +51,4 @@ class Mirrored : public DistributedValues<T> {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

@@ -12,8 +12,10 @@
 #include <memory>
 #include <string>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 class Work {
@@ -58,3 +60,4 @@ class Work {
 };
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

@@ -1,31 +1,101 @@
-# Installs this build into a scratch prefix, then configures, builds and runs tests/package/consumer
-# against it with find_package(tributary), as a separate project would.
+# The install as a user meets it. Installs this build into a scratch prefix, MOVES the prefix (the
+# install must be relocatable), then from the moved prefix:
+#   1. runs the installed tools (their RPATH must find libtributary);
+#   2. builds and runs three consumers: a CMake project (find_package), a C++ program compiled with
+#      pkg-config's flags, and a C program compiled with tributary-c's flags;
+#   3. checks that the shared library exports the public API only (no Boost, Asio, nlohmann, fmt or
+#      internal symbols).
+# Inputs: SOURCE_DIR, BUILD_DIR, WORK_DIR, GENERATOR, CXX, CC.
 file(REMOVE_RECURSE ${WORK_DIR})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix
-                RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "cmake --install failed (${rc})")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/build
-                        -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-                RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "configuring the consumer project failed (${rc})")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "building the consumer project failed (${rc})")
-endif()
-foreach(spec reduction_to_one_device hierarchical_copy:num_packs=2)
-  execute_process(COMMAND ${WORK_DIR}/build/consumer ${spec} RESULT_VARIABLE rc)
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(rc)
-    message(FATAL_ERROR "consumer ${spec} failed (${rc})")
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "${what}: ok")
+  set(run_out "${out}" PARENT_SCOPE)
+endfunction()
+
+run("cmake --install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/staging)
+file(RENAME ${WORK_DIR}/staging ${WORK_DIR}/moved)
+set(P ${WORK_DIR}/moved)
+file(GLOB libdirs LIST_DIRECTORIES true ${P}/lib*)
+list(GET libdirs 0 libdir)
+
+# 1. The installed tools start from the moved prefix (no LD_LIBRARY_PATH).
+run("installed tributary-info" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${P}/bin/tributary-info)
+if(NOT run_out MATCHES "tributary")
+  message(FATAL_ERROR "installed tributary-info printed nothing recognisable:\n${run_out}")
+endif()
+run("installed tributary-bench" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+    ${P}/bin/tributary-bench -b 1K -e 4K -n 2 -w 1 --backend reduction_to_one_device)
+run("installed tributary-run" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+    ${P}/bin/tributary-run -n 2 -- ${P}/bin/tributary-info)
+
+# 2a. A CMake project: find_package(tributary).
+run("configuring the CMake consumer" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer
+    -B ${WORK_DIR}/cmake-consumer -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${P})
+run("building the CMake consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/cmake-consumer)
+foreach(spec reduction_to_one_device hierarchical_copy:num_packs=2)
+  run("CMake consumer ${spec}" ${WORK_DIR}/cmake-consumer/consumer ${spec})
+endforeach()
+
+# 2a'. The same project against the static library, when the build made one.
+if(EXISTS ${libdir}/libtributary.a)
+  run("configuring the static CMake consumer" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer
+      -B ${WORK_DIR}/cmake-consumer-static -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${P}
+      -DCONSUMER_STATIC=ON)
+  run("building the static CMake consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/cmake-consumer-static)
+  run("static CMake consumer" ${WORK_DIR}/cmake-consumer-static/consumer reduction_to_one_device)
+  run("ldd of the static consumer" ldd ${WORK_DIR}/cmake-consumer-static/consumer)
+  if(run_out MATCHES "libtributary")
+    message(FATAL_ERROR "the static consumer still loads libtributary.so:\n${run_out}")
+  endif()
+else()
+  message(STATUS "no libtributary.a in the install (TRIBUTARY_BUILD_STATIC=OFF): static consumer not built")
+endif()
+
+# 2b. A C++ program built with pkg-config's flags alone, as `g++ main.cc $(pkg-config ...)`.
+set(ENV{PKG_CONFIG_PATH} ${libdir}/pkgconfig)
+foreach(module tributary tributary-c)
+  run("pkg-config ${module}" pkg-config --cflags --libs ${module})
+  string(STRIP "${run_out}" flags)
+  separate_arguments(flags_${module} UNIX_COMMAND "${flags}")
+  if(NOT flags MATCHES "-I${P}/")
+    message(FATAL_ERROR "pkg-config ${module} does not point into the moved prefix ${P}: ${flags}")
   endif()
 endforeach()
-# pkg-config sees the same library.
-execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${WORK_DIR}/prefix/lib/pkgconfig
-                        pkg-config --cflags --libs tributary
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out)
-if(rc OR NOT out MATCHES "-ltributary")
-  message(FATAL_ERROR "pkg-config does not find tributary in the install prefix (${rc}): ${out}")
+run("compiling with pkg-config tributary" ${CXX} ${SOURCE_DIR}/tests/package/consumer/main.cc
+    ${flags_tributary} -o ${WORK_DIR}/pkgconfig-consumer)
+run("pkg-config consumer" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+    ${WORK_DIR}/pkgconfig-consumer reduction_to_one_device)
+
+# 2c. A C program of the C API, built with tributary-c's flags.
+run("compiling the C consumer" ${CC} -std=c11 -Wall -Werror ${SOURCE_DIR}/tests/package/consumer_c.c
+    ${flags_tributary-c} -o ${WORK_DIR}/c-consumer)
+run("C consumer" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${WORK_DIR}/c-consumer)
+
+# 3. Exported symbols: the public API and the C API only.
+file(GLOB sos ${libdir}/libtributary.so.*.*)
+list(GET sos 0 so)
+run("nm -D" nm -D --defined-only -C ${so})
+string(REGEX MATCHALL "[^\n]+" symbols "${run_out}")
+list(LENGTH symbols count)
+set(leaks "")
+foreach(sym IN LISTS symbols)
+  if(sym MATCHES "boost::|asio::|nlohmann::|fmt::|gloo::|tributary::(algorithms|transports|backends|gpu|strategy_internal)::")
+    list(APPEND leaks "${sym}")
+  endif()
+endforeach()
+if(leaks)
+  list(LENGTH leaks n)
+  list(SUBLIST leaks 0 20 first)
+  string(REPLACE ";" "\n" first "${first}")
+  message(FATAL_ERROR "libtributary exports ${n} symbols that are not its public API, e.g.:\n${first}")
 endif()
+if(NOT run_out MATCHES "trib_all_reduce" OR NOT run_out MATCHES "tributary::BackendRegistry")
+  message(FATAL_ERROR "libtributary does not export its public API (trib_all_reduce, BackendRegistry)")
+endif()
+message(STATUS "libtributary exports ${count} dynamic symbols, none of them internal")

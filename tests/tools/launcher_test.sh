@@ -420,9 +420,150 @@ test_bad_options() {
   expect_rc 0
 }
 
+test_np_spellings() {
+  # mpirun's -np, CLI11's --np=N, -nN and -n N, and torchrun's two spellings all mean the same.
+  for args in "-np 2" "--np=2" "--np 2" "-n2" "-n 2" "--nproc 2" "--nproc-per-node 2" \
+    "--nproc_per_node=2" "--nproc-per-node=2"; do
+    # shellcheck disable=SC2086  # split on purpose
+    launch $args -- sh -c 'echo "r=$RANK w=$WORLD_SIZE"'
+    expect_rc 0
+    has_line out "[rank 0] r=0 w=2"
+    has_line out "[rank 1] r=1 w=2"
+  done
+  # -np after the program is the program's.
+  launch -np 1 -- sh -c 'echo "args: $*"' sh -np 3
+  expect_rc 0
+  has_line out "[rank 0] args: -np 3"
+}
+
+test_x_option() {
+  # mpirun's -x VAR passes this environment's VAR; -x VAR=VALUE sets it; --env as before.
+  export PASSED=from-launcher
+  launch -np 2 -x PASSED -x SET=value -x 'SPACED=a b' --env OTHER=1 -- \
+    sh -c 'echo "PASSED=$PASSED SET=$SET SPACED=$SPACED OTHER=$OTHER"'
+  expect_rc 0
+  has_line out "[rank 0] PASSED=from-launcher SET=value SPACED=a b OTHER=1"
+  has_line out "[rank 1] PASSED=from-launcher SET=value SPACED=a b OTHER=1"
+  # An unset VAR is a warning, as mpirun's.
+  unset NOT_SET_HERE
+  launch -np 1 -x NOT_SET_HERE -- sh -c 'echo "NOT_SET_HERE=${NOT_SET_HERE-unset}"'
+  expect_rc 0
+  has_line out "[rank 0] NOT_SET_HERE=unset"
+  has_text err "-x NOT_SET_HERE: NOT_SET_HERE is not set here"
+  # The later of two settings wins.
+  launch -np 1 --env K=1 -x K=2 -- sh -c 'echo "K=$K"'
+  has_line out "[rank 0] K=2"
+  for args in "-x RANK=1" "-x RANK" "-x 1BAD=x" "-x"; do
+    # shellcheck disable=SC2086  # split on purpose
+    launch $args -- true
+    expect_rc 2
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] || fail "'$args': expected a one-line error"
+  done
+  launch -x RANK=1 -- true
+  has_text err "-x cannot set RANK"
+}
+
+test_torchrun_spellings() {
+  # torchrun's options with - and _, with and without '='; a single node with them is one job.
+  launch --nnodes=1 --node_rank=0 --master_addr=127.0.0.1 --master_port=29567 \
+    --nproc_per_node=2 -- sh -c 'echo "$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT"'
+  expect_rc 0
+  has_line out "[rank 1] 1 2 127.0.0.1 29567"
+  launch --nnodes 1 --node-rank 0 --master-addr localhost --master-port 29568 \
+    --nproc-per-node 2 -- sh -c 'echo "$RANK $TRIBUTARY_MASTER_ADDR $TRIBUTARY_MASTER_PORT"'
+  expect_rc 0
+  has_line out "[rank 0] 0 localhost 29568"
+  for args in "--nnodes 0" "--nnodes 1:2" "--nnodes 2 --node-rank 2" "--node-rank -1" \
+    "--nnodes 2 --node-rank 1" "--join-timeout 0"; do
+    # shellcheck disable=SC2086  # split on purpose
+    launch $args -- true
+    expect_rc 2
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] || fail "'$args': expected a one-line error"
+  done
+  launch --nnodes 1:2 -- true
+  has_text err "elastic ranges"
+  launch --nnodes 2 --node-rank 1 -- true
+  has_text err "needs --master-addr"
+}
+
+# free_port: prints a TCP port that was free a moment ago.
+free_port() {
+  command -v python3 >/dev/null 2>&1 || skip "python3 is needed to find a free port"
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+test_two_nodes() {
+  # Two launchers on one host, as two nodes: node 1 starts ranks 2 and 3, and nobody gets a
+  # TF_CONFIG (one launcher cannot know the others' ports).
+  port=$(free_port)
+  export TF_CONFIG=junk
+  common="--nnodes 2 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --join-timeout 15s"
+  script='echo "RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE" \
+    "TRIBUTARY_RANK=$TRIBUTARY_RANK TRIBUTARY_LOCAL_RANK=$TRIBUTARY_LOCAL_RANK" \
+    "MASTER=$MASTER_ADDR:$MASTER_PORT TF_CONFIG=${TF_CONFIG-unset}"'
+  # shellcheck disable=SC2086  # split on purpose
+  timeout -k 2 "$WATCHDOG" "$BIN" $common --node-rank 1 -- sh -c "$script" >"$TMP/out1" 2>"$TMP/err1" &
+  node1=$!
+  # shellcheck disable=SC2086
+  launch $common --node-rank 0 -- sh -c "$script"
+  wait "$node1"
+  rc1=$?
+  expect_rc 0
+  [ "$rc1" -eq 0 ] || { cat "$TMP/err1" >&2; fail "node 1 exited with $rc1"; }
+  for r in 0 1; do
+    has_line out "[rank $r] RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 TRIBUTARY_RANK=$r TRIBUTARY_LOCAL_RANK=$r MASTER=127.0.0.1:$port TF_CONFIG=unset"
+  done
+  for r in 2 3; do
+    grep -Fqx "[rank $r] RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r - 2)) LOCAL_WORLD_SIZE=2 TRIBUTARY_RANK=$r TRIBUTARY_LOCAL_RANK=$((r - 2)) MASTER=127.0.0.1:$port TF_CONFIG=unset" "$TMP/out1" ||
+      { cat "$TMP/out1" >&2; fail "node 1 did not start rank $r as expected"; }
+  done
+}
+
+test_node_never_comes() {
+  # Node 0 waits --join-timeout for node 1, then fails with what to do; no worker starts.
+  port=$(free_port)
+  launch --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port "$port" --join-timeout 1s \
+    -- sh -c 'echo started'
+  expect_rc 1
+  expect_fast
+  has_text err "tributary-run: node 0 of 2: node 1 of 2 did not join within --join-timeout 1s"
+  lacks_text out "started"
+}
+
+test_master_never_comes() {
+  # Node 1 retries node 0 until --join-timeout, then fails naming the address.
+  port=$(free_port)
+  launch --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 \
+    --master-port "$port" --join-timeout 1500ms -- sh -c 'echo started'
+  expect_rc 1
+  expect_fast
+  has_text err "tributary-run: node 1 of 2: could not reach node 0 (tributary-run --node-rank 0) at 127.0.0.1:$port within --join-timeout 1500ms"
+  lacks_text out "started"
+}
+
+test_nodes_disagree() {
+  # Nodes started with different --nproc-per-node both fail, saying why.
+  port=$(free_port)
+  timeout -k 2 "$WATCHDOG" "$BIN" --nnodes 2 --node-rank 1 --nproc-per-node 3 \
+    --master-addr 127.0.0.1 --master-port "$port" --join-timeout 10s -- true \
+    >"$TMP/out1" 2>"$TMP/err1" &
+  node1=$!
+  launch --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-port "$port" --join-timeout 10s \
+    -- true
+  wait "$node1"
+  rc1=$?
+  expect_rc 1
+  expect_fast
+  [ "$rc1" -eq 1 ] || fail "node 1 exited with $rc1, expected 1"
+  has_text err "node 1 was started with --nproc-per-node 3, node 0 with 2"
+  grep -Fq "node 1 was started with --nproc-per-node 3, node 0 with 2" "$TMP/err1" ||
+    { cat "$TMP/err1" >&2; fail "node 1 does not say why"; }
+}
+
 ALL="environment env_option master_port prefix lines_whole last_words failure_stops_siblings
   first_failure_wins killed_by_signal stopped_rank start_failure timeout sigkill_after_grace sigterm_forwarded
-  sigint_forwarded sighup_forwarded sigusr1_passed_on ignored_signal_stays_ignored second_signal_kills leftover_processes success missing_program bad_options"
+  sigint_forwarded sighup_forwarded sigusr1_passed_on ignored_signal_stays_ignored second_signal_kills leftover_processes success missing_program bad_options
+  np_spellings x_option torchrun_spellings two_nodes node_never_comes master_never_comes nodes_disagree"
 
 failed=0
 passed=0

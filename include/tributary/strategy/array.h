@@ -20,9 +20,11 @@
 
 #include "tributary/device.h"
 #include "tributary/dtype.h"
+#include "tributary/export.h"
 #include "tributary/status.h"
 #include "tributary/tensor.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 // The DType of a C++ element type (float, double, int32_t, int64_t, int8_t, uint8_t).
@@ -154,3 +156,4 @@ std::vector<T> Array::to_vector() const {
 }
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

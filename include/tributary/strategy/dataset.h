@@ -29,9 +29,11 @@
 #include <string>
 #include <vector>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 #include "tributary/strategy/array.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 namespace data_internal {
@@ -164,3 +166,4 @@ StatusOr<Dataset> auto_shard(const Dataset& dataset, int num_workers, int worker
                              AutoShardPolicy policy);
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

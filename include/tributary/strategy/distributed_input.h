@@ -32,10 +32,12 @@
 #include <optional>
 #include <string>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 #include "tributary/strategy/dataset.h"
 #include "tributary/strategy/strategy.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 enum class InputReplicationMode { kPerWorker, kPerReplica };
@@ -110,3 +112,4 @@ StatusOr<DistributedDataset> distribute_datasets_from_function(
     InputOptions options = {});
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

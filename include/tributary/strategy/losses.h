@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <optional>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 #include "tributary/strategy/array.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 // sum_i(w_i * loss_i) / global_batch_size, as a scalar of the loss's dtype.
@@ -26,3 +28,4 @@ StatusOr<Array> compute_average_loss(const Array& per_example_loss,
 StatusOr<Array> scale_regularization_loss(const Array& regularization_loss);
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

@@ -27,9 +27,11 @@
 #include <vector>
 
 #include "tributary/config.h"
+#include "tributary/export.h"
 #include "tributary/registry.h"
 #include "tributary/strategy/strategy.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 StatusOr<std::unique_ptr<Strategy>> make_one_device_strategy(Device device);
@@ -79,3 +81,4 @@ StatusOr<std::unique_ptr<Strategy>> make_strategy(std::string_view name, int rep
                                                   std::string backend = "");
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

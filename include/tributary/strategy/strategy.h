@@ -61,10 +61,12 @@
 #include <vector>
 
 #include "tributary/cross_device_ops.h"
+#include "tributary/export.h"
 #include "tributary/status.h"
 #include "tributary/strategy/array.h"
 #include "tributary/values.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 class Strategy;
@@ -348,3 +350,4 @@ StatusOr<R> ReplicaContext::merge_call(
 }
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API

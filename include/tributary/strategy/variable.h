@@ -35,10 +35,12 @@
 #include <string>
 #include <vector>
 
+#include "tributary/export.h"
 #include "tributary/status.h"
 #include "tributary/strategy/array.h"
 #include "tributary/strategy/strategy.h"
 
+TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
 class Variable {
@@ -84,3 +86,4 @@ Status save_checkpoint(const std::string& path, std::span<const Variable> variab
 Status restore_checkpoint(const std::string& path, std::span<const Variable> variables);
 
 }  // namespace tributary
+TRIBUTARY_END_PUBLIC_API
