@@ -1,0 +1,184 @@
+// tributary.Dataset (a small tf.data: slices, shuffle, batch, repeat, ...) and distributed
+// datasets: Strategy.experimental_distribute_dataset(dataset) yields a PerReplica of each
+// replica's share of the global batch.
+//
+// Elements are tuples of NumPy arrays (read-only views of the library's values); a dataset made
+// from one array yields arrays, as tf.data does. map() is not bound: its function would run on the
+// dataset's prefetch thread; transform arrays with NumPy before from_tensor_slices instead.
+#include "common.h"
+
+namespace tributary::python {
+namespace {
+
+struct PyDataset {
+  Dataset dataset;
+  bool single = false;  // made from one array: elements are arrays, not tuples
+
+  PyDataset then(Dataset d) const {
+    check(d.status());
+    return PyDataset{std::move(d), single};
+  }
+};
+
+struct PyDatasetIterator {
+  std::unique_ptr<DatasetIterator> it;
+  bool single = false;
+};
+
+struct PyDistributedDataset {
+  DistributedDataset dataset;
+  bool single = false;
+  py::object strategy;  // keeps the strategy alive
+};
+
+struct PyDistributedIterator {
+  std::optional<DistributedIterator> it;
+  bool single = false;
+  py::object strategy;
+};
+
+py::object element_to_python(const Element& e, bool single) {
+  if (single && e.size() == 1) return to_numpy(e[0]);
+  py::tuple t(e.size());
+  for (size_t i = 0; i < e.size(); ++i) t[i] = to_numpy(e[i]);
+  return t;
+}
+
+std::vector<Array> components_from(py::handle components, bool& single) {
+  std::vector<Array> out;
+  if (py::isinstance<py::tuple>(components) || py::isinstance<py::list>(components)) {
+    size_t i = 0;
+    for (py::handle c : components) {
+      out.push_back(array_from(c, "components[" + std::to_string(i++) + "]"));
+    }
+    single = false;
+  } else {
+    out.push_back(array_from(components, "components"));
+    single = true;
+  }
+  return out;
+}
+
+PyDistributedDataset distribute(py::object strategy, const PyDataset& d) {
+  Strategy& s = strategy.cast<Strategy&>();
+  StatusOr<DistributedDataset> r = [&] {
+    py::gil_scoped_release release;
+    return distribute_dataset(s, d.dataset);
+  }();
+  return PyDistributedDataset{value_or_throw(std::move(r)), d.single, std::move(strategy)};
+}
+
+}  // namespace
+
+void bind_data(py::module_& m) {
+  py::class_<PyDataset>(m, "Dataset", "A small tf.data.Dataset (from_tensor_slices, shuffle, batch, ...).")
+      .def_static("from_tensor_slices", [](py::handle components) {
+             bool single = false;
+             std::vector<Array> c = components_from(components, single);
+             PyDataset d{Dataset::from_tensor_slices(std::move(c)), single};
+             check(d.dataset.status());
+             return d;
+           }, py::arg("components"),
+           "One element per row of dimension 0 of an array, or of each array of a tuple.")
+      .def_static("from_tensors", [](py::handle components) {
+             bool single = false;
+             std::vector<Array> c = components_from(components, single);
+             PyDataset d{Dataset::from_tensors(std::move(c)), single};
+             check(d.dataset.status());
+             return d;
+           }, py::arg("components"))
+      .def_static("range", [](int64_t a, std::optional<int64_t> b, int64_t step) {
+             PyDataset d{b ? Dataset::range(a, *b, step) : Dataset::range(a), true};
+             check(d.dataset.status());
+             return d;
+           }, py::arg("start_or_stop"), py::arg("stop") = py::none(), py::arg("step") = 1)
+      .def("batch", [](const PyDataset& d, int64_t n, bool drop) {
+             return d.then(d.dataset.batch(n, drop));
+           }, py::arg("batch_size"), py::arg("drop_remainder") = false)
+      .def("repeat", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.repeat(n)); },
+           py::arg("count") = -1)
+      .def("shuffle", [](const PyDataset& d, int64_t buffer, uint64_t seed, bool reshuffle) {
+             return d.then(d.dataset.shuffle(buffer, seed, reshuffle));
+           }, py::arg("buffer_size"), py::arg("seed"), py::arg("reshuffle_each_iteration") = true)
+      .def("shard", [](const PyDataset& d, int64_t n, int64_t i) { return d.then(d.dataset.shard(n, i)); },
+           py::arg("num_shards"), py::arg("index"))
+      .def("take", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.take(n)); },
+           py::arg("count"))
+      .def("prefetch", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.prefetch(n)); },
+           py::arg("buffer_size"))
+      .def("cardinality", [](const PyDataset& d) { return d.dataset.cardinality(); })
+      .def_property_readonly("element_spec", [](const PyDataset& d) {
+             return element_spec_to_string(d.dataset.element_spec());
+           })
+      .def("__iter__", [](const PyDataset& d) {
+             StatusOr<std::unique_ptr<DatasetIterator>> it = [&] {
+               py::gil_scoped_release release;
+               return d.dataset.make_iterator();
+             }();
+             return PyDatasetIterator{value_or_throw(std::move(it)), d.single};
+           })
+      .def("__repr__", [](const PyDataset& d) { return "<tributary.Dataset " + d.dataset.debug_string() + ">"; });
+
+  py::class_<PyDatasetIterator>(m, "DatasetIterator")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](PyDatasetIterator& it) {
+             StatusOr<std::optional<Element>> e = [&] {
+               py::gil_scoped_release release;
+               return it.it->get_next();
+             }();
+             std::optional<Element> v = value_or_throw(std::move(e));
+             if (!v) throw py::stop_iteration();
+             return element_to_python(*v, it.single);
+           });
+
+  py::class_<PyDistributedDataset>(m, "DistributedDataset",
+                                   "Strategy.experimental_distribute_dataset's result: iterate "
+                                   "for a PerReplica of each replica's share of every batch.")
+      .def("__iter__", [](const PyDistributedDataset& d) {
+             StatusOr<DistributedIterator> it = [&] {
+               py::gil_scoped_release release;
+               return d.dataset.make_iterator();
+             }();
+             return PyDistributedIterator{value_or_throw(std::move(it)), d.single, d.strategy};
+           })
+      .def_property_readonly("element_spec", [](const PyDistributedDataset& d) {
+             return element_spec_to_string(d.dataset.element_spec());
+           });
+
+  py::class_<PyDistributedIterator>(m, "DistributedIterator")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("get_next", [](PyDistributedIterator& it) {
+             StatusOr<PerReplica<Element>> e = [&] {
+               py::gil_scoped_release release;
+               return it.it->get_next();
+             }();
+             PerReplicaValue v;
+             for (const Element& el : value_or_throw(std::move(e))) {
+               v.values.push_back(element_to_python(el, it.single));
+             }
+             return v;
+           }, "The next PerReplica batch; OutOfRangeError at the end of data (TF's get_next).")
+      .def("__next__", [](PyDistributedIterator& it) {
+             StatusOr<PerReplica<Element>> e = [&] {
+               py::gil_scoped_release release;
+               return it.it->get_next();
+             }();
+             if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) throw py::stop_iteration();
+             PerReplicaValue v;
+             for (const Element& el : value_or_throw(std::move(e))) {
+               v.values.push_back(element_to_python(el, it.single));
+             }
+             return v;
+           });
+
+  // Strategy's input methods live here with the dataset types.
+  auto strategy = py::reinterpret_borrow<py::object>(m.attr("Strategy"));
+  py::cpp_function distribute_fn(&distribute, py::arg("dataset"), py::is_method(strategy),
+                                 py::name("experimental_distribute_dataset"), py::sibling(py::none()),
+                                 "Splits each global batch of `dataset` across the replicas (and "
+                                 "shards it across workers): iterate for PerReplica batches.");
+  strategy.attr("experimental_distribute_dataset") = distribute_fn;
+  strategy.attr("distribute_dataset") = distribute_fn;
+}
+
+}  // namespace tributary::python

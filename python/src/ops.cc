@@ -1,0 +1,434 @@
+// tributary.Context, tributary.Backend (a CrossDeviceOps) and tributary.Work.
+//
+// Every collective takes one buffer per local replica (a list), or one buffer when the backend has
+// one local replica. Buffers are used in place, without copies; outputs the caller leaves out are
+// allocated as NumPy arrays. A synchronous call returns the outputs (a list, or one array when one
+// was passed); with async_op=True it returns a Work whose wait() returns them. The buffers stay
+// referenced by the Work until the collective has completed.
+#include <algorithm>
+#include <mutex>
+
+#include "common.h"
+
+namespace tributary::python {
+namespace {
+
+constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365);
+
+// A rendezvous made once per process: every backend made from it meets its peers under the next
+// instance number (all ranks must create their backends in the same order).
+struct PyContext {
+  BackendContext context;
+};
+
+struct PyBackend {
+  std::unique_ptr<BackendRegistry> registry;  // outlives the instance made from it
+  std::unique_ptr<CrossDeviceOps> ops;
+  std::mutex issue;  // CrossDeviceOps takes calls from one thread at a time
+
+  CrossDeviceOps& get() const {
+    if (!ops) throw StatusError(failed_precondition("this backend was closed"));
+    return *ops;
+  }
+};
+
+// An issued collective, holding its buffers until it completes.
+struct PyWork {
+  Work work = Work::completed();  // until issued: nothing to wait for
+  std::vector<HeldTensor> held;
+  py::object result;
+  std::string what;
+
+  PyWork() = default;
+  PyWork(const PyWork&) = delete;
+  PyWork& operator=(const PyWork&) = delete;
+  ~PyWork() {
+    // Buffers must outlive the collective: a Work dropped early is waited for (the collective has
+    // its own timeout, so this ends).
+    if (!work.test()) {
+      py::gil_scoped_release release;
+      (void)work.wait();
+    }
+  }
+
+  py::object wait(std::chrono::milliseconds timeout) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = work.wait(timeout);
+    }
+    check(s);
+    return result;
+  }
+};
+
+StatusOr<BackendContext> make_context(const std::vector<Device>& devices,
+                                      std::optional<std::chrono::milliseconds> timeout,
+                                      const std::optional<std::string>& spec) {
+  TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
+  if (!timeout && spec) timeout = spec_timeout({*spec});
+  return make_backend_context(devices, std::move(config), timeout);
+}
+
+std::unique_ptr<PyBackend> create_backend(const std::optional<std::string>& spec,
+                                          const BackendContext& context) {
+  auto b = std::make_unique<PyBackend>();
+  b->registry = std::make_unique<BackendRegistry>(builtin_backends());
+  StatusOr<std::unique_ptr<CrossDeviceOps>> ops = [&] {
+    py::gil_scoped_release release;
+    return spec ? b->registry->create(*spec, context) : b->registry->create_from_config(context);
+  }();
+  b->ops = value_or_throw(std::move(ops));
+  return b;
+}
+
+// The replica arguments of a call: a list (one per local replica) or one object.
+struct Args {
+  std::vector<py::object> objects;
+  bool single = false;
+};
+Args args_from(py::handle obj) {
+  Args a;
+  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
+    for (py::handle o : obj) a.objects.push_back(py::reinterpret_borrow<py::object>(o));
+  } else {
+    a.objects.push_back(py::reinterpret_borrow<py::object>(obj));
+    a.single = true;
+  }
+  return a;
+}
+
+const Device& replica_device(const CrossDeviceOps& ops, size_t i) {
+  const auto& d = ops.devices();
+  return d[std::min(i, d.size() - 1)];
+}
+
+// Holds `objs` as tensors of `ops`' replicas, appending to `held`.
+std::vector<Tensor> hold_all(const CrossDeviceOps& ops, const std::vector<py::object>& objs,
+                             Access access, const std::string& name,
+                             std::vector<HeldTensor>& held) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < objs.size(); ++i) {
+    held.push_back(hold_tensor(objs[i], replica_device(ops, i), access,
+                               name + "[" + std::to_string(i) + "]"));
+    out.push_back(held.back().tensor);
+  }
+  return out;
+}
+
+// New NumPy outputs of `shape` like `like` (a held input), one per local replica.
+std::vector<py::object> new_outputs(const CrossDeviceOps& ops, const Tensor& like,
+                                    const Shape& shape, size_t n, const std::string& name) {
+  if (like.device().is_cuda()) {
+    throw_invalid(name + " must be given for GPU buffers (only host outputs are allocated)");
+  }
+  (void)ops;
+  std::vector<py::object> out;
+  for (size_t i = 0; i < n; ++i) out.push_back(new_numpy(like.dtype(), shape));
+  return out;
+}
+
+py::object result_of(const std::vector<py::object>& outputs, bool single) {
+  if (single && outputs.size() == 1) return outputs[0];
+  py::list l;
+  for (const auto& o : outputs) l.append(o);
+  return l;
+}
+
+// Issues `issue` (with the GIL released, under the backend's issue lock) and returns the outputs,
+// or a Work for async_op.
+template <typename Issue>
+py::object finish(PyBackend& b, std::unique_ptr<PyWork> w, Issue&& issue, bool async_op) {
+  {
+    py::gil_scoped_release release;
+    std::lock_guard lock(b.issue);
+    w->work = issue(b.get());
+  }
+  if (async_op) return py::cast(std::move(w));
+  return w->wait(kForever);
+}
+
+Shape gathered_shape(const Tensor& t, int n) {
+  Shape s = t.shape();
+  if (s.empty()) return {static_cast<int64_t>(n)};
+  s[0] *= n;
+  return s;
+}
+
+Shape scattered_shape(const Tensor& t, int n) {
+  Shape s = t.shape();
+  if (!s.empty() && s[0] % n == 0) {
+    s[0] /= n;
+    return s;
+  }
+  return {t.num_elements() / n};  // the front door says when this does not divide
+}
+
+py::object all_reduce(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
+                      bool async_op) {
+  CrossDeviceOps& ops = b.get();
+  const ReduceOp rop = reduce_op_from(op);
+  Args in = args_from(inputs);
+  Args out = outputs.is_none() ? in : args_from(outputs);
+  auto w = std::make_unique<PyWork>();
+  const bool in_place = outputs.is_none();
+  PerReplica<Tensor> ti(hold_all(ops, in.objects, in_place ? Access::kWrite : Access::kRead,
+                                 in_place ? "inputs (in place)" : "inputs", w->held));
+  PerReplica<Tensor> to = in_place ? ti : PerReplica<Tensor>(hold_all(ops, out.objects,
+                                                             Access::kWrite, "outputs", w->held));
+  w->result = result_of(out.objects, in.single);
+  return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.all_reduce(rop, ti, to); },
+                async_op);
+}
+
+py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::handle op,
+                  bool async_op) {
+  CrossDeviceOps& ops = b.get();
+  const ReduceOp rop = reduce_op_from(op);
+  Args in = args_from(value);
+  auto w = std::make_unique<PyWork>();
+  PerReplica<Tensor> tv(hold_all(ops, in.objects, Access::kRead, "value", w->held));
+  Args out;
+  if (destinations.is_none()) {
+    if (tv.empty()) throw_invalid("value is empty: pass one buffer per local replica");
+    out.objects = new_outputs(ops, tv[0], tv[0].shape(), ops.devices().size(), "destinations");
+    out.single = in.single;
+  } else {
+    out = args_from(destinations);
+  }
+  Mirrored<Tensor> td(hold_all(ops, out.objects, Access::kWrite, "destinations", w->held));
+  w->result = result_of(out.objects, out.single);
+  return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.reduce(rop, tv, td); },
+                async_op);
+}
+
+py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool async_op) {
+  CrossDeviceOps& ops = b.get();
+  const ReduceOp rop = reduce_op_from(op);
+  auto w = std::make_unique<PyWork>();
+  std::vector<ReducePair> rp;
+  py::list results;
+  size_t k = 0;
+  for (py::handle pair : pairs) {
+    const std::string at = "pairs[" + std::to_string(k++) + "]";
+    py::tuple t(py::reinterpret_borrow<py::object>(pair));
+    if (t.size() != 2 && t.size() != 1) {
+      throw_invalid(at + " must be (value, destinations) or (value,)");
+    }
+    Args in = args_from(t[0]);
+    ReducePair p;
+    p.value = PerReplica<Tensor>(hold_all(ops, in.objects, Access::kRead, at + ".value", w->held));
+    Args out;
+    if (t.size() == 1 || t[1].is_none()) {
+      if (p.value.empty()) throw_invalid(at + ".value is empty");
+      out.objects = new_outputs(ops, p.value[0], p.value[0].shape(), ops.devices().size(),
+                                at + ".destinations");
+      out.single = in.single;
+    } else {
+      out = args_from(t[1]);
+    }
+    p.destinations = Mirrored<Tensor>(hold_all(ops, out.objects, Access::kWrite,
+                                               at + ".destinations", w->held));
+    rp.push_back(std::move(p));
+    results.append(result_of(out.objects, out.single));
+  }
+  w->result = results;
+  return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.batch_reduce(rop, rp); },
+                async_op);
+}
+
+py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, int root,
+                     bool async_op) {
+  CrossDeviceOps& ops = b.get();
+  auto w = std::make_unique<PyWork>();
+  w->held.push_back(hold_tensor(source, replica_device(ops, 0), Access::kRead, "source"));
+  const Tensor src = w->held.back().tensor;
+  Args out;
+  if (destinations.is_none()) {
+    out.objects = new_outputs(ops, src, src.shape(), ops.devices().size(), "destinations");
+    out.single = true;
+  } else {
+    out = args_from(destinations);
+  }
+  Mirrored<Tensor> td(hold_all(ops, out.objects, Access::kWrite, "destinations", w->held));
+  w->result = result_of(out.objects, out.single);
+  return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.broadcast(src, td, root); },
+                async_op);
+}
+
+py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool async_op) {
+  CrossDeviceOps& ops = b.get();
+  Args in = args_from(inputs);
+  auto w = std::make_unique<PyWork>();
+  PerReplica<Tensor> ti(hold_all(ops, in.objects, Access::kRead, "inputs", w->held));
+  Args out;
+  if (outputs.is_none()) {
+    if (ti.empty()) throw_invalid("inputs is empty: pass one buffer per local replica");
+    out.objects = new_outputs(ops, ti[0], gathered_shape(ti[0], ops.num_replicas_in_sync()),
+                              ti.size(), "outputs");
+    out.single = in.single;
+  } else {
+    out = args_from(outputs);
+  }
+  PerReplica<Tensor> to(hold_all(ops, out.objects, Access::kWrite, "outputs", w->held));
+  w->result = result_of(out.objects, out.single);
+  return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.all_gather(ti, to); },
+                async_op);
+}
+
+py::object reduce_scatter(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
+                          bool async_op) {
+  CrossDeviceOps& ops = b.get();
+  const ReduceOp rop = reduce_op_from(op);
+  Args in = args_from(inputs);
+  auto w = std::make_unique<PyWork>();
+  PerReplica<Tensor> ti(hold_all(ops, in.objects, Access::kRead, "inputs", w->held));
+  Args out;
+  if (outputs.is_none()) {
+    if (ti.empty()) throw_invalid("inputs is empty: pass one buffer per local replica");
+    out.objects = new_outputs(ops, ti[0], scattered_shape(ti[0], ops.num_replicas_in_sync()),
+                              ti.size(), "outputs");
+    out.single = in.single;
+  } else {
+    out = args_from(outputs);
+  }
+  PerReplica<Tensor> to(hold_all(ops, out.objects, Access::kWrite, "outputs", w->held));
+  w->result = result_of(out.objects, out.single);
+  return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.reduce_scatter(rop, ti, to); },
+                async_op);
+}
+
+}  // namespace
+
+void bind_ops(py::module_& m) {
+  py::enum_<ReduceOp>(m, "ReduceOp", "How values are reduced (strings 'sum', 'mean', ... work too).")
+      .value("SUM", ReduceOp::kSum)
+      .value("MEAN", ReduceOp::kMean)
+      .value("MIN", ReduceOp::kMin)
+      .value("MAX", ReduceOp::kMax)
+      .value("PROD", ReduceOp::kProd);
+
+  py::class_<PyWork>(m, "Work", "An issued collective (async_op=True).")
+      .def("wait", [](PyWork& w, py::handle timeout) { return w.wait(timeout_from(timeout, kForever)); },
+           py::arg("timeout") = py::none(),
+           "Waits up to `timeout` seconds (None: until done) and returns the outputs; raises the "
+           "collective's error, or DeadlineExceededError when the wait timed out first (the "
+           "collective then goes on).")
+      .def("done", [](const PyWork& w) { return w.work.test(); },
+           "True once the collective has completed, successfully or not.")
+      .def("error", [](const PyWork& w) -> py::object {
+             Status s = w.work.error();
+             if (s.ok()) return py::none();
+             return exception_for(s);
+           }, "The exception of a failed collective; None while pending or after success.")
+      .def_property_readonly("elapsed", [](const PyWork& w) {
+             return std::chrono::duration<double>(w.work.elapsed()).count();
+           }, "Seconds from issue to completion (0 while pending).")
+      .def("__repr__", [](const PyWork& w) {
+             return std::string("<tributary.Work ") + (w.work.test() ? "done" : "pending") + ">";
+           });
+
+  py::class_<PyContext>(m, "Context",
+                        "This process's replicas and its place in the cluster (rank, world size), "
+                        "joined once; make backends from it with backend().")
+      .def_property_readonly("rank", [](const PyContext& c) { return c.context.rank; })
+      .def_property_readonly("world_size", [](const PyContext& c) { return c.context.world_size; })
+      .def_property_readonly("devices", [](const PyContext& c) { return device_names(c.context.devices); })
+      .def("backend", [](const PyContext& c, std::optional<std::string> spec) {
+             return create_backend(spec, c.context);
+           }, py::arg("spec") = py::none(), py::keep_alive<0, 1>(),
+           "A backend from a spec ('ring:timeout=30s', 'auto', ...); None: the config's "
+           "TRIBUTARY_CROSS_DEVICE_OPS, else 'auto'.");
+
+  m.def("make_context", [](py::handle devices, py::handle timeout) {
+          std::vector<Device> d = devices_from(devices, {Device::cpu(0)});
+          std::optional<std::chrono::milliseconds> t;
+          if (!timeout.is_none()) t = timeout_from(timeout, kForever);
+          StatusOr<BackendContext> c = [&] {
+            py::gil_scoped_release release;
+            return make_context(d, t, std::nullopt);
+          }();
+          return std::make_unique<PyContext>(PyContext{value_or_throw(std::move(c))});
+        }, py::arg("devices") = py::none(), py::arg("timeout") = py::none(),
+        "Joins the cluster described by the environment (tributary-run, TF_CONFIG, torchrun, "
+        "Slurm, Open MPI; a single process otherwise) with `devices` as this process's replicas "
+        "(a list like ['CPU:0', 'CPU:1'], or a number of CPU replicas; default CPU:0). `timeout`: "
+        "seconds to wait for every process (default: TRIBUTARY_TIMEOUT, else 5 minutes).");
+
+  m.def("backend", [](std::optional<std::string> spec, py::handle devices) {
+          std::vector<Device> d = devices_from(devices, {Device::cpu(0)});
+          StatusOr<BackendContext> c = [&] {
+            py::gil_scoped_release release;
+            return make_context(d, std::nullopt, spec);
+          }();
+          return create_backend(spec, value_or_throw(std::move(c)));
+        }, py::arg("spec") = py::none(), py::arg("devices") = py::none(),
+        "A backend (CrossDeviceOps) from a spec such as 'ring:timeout=30s', 'hierarchical_copy:"
+        "num_packs=2' or 'auto'; None takes TRIBUTARY_CROSS_DEVICE_OPS from the environment, else "
+        "'auto', as the C++ programs do. Joins the cluster from the environment as make_context "
+        "does (one backend per process that way; for several, make_context().backend()).");
+
+  py::class_<PyBackend>(m, "Backend", "A CrossDeviceOps: collectives over this process's replicas "
+                                      "times the processes of the cluster.")
+      .def("all_reduce", &all_reduce, py::arg("inputs"), py::arg("outputs") = py::none(),
+           py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
+           "Reduces the replicas' inputs into every output (outputs=None: in place).")
+      .def("reduce", &reduce, py::arg("value"), py::arg("destinations") = py::none(),
+           py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
+           "Reduces the replicas' values into every destination buffer (None: new arrays, one "
+           "per local replica).")
+      .def("batch_reduce", &batch_reduce, py::arg("pairs"), py::arg("op") = "sum", py::kw_only(),
+           py::arg("async_op") = false,
+           "Several reduce()s in one call: pairs of (value, destinations or None); returns the "
+           "destinations of each pair.")
+      .def("broadcast", &broadcast, py::arg("source"), py::arg("destinations") = py::none(),
+           py::arg("root") = 0, py::kw_only(), py::arg("async_op") = false,
+           "Copies `source` of process `root` into every destination of every process.")
+      .def("all_gather", &all_gather, py::arg("inputs"), py::arg("outputs") = py::none(),
+           py::kw_only(), py::arg("async_op") = false,
+           "Concatenates every replica's input along axis 0 (global replica order) into each "
+           "output.")
+      .def("reduce_scatter", &reduce_scatter, py::arg("inputs"), py::arg("outputs") = py::none(),
+           py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
+           "Output i = the reduction of every input's slice i (i = global replica id).")
+      .def_property_readonly("name", [](const PyBackend& b) { return b.get().name(); })
+      .def_property_readonly("spec", [](const PyBackend& b) { return b.get().spec(); })
+      .def_property_readonly("rank", [](const PyBackend& b) { return b.get().rank(); })
+      .def_property_readonly("world_size", [](const PyBackend& b) { return b.get().world_size(); })
+      .def_property_readonly("num_local_replicas",
+                             [](const PyBackend& b) { return b.get().num_local_replicas(); })
+      .def_property_readonly("num_replicas_in_sync",
+                             [](const PyBackend& b) { return b.get().num_replicas_in_sync(); })
+      .def_property_readonly("devices", [](const PyBackend& b) { return device_names(b.get().devices()); })
+      .def_property_readonly("timeout", [](const PyBackend& b) {
+             return std::chrono::duration<double>(b.get().timeout()).count();
+           }, "Seconds every collective of this backend may take.")
+      .def_property_readonly("capabilities",
+                             [](const PyBackend& b) { return b.get().capabilities().to_string(); })
+      .def_property_readonly("last_sequence", [](const PyBackend& b) { return b.get().last_sequence(); })
+      .def("check", [](const PyBackend& b) { check(b.get().broken()); },
+           "Raises the first failure of a collective, after which the backend refuses every call.")
+      .def("abort", [](PyBackend& b, const std::string& why) {
+             py::gil_scoped_release release;
+             b.get().abort(aborted(why));
+           }, py::arg("why"), "Gives up on the group; in a multi-process group the peers are told.")
+      .def("close", [](PyBackend& b) {
+             py::gil_scoped_release release;
+             std::lock_guard lock(b.issue);
+             b.ops.reset();
+           }, "Destroys the backend now (its collectives must be complete).")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyBackend& b, py::args) {
+             py::gil_scoped_release release;
+             std::lock_guard lock(b.issue);
+             b.ops.reset();
+           })
+      .def("__repr__", [](const PyBackend& b) {
+             if (!b.ops) return std::string("<tributary.Backend (closed)>");
+             return "<tributary.Backend " + b.ops->spec() + " rank " +
+                    std::to_string(b.ops->rank()) + "/" + std::to_string(b.ops->world_size()) +
+                    " devices " + std::to_string(b.ops->num_local_replicas()) + ">";
+           });
+}
+
+}  // namespace tributary::python

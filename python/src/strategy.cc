@@ -1,0 +1,546 @@
+// The strategy layer: tributary.Strategy (Mirrored, MultiWorkerMirrored, ...), scope(), run(),
+// reduce(), ReplicaContext, PerReplica and variables, with tf.distribute's Python vocabulary.
+//
+// run(fn) calls the Python function on the strategy's replica threads. They take turns on the GIL;
+// every call that meets the other replicas (all_reduce, merge_call, synchronized variable updates)
+// releases it while it waits, so replicas meet instead of deadlocking.
+#include <cctype>
+
+#include "common.h"
+
+namespace tributary::python {
+namespace {
+
+// A Variable and the Python Strategy object it belongs to (kept alive as long as the variable).
+struct PyVariable {
+  Variable variable;
+  py::object owner;
+};
+
+// A Python object carried across replica threads by value (shared_ptr copies touch no Python
+// reference count); the object is released with the GIL.
+struct Held {
+  py::object obj;
+  ~Held() {
+    py::gil_scoped_acquire gil;
+    obj = py::object();
+  }
+};
+using HeldPtr = std::shared_ptr<Held>;
+
+VariableSynchronization synchronization_from(py::handle h) {
+  if (py::isinstance<VariableSynchronization>(h)) return h.cast<VariableSynchronization>();
+  std::string s = py::str(h);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "auto") return VariableSynchronization::kAuto;
+  if (s == "none") return VariableSynchronization::kNone;
+  if (s == "on_write") return VariableSynchronization::kOnWrite;
+  if (s == "on_read") return VariableSynchronization::kOnRead;
+  throw_invalid("synchronization must be 'auto', 'none', 'on_write' or 'on_read'; got '" + s + "'");
+}
+
+VariableAggregation aggregation_from(py::handle h) {
+  if (py::isinstance<VariableAggregation>(h)) return h.cast<VariableAggregation>();
+  std::string s = py::str(h);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "none") return VariableAggregation::kNone;
+  if (s == "sum") return VariableAggregation::kSum;
+  if (s == "mean") return VariableAggregation::kMean;
+  if (s == "only_first_replica") return VariableAggregation::kOnlyFirstReplica;
+  throw_invalid("aggregation must be 'none', 'sum', 'mean' or 'only_first_replica'; got '" + s +
+                "'");
+}
+
+// The Python object of a Strategy: the existing one when Python made it, else a non-owning
+// wrapper (the default strategy lives for the whole program).
+py::object strategy_object(Strategy& s) {
+  return py::cast(&s, py::return_value_policy::reference);
+}
+
+PyVariable create_variable(Strategy& s, py::object owner, py::handle initial, std::string name,
+                           py::handle synchronization, py::handle aggregation, bool trainable) {
+  Array init = array_from(initial, "initial_value");
+  VariableOptions o{std::move(name), synchronization_from(synchronization),
+                    aggregation_from(aggregation), trainable};
+  StatusOr<Variable> v = [&] {
+    py::gil_scoped_release release;  // multi-worker: the chief's value is broadcast
+    return s.create_variable(init, std::move(o));
+  }();
+  return PyVariable{value_or_throw(std::move(v)), std::move(owner)};
+}
+
+PerReplica<Array> per_replica_arrays(const PerReplicaValue& v, const std::string& what) {
+  std::vector<Array> out;
+  for (size_t i = 0; i < v.values.size(); ++i) {
+    out.push_back(array_from(v.values[i], what + "[" + std::to_string(i) + "]"));
+  }
+  return PerReplica<Array>(std::move(out));
+}
+
+std::optional<int> axis_from(py::handle axis) {
+  if (axis.is_none()) return std::nullopt;
+  return axis.cast<int>();
+}
+
+// A replica's failure in run(): the Python exception it raised, if any.
+struct ReplicaFailure {
+  std::optional<py::error_already_set> error;
+  bool from_tributary = false;
+};
+
+bool is_tributary_error(const py::error_already_set& e) {
+  py::object base = py::module_::import("tributary.errors").attr("Error");
+  return PyObject_IsInstance(e.value().ptr(), base.ptr()) == 1;
+}
+
+py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs) {
+  const int n = s.num_local_replicas();
+  // Per-replica arguments, unwrapped from PerReplica values (TF's select_replica).
+  auto select = [&](py::handle a, int i) -> py::object {
+    if (py::isinstance<PerReplicaValue>(a)) {
+      const auto& v = a.cast<const PerReplicaValue&>();
+      if (static_cast<int>(v.values.size()) != n) {
+        throw_invalid("run(): a PerReplica argument has " + std::to_string(v.values.size()) +
+                      " values but the strategy has " + std::to_string(n) + " local replicas");
+      }
+      return v.values[static_cast<size_t>(i)];
+    }
+    return py::reinterpret_borrow<py::object>(a);
+  };
+  std::vector<py::tuple> per_args;
+  std::vector<py::dict> per_kwargs;
+  py::tuple all_args = args.is_none() ? py::tuple() : py::tuple(py::reinterpret_borrow<py::object>(args));
+  py::dict all_kwargs = kwargs.is_none() ? py::dict() : py::reinterpret_borrow<py::dict>(kwargs);
+  for (int i = 0; i < n; ++i) {
+    py::tuple t(all_args.size());
+    for (size_t j = 0; j < all_args.size(); ++j) t[j] = select(all_args[j], i);
+    py::dict d;
+    for (auto kv : all_kwargs) d[kv.first] = select(kv.second, i);
+    per_args.push_back(std::move(t));
+    per_kwargs.push_back(std::move(d));
+  }
+  std::vector<py::object> results(static_cast<size_t>(n));
+  std::vector<ReplicaFailure> failures(static_cast<size_t>(n));
+  Status status;
+  {
+    py::gil_scoped_release release;
+    status = s.run([&](ReplicaContext& ctx) -> Status {
+      const auto i = static_cast<size_t>(ctx.local_replica_id());
+      py::gil_scoped_acquire gil;
+      try {
+        results[i] = fn(*per_args[i], **per_kwargs[i]);
+        return ok_status();
+      } catch (py::error_already_set& e) {
+        std::string what = e.what();
+        failures[i].from_tributary = is_tributary_error(e);
+        failures[i].error.emplace(std::move(e));
+        return aborted("the function raised " + what);
+      } catch (const StatusError& e) {
+        return e.status();
+      } catch (const std::exception& e) {
+        return internal_error(std::string("the function threw ") + e.what());
+      }
+    });
+  }
+  if (!status.ok()) {
+    // The cause first: a replica's own (non-tributary) exception rather than the errors of the
+    // replicas that were waiting for it; else the lowest failing replica's.
+    ReplicaFailure* pick = nullptr;
+    size_t replica = 0;
+    for (size_t i = 0; i < failures.size(); ++i) {
+      if (failures[i].error && !failures[i].from_tributary) {
+        pick = &failures[i];
+        replica = i;
+        break;
+      }
+    }
+    for (size_t i = 0; !pick && i < failures.size(); ++i) {
+      if (failures[i].error) {
+        pick = &failures[i];
+        replica = i;
+      }
+    }
+    if (pick) {
+      py::error_already_set e = std::move(*pick->error);
+      if (py::hasattr(e.value(), "add_note")) {
+        e.value().attr("add_note")("raised in local replica " + std::to_string(replica) +
+                                   " of Strategy.run()");
+      }
+      throw e;
+    }
+    throw StatusError(status);
+  }
+  return py::cast(PerReplicaValue{std::move(results)});
+}
+
+py::object merge_call(ReplicaContext& ctx, py::function fn, py::handle args) {
+  auto arg = std::make_shared<Held>();
+  arg->obj = args.is_none() ? py::tuple() : py::tuple(py::reinterpret_borrow<py::object>(args));
+  std::function<StatusOr<HeldPtr>(Strategy&, const PerReplica<HeldPtr>&)> merge =
+      [&fn](Strategy& s, const PerReplica<HeldPtr>& per_replica) -> StatusOr<HeldPtr> {
+    py::gil_scoped_acquire gil;
+    try {
+      // merge_fn(strategy, *args), each argument a PerReplica of the replicas' values.
+      const size_t nargs = py::len(per_replica[0]->obj);
+      py::list call_args;
+      call_args.append(strategy_object(s));
+      for (size_t j = 0; j < nargs; ++j) {
+        PerReplicaValue v;
+        for (const HeldPtr& h : per_replica) v.values.push_back(h->obj.cast<py::tuple>()[j].cast<py::object>());
+        call_args.append(py::cast(std::move(v)));
+      }
+      auto out = std::make_shared<Held>();
+      out->obj = fn(*py::tuple(call_args));
+      return out;
+    } catch (py::error_already_set& e) {
+      return aborted(std::string("merge_call's function raised ") + e.what());
+    } catch (const StatusError& e) {
+      return e.status();
+    }
+  };
+  StatusOr<HeldPtr> r = [&] {
+    py::gil_scoped_release release;
+    return ctx.merge_call<HeldPtr, HeldPtr>(merge, arg);
+  }();
+  return value_or_throw(std::move(r))->obj;
+}
+
+py::object all_reduce_in_replica(ReplicaContext& ctx, py::handle op, py::handle value) {
+  const ReduceOp rop = reduce_op_from(op);
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    std::vector<Array> values;
+    size_t k = 0;
+    for (py::handle v : value) values.push_back(array_from(v, "value[" + std::to_string(k++) + "]"));
+    StatusOr<std::vector<Array>> r = [&] {
+      py::gil_scoped_release release;
+      return ctx.all_reduce(rop, std::span<const Array>(values));
+    }();
+    py::list out;
+    for (const Array& a : value_or_throw(std::move(r))) out.append(to_numpy(a));
+    return out;
+  }
+  Array a = array_from(value, "value");
+  StatusOr<Array> r = [&] {
+    py::gil_scoped_release release;
+    return ctx.all_reduce(rop, a);
+  }();
+  return to_numpy(value_or_throw(std::move(r)));
+}
+
+// Strategy.scope()'s context manager.
+struct PyScope {
+  Strategy* strategy;
+  py::object owner;
+  std::optional<StrategyScope> scope;
+};
+
+void bind_variables(py::module_& m) {
+  py::enum_<VariableSynchronization>(m, "VariableSynchronization")
+      .value("AUTO", VariableSynchronization::kAuto)
+      .value("NONE", VariableSynchronization::kNone)
+      .value("ON_WRITE", VariableSynchronization::kOnWrite)
+      .value("ON_READ", VariableSynchronization::kOnRead);
+  py::enum_<VariableAggregation>(m, "VariableAggregation")
+      .value("NONE", VariableAggregation::kNone)
+      .value("SUM", VariableAggregation::kSum)
+      .value("MEAN", VariableAggregation::kMean)
+      .value("ONLY_FIRST_REPLICA", VariableAggregation::kOnlyFirstReplica);
+
+  auto update = [](Status (Variable::*fn)(const Array&)) {
+    return [fn](PyVariable& v, py::handle value) {
+      Array a = array_from(value, "value", v.variable.dtype());
+      Status s;
+      {
+        py::gil_scoped_release release;  // replica context: the replicas meet here
+        s = (v.variable.*fn)(a);
+      }
+      check(s);
+    };
+  };
+  py::class_<PyVariable>(m, "Variable",
+                         "A variable placed by a strategy: mirrored (ON_WRITE) or sync-on-read "
+                         "(ON_READ), with TF's aggregation rules.")
+      .def(py::init([](py::handle initial_value, std::string name, py::handle synchronization,
+                       py::handle aggregation, bool trainable) {
+             Strategy& s = get_strategy();
+             return create_variable(s, strategy_object(s), initial_value, std::move(name),
+                                    synchronization, aggregation, trainable);
+           }),
+           py::arg("initial_value"), py::arg("name") = "Variable",
+           py::arg("synchronization") = "auto", py::arg("aggregation") = "none",
+           py::arg("trainable") = true,
+           "A variable of the strategy in scope (TF's tf.Variable inside strategy.scope()).")
+      .def("read", [](const PyVariable& v) {
+             StatusOr<Array> r = [&] {
+               py::gil_scoped_release release;  // ON_READ in cross-replica context all-reduces
+               return v.variable.read();
+             }();
+             return to_numpy(value_or_throw(std::move(r)));
+           }, "The value: this replica's copy in replica context, else the primary (ON_WRITE) or "
+              "the aggregate (ON_READ).")
+      .def("numpy", [](const PyVariable& v) {
+             StatusOr<Array> r = [&] {
+               py::gil_scoped_release release;
+               return v.variable.read();
+             }();
+             return to_numpy(value_or_throw(std::move(r)));
+           }, "read(), as TF's Variable.numpy().")
+      .def("__array__", [](const PyVariable& v, py::handle dtype) {
+             StatusOr<Array> r = [&] {
+               py::gil_scoped_release release;
+               return v.variable.read();
+             }();
+             py::array a = to_numpy(value_or_throw(std::move(r)));
+             if (dtype.is_none()) return py::object(a);
+             return a.attr("astype")(dtype);
+           }, py::arg("dtype") = py::none())
+      .def("assign", update(&Variable::assign), py::arg("value"))
+      .def("assign_add", update(&Variable::assign_add), py::arg("delta"))
+      .def("assign_sub", update(&Variable::assign_sub), py::arg("delta"))
+      .def("values", [](const PyVariable& v) {
+             py::list out;
+             for (const Array& a : v.variable.values()) out.append(to_numpy(a));
+             return out;
+           }, "Snapshots of the local copies, in replica order.")
+      .def_property_readonly("name", [](const PyVariable& v) { return v.variable.name(); })
+      .def_property_readonly("dtype", [](const PyVariable& v) {
+             return std::string(dtype_name(v.variable.dtype()));
+           })
+      .def_property_readonly("shape", [](const PyVariable& v) {
+             return py::tuple(py::cast(v.variable.shape()));
+           })
+      .def_property_readonly("synchronization",
+                             [](const PyVariable& v) { return v.variable.synchronization(); })
+      .def_property_readonly("aggregation",
+                             [](const PyVariable& v) { return v.variable.aggregation(); })
+      .def_property_readonly("trainable", [](const PyVariable& v) { return v.variable.trainable(); })
+      .def_property_readonly("devices", [](const PyVariable& v) { return device_names(v.variable.devices()); })
+      .def_property_readonly("strategy", [](const PyVariable& v) { return v.owner; })
+      .def("__repr__", [](const PyVariable& v) {
+             return "<tributary.Variable '" + v.variable.name() + "' shape=" +
+                    shape_to_string(v.variable.shape()) + " dtype=" +
+                    std::string(dtype_name(v.variable.dtype())) + " " +
+                    std::string(variable_synchronization_name(v.variable.synchronization())) + "/" +
+                    std::string(variable_aggregation_name(v.variable.aggregation())) + ">";
+           });
+}
+
+void bind_replica_context(py::module_& m) {
+  py::class_<ReplicaContext>(m, "ReplicaContext",
+                             "A replica's view inside Strategy.run() (get_replica_context()).")
+      .def_property_readonly("replica_id_in_sync_group", &ReplicaContext::replica_id_in_sync_group)
+      .def_property_readonly("local_replica_id", &ReplicaContext::local_replica_id)
+      .def_property_readonly("num_replicas_in_sync", &ReplicaContext::num_replicas_in_sync)
+      .def_property_readonly("device", [](const ReplicaContext& c) { return c.device().to_string(); })
+      .def_property_readonly("strategy", [](const ReplicaContext& c) { return strategy_object(c.strategy()); })
+      .def("all_reduce", &all_reduce_in_replica, py::arg("op"), py::arg("value"),
+           "Reduces `value` (or a list of values, in one meeting) across every replica in sync.")
+      .def("all_gather", [](ReplicaContext& c, py::handle value, int axis) {
+             Array a = array_from(value, "value");
+             StatusOr<Array> r = [&] {
+               py::gil_scoped_release release;
+               return c.all_gather(a, axis);
+             }();
+             return to_numpy(value_or_throw(std::move(r)));
+           }, py::arg("value"), py::arg("axis") = 0)
+      .def("merge_call", &merge_call, py::arg("merge_fn"), py::arg("args") = py::tuple(),
+           "Runs merge_fn(strategy, *args) once in cross-replica context, each argument a "
+           "PerReplica of the replicas' values, and returns its result to every replica.");
+
+  m.def("get_replica_context", []() -> ReplicaContext* { return get_replica_context(); },
+        py::return_value_policy::reference,
+        "This thread's ReplicaContext: the running replica's inside run(), None in cross-replica "
+        "context (a scope), the default strategy's elsewhere.");
+  m.def("in_cross_replica_context", &in_cross_replica_context);
+  m.def("has_strategy", &has_strategy);
+  m.def("get_strategy", []() { return strategy_object(get_strategy()); },
+        "The strategy in scope on this thread, else the default strategy.");
+}
+
+void bind_per_replica(py::module_& m) {
+  py::class_<PerReplicaValue>(m, "PerReplica", "One value per local replica (run()'s results).")
+      .def(py::init([](py::iterable values) {
+             PerReplicaValue v;
+             for (py::handle h : values) v.values.push_back(py::reinterpret_borrow<py::object>(h));
+             return v;
+           }), py::arg("values"))
+      .def_property_readonly("values", [](const PerReplicaValue& v) {
+             py::tuple t(v.values.size());
+             for (size_t i = 0; i < v.values.size(); ++i) t[i] = v.values[i];
+             return t;
+           })
+      .def("__len__", [](const PerReplicaValue& v) { return v.values.size(); })
+      .def("__getitem__", [](const PerReplicaValue& v, size_t i) {
+             if (i >= v.values.size()) throw py::index_error("PerReplica index out of range");
+             return v.values[i];
+           })
+      .def("__iter__", [](const PerReplicaValue& v) {
+             py::tuple t(v.values.size());
+             for (size_t i = 0; i < v.values.size(); ++i) t[i] = v.values[i];
+             return py::iter(t);
+           })
+      .def("__repr__", [](const PerReplicaValue& v) {
+             std::string s = "PerReplica:{";
+             for (size_t i = 0; i < v.values.size(); ++i) {
+               s += (i ? ", " : "") + std::to_string(i) + ": " + std::string(py::repr(v.values[i]));
+             }
+             return s + "}";
+           });
+}
+
+std::unique_ptr<Strategy> made(StatusOr<std::unique_ptr<Strategy>> s) {
+  return value_or_throw(std::move(s));
+}
+
+void bind_factories(py::module_& m) {
+  m.def("MirroredStrategy", [](py::handle devices, std::optional<std::string> cross_device_ops) {
+          MirroredStrategyOptions o;
+          o.devices = devices_from(devices, {});
+          o.cross_device_ops = cross_device_ops.value_or("");
+          py::gil_scoped_release release;
+          return made(make_mirrored_strategy(std::move(o)));
+        }, py::arg("devices") = py::none(), py::arg("cross_device_ops") = py::none(),
+        "One replica per local device (default: every GPU, else CPU:0); cross_device_ops: a "
+        "backend spec (default: TF's choice).");
+  m.def("MultiWorkerMirroredStrategy",
+        [](py::handle devices, std::string implementation, int64_t bytes_per_pack,
+           py::handle timeout, py::handle startup_timeout) {
+          MultiWorkerMirroredStrategyOptions o;
+          o.devices = devices_from(devices, {});
+          o.communication.implementation = std::move(implementation);
+          o.communication.bytes_per_pack = bytes_per_pack;
+          o.communication.timeout = timeout_from(timeout, std::chrono::milliseconds(0));
+          if (!startup_timeout.is_none()) {
+            o.startup_timeout = timeout_from(startup_timeout, std::chrono::milliseconds(0));
+          }
+          py::gil_scoped_release release;  // rendezvous with every worker
+          return made(make_multi_worker_mirrored_strategy(std::move(o)));
+        },
+        py::arg("devices") = py::none(), py::arg("implementation") = "auto",
+        py::arg("bytes_per_pack") = 0, py::arg("timeout") = py::none(),
+        py::arg("startup_timeout") = py::none(),
+        "One replica per local device on every worker of the cluster in the environment "
+        "(tributary-run, TF_CONFIG, torchrun, Slurm, Open MPI). implementation: 'auto', 'ring', "
+        "'nccl' or any backend spec (TF's CommunicationOptions); timeout in seconds.");
+  m.def("OneDeviceStrategy", [](const std::string& device) {
+          Device d = value_or_throw(Device::parse(device));
+          py::gil_scoped_release release;
+          return made(make_one_device_strategy(d));
+        }, py::arg("device"));
+  m.def("CentralStorageStrategy",
+        [](py::handle compute_devices, std::optional<std::string> parameter_device,
+           std::optional<std::string> cross_device_ops) {
+          CentralStorageStrategyOptions o;
+          o.compute_devices = devices_from(compute_devices, {});
+          if (parameter_device) o.parameter_device = value_or_throw(Device::parse(*parameter_device));
+          o.cross_device_ops = cross_device_ops.value_or("");
+          py::gil_scoped_release release;
+          return made(make_central_storage_strategy(std::move(o)));
+        }, py::arg("compute_devices") = py::none(), py::arg("parameter_device") = py::none(),
+        py::arg("cross_device_ops") = py::none());
+  m.def("make_strategy", [](const std::string& name, int replicas, const std::string& backend) {
+          py::gil_scoped_release release;
+          return made(make_strategy(name, replicas, backend));
+        }, py::arg("name"), py::arg("replicas") = 1, py::arg("backend") = "",
+        "By name: 'default', 'one_device', 'mirrored', 'multi_worker_mirrored', "
+        "'central_storage', with `replicas` CPU replicas and a backend spec ('' = default).");
+}
+
+void bind_strategy_class(py::module_& m) {
+  py::class_<PyScope>(m, "StrategyScope")
+      .def("__enter__", [](PyScope& s) {
+             s.scope.emplace(value_or_throw(s.strategy->scope()));
+             return s.owner;
+           })
+      .def("__exit__", [](PyScope& s, py::args) { s.scope.reset(); });
+
+  py::class_<Strategy>(m, "Strategy", "A tf.distribute strategy (MirroredStrategy(), ...).")
+      .def("scope", [](py::object self) {
+             return PyScope{&self.cast<Strategy&>(), self, std::nullopt};
+           }, "A context manager entering this strategy's cross-replica context.")
+      .def("run", &run, py::arg("fn"), py::arg("args") = py::tuple(),
+           py::arg("kwargs") = py::none(),
+           "Calls fn(*args, **kwargs) once per local replica, concurrently (PerReplica arguments "
+           "are unwrapped per replica); returns a PerReplica of the results.")
+      .def("reduce", [](Strategy& s, py::handle op, py::handle value, py::handle axis) {
+             const ReduceOp rop = reduce_op_from(op);
+             const std::optional<int> ax = axis_from(axis);
+             StatusOr<Array> r = invalid_argument("unset");
+             if (py::isinstance<PerReplicaValue>(value)) {
+               PerReplica<Array> v = per_replica_arrays(value.cast<const PerReplicaValue&>(), "value");
+               py::gil_scoped_release release;
+               r = s.reduce(rop, v, ax);
+             } else {
+               Array a = array_from(value, "value");
+               py::gil_scoped_release release;
+               r = s.reduce(rop, a, ax);
+             }
+             return to_numpy(value_or_throw(std::move(r)));
+           }, py::arg("reduce_op"), py::arg("value"), py::arg("axis") = py::none(),
+           "TF's Strategy.reduce: across replicas (and workers); with an axis, along it first.")
+      .def("gather", [](Strategy& s, const PerReplicaValue& value, int axis) {
+             PerReplica<Array> v = per_replica_arrays(value, "value");
+             StatusOr<Array> r = [&] {
+               py::gil_scoped_release release;
+               return s.gather(v, axis);
+             }();
+             return to_numpy(value_or_throw(std::move(r)));
+           }, py::arg("value"), py::arg("axis") = 0)
+      .def("experimental_local_results", [](const Strategy&, py::handle value) {
+             if (py::isinstance<PerReplicaValue>(value)) {
+               return py::tuple(py::cast(value.cast<const PerReplicaValue&>().values));
+             }
+             return py::make_tuple(value);
+           }, py::arg("value"))
+      .def("create_variable", [](py::object self, py::handle initial_value, std::string name,
+                                 py::handle synchronization, py::handle aggregation,
+                                 bool trainable) {
+             return create_variable(self.cast<Strategy&>(), self, initial_value, std::move(name),
+                                    synchronization, aggregation, trainable);
+           }, py::arg("initial_value"), py::arg("name") = "Variable",
+           py::arg("synchronization") = "auto", py::arg("aggregation") = "none",
+           py::arg("trainable") = true)
+      .def_property_readonly("name", &Strategy::name)
+      .def_property_readonly("num_replicas_in_sync", &Strategy::num_replicas_in_sync)
+      .def_property_readonly("num_local_replicas", &Strategy::num_local_replicas)
+      .def_property_readonly("worker_devices", [](const Strategy& s) { return device_names(s.worker_devices()); })
+      .def_property_readonly("worker_index", &Strategy::worker_index)
+      .def_property_readonly("num_workers", &Strategy::num_workers)
+      .def_property_readonly("is_chief", &Strategy::is_chief)
+      .def_property_readonly("should_checkpoint", &Strategy::should_checkpoint)
+      .def_property_readonly("cross_device_ops",
+                             [](const Strategy& s) { return s.cross_device_ops().spec(); },
+                             "The spec of the backend the strategy reduces with.")
+      .def("describe", &Strategy::describe)
+      .def("__repr__", &Strategy::describe);
+}
+
+void bind_losses(py::module_& m) {
+  m.def("compute_average_loss", [](py::handle per_example_loss, py::handle sample_weight,
+                                   std::optional<int64_t> global_batch_size) {
+          Array loss = array_from(per_example_loss, "per_example_loss");
+          std::optional<Array> w;
+          if (!sample_weight.is_none()) w = array_from(sample_weight, "sample_weight", loss.dtype());
+          return to_numpy(value_or_throw(compute_average_loss(loss, w, global_batch_size)));
+        }, py::arg("per_example_loss"), py::arg("sample_weight") = py::none(),
+        py::arg("global_batch_size") = py::none(),
+        "tf.nn.compute_average_loss: sum(w * loss) / global batch size.");
+  m.def("scale_regularization_loss", [](py::handle regularization_loss) {
+          Array a = array_from(regularization_loss, "regularization_loss");
+          return to_numpy(value_or_throw(scale_regularization_loss(a)));
+        }, py::arg("regularization_loss"),
+        "tf.nn.scale_regularization_loss: sum(loss) / num_replicas_in_sync.");
+}
+
+}  // namespace
+
+void bind_strategy(py::module_& m) {
+  bind_per_replica(m);
+  bind_variables(m);
+  bind_replica_context(m);
+  bind_strategy_class(m);
+  bind_factories(m);
+  bind_losses(m);
+}
+
+}  // namespace tributary::python

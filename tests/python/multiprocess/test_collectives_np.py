@@ -1,0 +1,99 @@
+# Every collective across processes (the ring backend over shared memory and TCP, and gloo when
+# built in), two local replicas per process; each rank checks its own results exactly.
+import os
+
+import numpy as np
+import pytest
+
+import tributary
+
+RANK = int(os.environ.get("TRIBUTARY_RANK", "0"))
+WORLD = int(os.environ.get("TRIBUTARY_WORLD_SIZE", "1"))
+LOCAL = 2
+
+
+@pytest.fixture(scope="module")
+def context():
+    # One rendezvous per process; every backend made from it meets its peers in creation order.
+    ctx = tributary.make_context(devices=LOCAL, timeout=60)
+    yield ctx
+    del ctx
+
+
+SPECS = ["ring:timeout=60s", "ring:timeout=60s,intra_host=net"]
+
+
+def global_id(i):
+    return RANK * LOCAL + i
+
+
+@pytest.fixture(scope="module", params=SPECS + (["gloo:timeout=60s"] if "gloo" in tributary.backends() else []))
+def ops(request, context):
+    b = context.backend(request.param)
+    yield b
+    b.close()
+
+
+def test_queries(ops):
+    assert ops.rank == RANK and ops.world_size == WORLD
+    assert ops.num_local_replicas == LOCAL and ops.num_replicas_in_sync == LOCAL * WORLD
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.float16, np.uint8])
+def test_all_reduce(ops, dtype):
+    n = LOCAL * WORLD
+    xs = [np.full(1001, global_id(i) + 1, dtype) for i in range(LOCAL)]
+    ops.all_reduce(xs, op="sum")
+    for x in xs:
+        np.testing.assert_array_equal(x, n * (n + 1) // 2)
+    ys = [np.full(7, global_id(i) + 1, dtype) for i in range(LOCAL)]
+    out = ops.all_reduce(ys, [np.zeros(7, dtype) for _ in range(LOCAL)], op="max")
+    np.testing.assert_array_equal(out[1], n)
+
+
+def test_async_all_reduce_mean(ops):
+    n = LOCAL * WORLD
+    xs = [np.full(1 << 18, 2.0 * global_id(i), np.float32) for i in range(LOCAL)]
+    w = ops.all_reduce(xs, op="mean", async_op=True)
+    w.wait(timeout=60)
+    assert w.done() and w.error() is None
+    np.testing.assert_array_equal(xs[0], (n - 1))
+
+
+def test_reduce_and_batch_reduce(ops):
+    n = LOCAL * WORLD
+    xs = [np.full(5, global_id(i), np.int64) for i in range(LOCAL)]
+    dests = ops.reduce(xs, op="sum")
+    for d in dests:
+        np.testing.assert_array_equal(d, n * (n - 1) // 2)
+    out = ops.batch_reduce([([np.full(3, 1.0, np.float32)] * LOCAL, None),
+                            ([np.full(9, global_id(i), np.int32) for i in range(LOCAL)], None)],
+                           op="sum")
+    np.testing.assert_array_equal(out[0][0], n)
+    np.testing.assert_array_equal(out[1][1], n * (n - 1) // 2)
+
+
+def test_broadcast_from_each_root(ops):
+    for root in range(WORLD):
+        src = np.arange(6, dtype=np.float32) + 100 * RANK
+        dests = ops.broadcast(src, [np.zeros(6, np.float32) for _ in range(LOCAL)], root=root)
+        for d in dests:
+            np.testing.assert_array_equal(d, np.arange(6) + 100 * root)
+
+
+def test_all_gather(ops):
+    n = LOCAL * WORLD
+    xs = [np.full((2, 3), global_id(i), np.float32) for i in range(LOCAL)]
+    outs = ops.all_gather(xs)
+    for o in outs:
+        assert o.shape == (2 * n, 3)
+        np.testing.assert_array_equal(o[::2, 0], np.arange(n))
+
+
+def test_reduce_scatter(ops):
+    n = LOCAL * WORLD
+    xs = [np.arange(2 * n, dtype=np.int64) for _ in range(LOCAL)]
+    outs = ops.reduce_scatter(xs, op="sum")
+    for i, o in enumerate(outs):
+        g = global_id(i)
+        np.testing.assert_array_equal(o, [n * 2 * g, n * (2 * g + 1)])

@@ -1,0 +1,70 @@
+# MultiWorkerMirroredStrategy across processes: run, reduce, replica-context all_reduce, variables
+# whose initial value comes from the chief, and a distributed dataset sharded across workers. One
+# strategy per process (it joins the cluster once); every rank checks its own results.
+import os
+
+import numpy as np
+import pytest
+
+import tributary
+
+RANK = int(os.environ.get("TRIBUTARY_RANK", "0"))
+WORLD = int(os.environ.get("TRIBUTARY_WORLD_SIZE", "1"))
+LOCAL = 2
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    s = tributary.MultiWorkerMirroredStrategy(["CPU:0", "CPU:1"], implementation="ring",
+                                              timeout=60, startup_timeout=60)
+    yield s
+    del s
+
+
+def test_cluster(strategy):
+    assert strategy.num_workers == WORLD and strategy.worker_index == RANK
+    assert strategy.num_replicas_in_sync == LOCAL * WORLD
+    assert strategy.is_chief == (RANK == 0)
+
+
+def test_run_and_reduce(strategy):
+    n = LOCAL * WORLD
+    with strategy.scope():
+        out = strategy.run(lambda: np.float32(tributary.get_replica_context().replica_id_in_sync_group))
+        assert float(strategy.reduce("sum", out)) == n * (n - 1) / 2
+        assert float(strategy.reduce("mean", out)) == (n - 1) / 2
+
+        def step():
+            ctx = tributary.get_replica_context()
+            return ctx.all_reduce("sum", np.array([1.0, ctx.replica_id_in_sync_group], np.float64))
+
+        for r in strategy.run(step).values:
+            np.testing.assert_array_equal(r, [n, n * (n - 1) / 2])
+
+
+def test_variables_start_from_the_chief_and_stay_mirrored(strategy):
+    n = LOCAL * WORLD
+    with strategy.scope():
+        v = tributary.Variable(np.full(3, 10.0 * (RANK + 1), np.float32), aggregation="sum")
+        np.testing.assert_array_equal(v.read(), 10)  # the chief's initial value
+
+        def step():
+            v.assign_add(np.full(3, tributary.get_replica_context().replica_id_in_sync_group, np.float32))
+
+        strategy.run(step)
+        np.testing.assert_array_equal(v.read(), 10 + n * (n - 1) / 2)
+        for copy in v.values():
+            np.testing.assert_array_equal(copy, 10 + n * (n - 1) / 2)
+
+
+def test_distributed_dataset_covers_the_data_once(strategy):
+    x = np.arange(16, dtype=np.int64).reshape(16, 1)
+    ds = tributary.Dataset.from_tensor_slices(x).batch(8)
+    with strategy.scope():
+        seen = []
+        for batch in strategy.experimental_distribute_dataset(ds):
+            for part in batch.values:
+                seen.extend(part[:, 0].tolist())
+        everything = strategy.gather(tributary.PerReplica(
+            [np.array(seen if i == 0 else [], np.int64) for i in range(LOCAL)]), axis=0)
+        assert sorted(everything.tolist()) == list(range(16))

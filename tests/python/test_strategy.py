@@ -1,0 +1,210 @@
+# The strategy layer from Python: scope, run on replica threads, reduce, replica-context
+# collectives, merge_call, variables and distributed datasets, in one process.
+import numpy as np
+import pytest
+
+import tributary
+
+
+@pytest.fixture
+def mirrored():
+    return tributary.MirroredStrategy(["CPU:0", "CPU:1"], "reduction_to_one_device")
+
+
+def test_strategy_properties(mirrored):
+    s = mirrored
+    assert s.num_replicas_in_sync == 2 and s.num_local_replicas == 2
+    assert s.worker_devices == ["CPU:0", "CPU:1"]
+    assert s.is_chief and s.num_workers == 1 and s.worker_index == 0
+    assert s.cross_device_ops.startswith("reduction_to_one_device")
+    assert "MirroredStrategy" in repr(s)
+
+
+def test_scope_and_contexts(mirrored):
+    assert not tributary.has_strategy()
+    with mirrored.scope() as s:
+        assert s is mirrored
+        assert tributary.has_strategy()
+        assert tributary.get_strategy() is mirrored
+        assert tributary.in_cross_replica_context()
+        assert tributary.get_replica_context() is None
+    assert not tributary.has_strategy()
+    # Outside any scope: the default strategy's replica context.
+    assert tributary.get_replica_context() is not None
+
+
+def test_run_unwraps_per_replica_and_reduces(mirrored):
+    s = mirrored
+
+    def step(x, scale=1):
+        ctx = tributary.get_replica_context()
+        assert tributary.get_strategy() is s
+        return np.asarray(x, np.float32) * scale + ctx.replica_id_in_sync_group
+
+    with s.scope():
+        per = tributary.PerReplica([np.float32(1), np.float32(2)])
+        out = s.run(step, args=(per,), kwargs={"scale": 10})
+        assert isinstance(out, tributary.PerReplica) and len(out) == 2
+        assert [float(v) for v in s.experimental_local_results(out)] == [10, 21]
+        assert float(s.reduce("sum", out)) == 31
+        assert float(s.reduce(tributary.ReduceOp.MEAN, out, axis=None)) == 15.5
+
+
+def test_reduce_along_an_axis_is_the_global_mean(mirrored):
+    with mirrored.scope():
+        per = tributary.PerReplica([np.array([1.0, 2.0, 3.0]), np.array([4.0])])
+        assert float(mirrored.reduce("mean", per, axis=0)) == pytest.approx(2.5)
+        g = mirrored.gather(per, axis=0)
+        np.testing.assert_array_equal(g, [1, 2, 3, 4])
+
+
+def test_replica_context_collectives_and_merge_call(mirrored):
+    def step():
+        ctx = tributary.get_replica_context()
+        i = ctx.replica_id_in_sync_group
+        total = ctx.all_reduce("sum", np.array([i + 1.0], np.float32))
+        several = ctx.all_reduce("max", [np.int32(i), np.array([i, -i], np.int64)])
+        gathered = ctx.all_gather(np.full((i + 1,), i, np.float32), axis=0)
+
+        def merge(strategy, value):
+            assert strategy is mirrored
+            assert tributary.in_cross_replica_context()
+            return sum(value.values)
+
+        merged = ctx.merge_call(merge, args=(i + 100,))
+        return total, several, gathered, merged
+
+    with mirrored.scope():
+        out = mirrored.run(step)
+    for total, several, gathered, merged in out.values:
+        np.testing.assert_array_equal(total, [3])
+        assert int(several[0]) == 1
+        np.testing.assert_array_equal(several[1], [1, 0])
+        np.testing.assert_array_equal(gathered, [0, 1, 1])
+        assert merged == 201
+
+
+def test_an_exception_in_a_replica_is_raised_by_run(mirrored):
+    def step():
+        ctx = tributary.get_replica_context()
+        if ctx.replica_id_in_sync_group == 1:
+            raise KeyError("replica one failed")
+        ctx.all_reduce("sum", np.float32(1))  # replica 0 waits here for replica 1
+        return 0
+
+    with mirrored.scope():
+        with pytest.raises(KeyError, match="replica one failed"):
+            mirrored.run(step)
+        # The strategy is still usable in one process.
+        out = mirrored.run(lambda: np.float32(2))
+        assert float(mirrored.reduce("sum", out)) == 4
+
+
+def test_cross_replica_method_in_replica_context_is_tf_error(mirrored):
+    def step():
+        return mirrored.reduce("sum", tributary.PerReplica([np.float32(1), np.float32(1)]))
+
+    with mirrored.scope():
+        with pytest.raises(tributary.Error, match="cross-replica context"):
+            mirrored.run(step)
+
+
+def test_mirrored_variable_sum_aggregation(mirrored):
+    with mirrored.scope():
+        v = tributary.Variable(np.zeros((1, 1), np.float32), name="w",
+                               synchronization="on_write", aggregation="sum")
+        assert v.name == "w" and v.dtype == "float32" and v.shape == (1, 1)
+        assert v.synchronization == tributary.VariableSynchronization.ON_WRITE
+        assert v.aggregation == tributary.VariableAggregation.SUM
+        assert v.devices == ["CPU:0", "CPU:1"]
+        assert v.strategy is mirrored
+
+        def step():
+            ctx = tributary.get_replica_context()
+            v.assign_add(np.full((1, 1), ctx.replica_id_in_sync_group + 1, np.float32))
+            return v.read()
+
+        out = mirrored.run(step)
+        for r in out.values:
+            np.testing.assert_array_equal(r, [[3]])
+        np.testing.assert_array_equal(v.read(), [[3]])
+        np.testing.assert_array_equal(np.asarray(v), [[3]])
+        v.assign(np.full((1, 1), 7, np.float32))
+        assert [float(c[0, 0]) for c in v.values()] == [7, 7]
+        v.assign_sub([[2.0]])  # a literal takes the variable's dtype
+        assert float(v.numpy()[0, 0]) == 5
+        with pytest.raises(tributary.InvalidArgumentError):
+            v.assign(np.zeros((2, 2), np.float32))  # wrong shape: nothing changes
+        assert float(v.read()[0, 0]) == 5
+        w2 = mirrored.create_variable(np.int32(1), name="steps", aggregation="only_first_replica")
+        assert w2.shape == ()
+
+
+def test_values_are_read_only_snapshots(mirrored):
+    with mirrored.scope():
+        v = tributary.Variable(np.arange(3, dtype=np.float64))
+        r = v.read()
+        assert not r.flags.writeable
+        v.assign(np.zeros(3))
+        np.testing.assert_array_equal(r, [0, 1, 2])
+
+
+def test_sync_on_read_variable(mirrored):
+    with mirrored.scope():
+        v = tributary.Variable(np.float32(0), synchronization="on_read", aggregation="sum")
+
+        def step():
+            ctx = tributary.get_replica_context()
+            v.assign_add(np.float32(ctx.replica_id_in_sync_group + 1))
+
+        mirrored.run(step)
+        assert float(v.read()) == 3  # aggregated on read
+
+
+def test_losses(mirrored):
+    def step():
+        per_example = np.array([1.0, 3.0], np.float32)
+        loss = tributary.compute_average_loss(per_example, global_batch_size=4)
+        reg = tributary.scale_regularization_loss(np.float32(2.0))
+        return loss + reg
+
+    with mirrored.scope():
+        out = mirrored.run(step)
+        assert float(mirrored.reduce("sum", out)) == pytest.approx(2 * (1.0 + 1.0))
+
+
+def test_distributed_dataset_splits_the_global_batch(mirrored):
+    x = np.arange(10, dtype=np.float32).reshape(10, 1)
+    y = 2 * x
+    ds = tributary.Dataset.from_tensor_slices((x, y)).batch(4)
+    assert ds.cardinality() == 3
+    plain = [b for b in ds]
+    assert len(plain) == 3 and plain[0][0].shape == (4, 1)
+    with mirrored.scope():
+        dist = mirrored.experimental_distribute_dataset(ds)
+        seen = []
+        for batch in dist:
+            assert isinstance(batch, tributary.PerReplica)
+            for xb, yb in batch.values:
+                np.testing.assert_array_equal(yb, 2 * xb)
+                seen.extend(xb[:, 0].tolist())
+        assert sorted(seen) == list(range(10))
+        it = iter(dist)
+        for _ in range(3):
+            it.get_next()
+        with pytest.raises(tributary.OutOfRangeError):
+            it.get_next()
+    single = tributary.Dataset.from_tensor_slices(np.arange(3, dtype=np.int64))
+    assert [int(e) for e in single] == [0, 1, 2]
+
+
+def test_strategies_by_name():
+    for name in ("default", "one_device", "mirrored", "central_storage"):
+        s = tributary.make_strategy(name, 2 if name in ("mirrored", "central_storage") else 1)
+        assert s.num_replicas_in_sync >= 1
+    with pytest.raises(tributary.Error, match="unknown strategy"):
+        tributary.make_strategy("mirrorred")
+    assert tributary.OneDeviceStrategy("CPU:0").num_replicas_in_sync == 1
+    assert tributary.CentralStorageStrategy(["CPU:0", "CPU:1"]).num_replicas_in_sync == 2
+    with pytest.raises(tributary.Error):
+        tributary.MirroredStrategy(["CPU:0", "CPU:0"])
