@@ -28,6 +28,7 @@
 #include <cstring>
 #include <utility>
 
+#include "tools/fd.h"
 #include "tools/node_join.h"
 
 extern char** environ;
@@ -58,33 +59,6 @@ constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 // ---------------------------------------------------------------------------------------------
 // Small POSIX helpers
-
-// An owned file descriptor; move-only, the move empties the source.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  bool open() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "tools/fd.h"
+
 namespace tributary::tools {
 namespace {
 
@@ -29,31 +31,7 @@ constexpr size_t kMaxLine = 256;
 // the master port is free for the chief's store at once).
 constexpr Millis kHangUpWait{1000};
 
-class Socket {
- public:
-  Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
-  Socket(Socket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Socket& operator=(Socket&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  ~Socket() { reset(); }
-  int get() const { return fd_; }
-  bool open() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+using Socket = Fd;
 
 int millis_until(Clock::time_point t) {
   auto ms = std::chrono::duration_cast<Millis>(t - Clock::now()).count();
