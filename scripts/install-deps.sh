@@ -9,7 +9,7 @@ packages=(
   g++ cmake ninja-build ccache pkg-config git ca-certificates
   libfmt-dev libboost-dev libssl-dev nlohmann-json3-dev libgloo-dev libucx-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  pybind11-dev python3-dev python3-numpy python3-pytest
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-venv
   gnuplot-nox iproute2
 )
 if [ "${1:-}" = "--sanitizers" ]; then
