@@ -439,6 +439,19 @@ Status TcpStore::set_last_will_impl(std::string_view key, std::string_view value
   return Status();
 }
 
+StatusOr<std::string> TcpStore::call(std::string_view method, std::string_view payload,
+                                     std::chrono::milliseconds timeout) {
+  TRIBUTARY_RETURN_IF_ERROR(internal::validate_store_key(method));
+  TRIBUTARY_RETURN_IF_ERROR(internal::validate_store_value(method, payload.size()));
+  auto frame =
+      wire::Writer().u8(std::uint8_t(wire::Op::kCall)).str(method).str(payload).finish();
+  TRIBUTARY_ASSIGN_OR_RETURN(std::string body, impl_->core.call(frame, timeout));
+  wire::Reader r(body);
+  std::string_view answer = r.str();
+  if (!r.done()) return malformed_answer();
+  return std::string(answer);
+}
+
 std::string TcpStore::describe() const { return "TCP store at " + impl_->core.address(); }
 
 StatusOr<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, std::uint16_t port,

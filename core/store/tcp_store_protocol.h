@@ -14,6 +14,9 @@
 //   kCheck   count:u32 key:str...
 //   kDelete  key:str
 //   kWill    key:str value:str                      this connection's last will ("" key: none)
+//   kCall    method:str payload:str                 a procedure of the server's call handler
+//                                                   (TcpStoreServerOptions::call_handler), parked
+//                                                   until the handler replies
 // Responses (body = status byte: 0 = OK, else a StatusCode, followed by message:str):
 //   kHello   magic[8] version:u32 nonce[32] secret:u8 proof[32]
 //   kAuth    (nothing)
@@ -24,6 +27,8 @@
 //   kCheck   all_present:u8
 //   kDelete  existed:u8
 //   kWill    (nothing)
+//   kCall    answer:str                             (an error status when the handler failed, or
+//                                                   kUnimplemented when the server has none)
 // A connection with a will that ends other than by the server stopping (the client's process died,
 // the network dropped it, or the client closed it without withdrawing the will first) makes the
 // server append the value and a newline to the key, as a set would, waking its readers.
@@ -57,8 +62,8 @@ namespace tributary::internal::wire {
 inline constexpr std::chrono::milliseconds kMaxServerWait{std::chrono::hours(24 * 365)};
 
 inline constexpr char kMagic[8] = {'t', 'r', 'i', 'b', 's', 't', 'o', 'r'};
-// 2: nonces in the hello, kAuth, sealed frames. 3: kWill.
-inline constexpr std::uint32_t kVersion = 3;
+// 2: nonces in the hello, kAuth, sealed frames. 3: kWill. 4: kCall.
+inline constexpr std::uint32_t kVersion = 4;
 inline constexpr std::size_t kNonceBytes = 32;
 // The largest frame before a connection is authenticated (the hello and kAuth are far smaller).
 inline constexpr std::size_t kMaxUnauthenticatedFrameBytes = 1024;
@@ -76,6 +81,7 @@ enum class Op : std::uint8_t {
   kDelete = 7,
   kAuth = 8,
   kWill = 9,
+  kCall = 10,
 };
 
 using Nonce = std::array<std::uint8_t, kNonceBytes>;

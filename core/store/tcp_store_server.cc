@@ -99,6 +99,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Served: said hello and, when the server has a secret, authenticated.
   bool ready() const;
   std::shared_ptr<Waiter> waiter;  // the parked request, if any
+  bool call_pending = false;       // a kCall waits for its handler's reply
   // The last will (kWill): appended to will_key when the connection ends, unless the server stops.
   std::string will_key, will_value;
 
@@ -124,6 +125,13 @@ class Session : public std::enable_shared_from_this<Session> {
   bool close_after_write_ = false;
   bool draining_ = false;
   bool closed_ = false;
+};
+
+// What a call handler's reply needs to reach the server: cleared when the server stops, so that a
+// reply arriving later (from another thread) is dropped instead of posted to a dead io_context.
+struct ReplyRoute {
+  std::mutex mu;
+  asio::io_context* ioc = nullptr;
 };
 
 class ServerCore {
@@ -165,6 +173,7 @@ class ServerCore {
   }
   void park(const std::shared_ptr<Session>& s, wire::Op op, std::vector<std::string> keys,
             std::uint64_t timeout_ms);
+  void call(const std::shared_ptr<Session>& s, std::string_view method, std::string_view payload);
   void register_waiter(const std::shared_ptr<Waiter>& w, const std::string& key);
   void unregister_waiter(const std::shared_ptr<Waiter>& w);
   void finish_waiter(const std::shared_ptr<Waiter>& w);
@@ -201,6 +210,7 @@ class ServerCore {
   std::atomic<bool> will_executed_{false};
   bool stopping_ = false;
   std::unordered_set<std::shared_ptr<Session>> sessions_;
+  std::shared_ptr<ReplyRoute> route_ = std::make_shared<ReplyRoute>();
   std::map<std::string, std::string, std::less<>> data_;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiting_;
   std::jthread thread_;
@@ -295,7 +305,7 @@ void Session::on_readable(const error_code& ec) {
 
 void Session::process_input() {
   auto self = shared_from_this();  // handle() may close this session
-  while (!closed_ && !close_after_write_ && !waiter) {
+  while (!closed_ && !close_after_write_ && !waiter && !call_pending) {
     std::size_t available = in_.size() - consumed_;
     if (available < wire::kFrameHeaderBytes) break;
     const char* header = in_.data() + consumed_;
@@ -397,6 +407,7 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
     }
     port_ = acceptor_.local_endpoint(ec).port();
     if (ec) return unavailable("TcpStore server: cannot read the bound port: " + ec.message());
+    route_->ioc = &ioc_;
     do_accept();
     thread_ = std::jthread([this] {
       for (;;) {
@@ -415,6 +426,10 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
 }
 
 void ServerCore::stop() {
+  {
+    std::lock_guard lock(route_->mu);
+    route_->ioc = nullptr;  // replies still to come are dropped
+  }
   if (!thread_.joinable()) return;
   if (will_executed_) {
     // A process of the job was lost: let the survivors read who before the store goes.
@@ -550,6 +565,13 @@ void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body
       s->will_value = std::string(value);
       return s->send(wire::Writer().u8(0).finish());
     }
+    case wire::Op::kCall: {
+      std::string_view method = r.str();
+      std::string_view payload = r.str();
+      if (!r.done()) return malformed();
+      if (Status st = key_error(method); !st.ok()) return s->send(error_frame(st));
+      return call(s, method, payload);
+    }
     case wire::Op::kHello:
     case wire::Op::kAuth:
       break;
@@ -665,6 +687,46 @@ void ServerCore::park(const std::shared_ptr<Session>& s, wire::Op op, std::vecto
     if (ec || w->done) return;
     finish_waiter(w);  // timed out: answers with whatever is still missing
   });
+}
+
+void ServerCore::call(const std::shared_ptr<Session>& s, std::string_view method,
+                      std::string_view payload) {
+  if (!options_.call_handler) {
+    return s->send(error_frame(
+        unimplemented("this server has no procedure '" + std::string(method.substr(0, 100)) +
+                      "' (it serves keys only; is the address that of the right task?)")));
+  }
+  s->call_pending = true;
+  std::weak_ptr<Session> weak = s;
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  StoreCallReply reply = [route = route_, weak, once](StatusOr<std::string> answer) {
+    if (once->exchange(true)) return;
+    std::string frame;
+    if (!answer.ok()) {
+      frame = error_frame(answer.status());
+    } else if (answer->size() > kMaxStoreValueBytes) {
+      frame = error_frame(resource_exhausted(
+          "the answer of " + std::to_string(answer->size()) + " bytes is above the limit of " +
+          std::to_string(kMaxStoreValueBytes) + " bytes for one answer"));
+    } else {
+      frame = wire::Writer().u8(0).str(*answer).finish();
+    }
+    std::lock_guard lock(route->mu);
+    if (route->ioc == nullptr) return;
+    asio::post(*route->ioc, [weak, frame = std::move(frame)]() mutable {
+      auto session = weak.lock();
+      if (!session) return;
+      session->call_pending = false;
+      session->send(std::move(frame));
+      session->process_input();
+    });
+  };
+  try {
+    options_.call_handler(method, payload, reply);
+  } catch (const std::exception& e) {
+    // The handler threw (it must not): answer for it, unless it replied already.
+    reply(internal_error(std::string("the call handler failed: ") + e.what()));
+  }
 }
 
 void ServerCore::register_waiter(const std::shared_ptr<Waiter>& w, const std::string& key) {

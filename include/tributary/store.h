@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -154,6 +155,16 @@ class FileStore final : public Store {
   std::string path_;
 };
 
+// A procedure served by a TcpStoreServer beside its keys (TcpStore::call): what the parameter-server
+// tasks of strategy/parameter_server.h answer, on the store's connections, authentication and
+// frame limits. The handler runs on the server's I/O thread and must not block: it answers at once
+// or hands the work to another thread. `reply` must be called exactly once, from any thread, at any
+// time (after the server stopped or the client left, the answer is dropped); an answer longer than
+// kMaxStoreValueBytes becomes a kResourceExhausted error.
+using StoreCallReply = std::function<void(StatusOr<std::string> answer)>;
+using StoreCallHandler =
+    std::function<void(std::string_view method, std::string_view payload, StoreCallReply reply)>;
+
 struct TcpStoreServerOptions {
   // Pending connections the kernel queues; raise it when thousands of ranks connect at once.
   int listen_backlog = 4096;
@@ -175,6 +186,8 @@ struct TcpStoreServerOptions {
   // server waits up to this long for the clients that still hold a will to close, so that the
   // survivors can still read who was lost when the chief (rank 0) ends first. 0 = do not wait.
   std::chrono::milliseconds linger_after_loss = std::chrono::seconds(5);
+  // Serves TcpStore::call (null: calls are answered kUnimplemented).
+  StoreCallHandler call_handler;
 };
 
 class TcpStoreServer;
@@ -198,6 +211,14 @@ class TcpStore final : public Store {
 
   ~TcpStore() override;
   std::string describe() const override;
+
+  // Calls `method` of the server's call handler with `payload` and returns its answer, or its
+  // error, or kDeadlineExceeded when no answer came within `timeout` (the connection is then
+  // dropped), or kUnavailable when the server cannot be reached (retrying the connection for at most
+  // StoreOptions::connect_timeout). `method` follows the rules of keys and `payload` those of
+  // values. Concurrent calls from several threads run on separate connections.
+  StatusOr<std::string> call(std::string_view method, std::string_view payload,
+                             std::chrono::milliseconds timeout);
 
  protected:
   Status set_impl(std::string_view key, std::string_view value) override;

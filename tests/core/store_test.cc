@@ -1066,6 +1066,72 @@ TEST(TcpStoreSecurity, SealedFramesRejectAnyChange) {
   EXPECT_FALSE(internal::wire::unseal(c, frame.data(), body));  // the same frame again: a replay
 }
 
+// kCall: procedures beside the keys, answered at once or later from another thread, on sealed
+// connections; errors, the absence of a handler and a silent handler each end the call.
+TEST(TcpStoreCall, HandlersAnswerNowOrLaterAndErrorsComeBack) {
+  Watchdog watchdog(60s);
+  std::vector<std::jthread> workers;
+  std::mutex mu;
+  TcpStoreServerOptions o;
+  o.secret = "s";
+  o.call_handler = [&](std::string_view method, std::string_view payload, StoreCallReply reply) {
+    if (method == "echo") return reply(std::string("echo:") + std::string(payload));
+    if (method == "fail") return reply(failed_precondition("refused " + std::string(payload)));
+    if (method == "later") {
+      std::lock_guard lock(mu);
+      workers.emplace_back([reply, p = std::string(payload)] {
+        std::this_thread::sleep_for(100ms);
+        reply("done " + p);
+      });
+      return;
+    }
+    if (method == "never") return;  // keeps the reply: the client's timeout ends the call
+    reply(unimplemented("no method " + std::string(method)));
+  };
+  auto server = start_server(o);
+  ASSERT_TRUE(server);
+  auto client = connect_with(*server, "s");
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  TcpStore& c = **client;
+
+  auto echo = c.call("echo", std::string("a\0b", 3), 5s);
+  ASSERT_TRUE(echo.ok()) << echo.status().to_string();
+  EXPECT_EQ(*echo, std::string("echo:a\0b", 8));
+  auto fail = c.call("fail", "x", 5s);
+  ASSERT_FALSE(fail.ok());
+  EXPECT_EQ(fail.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(fail.status().message().find("refused x"), std::string::npos);
+
+  // Two threads call "later" at once: separate connections, both answered.
+  std::vector<StatusOr<std::string>> later(2, internal_error("not run"));
+  {
+    std::jthread t1([&] { later[0] = c.call("later", "1", 5s); });
+    std::jthread t2([&] { later[1] = c.call("later", "2", 5s); });
+  }
+  ASSERT_TRUE(later[0].ok() && later[1].ok());
+  EXPECT_EQ(*later[0], "done 1");
+  EXPECT_EQ(*later[1], "done 2");
+
+  const auto start = Clock::now();
+  auto never = c.call("never", "", 300ms);
+  EXPECT_EQ(never.status().code(), StatusCode::kDeadlineExceeded) << never.status().to_string();
+  EXPECT_LT(Clock::now() - start, 3s);
+  // The store's keys still work beside the calls.
+  ASSERT_TRUE(c.set("k", "v").ok());
+  EXPECT_EQ(*c.get("k", 1s), "v");
+
+  // A server without a handler says so.
+  auto plain = start_server({});
+  ASSERT_TRUE(plain);
+  auto plain_client = connect_with(*plain, "");
+  ASSERT_TRUE(plain_client.ok());
+  auto none = (*plain_client)->call("echo", "x", 5s);
+  EXPECT_EQ(none.status().code(), StatusCode::kUnimplemented) << none.status().to_string();
+  server.reset();  // replies that arrive after the server stopped are dropped
+  std::lock_guard lock(mu);
+  workers.clear();
+}
+
 TEST(TcpStoreLimits, ConnectionsBeyondTheCapAndSilentOnesAreClosed) {
   Watchdog watchdog(60s);
   TcpStoreServerOptions o;
