@@ -381,8 +381,8 @@ StatusOr<ClusterSpec> parse_tf_config_impl(std::string_view text,
       const std::string& job = it.key();
       if (job != "chief" && job != "worker" && job != "evaluator" && job != "ps") {
         return invalid_argument("TF_CONFIG: unknown job " + in_quotes(job) +
-                                " in \"cluster\"; valid jobs are \"chief\", \"worker\" and "
-                                "\"evaluator\" (\"ps\" only with ParameterServerStrategy)");
+                                " in \"cluster\"; valid jobs are \"chief\", \"worker\", "
+                                "\"evaluator\" and \"ps\"");
       }
       if (!it.value().is_array()) {
         return invalid_argument("TF_CONFIG: job " + in_quotes(job) +
@@ -477,13 +477,6 @@ StatusOr<ClusterSpec> parse_tf_config_impl(std::string_view text,
                             "from 0 to " +
                             std::to_string(count(type.c_str()) - 1));
   }
-  if (s.jobs.contains("ps")) {
-    return invalid_argument("TF_CONFIG: the cluster has a \"ps\" job " +
-                            json(s.jobs.at("ps")).dump() +
-                            ", but \"ps\" tasks are only for ParameterServerStrategy, which "
-                            "tributary does not implement; its collective strategies use "
-                            "\"chief\" and \"worker\" tasks. Remove \"ps\" from the cluster");
-  }
   const int chiefs = count("chief");
   const int workers = chiefs + count("worker");
   if (workers == 0) {
@@ -507,6 +500,13 @@ StatusOr<ClusterSpec> parse_tf_config_impl(std::string_view text,
     // The evaluator is a cluster of its own (TF: worker_count = #evaluator, id = task_id).
     s.rank = s.task_index;
     s.world_size = count("evaluator");
+    return s;
+  }
+  if (type == "ps") {
+    // A ps task takes part in no collective (TF's id_in_cluster has no id for it): it serves
+    // variables (ParameterServerStrategy's run_server); task_index says which one it is.
+    s.rank = 0;
+    s.world_size = 1;
     return s;
   }
   s.rank = type == "chief" ? 0 : s.task_index + chiefs;

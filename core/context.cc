@@ -46,6 +46,13 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
     }
   }
   TRIBUTARY_ASSIGN_OR_RETURN(ClusterSpec cluster, resolve_cluster_spec(config));
+  if (cluster.task_type == "ps") {
+    return invalid_argument(
+        "this process is task ps:" + std::to_string(cluster.task_index) +
+        " of TF_CONFIG, and \"ps\" tasks take part in no collective: a parameter server serves "
+        "variables for ParameterServerStrategy. Start it with tributary::run_server() "
+        "(tributary/strategy/parameter_server.h), or give this process a \"worker\" task");
+  }
   BackendContext ctx;
   ctx.devices = std::move(devices);
   ctx.config = std::move(config);

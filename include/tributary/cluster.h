@@ -12,12 +12,15 @@
 //                  without TRIBUTARY_RANK is an error rather than silently ignored.
 //   2. "TF_CONFIG" trigger TF_CONFIG with a non-empty "cluster" (as in TF, '{}' or a TF_CONFIG
 //                  without "cluster" means "not multi-worker" and resolution goes on). TF's rules
-//                  (multi_worker_util): task types "chief", "worker", "evaluator" ("ps" is
-//                  rejected: it is only for ParameterServerStrategy); the task's type must be in
+//                  (multi_worker_util): task types "chief", "worker", "evaluator" and "ps" (the
+//                  parameter servers of ParameterServerStrategy); the task's type must be in
 //                  the cluster and its index in range; at most one chief and one evaluator; at
 //                  least one chief or worker. rank = TF's id_in_cluster (chief 0, worker i ->
-//                  i + #chief), world_size = #chief + #worker; an evaluator is a world of its own
-//                  (rank = its index, world_size = 1). Coordinator = TF's collective leader: the
+//                  i + #chief), world_size = #chief + #worker, whatever "ps" and "evaluator" hold;
+//                  an evaluator is a world of its own (rank = its index, world_size = 1), and so
+//                  is a ps task (rank = its index among the ps tasks, world_size = #ps): it takes
+//                  part in no collective, make_backend_context refuses it, and it runs
+//                  run_server() (strategy/parameter_server.h). Coordinator = TF's collective leader: the
 //                  chief's "host:port", else worker 0's. local_rank/local_world_size are derived by
 //                  comparing host names textually among chief and worker addresses.
 //                  Unlike TF, an unknown job name (e.g. "chef") is an error, not ignored.
@@ -69,7 +72,7 @@ namespace tributary {
 inline constexpr int kDefaultCoordinatorPort = 29500;
 
 struct ClusterSpec {
-  // TF_CONFIG-style jobs: task type ("chief", "worker", "evaluator") -> "host:port" addresses.
+  // TF_CONFIG-style jobs: task type ("chief", "worker", "evaluator", "ps") -> "host:port" addresses.
   // Empty for providers other than TF_CONFIG, which do not list their peers.
   std::map<std::string, std::vector<std::string>> jobs;
   // TF_CONFIG's task; other providers report ("worker", rank).

@@ -13,6 +13,7 @@
 #include "tributary/strategy/dataset.h"
 #include "tributary/strategy/distributed_input.h"
 #include "tributary/strategy/losses.h"
+#include "tributary/strategy/parameter_server.h"
 #include "tributary/strategy/strategies.h"
 #include "tributary/strategy/strategy.h"
 #include "tributary/strategy/variable.h"

@@ -215,6 +215,39 @@ TEST(ClusterSpec, TfConfigEvaluatorIsItsOwnWorld) {
   EXPECT_FALSE(w->is_chief());  // there is a chief job
 }
 
+// ParameterServerStrategy's clusters: "ps" jobs are accepted; the trainers do not count them, and a
+// ps task is a world of its own that make_backend_context refuses.
+TEST(ClusterSpec, TfConfigPsJobsAreAcceptedAndNotCounted) {
+  const std::string cluster =
+      R"("cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]})";
+  auto task = [&](const char* type, int index) {
+    return resolve({{"TF_CONFIG", "{" + cluster + R"(, "task": {"type": ")" + type +
+                                      R"(", "index": )" + std::to_string(index) + "}}"}});
+  };
+  auto w1 = task("worker", 1);
+  ASSERT_TRUE(w1.ok()) << w1.status().message();
+  EXPECT_EQ(w1->rank, 2);
+  EXPECT_EQ(w1->world_size, 3);
+  EXPECT_EQ(w1->jobs.at("ps").size(), 2u);
+  auto p1 = task("ps", 1);
+  ASSERT_TRUE(p1.ok()) << p1.status().message();
+  EXPECT_EQ(p1->task_type, "ps");
+  EXPECT_EQ(p1->task_index, 1);
+  EXPECT_EQ(p1->rank, 0);
+  EXPECT_EQ(p1->world_size, 1);
+  EXPECT_FALSE(p1->is_chief());
+  EXPECT_EQ(p1->coordinator_address(), "");
+  expect_invalid(task("ps", 2), {"The `task_id` 2 exceeds the maximum id of ps."});
+
+  auto ctx = make_backend_context(
+      {Device::cpu()},
+      Config::from_map({{"TF_CONFIG", "{" + cluster + R"(, "task": {"type": "ps", "index": 0}})"}}));
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_NE(ctx.status().message().find("\"ps\" tasks take part in no collective"),
+            std::string::npos)
+      << ctx.status().message();
+}
+
 TEST(ClusterSpec, TfConfigLocalRanksFromHosts) {
   // Two hosts, two tasks each, in rank order: chief on a, worker 0 on a, workers 1-2 on b.
   const std::string cluster = R"("cluster": {"chief": ["a:1"], "worker": ["a:2", "b:1", "b:2"]})";
@@ -316,12 +349,6 @@ TEST(ClusterSpec, TfConfigErrors) {
                  {"task.index \"x\""});
   expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": 3, "index": 0}})"),
                  {"task.type 3 must be a string"});
-  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"], "ps": ["p:1"]},
-                        "task": {"type": "worker", "index": 0}})"),
-                 {"\"ps\" job [\"p:1\"]", "only for ParameterServerStrategy"});
-  expect_invalid(tf(R"({"cluster": {"worker": ["a:1"], "ps": ["p:1"]},
-                        "task": {"type": "ps", "index": 0}})"),
-                 {"only for ParameterServerStrategy"});
   expect_invalid(tf(R"({"cluster": {"evaluator": ["e:1"]},
                         "task": {"type": "evaluator", "index": 0}})"),
                  {"has no \"chief\" or \"worker\" tasks"});

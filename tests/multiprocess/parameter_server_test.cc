@@ -1,0 +1,367 @@
+// ParameterServerStrategy and ClusterCoordinator with real processes: this process is the chief
+// (coordinator); workers and ps tasks are forked children running run_server() on their TF_CONFIG
+// addresses. Partitioners are checked against TF's documented examples.
+#include "tributary/strategy/parameter_server.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/multiprocess/harness.h"
+
+namespace tributary {
+namespace {
+
+using namespace std::chrono_literals;
+
+// --- Partitioners (TF's docstring examples) --------------------------------------------------------
+
+std::vector<int64_t> parts(const StatusOr<VariablePartitioner>& p, Shape shape) {
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? (*p)(shape, DType::kFloat32) : std::vector<int64_t>{};
+}
+
+TEST(Partitioners, AsTfDocumentsThem) {
+  EXPECT_EQ(parts(fixed_shards_partitioner(2), {10, 3}), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(parts(fixed_shards_partitioner(20), {10, 3}), (std::vector<int64_t>{10, 1}));
+  EXPECT_EQ(parts(min_size_partitioner(4, 2), {6, 1}), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(parts(min_size_partitioner(4, 10), {6, 1}), (std::vector<int64_t>{6, 1}));
+  EXPECT_EQ(parts(max_size_partitioner(4), {6, 1}), (std::vector<int64_t>{6, 1}));
+  EXPECT_EQ(parts(max_size_partitioner(4, 2), {6, 1}), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(parts(max_size_partitioner(1024), {6, 1}), (std::vector<int64_t>{1, 1}));
+  for (auto bad : {fixed_shards_partitioner(0), min_size_partitioner(0), max_size_partitioner(-1)}) {
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("must be positive"), std::string::npos)
+        << bad.status().message();
+  }
+}
+
+// --- A cluster of forked tasks ---------------------------------------------------------------------
+
+// Functions every task knows (registered before any fork, so children inherit them).
+void register_functions() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  // Adds 1 to "counter" after `args[0]` milliseconds; returns the worker's index.
+  ASSERT_TRUE(register_worker_function(
+                  "count", [](WorkerContext& ctx, std::span<const RemoteArg> args)
+                               -> StatusOr<std::vector<Array>> {
+                    const auto ms = static_cast<int>(std::get<Array>(args[0]).at(0));
+                    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+                    TRIBUTARY_ASSIGN_OR_RETURN(PSVariable counter, ctx.variable("counter"));
+                    TRIBUTARY_RETURN_IF_ERROR(counter.assign_add(Array::scalar<float>(1)));
+                    return std::vector<Array>{Array::scalar<int32_t>(ctx.worker_index())};
+                  })
+                  .ok());
+  // Embedding step: gathers rows args[0] of "table", adds 1 to each through scatter_add.
+  ASSERT_TRUE(register_worker_function(
+                  "embed", [](WorkerContext& ctx, std::span<const RemoteArg> args)
+                               -> StatusOr<std::vector<Array>> {
+                    const std::vector<int64_t> rows = std::get<Array>(args[0]).to_vector<int64_t>();
+                    TRIBUTARY_ASSIGN_OR_RETURN(PSVariable table, ctx.variable("table"));
+                    TRIBUTARY_ASSIGN_OR_RETURN(Array got, table.gather(rows));
+                    TRIBUTARY_ASSIGN_OR_RETURN(
+                        Array ones, Array::zeros(DType::kFloat32, got.shape()));
+                    for (int64_t i = 0; i < ones.num_elements(); ++i) ones.mutable_data<float>()[i] = 1;
+                    TRIBUTARY_RETURN_IF_ERROR(table.scatter_add(rows, ones));
+                    return std::vector<Array>{got};
+                  })
+                  .ok());
+  // Reads the next element of the per-worker iterator args[0].
+  ASSERT_TRUE(register_worker_function(
+                  "next", [](WorkerContext& ctx, std::span<const RemoteArg> args)
+                              -> StatusOr<std::vector<Array>> {
+                    TRIBUTARY_ASSIGN_OR_RETURN(Element e,
+                                               ctx.next(std::get<PerWorkerIterator>(args[0])));
+                    return std::vector<Array>{e[0], Array::scalar<int32_t>(ctx.worker_index())};
+                  })
+                  .ok());
+  // Worker w's pipeline: 100 * w + 0..2.
+  ASSERT_TRUE(register_dataset_function("three", [](const InputContext& ic) {
+                return Dataset::range(100 * ic.input_pipeline_id(),
+                                      100 * ic.input_pipeline_id() + 3);
+              }).ok());
+}
+
+class Cluster {
+ public:
+  Cluster(int workers, int ps, std::string secret = "", std::string task_secret = "")
+      : secret_(std::move(secret)) {
+    register_functions();
+    for (int i = 0; i < workers + ps + 1; ++i) ports_.push_back(testing::free_port());
+    auto list = [&](int from, int n) {
+      std::string s = "[";
+      for (int i = 0; i < n; ++i) {
+        s += (i ? ", " : "") + std::string("\"127.0.0.1:") +
+             std::to_string(ports_[static_cast<size_t>(from + i)]) + "\"";
+      }
+      return s + "]";
+    };
+    cluster_ = R"({"chief": )" + list(0, 1) + R"(, "worker": )" + list(1, workers) +
+               R"(, "ps": )" + list(1 + workers, ps) + "}";
+    for (int w = 0; w < workers; ++w) pids_["worker"].push_back(start("worker", w, task_secret));
+    for (int p = 0; p < ps; ++p) pids_["ps"].push_back(start("ps", p, task_secret));
+  }
+  ~Cluster() {
+    for (auto& [job, pids] : pids_) {
+      for (pid_t& pid : pids) kill_task(pid);
+    }
+  }
+
+  Config config(const std::string& type, int index, const std::string& secret) const {
+    std::map<std::string, std::string> m{
+        {"TF_CONFIG", R"({"cluster": )" + cluster_ + R"(, "task": {"type": ")" + type +
+                          R"(", "index": )" + std::to_string(index) + "}}"},
+        {"TRIBUTARY_TIMEOUT", "5s"}};
+    if (!secret.empty()) m["TRIBUTARY_SECRET"] = secret;
+    return Config::from_map(m);
+  }
+  Config chief_config() const { return config("chief", 0, secret_); }
+
+  pid_t start(const std::string& type, int index, const std::string& secret) {
+    const Config c = config(type, index, secret.empty() ? secret_ : secret);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      alarm(120);
+      ServerOptions o;
+      o.config = c;
+      Status s = run_server(o);
+      if (!s.ok()) fprintf(stderr, "%s:%d: %s\n", type.c_str(), index, s.to_string().c_str());
+      _exit(s.ok() ? 0 : 1);
+    }
+    return pid;
+  }
+  void restart(const std::string& type, int index) {
+    pid_t& pid = pids_[type][static_cast<size_t>(index)];
+    kill_task(pid);
+    pid = start(type, index, "");
+  }
+  void kill_task(pid_t& pid) {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  pid_t& pid(const std::string& type, int index) { return pids_[type][static_cast<size_t>(index)]; }
+
+ private:
+  std::string secret_;
+  std::vector<uint16_t> ports_;
+  std::string cluster_;
+  std::map<std::string, std::vector<pid_t>> pids_;
+};
+
+std::unique_ptr<ParameterServerStrategy> make_strategy(const Cluster& c,
+                                                       VariablePartitioner partitioner = {}) {
+  ParameterServerStrategyOptions o;
+  o.config = c.chief_config();
+  o.variable_partitioner = std::move(partitioner);
+  auto s = ParameterServerStrategy::create(o);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TEST(ParameterServer, PlacementShardsScheduleJoinFetch) {
+  Cluster cluster(2, 2, "job-secret");
+  auto fixed = fixed_shards_partitioner(4);
+  ASSERT_TRUE(fixed.ok());
+  auto strategy = make_strategy(cluster, *fixed);
+  ASSERT_TRUE(strategy);
+  EXPECT_EQ(strategy->num_workers(), 2);
+  EXPECT_EQ(strategy->num_ps(), 2);
+
+  // Round-robin placement; a scalar is never partitioned; 10 rows in 4 shards are 3, 3, 2, 2.
+  auto counter = strategy->create_variable("counter", Array::scalar<float>(0));
+  ASSERT_TRUE(counter.ok()) << counter.status().to_string();
+  ASSERT_EQ(counter->shards().size(), 1u);
+  EXPECT_EQ(counter->shards()[0].ps_task, 0);
+  std::vector<float> init(10 * 2);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i);
+  auto table = strategy->create_variable("table", *Array::from_vector(init, {10, 2}));
+  ASSERT_TRUE(table.ok()) << table.status().to_string();
+  ASSERT_TRUE(table->is_sharded());
+  std::vector<int64_t> sizes, places;
+  std::vector<std::string> names;
+  for (const PSVariableShard& s : table->shards()) {
+    sizes.push_back(s.row_end - s.row_begin);
+    places.push_back(s.ps_task);
+    names.push_back(s.name);
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(places, (std::vector<int64_t>{1, 0, 1, 0}));  // after "counter" on ps 0
+  EXPECT_EQ(names[3], "table/part_3");
+  auto whole = table->read();
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  EXPECT_EQ(whole->to_vector<float>(), init);
+  auto again = strategy->create_variable("table", Array::scalar<float>(0));
+  EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument);
+
+  auto coordinator = ClusterCoordinator::create(*strategy);
+  ASSERT_TRUE(coordinator.ok());
+  ClusterCoordinator& co = **coordinator;
+  std::vector<RemoteValue> values;
+  for (int i = 0; i < 12; ++i) {
+    auto v = co.schedule("count", {Array::scalar<float>(30)});
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    values.push_back(*v);
+  }
+  EXPECT_FALSE(co.done());
+  Status joined_all = co.join();
+  ASSERT_TRUE(joined_all.ok()) << joined_all.to_string();
+  EXPECT_TRUE(co.done());
+  std::set<int> workers_used;
+  for (const RemoteValue& v : values) {
+    ASSERT_TRUE(v.ready());
+    auto got = v.fetch();
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    workers_used.insert(static_cast<int>(got->at(0).at(0)));
+  }
+  EXPECT_EQ(workers_used, (std::set<int>{0, 1}));  // both workers took functions
+  EXPECT_EQ(counter->read()->at(0), 12.0);
+
+  // Embedding rows spanning shards: gathered in the order asked, updated where they live.
+  auto e = co.schedule("embed", {*Array::from_vector<int64_t>({9, 0, 4, 9})});
+  ASSERT_TRUE(e.ok());
+  auto rows = e->fetch();
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  EXPECT_EQ(rows->at(0).to_vector<float>(), (std::vector<float>{18, 19, 0, 1, 8, 9, 18, 19}));
+  auto after = table->read();
+  ASSERT_TRUE(after.ok());
+  std::vector<float> want = init;
+  for (int r : {9, 0, 4, 9}) want[r * 2] += 1, want[r * 2 + 1] += 1;  // row 9 twice
+  EXPECT_EQ(after->to_vector<float>(), want);
+
+  // A function's own error comes back from join() and fetch(), naming it and the worker.
+  auto bad = co.schedule("embed", {*Array::from_vector<int64_t>({10})});
+  ASSERT_TRUE(bad.ok());
+  Status joined = co.join();
+  EXPECT_EQ(joined.code(), StatusCode::kInvalidArgument) << joined.to_string();
+  EXPECT_NE(joined.message().find("function 'embed' failed on worker:"), std::string::npos);
+  EXPECT_NE(joined.message().find("row 10"), std::string::npos) << joined.message();
+  EXPECT_FALSE(bad->fetch().ok());
+  EXPECT_TRUE(co.join().ok());  // reported once
+  EXPECT_EQ(co.schedule("no_such_function").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(co.shutdown_servers().ok());
+}
+
+TEST(ParameterServer, PerWorkerDatasetsAndEndOfData) {
+  Cluster cluster(2, 1);
+  auto strategy = make_strategy(cluster);
+  ASSERT_TRUE(strategy);
+  auto coordinator = ClusterCoordinator::create(*strategy);
+  ASSERT_TRUE(coordinator.ok());
+  auto dataset = (*coordinator)->create_per_worker_dataset("three");
+  ASSERT_TRUE(dataset.ok()) << dataset.status().to_string();
+  PerWorkerIterator it = dataset->iterator();
+  std::vector<RemoteValue> values;
+  for (int i = 0; i < 2; ++i) values.push_back(*(*coordinator)->schedule("next", {it}));
+  ASSERT_TRUE((*coordinator)->join().ok());
+  for (const RemoteValue& v : values) {
+    auto got = v.fetch();
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    const int worker = static_cast<int>(got->at(1).at(0));
+    const int64_t element = static_cast<int64_t>(got->at(0).at(0));
+    EXPECT_GE(element, 100 * worker);  // each worker reads its own pipeline
+    EXPECT_LT(element, 100 * worker + 3);
+  }
+  // Seven more calls: six elements in all, so a pipeline runs out: TF's OutOfRangeError.
+  Status end;
+  for (int i = 0; i < 7 && end.ok(); ++i) {
+    auto v = (*coordinator)->schedule("next", {it});
+    if (!v.ok()) end = v.status();
+  }
+  if (end.ok()) end = (*coordinator)->join();
+  EXPECT_EQ(end.code(), StatusCode::kOutOfRange) << end.to_string();
+  EXPECT_EQ((*coordinator)->create_per_worker_dataset("none").status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(ParameterServer, KilledWorkerIsRescheduledAndRejoins) {
+  Cluster cluster(2, 1);
+  auto strategy = make_strategy(cluster);
+  ASSERT_TRUE(strategy);
+  auto counter = strategy->create_variable("counter", Array::scalar<float>(0));
+  ASSERT_TRUE(counter.ok());
+  auto coordinator = ClusterCoordinator::create(*strategy);
+  ASSERT_TRUE(coordinator.ok());
+  ClusterCoordinator& co = **coordinator;
+  std::vector<RemoteValue> values;
+  for (int i = 0; i < 10; ++i) values.push_back(*co.schedule("count", {Array::scalar<float>(300)}));
+  std::this_thread::sleep_for(450ms);  // both workers are inside a function
+  cluster.kill_task(cluster.pid("worker", 1));
+  ASSERT_TRUE(co.join().ok());
+  for (const RemoteValue& v : values) {
+    auto got = v.fetch();
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+  }
+  EXPECT_GE(co.rescheduled(), 1);
+  EXPECT_GE(counter->read()->at(0), 10.0);  // at least once each
+
+  // Worker 1 comes back and is sent work again.
+  cluster.restart("worker", 1);
+  std::set<int> used;
+  for (int round = 0; round < 10 && !used.contains(1); ++round) {
+    std::vector<RemoteValue> more;
+    for (int i = 0; i < 4; ++i) more.push_back(*co.schedule("count", {Array::scalar<float>(100)}));
+    ASSERT_TRUE(co.join().ok());
+    for (const RemoteValue& v : more) used.insert(static_cast<int>(v.fetch()->at(0).at(0)));
+  }
+  EXPECT_TRUE(used.contains(1)) << "the restarted worker was never sent work";
+}
+
+TEST(ParameterServer, KilledParameterServerIsAClearErrorNotAHang) {
+  Cluster cluster(1, 2);
+  auto strategy = make_strategy(cluster);
+  ASSERT_TRUE(strategy);
+  ASSERT_TRUE(strategy->create_variable("other", Array::scalar<float>(0)).ok());    // ps 0
+  ASSERT_TRUE(strategy->create_variable("counter", Array::scalar<float>(0)).ok());  // ps 1
+  auto coordinator = ClusterCoordinator::create(*strategy);
+  ASSERT_TRUE(coordinator.ok());
+  cluster.kill_task(cluster.pid("ps", 1));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*coordinator)->schedule("count", {Array::scalar<float>(0)}).ok());
+  Status s = (*coordinator)->join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("parameter server ps:1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("is not recovered"), std::string::npos) << s.message();
+  // schedule() after the failure was reported works again, and fails the same way.
+  ASSERT_TRUE((*coordinator)->schedule("count", {Array::scalar<float>(0)}).ok());
+  EXPECT_FALSE((*coordinator)->join().ok());
+}
+
+TEST(ParameterServer, TasksWithoutTheJobsSecretAreRefused) {
+  Cluster cluster(1, 1, "right", "wrong");
+  ParameterServerStrategyOptions o;
+  o.config = cluster.chief_config();
+  auto s = ParameterServerStrategy::create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("authentication failed"), std::string::npos)
+      << s.status().message();
+}
+
+TEST(ParameterServer, WrongTasksAreToldWhatToRun) {
+  Cluster cluster(1, 1);
+  ParameterServerStrategyOptions o;
+  o.config = cluster.config("worker", 0, "");
+  auto s = ParameterServerStrategy::create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("call run_server()"), std::string::npos);
+  ServerOptions so;
+  so.config = cluster.chief_config();
+  auto server = Server::start(so);
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("ClusterCoordinator"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tributary
