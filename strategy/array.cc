@@ -1,5 +1,6 @@
 #include "tributary/strategy/array.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -30,20 +31,83 @@ AxisSplit split_at(const Shape& shape, int axis) {
   return s;
 }
 
-StatusOr<Array> elementwise(const Array& a, const Array& b, double sign, std::string_view what) {
+std::string dims_text(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// TF's and NumPy's broadcasting: a (op) b over the broadcast shape of the two.
+template <typename Op>
+StatusOr<Array> broadcast_binary(const Array& a, const Array& b, std::string_view what, Op op) {
   TRIBUTARY_RETURN_IF_ERROR(require_cpu(a, what));
   TRIBUTARY_RETURN_IF_ERROR(require_cpu(b, what));
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
-    return invalid_argument(std::string(what) + ": operands differ: " + a.tensor().to_string() +
-                            " and " + b.tensor().to_string());
+  if (a.dtype() != b.dtype()) {
+    return invalid_argument(std::string(what) + ": operands have different dtypes, " +
+                            a.tensor().to_string() + " and " + b.tensor().to_string() +
+                            "; cast() one of them first");
   }
-  TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(a.dtype(), a.shape()));
-  const int64_t n = a.num_elements();
+  const size_t rank = std::max(a.shape().size(), b.shape().size());
+  // Both shapes padded on the left with 1s to the common rank.
+  auto padded = [rank](const Shape& s) {
+    Shape p(rank - s.size(), 1);
+    p.insert(p.end(), s.begin(), s.end());
+    return p;
+  };
+  const Shape pa = padded(a.shape()), pb = padded(b.shape());
+  Shape out_shape(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    if (pa[d] != pb[d] && pa[d] != 1 && pb[d] != 1) {
+      return invalid_argument(std::string(what) + ": Incompatible shapes: " +
+                              dims_text(a.shape()) + " vs. " + dims_text(b.shape()));
+    }
+    out_shape[d] = pa[d] == 1 ? pb[d] : pa[d];
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(a.dtype(), out_shape));
+  const int64_t n = out.num_elements();
+  if (n == 0) return out;
+  // Strides of each operand over the output's index space (0 where it broadcasts).
+  std::vector<int64_t> sa(rank, 0), sb(rank, 0);
+  for (int64_t d = static_cast<int64_t>(rank) - 1, ea = 1, eb = 1; d >= 0; --d) {
+    if (pa[d] != 1) sa[d] = ea;
+    if (pb[d] != 1) sb[d] = eb;
+    ea *= pa[d];
+    eb *= pb[d];
+  }
+  std::vector<int64_t> index(rank, 0);
+  int64_t ia = 0, ib = 0;
+  const bool integral = !dtype_is_floating(a.dtype());
   for (int64_t i = 0; i < n; ++i) {
-    dtype_store(a.dtype(), out.mutable_data<void>(), i, a.at(i) + sign * b.at(i));
+    TRIBUTARY_ASSIGN_OR_RETURN(double v, op(a.at(ia), b.at(ib), integral));
+    dtype_store(a.dtype(), out.mutable_data<void>(), i, v);
+    // Advance the multi-index (last dimension fastest) and both operands' offsets.
+    for (int64_t d = static_cast<int64_t>(rank) - 1; d >= 0; --d) {
+      ia += sa[d];
+      ib += sb[d];
+      if (++index[d] < out_shape[d]) break;
+      ia -= sa[d] * out_shape[d];
+      ib -= sb[d] * out_shape[d];
+      index[d] = 0;
+    }
   }
   return out;
 }
+
+template <typename Op>
+StatusOr<Array> unary(const Array& a, std::string_view what, bool floating_only, Op op) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cpu(a, what));
+  if (floating_only && !dtype_is_floating(a.dtype())) {
+    return invalid_argument(std::string(what) + ": needs a floating dtype, got " +
+                            a.tensor().to_string() + "; cast() it first");
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(a.dtype(), a.shape()));
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    dtype_store(a.dtype(), out.mutable_data<void>(), i, op(a.at(i)));
+  }
+  return out;
+}
+
+StatusOr<double> plain(double v) { return v; }
 
 }  // namespace
 
@@ -173,9 +237,94 @@ std::string Array::to_string(int64_t max_elements) const {
   return s + "}";
 }
 
-StatusOr<Array> add(const Array& a, const Array& b) { return elementwise(a, b, 1.0, "add"); }
+StatusOr<Array> add(const Array& a, const Array& b) {
+  return broadcast_binary(a, b, "add", [](double x, double y, bool) { return plain(x + y); });
+}
 StatusOr<Array> subtract(const Array& a, const Array& b) {
-  return elementwise(a, b, -1.0, "subtract");
+  return broadcast_binary(a, b, "subtract", [](double x, double y, bool) { return plain(x - y); });
+}
+StatusOr<Array> multiply(const Array& a, const Array& b) {
+  return broadcast_binary(a, b, "multiply", [](double x, double y, bool) { return plain(x * y); });
+}
+StatusOr<Array> divide(const Array& a, const Array& b) {
+  return broadcast_binary(a, b, "divide", [](double x, double y, bool integral) -> StatusOr<double> {
+    if (!integral) return x / y;
+    if (y == 0) return invalid_argument("divide: Integer division by zero");
+    return std::trunc(x / y);
+  });
+}
+StatusOr<Array> maximum(const Array& a, const Array& b) {
+  return broadcast_binary(a, b, "maximum",
+                          [](double x, double y, bool) { return plain(std::isnan(x) || x > y ? x : y); });
+}
+StatusOr<Array> minimum(const Array& a, const Array& b) {
+  return broadcast_binary(a, b, "minimum",
+                          [](double x, double y, bool) { return plain(std::isnan(x) || x < y ? x : y); });
+}
+StatusOr<Array> squared_difference(const Array& a, const Array& b) {
+  return broadcast_binary(a, b, "squared_difference",
+                          [](double x, double y, bool) { return plain((x - y) * (x - y)); });
+}
+
+StatusOr<Array> negative(const Array& a) {
+  return unary(a, "negative", false, [](double x) { return -x; });
+}
+StatusOr<Array> abs(const Array& a) {
+  return unary(a, "abs", false, [](double x) { return std::fabs(x); });
+}
+StatusOr<Array> square(const Array& a) {
+  return unary(a, "square", false, [](double x) { return x * x; });
+}
+StatusOr<Array> sqrt(const Array& a) {
+  return unary(a, "sqrt", true, [](double x) { return std::sqrt(x); });
+}
+StatusOr<Array> exp(const Array& a) {
+  return unary(a, "exp", true, [](double x) { return std::exp(x); });
+}
+StatusOr<Array> log(const Array& a) {
+  return unary(a, "log", true, [](double x) { return std::log(x); });
+}
+StatusOr<Array> sigmoid(const Array& a) {
+  return unary(a, "sigmoid", true, [](double x) { return 1.0 / (1.0 + std::exp(-x)); });
+}
+
+StatusOr<Array> matmul(const Array& a, const Array& b, bool transpose_a, bool transpose_b) {
+  TRIBUTARY_RETURN_IF_ERROR(require_cpu(a, "matmul"));
+  TRIBUTARY_RETURN_IF_ERROR(require_cpu(b, "matmul"));
+  if (a.rank() != 2 || b.rank() != 2 || a.dtype() != b.dtype()) {
+    return invalid_argument("matmul: needs two rank-2 arrays of one dtype, got " +
+                            a.tensor().to_string() + " and " + b.tensor().to_string());
+  }
+  const int64_t m = a.shape()[transpose_a ? 1 : 0], k = a.shape()[transpose_a ? 0 : 1];
+  const int64_t kb = b.shape()[transpose_b ? 1 : 0], n = b.shape()[transpose_b ? 0 : 1];
+  if (k != kb) {
+    return invalid_argument("matmul: Matrix size-incompatible: In[0]: " + dims_text(a.shape()) +
+                            ", In[1]: " + dims_text(b.shape()) +
+                            (transpose_a || transpose_b ? " (after transposing)" : ""));
+  }
+  const std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  auto xa = [&](int64_t i, int64_t j) { return transpose_a ? x[j * m + i] : x[i * k + j]; };
+  auto yb = [&](int64_t i, int64_t j) { return transpose_b ? y[j * k + i] : y[i * n + j]; };
+  std::vector<double> out(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p) {
+      const double v = xa(i, p);
+      for (int64_t j = 0; j < n; ++j) out[i * n + j] += v * yb(p, j);
+    }
+  return Array::from_doubles(a.dtype(), out, Shape{m, n});
+}
+
+StatusOr<Array> reduce_mean(const Array& a, int axis) {
+  TRIBUTARY_ASSIGN_OR_RETURN(Array sum, reduce_sum(a, axis));
+  const double count = static_cast<double>(a.shape()[axis]);
+  return unary(sum, "reduce_mean", false, [count](double x) { return x / count; });
+}
+
+Array reduce_mean_all(const Array& a) {
+  double total = 0;
+  for (int64_t i = 0; i < a.num_elements(); ++i) total += a.at(i);
+  double v[1] = {total / static_cast<double>(a.num_elements())};
+  return *Array::from_doubles(a.dtype(), v, Shape{});
 }
 
 StatusOr<Array> scale(const Array& a, double factor) {

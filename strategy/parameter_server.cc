@@ -149,7 +149,9 @@ class PsClient {
         std::string host;
         int port = 0;
         TRIBUTARY_RETURN_IF_ERROR(split_address(addresses_[static_cast<size_t>(ps)], &host, &port));
-        auto c = TcpStore::connect(host, static_cast<uint16_t>(port), options_);
+        StoreOptions o = options_;
+        o.server_role = "parameter server ps:" + std::to_string(ps);
+        auto c = TcpStore::connect(host, static_cast<uint16_t>(port), o);
         if (!c.ok()) return lost(ps, c.status());
         s = std::move(*c);
       }
@@ -1051,6 +1053,7 @@ void CoordinatorState::dispatch(int worker) {
   so.secret = strategy->secret;
   so.timeout = strategy->timeout;
   so.connect_timeout = std::chrono::seconds(1);
+  so.server_role = "worker:" + std::to_string(worker);
   std::unique_ptr<TcpStore> client;
   bool was_alive = true;
   while (true) {
@@ -1263,6 +1266,7 @@ Status ClusterCoordinator::shutdown_servers() {
       StoreOptions so;
       so.secret = state_->strategy->secret;
       so.connect_timeout = std::chrono::seconds(1);
+      so.server_role = std::string(job) + ":" + std::to_string(i);
       auto c = TcpStore::connect(host, static_cast<uint16_t>(port), so);
       if (!c.ok()) continue;  // already gone
       auto s = (*c)->call(std::string(job) + ".shutdown", "", std::chrono::seconds(5));

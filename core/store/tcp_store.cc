@@ -119,17 +119,19 @@ class ClientCore {
 constexpr std::size_t kMaxIdleConnections = 8;
 
 Status ClientCore::transport_error(const error_code& ec, milliseconds budget) const {
+  const std::string role =
+      options_.server_role.empty() ? "the store server (rank 0)" : options_.server_role;
   if (ec == asio::error::timed_out) {
     return deadline_exceeded("the server did not answer within " + format_duration(budget) +
-                             "; is the store server (rank 0) alive and reachable?");
+                             "; is " + role + " alive and reachable?");
   }
   if (ec == asio::error::eof || ec == asio::error::connection_reset ||
       ec == asio::error::broken_pipe) {
-    return unavailable("the server closed the connection (" + ec.message() +
-                       "); has the store server process (rank 0) exited?");
+    return unavailable("the server closed the connection (" + ec.message() + "); has " + role +
+                       " exited?");
   }
-  return unavailable("talking to the server: " + ec.message() +
-                     "; is the store server (rank 0) still running?");
+  return unavailable("talking to the server: " + ec.message() + "; is " + role +
+                     " still running?");
 }
 
 StatusOr<std::unique_ptr<Connection>> ClientCore::connect_once(Clock::time_point deadline,
@@ -287,10 +289,15 @@ StatusOr<std::unique_ptr<Connection>> ClientCore::connect(milliseconds budget) {
       "could not reach the TCP store at " + address() + " within " + format_duration(budget) +
       " (" + std::to_string(attempts) + " attempts over " + format_duration(spent) +
       "; last error: " + last_error +
-      "); check that the chief (rank 0) has started the store server, that the "
-      "host and port are right (MASTER_ADDR/MASTER_PORT or the cluster spec) and "
-      "that no firewall blocks the port; raise connect_timeout (StoreOptions) to wait "
-      "longer");
+      "); " +
+      (options_.server_role.empty()
+           ? std::string("check that the chief (rank 0) has started the store server, that the "
+                         "host and port are right (MASTER_ADDR/MASTER_PORT or the cluster spec) "
+                         "and that no firewall blocks the port; raise connect_timeout "
+                         "(StoreOptions) to wait longer")
+           : "check that " + options_.server_role +
+                 " is running and serving this address (TF_CONFIG) and that no firewall "
+                 "blocks the port"));
 }
 
 void ClientCore::give_back(std::unique_ptr<Connection> conn) {

@@ -50,6 +50,10 @@ struct StoreOptions {
   // process without it can neither read nor change keys; the server must have the same secret.
   // make_backend_context sets it from TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE.
   std::string secret;
+  // TcpStore: what the server is, for error messages ("" = "the store server (rank 0)", the
+  // rendezvous store). Users of the store as an RPC channel name the task they talk to, e.g.
+  // "worker:1" or "parameter server ps:0", so a failure points at the right process.
+  std::string server_role;
 };
 
 class PrefixStore;

@@ -107,10 +107,42 @@ class Array {
   Tensor view_;
 };
 
-// Element-wise and shape helpers used by the strategy layer (CPU arrays).
-// a (op) b for equal shapes and dtypes; results are rounded to the dtype.
+// Element-wise math and shape helpers for replica functions (losses, gradients) and the strategy
+// layer. CPU arrays; a GPU array is kUnimplemented (move it with to_device(Device::cpu())).
+// Computed in double and rounded to the dtype once (float16/bfloat16 therefore accumulate wider,
+// as the reductions do). These are for the small tensors of a model's step, not hot loops.
+//
+// Binary ops need equal dtypes (no implicit casts, as in TF: cast() first) and broadcast shapes as
+// TF and NumPy do: shapes are aligned at their last dimension and each pair of dimensions must be
+// equal or 1 ([B, D] + [D], [B, 1] * [1, D], x * Array::scalar(2.f)). Otherwise kInvalidArgument
+// with TF's wording ("Incompatible shapes: [2,3] vs. [4]").
 StatusOr<Array> add(const Array& a, const Array& b);
 StatusOr<Array> subtract(const Array& a, const Array& b);
+StatusOr<Array> multiply(const Array& a, const Array& b);
+// Floating dtypes: IEEE division (x / 0 is inf or nan). Integer dtypes truncate toward zero (TF's
+// truncatediv); an integer division by zero is kInvalidArgument ("Integer division by zero").
+StatusOr<Array> divide(const Array& a, const Array& b);
+StatusOr<Array> maximum(const Array& a, const Array& b);
+StatusOr<Array> minimum(const Array& a, const Array& b);
+// (a - b)^2, element-wise (TF's squared_difference).
+StatusOr<Array> squared_difference(const Array& a, const Array& b);
+// Unary ops, shape kept. negative/abs/square work on every dtype; sqrt, exp, log and sigmoid need a
+// floating dtype (kInvalidArgument otherwise, as TF has no integer kernels for them).
+StatusOr<Array> negative(const Array& a);
+StatusOr<Array> abs(const Array& a);
+StatusOr<Array> square(const Array& a);
+StatusOr<Array> sqrt(const Array& a);
+StatusOr<Array> exp(const Array& a);
+StatusOr<Array> log(const Array& a);
+StatusOr<Array> sigmoid(const Array& a);
+// Matrix product of rank-2 arrays [m, k] x [k, n] -> [m, n] (TF's matmul), optionally transposing
+// either operand first.
+StatusOr<Array> matmul(const Array& a, const Array& b, bool transpose_a = false,
+                       bool transpose_b = false);
+// Mean over dimension `axis` (removed), and of every element (a scalar); an empty input gives NaN
+// for floating dtypes, as TF's reduce_mean does.
+StatusOr<Array> reduce_mean(const Array& a, int axis);
+Array reduce_mean_all(const Array& a);
 // Every element times `factor` (integer dtypes truncate toward zero, as TF's integer division does
 // for positive values).
 StatusOr<Array> scale(const Array& a, double factor);
