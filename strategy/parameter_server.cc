@@ -189,24 +189,29 @@ class PsClient {
 // Partitioners
 // =================================================================================================
 
+namespace {
+int64_t element_bytes(DType dtype, int64_t bytes_per_string) {
+  (void)bytes_per_string;  // no string dtype here
+  return static_cast<int64_t>(dtype_size(dtype));
+}
+// The partitioners' answer shape: one part per dimension (a scalar counts as one dimension).
+std::vector<int64_t> one_part_each(const Shape& shape) {
+  return std::vector<int64_t>(std::max<size_t>(shape.size(), 1), 1);
+}
+}  // namespace
+
 StatusOr<VariablePartitioner> fixed_shards_partitioner(int num_shards) {
   if (num_shards <= 0) {
     return invalid_argument("Argument `num_shards` must be positive. Received: " +
                             std::to_string(num_shards));
   }
   return VariablePartitioner([num_shards](const Shape& shape, DType) {
-    std::vector<int64_t> parts(std::max<size_t>(shape.size(), 1), 1);
+    std::vector<int64_t> parts = one_part_each(shape);
     if (!shape.empty()) parts[0] = std::min<int64_t>(num_shards, shape[0]);
     return parts;
   });
 }
 
-namespace {
-int64_t element_bytes(DType dtype, int64_t bytes_per_string) {
-  (void)bytes_per_string;  // no string dtype here
-  return static_cast<int64_t>(dtype_size(dtype));
-}
-}  // namespace
 
 StatusOr<VariablePartitioner> min_size_partitioner(int64_t min_shard_bytes, int max_shards,
                                                    int64_t bytes_per_string) {
@@ -218,7 +223,7 @@ StatusOr<VariablePartitioner> min_size_partitioner(int64_t min_shard_bytes, int 
         std::to_string(bytes_per_string));
   }
   return VariablePartitioner([=](const Shape& shape, DType dtype) {
-    std::vector<int64_t> parts(std::max<size_t>(shape.size(), 1), 1);
+    std::vector<int64_t> parts = one_part_each(shape);
     if (shape.empty() || shape[0] == 0) return parts;
     // TF: shards = min(max_shards, ceil(total / min_shard_bytes)), at most shape[0].
     const int64_t total = shape_num_elements(shape) * element_bytes(dtype, bytes_per_string);
@@ -239,7 +244,7 @@ StatusOr<VariablePartitioner> max_size_partitioner(int64_t max_shard_bytes, int 
         std::to_string(bytes_per_string));
   }
   return VariablePartitioner([=](const Shape& shape, DType dtype) {
-    std::vector<int64_t> parts(std::max<size_t>(shape.size(), 1), 1);
+    std::vector<int64_t> parts = one_part_each(shape);
     if (shape.empty() || shape[0] == 0) return parts;
     // TF (variable_axis_size_partitioner): slices of whole rows of at most max_shard_bytes.
     const int64_t row_bytes =
@@ -256,6 +261,36 @@ StatusOr<VariablePartitioner> max_size_partitioner(int64_t max_shard_bytes, int 
 // =================================================================================================
 // PSVariable
 // =================================================================================================
+
+namespace {
+
+// Rows of dimension 0 grouped by the shard that holds them: shard k gets local[k] (its own row
+// numbers) for the positions from[k] of `rows`. A row out of range is kInvalidArgument.
+struct RowsByShard {
+  std::vector<std::vector<int64_t>> local;
+  std::vector<std::vector<size_t>> from;
+};
+StatusOr<RowsByShard> group_rows(const std::string& name, const Shape& shape,
+                                 const std::vector<PSVariableShard>& shards,
+                                 std::span<const int64_t> rows) {
+  RowsByShard g;
+  g.local.resize(shards.size());
+  g.from.resize(shards.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t r = rows[i];
+    if (r < 0 || r >= shape[0]) {
+      return invalid_argument("PSVariable '" + name + "': row " + std::to_string(r) +
+                              " is outside 0.." + std::to_string(shape[0] - 1));
+    }
+    size_t k = 0;
+    while (r >= shards[k].row_end) ++k;
+    g.local[k].push_back(r - shards[k].row_begin);
+    g.from[k].push_back(i);
+  }
+  return g;
+}
+
+}  // namespace
 
 PSVariable::PSVariable(std::shared_ptr<ps_internal::PsClient> client, std::string name,
                        DType dtype, Shape shape, std::vector<PSVariableShard> shards)
@@ -318,19 +353,8 @@ StatusOr<Array> PSVariable::gather(std::span<const int64_t> rows) const {
   if (!valid()) return invalid_handle();
   if (shape_.empty()) return invalid_argument("PSVariable '" + name_ + "': gather on a scalar");
   // Rows grouped by shard, then put back in the order asked.
-  std::vector<std::vector<int64_t>> local(shards_.size());
-  std::vector<std::pair<size_t, size_t>> where(rows.size());  // (shard, index in its answer)
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int64_t r = rows[i];
-    if (r < 0 || r >= shape_[0]) {
-      return invalid_argument("PSVariable '" + name_ + "': row " + std::to_string(r) +
-                              " is outside 0.." + std::to_string(shape_[0] - 1));
-    }
-    size_t k = 0;
-    while (r >= shards_[k].row_end) ++k;
-    where[i] = {k, local[k].size()};
-    local[k].push_back(r - shards_[k].row_begin);
-  }
+  TRIBUTARY_ASSIGN_OR_RETURN(const RowsByShard g, group_rows(name_, shape_, shards_, rows));
+  const auto& local = g.local;
   std::vector<Array> answers(shards_.size());
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (local[k].empty()) continue;
@@ -345,10 +369,11 @@ StatusOr<Array> PSVariable::gather(std::span<const int64_t> rows) const {
   TRIBUTARY_ASSIGN_OR_RETURN(
       Array out, Array::zeros(dtype_, row_shape(shape_, static_cast<int64_t>(rows.size()))));
   const size_t row_bytes = shape_[0] == 0 ? 0 : out.nbytes() / std::max<size_t>(rows.size(), 1);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto [k, j] = where[i];
-    std::memcpy(out.mutable_data<char>() + i * row_bytes, answers[k].data<char>() + j * row_bytes,
-                row_bytes);
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    for (size_t j = 0; j < g.from[k].size(); ++j) {
+      std::memcpy(out.mutable_data<char>() + g.from[k][j] * row_bytes,
+                  answers[k].data<char>() + j * row_bytes, row_bytes);
+    }
   }
   return out;
 }
@@ -363,19 +388,9 @@ Status PSVariable::scatter(Kind kind, std::span<const int64_t> rows, const Array
                             std::string(dtype_name(updates.dtype())) +
                             shape_to_string(updates.shape()));
   }
-  std::vector<std::vector<int64_t>> local(shards_.size());
-  std::vector<std::vector<size_t>> which(shards_.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int64_t r = rows[i];
-    if (r < 0 || r >= shape_[0]) {
-      return invalid_argument("PSVariable '" + name_ + "': row " + std::to_string(r) +
-                              " is outside 0.." + std::to_string(shape_[0] - 1));
-    }
-    size_t k = 0;
-    while (r >= shards_[k].row_end) ++k;
-    local[k].push_back(r - shards_[k].row_begin);
-    which[k].push_back(i);
-  }
+  TRIBUTARY_ASSIGN_OR_RETURN(const RowsByShard g, group_rows(name_, shape_, shards_, rows));
+  const auto& local = g.local;
+  const auto& which = g.from;
   const size_t row_bytes = rows.empty() ? 0 : updates.nbytes() / rows.size();
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (local[k].empty()) continue;

@@ -6,6 +6,7 @@
 
 #include "core/gpu.h"
 #include "core/logging.h"
+#include "core/strings.h"
 #include "fmt/format.h"
 #include "tributary/cluster.h"
 
@@ -86,6 +87,34 @@ Strategy& default_strategy() {
   return *instance;
 }
 
+// TF's rule for an explicit NCCL request that cannot be met: MultiWorkerMirroredStrategy with
+// CommunicationImplementation.NCCL on a worker without GPUs warns "Enabled NCCL communication but no
+// GPUs detected/specified." and runs RING. The same holds here for MirroredStrategy with an nccl
+// spec (falling back to its CPU default), and for a build without the nccl backend. A spec naming
+// nccl ("nccl", "NCCL", "nccl:opts") becomes `fallback` (nccl's options do not carry over); any
+// other spec is returned as it is.
+static std::string nccl_or_fallback(const std::string& spec, const std::vector<Device>& devices,
+                                    const BackendRegistry& registry,
+                                    const std::string& fallback, const internal::Logger& log) {
+  StatusOr<BackendSpec> parsed = BackendSpec::parse(spec);
+  if (!parsed.ok() || internal::to_lower(parsed->name) != "nccl") return spec;
+  if (!all_gpus(devices)) {
+    log.log(internal::LogLevel::kWarning,
+            "Enabled NCCL communication but no GPUs detected/specified. Using '{}' instead of "
+            "'{}'.",
+            fallback, spec);
+    return fallback;
+  }
+  if (!registry.find("nccl")) {
+    log.log(internal::LogLevel::kWarning,
+            "Nccl kernel is not found, not using nccl allreduce: this build has no nccl backend "
+            "(configure with -DTRIBUTARY_WITH_NCCL=ON). Using '{}' instead of '{}'.",
+            fallback, spec);
+    return fallback;
+  }
+  return "nccl" + spec.substr(parsed->name.size());
+}
+
 StatusOr<std::unique_ptr<Strategy>> make_one_device_strategy(Device device) {
   return single_replica(StrategyKind::kOneDevice, "OneDeviceStrategy", std::move(device));
 }
@@ -95,6 +124,11 @@ StatusOr<std::unique_ptr<Strategy>> make_mirrored_strategy(MirroredStrategyOptio
   TRIBUTARY_RETURN_IF_ERROR(check_devices(devices, "devices"));
   const BackendRegistry& registry = registry_or_builtin(options.registry);
   std::string spec = options.cross_device_ops;
+  if (!spec.empty()) {
+    spec = nccl_or_fallback(spec, devices, registry, "reduction_to_one_device",
+                            internal::Logger(internal::log_level_from(Config::from_environment()),
+                                             "MirroredStrategy"));
+  }
   if (spec.empty()) {
     // TF's select_cross_device_ops: NCCL only when every device is a GPU and NCCL exists, with
     // TF's warnings when it falls back.
@@ -156,14 +190,9 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
   } else if (spec == "NCCL") {
     spec = "nccl";
   }
-  if (spec == "nccl" && !all_gpus(devices)) {
-    // TF's MultiWorkerMirroredStrategy: NCCL asked for on a worker without GPUs warns and runs the
-    // ring instead.
-    internal::Logger(internal::log_level_from(config), "MultiWorkerMirroredStrategy")
-        .log(internal::LogLevel::kWarning,
-             "Enabled NCCL communication but no GPUs detected/specified.");
-    spec = "ring";
-  }
+  spec = nccl_or_fallback(spec, devices, registry, "ring",
+                          internal::Logger(internal::log_level_from(config),
+                                           "MultiWorkerMirroredStrategy"));
   // The communication options become backend options, where the backend has them.
   TRIBUTARY_ASSIGN_OR_RETURN(BackendSpec parsed, BackendSpec::parse(spec));
   std::vector<std::string> extra;

@@ -49,6 +49,9 @@ StatusOr<ReduceOp> reduce_op_of(VariableAggregation a) {
       variable_aggregation_name(a)));
 }
 
+// Depth of variable_sync_on_read_context() scopes on this thread.
+thread_local int sync_on_read_depth = 0;
+
 // The replica context of `s` this thread runs in, if any.
 ReplicaContext* replica_of(const Strategy& s) {
   const auto& t = strategy_internal::thread_context();
@@ -196,7 +199,26 @@ struct VariableImpl {
   static StatusOr<Array> read(const State& v) {
     Strategy& s = *v.strategy;
     if (ReplicaContext* ctx = replica_of(s)) {
-      return snapshot(v, v.central ? 0 : static_cast<size_t>(ctx->local_replica_id()));
+      Array local = snapshot(v, v.central ? 0 : static_cast<size_t>(ctx->local_replica_id()));
+      if (v.sync != VariableSynchronization::kOnRead || sync_on_read_depth == 0) return local;
+      // Inside variable_sync_on_read_context(): the aggregated value, read by every replica
+      // together (a collective across workers, as the cross-replica read is).
+      if (v.aggregation == VariableAggregation::kOnlyFirstReplica) {
+        // Global replica 0's copy: everyone else contributes zeros to a sum.
+        if (ctx->replica_id_in_sync_group() != 0) {
+          TRIBUTARY_ASSIGN_OR_RETURN(local, Array::zeros(local.dtype(), local.shape(),
+                                                         local.device()));
+        }
+        return ctx->all_reduce(ReduceOp::kSum, local);
+      }
+      StatusOr<ReduceOp> op = reduce_op_of(v.aggregation);
+      if (!op.ok()) {
+        return op.status().with_context(fmt::format(
+            "reading SyncOnReadVariable '{}' inside variable_sync_on_read_context() needs an "
+            "aggregation",
+            v.name));
+      }
+      return ctx->all_reduce(*op, local);
     }
     TRIBUTARY_RETURN_IF_ERROR(
         s.require_cross_replica(fmt::format("read of variable '{}'", v.name)));
@@ -314,6 +336,11 @@ std::vector<Device> Variable::devices() const {
   for (const Array& c : must(state_).components) d.push_back(c.device());
   return d;
 }
+
+SyncOnReadContext::SyncOnReadContext() { ++sync_on_read_depth; }
+SyncOnReadContext::~SyncOnReadContext() { --sync_on_read_depth; }
+SyncOnReadContext variable_sync_on_read_context() { return SyncOnReadContext(); }
+bool in_variable_sync_on_read_context() { return sync_on_read_depth > 0; }
 
 StatusOr<Array> Variable::read() const {
   if (!state_) return failed_precondition("read of an empty Variable handle");

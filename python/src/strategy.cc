@@ -200,7 +200,7 @@ py::object merge_call(ReplicaContext& ctx, py::function fn, py::handle args) {
   };
   StatusOr<HeldPtr> r = [&] {
     py::gil_scoped_release release;
-    return ctx.merge_call<HeldPtr, HeldPtr>(merge, arg);
+    return ctx.merge_call(merge, arg);
   }();
   return value_or_throw(std::move(r))->obj;
 }

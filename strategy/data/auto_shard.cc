@@ -3,6 +3,7 @@
 // change with Node::with_inputs, so the original Dataset stays valid and unchanged.
 #include <utility>
 
+#include "core/logging.h"
 #include "strategy/data/nodes.h"
 
 namespace tributary {
@@ -83,7 +84,14 @@ StatusOr<Dataset> auto_shard(const Dataset& dataset, int num_workers, int worker
       StatusOr<NodePtr> out = shard_by_file(sink, num_workers, worker_index);
       if (out.ok()) return data_internal::DatasetAccess::wrap(std::move(*out));
       if (out.status().code() != StatusCode::kNotFound) return out.status();
-      // TF logs that it falls back to DATA here; the caller can tell from debug_string().
+      // TF's warning (data/experimental/ops/distribute.py, newer wording of issue #55474).
+      internal::Logger(internal::log_level_from(Config::from_environment()), "auto_shard")
+          .log(internal::LogLevel::kWarning,
+               "AUTO sharding policy will apply DATA sharding policy as it failed to apply FILE "
+               "sharding policy because of the following reason: {} (worker {} of {}; set "
+               "AutoShardPolicy::kData to keep this quiet, or kOff to read everything on every "
+               "worker)",
+               out.status().message(), worker_index, num_workers);
       return data_internal::DatasetAccess::wrap(shard_by_data(sink, num_workers, worker_index));
     }
     case AutoShardPolicy::kData:

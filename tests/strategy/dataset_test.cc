@@ -764,8 +764,18 @@ TEST(DatasetAutoShard, DataGoesBeforeTrailingPrefetchAndAutoFallsBack) {
             "PrefetchDataset(1) <- PrefetchDataset(2) <- ShardDataset(2, 1) <- "
             "RangeDataset(0, 8, 1)");
   EXPECT_EQ(must_collect(*out), (Rows{{1}, {3}, {5}, {7}}));
-  // AUTO: no reader, so DATA.
+  // AUTO: no reader, so DATA, with TF's warning (once per rewrite); DATA itself is quiet.
+  ::testing::internal::CaptureStderr();
   EXPECT_EQ(sharded(Dataset::range(8), 0, AutoShardPolicy::kAuto), (Rows{{0}, {2}, {4}, {6}}));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("AUTO sharding policy will apply DATA sharding policy as it failed to apply "
+                     "FILE sharding policy because of the following reason: Found an unshardable "
+                     "source dataset"),
+            std::string::npos)
+      << log;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(sharded(Dataset::range(8), 0, AutoShardPolicy::kData), (Rows{{0}, {2}, {4}, {6}}));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
 TEST(DatasetAutoShard, UnshardableSourcesAndNoOps) {

@@ -173,6 +173,46 @@ TEST_P(MirroredTest, GatherConcatenatesInReplicaOrder) {
   EXPECT_THAT(scalar.status().message(), HasSubstr("non-zero rank"));
 }
 
+// merge_call takes a lambda as it is (no std::function spelled out), returning R, StatusOr<R> or
+// Status.
+TEST_P(MirroredTest, MergeCallTakesLambdas) {
+  auto s = make(2);
+  auto r = s->run([&](ReplicaContext& ctx) -> StatusOr<int> {
+    // R: a plain value.
+    StatusOr<int> sum = ctx.merge_call(
+        [](Strategy&, const PerReplica<int>& v) { return v[0] + v[1]; }, ctx.local_replica_id() + 1);
+    if (!sum.ok()) return sum.status();
+    // StatusOr<R>.
+    StatusOr<std::string> joined = ctx.merge_call(
+        [](Strategy&, const PerReplica<std::string>& v) -> StatusOr<std::string> {
+          return v[0] + v[1];
+        },
+        std::string(1, static_cast<char>('a' + ctx.local_replica_id())));
+    if (!joined.ok()) return joined.status();
+    EXPECT_EQ(*joined, "ab");
+    // Status only.
+    Status st = ctx.merge_call([](Strategy&, const PerReplica<Array>& v) { return v.size() == 2
+                                                                                  ? ok_status()
+                                                                                  : internal_error("size"); },
+                               Array::scalar(1.f));
+    if (!st.ok()) return st;
+    return *sum;
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)[0], 3);
+  EXPECT_EQ((*r)[1], 3);
+  // A merge function's error fails the run on every replica.
+  auto bad = s->run([&](ReplicaContext& ctx) -> Status {
+    return ctx
+        .merge_call([](Strategy&, const PerReplica<int>&) -> StatusOr<int> {
+          return invalid_argument("merge says no");
+        }, 0)
+        .status();
+  });
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("merge says no"));
+}
+
 TEST_P(MirroredTest, MergeCallRunsOnceInCrossReplicaContextWithEveryArgument) {
   auto s = make(3);
   std::atomic<int> calls{0};
@@ -454,6 +494,39 @@ TEST(StrategyFactoryTest, BadDeviceListsAndBackends) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ((*m)->cross_device_ops().name(), "reduction_to_one_device");
   EXPECT_THAT((*m)->describe(), HasSubstr("MirroredStrategy(devices=[CPU:0, CPU:1]"));
+}
+
+// TF: NCCL asked for where there is no GPU warns "Enabled NCCL communication but no GPUs
+// detected/specified." and runs the CPU implementation (MultiWorkerMirroredStrategy: RING).
+TEST(StrategyFactoryTest, NcclWithoutGpusWarnsAndFallsBack) {
+  for (const char* asked : {"nccl", "NCCL"}) {
+    MultiWorkerMirroredStrategyOptions o;
+    o.devices = {Device::cpu(0)};
+    o.communication.implementation = asked;
+    o.config = Config::from_map({});  // one worker, no cluster
+    ::testing::internal::CaptureStderr();
+    auto s = make_multi_worker_mirrored_strategy(o);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(s.ok()) << asked << ": " << s.status().to_string();
+    EXPECT_EQ((*s)->cross_device_ops().name(), "ring") << asked;
+    EXPECT_THAT(log, HasSubstr("Enabled NCCL communication but no GPUs detected/specified."));
+    EXPECT_THAT(log, HasSubstr("MultiWorkerMirroredStrategy"));
+  }
+  // MirroredStrategy given an nccl spec (with options) on CPU devices: its CPU default.
+  ::testing::internal::CaptureStderr();
+  auto m = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "nccl:num_packs=2", nullptr});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)->cross_device_ops().name(), "reduction_to_one_device");
+  EXPECT_THAT(log, HasSubstr("Enabled NCCL communication but no GPUs detected/specified. Using "
+                             "'reduction_to_one_device' instead of 'nccl:num_packs=2'."));
+  auto r = (*m)->reduce(ReduceOp::kSum,
+                        PerReplica<Array>({Array::scalar(1.f), Array::scalar(2.f)}), std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->at(0), 3.0);
+  // Any other spec is left alone: an unknown backend is still an error, not a fallback.
+  auto bad = make_mirrored_strategy({{Device::cpu(0)}, "ncl", nullptr});
+  EXPECT_EQ(bad.status().code(), StatusCode::kNotFound);
 }
 
 TEST(FakeBackendTest, BatchReduceToIsOneFusedBackendCall) {

@@ -133,6 +133,48 @@ TEST(VariableTest, CrossReplicaAssignRules) {
   EXPECT_EQ(components(on_write), (std::vector<float>{3, 3}));
 }
 
+// TF's variable_sync_on_read_context() docstring: ON_READ SUM, 1.0 per replica on 2 replicas: the
+// replica reads 1 (its copy) outside the context and 2 (the sum) inside it.
+TEST(VariableTest, SyncOnReadContextReadsTheAggregateInReplicaContext) {
+  auto s = mirrored(2);
+  auto sum = *s->create_variable(Array::scalar(0.0f), {"sum", VS::kOnRead, VA::kSum});
+  auto mean = *s->create_variable(Array::scalar(0.0f), {"mean", VS::kOnRead, VA::kMean});
+  auto first = *s->create_variable(Array::scalar(0.0f), {"first", VS::kOnRead, VA::kOnlyFirstReplica});
+  auto none = *s->create_variable(Array::scalar(0.0f), {"none", VS::kOnRead, VA::kNone});
+  auto on_write = *s->create_variable(Array::scalar(5.0f), {"w", VS::kOnWrite, VA::kSum});
+  auto r = s->run([&](ReplicaContext& ctx) -> StatusOr<std::vector<float>> {
+    const float mine = 1.0f + 2.0f * static_cast<float>(ctx.local_replica_id());  // 1, 3
+    for (Variable* v : {&sum, &mean, &first}) {
+      TRIBUTARY_RETURN_IF_ERROR(v->assign(Array::scalar(mine)));
+    }
+    std::vector<float> out;
+    TRIBUTARY_ASSIGN_OR_RETURN(Array own, sum.read());
+    out.push_back(scalar_of(own));
+    EXPECT_FALSE(in_variable_sync_on_read_context());
+    {
+      auto sync = variable_sync_on_read_context();
+      EXPECT_TRUE(in_variable_sync_on_read_context());
+      for (Variable* v : {&sum, &mean, &first, &on_write}) {
+        TRIBUTARY_ASSIGN_OR_RETURN(Array a, v->read());
+        out.push_back(scalar_of(a));
+      }
+      StatusOr<Array> bad = none.read();
+      EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_THAT(bad.status().message(), HasSubstr("variable_sync_on_read_context()"));
+    }
+    EXPECT_FALSE(in_variable_sync_on_read_context());
+    TRIBUTARY_ASSIGN_OR_RETURN(Array after, sum.read());
+    out.push_back(scalar_of(after));
+    return out;
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // own copy, SUM, MEAN, ONLY_FIRST_REPLICA, ON_WRITE (its copy, unchanged), own copy again.
+  EXPECT_EQ((*r)[0], (std::vector<float>{1, 4, 2, 1, 5, 1}));
+  EXPECT_EQ((*r)[1], (std::vector<float>{3, 4, 2, 1, 5, 3}));
+  // Nothing changed the copies.
+  EXPECT_EQ(components(sum), (std::vector<float>{1, 3}));
+}
+
 TEST(VariableTest, AReplicaThatSkipsASynchronizedUpdateLeavesEveryCopyUnchanged) {
   auto s = mirrored(2);
   auto v = *s->create_variable(Array::scalar(5.0f), {"v", VS::kOnWrite, VA::kSum});

@@ -12,6 +12,15 @@
 //    consumer) and is used by one thread at a time; a Dataset may be shared by many threads.
 //  * get_next() returns an element, std::nullopt at the end of data, or an error. After the end it
 //    keeps returning nullopt; after an error it keeps returning that error.
+//  * End of data, two spellings on purpose, as in TF: DatasetIterator is the pipeline's own
+//    interface (every source and transformation implements it, and each one meets the end of its
+//    input on every epoch), so the end is a value, nullopt, never an error to be told apart from
+//    real ones. The strategy-facing iterators follow TF's Python API: DistributedIterator::get_next()
+//    and WorkerContext::next() (parameter_server.h) return kOutOfRange at the end, as TF raises
+//    OutOfRangeError, which ends a step on every replica or a scheduled function with a status that
+//    says why; DistributedIterator::get_next_as_optional() gives nullopt, TF's
+//    get_next_as_optional(). So: a plain Dataset's iterator ends with nullopt; a distributed or
+//    per-worker one ends with OutOfRange unless you ask for the optional.
 //  * Elements are tuples of CPU Arrays that share storage with whatever produced them; treat them
 //    as immutable (as Array says).
 //  * element_spec() may hold -1 for a dimension that is not known statically (TF's None). It is

@@ -111,10 +111,12 @@ class ReplicaContext {
   StatusOr<Array> all_gather(const Array& value, int axis);
 
   // Pauses every local replica, runs `fn` once in cross-replica context with each replica's `arg`
-  // (in local replica order), and returns its result to every replica.
-  template <typename R, typename A>
-  StatusOr<R> merge_call(const std::function<StatusOr<R>(Strategy&, const PerReplica<A>&)>& fn,
-                         A arg);
+  // (in local replica order), and returns its result to every replica. `fn` is any callable (a
+  // lambda, a function, a std::function) taking (Strategy&, const PerReplica<A>&) and returning
+  // StatusOr<R> or R (merge_call returns StatusOr<R>), or Status (merge_call returns Status):
+  //   ctx.merge_call([](Strategy& s, const PerReplica<int>& v) { return v[0] + v[1]; }, 1);
+  template <typename Fn, typename A>
+  auto merge_call(Fn&& fn, A arg);
 
   // For the strategy layer: a meeting of the local replicas. Every replica passes `arg`; the last
   // to arrive runs `fn` on all of them (in cross-replica context) and every replica gets its
@@ -331,22 +333,38 @@ auto Strategy::run(Fn&& fn, const Args&... args) {
   }
 }
 
-template <typename R, typename A>
-StatusOr<R> ReplicaContext::merge_call(
-    const std::function<StatusOr<R>(Strategy&, const PerReplica<A>&)>& fn, A arg) {
+template <typename Fn, typename A>
+auto ReplicaContext::merge_call(Fn&& fn, A arg) {
+  using Raw = std::invoke_result_t<Fn&, Strategy&, const PerReplica<A>&>;
+  // Status results carry no value; everything else is a StatusOr<R> (R or StatusOr<R> from fn).
+  constexpr bool kStatusOnly = std::is_same_v<Raw, Status> || std::is_void_v<Raw>;
+  using R = typename internal::UnwrapStatusOr<Raw>::type;
   Strategy* s = strategy_;
-  StatusOr<std::any> r = meet("merge_call", std::any(std::move(arg)),
-                              [&fn, s](std::vector<std::any>& args) -> StatusOr<std::any> {
-                                std::vector<A> values;
-                                values.reserve(args.size());
-                                for (auto& a : args)
-                                  values.push_back(std::any_cast<A>(std::move(a)));
-                                StatusOr<R> out = fn(*s, PerReplica<A>(std::move(values)));
-                                if (!out.ok()) return out.status();
-                                return std::any(std::move(out).value());
-                              });
-  if (!r.ok()) return r.status();
-  return std::any_cast<R>(*r);
+  StatusOr<std::any> r = meet(
+      "merge_call", std::any(std::move(arg)), [&fn, s](std::vector<std::any>& args) -> StatusOr<std::any> {
+        std::vector<A> values;
+        values.reserve(args.size());
+        for (auto& a : args) values.push_back(std::any_cast<A>(std::move(a)));
+        const PerReplica<A> per_replica(std::move(values));
+        if constexpr (std::is_void_v<Raw>) {
+          fn(*s, per_replica);
+          return std::any();
+        } else if constexpr (kStatusOnly) {
+          Status st = fn(*s, per_replica);
+          if (!st.ok()) return st;
+          return std::any();
+        } else {
+          StatusOr<R> out = fn(*s, per_replica);
+          if (!out.ok()) return out.status();
+          return std::any(std::move(out).value());
+        }
+      });
+  if constexpr (kStatusOnly) {
+    return r.ok() ? ok_status() : r.status();
+  } else {
+    if (!r.ok()) return StatusOr<R>(r.status());
+    return StatusOr<R>(std::any_cast<R>(std::move(*r)));
+  }
 }
 
 }  // namespace tributary

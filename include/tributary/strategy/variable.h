@@ -75,6 +75,29 @@ class Variable {
   std::shared_ptr<State> state_;
 };
 
+// TF's variable_sync_on_read_context() (tf.__internal__.distribute.variable_sync_on_read_context):
+// while one is alive on a replica's thread, read() of an ON_READ variable in replica context returns
+// the aggregated value, as the cross-replica read does (SUM, MEAN: all-reduced across every replica
+// of every worker; ONLY_FIRST_REPLICA: global replica 0's copy; NONE: TF's error), instead of the
+// replica's own copy. It is a collective: every replica must read the variable, in the same order.
+// ON_WRITE variables and cross-replica reads are unchanged. TF's example, on 2 replicas:
+//   v: ON_READ, SUM, 1.0 per replica.      read() -> 1 (each replica's copy)
+//   auto sync = variable_sync_on_read_context();   read() -> 2 on every replica
+// Where C++ differs: TF's is a context manager (`with ...:`); here an RAII object, bound to the
+// thread that made it (scopes nest).
+class [[nodiscard]] SyncOnReadContext {
+ public:
+  ~SyncOnReadContext();
+  SyncOnReadContext(const SyncOnReadContext&) = delete;
+  SyncOnReadContext& operator=(const SyncOnReadContext&) = delete;
+
+ private:
+  friend SyncOnReadContext variable_sync_on_read_context();
+  SyncOnReadContext();
+};
+SyncOnReadContext variable_sync_on_read_context();
+bool in_variable_sync_on_read_context();
+
 // Checkpoints of a strategy's variables (every variable must belong to one strategy; names must be
 // unique). save_checkpoint reads each variable as TF saves it (ON_READ: the aggregated value, so
 // every worker must call it) and the chief alone writes `path` (atomically: a temporary file, then
