@@ -64,6 +64,7 @@ struct Flags {
   int kill_worker_at_epoch = 0;  // 0: no failure
   int restart_after_epochs = 1;  // 0: the killed worker stays dead
   double timeout_s = 30;
+  std::string checkpoint;  // save the variables here at the end
 };
 
 int fail(const Status& s) {
@@ -112,6 +113,9 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
   app.add_option("--timeout", f.timeout_s, "deadline of every remote call, seconds")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--checkpoint", f.checkpoint,
+                 "save the variables here at the end (save_checkpoint); restore with "
+                 "restore_checkpoint");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -470,6 +474,11 @@ int train(const Flags& f, Launcher* launcher) {
   auto final_loss = evaluate(f, strategy);
   if (!final_loss.ok()) return fail(final_loss.status());
   std::printf("held-out loss after training: %.5f (target < %g)\n", *final_loss, f.target_loss);
+  if (!f.checkpoint.empty()) {
+    Status saved = save_checkpoint(f.checkpoint, strategy.variables());
+    if (!saved.ok()) return fail(saved);
+    std::printf("saved %s\n", f.checkpoint.c_str());
+  }
   const int64_t rescheduled = coordinator.rescheduled();
   if (f.kill_worker_at_epoch > 0) {
     std::printf("steps re-scheduled after the worker failure: %lld\n", (long long)rescheduled);

@@ -1,8 +1,5 @@
-// save_checkpoint / restore_checkpoint: a small self-describing binary file written by the chief.
-//
-// Layout (little-endian): magic "TRIBUTARY-CKPT-1\n", u64 count, then per variable: u32 name
-// length, name, u8 dtype, u8 rank, i64 dims[rank], u64 bytes, data; then u64 FNV-1a of everything
-// before it, so that a truncated or corrupted file is refused instead of restored.
+// save_checkpoint / restore_checkpoint: a small self-describing binary file written by the chief
+// (its layout: checkpoint_format.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,13 +10,14 @@
 #include <sstream>
 
 #include "fmt/format.h"
+#include "strategy/checkpoint_format.h"
 #include "tributary/strategy/variable.h"
 
 namespace tributary {
+namespace checkpoint_internal {
 namespace {
 
 constexpr std::string_view kMagic = "TRIBUTARY-CKPT-1\n";
-constexpr size_t kMessageBytes = 1024;  // the chief's status, broadcast to every worker
 
 uint64_t fnv1a(std::string_view bytes) {
   uint64_t h = 1469598103934665603ull;
@@ -58,29 +56,25 @@ class Reader {
   size_t pos_ = 0;
 };
 
-Status check_variables(std::span<const Variable> variables, Strategy*& strategy) {
-  std::set<std::string> names;
-  strategy = nullptr;
-  for (const Variable& v : variables) {
-    if (!v.valid()) return invalid_argument("checkpoint: an empty Variable handle");
-    if (!names.insert(v.name()).second) {
-      return invalid_argument(fmt::format(
-          "checkpoint: two variables are named '{}'; names identify variables in the file, give "
-          "each a unique VariableOptions::name",
-          v.name()));
-    }
-    if (strategy && &v.strategy() != strategy) {
-      return invalid_argument(fmt::format(
-          "checkpoint: variable '{}' belongs to {} but others to {}; checkpoint each strategy's "
-          "variables separately",
-          v.name(), v.strategy().describe(), strategy->describe()));
-    }
-    strategy = &v.strategy();
+}  // namespace
+
+std::string encode(const std::vector<std::pair<std::string, Array>>& entries) {
+  std::string out(kMagic);
+  put<uint64_t>(out, entries.size());
+  for (const auto& [name, value] : entries) {
+    put<uint32_t>(out, static_cast<uint32_t>(name.size()));
+    out += name;
+    put<uint8_t>(out, static_cast<uint8_t>(value.dtype()));
+    put<uint8_t>(out, static_cast<uint8_t>(value.rank()));
+    for (int64_t d : value.shape()) put<int64_t>(out, d);
+    put<uint64_t>(out, value.nbytes());
+    out.append(value.data<char>(), value.nbytes());
   }
-  return ok_status();
+  put<uint64_t>(out, fnv1a(out));
+  return out;
 }
 
-StatusOr<std::map<std::string, Array>> parse(const std::string& path, std::string_view data) {
+StatusOr<std::map<std::string, Array>> decode(const std::string& path, std::string_view data) {
   auto corrupt = [&](std::string_view why) {
     return invalid_argument(
         fmt::format("checkpoint '{}' is corrupt or truncated ({}); was it "
@@ -120,6 +114,78 @@ StatusOr<std::map<std::string, Array>> parse(const std::string& path, std::strin
   return out;
 }
 
+Status write_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  f.close();
+  Status written;
+  if (!f) {
+    written =
+        unavailable(fmt::format("could not write checkpoint '{}': {}", tmp, std::strerror(errno)));
+  } else if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    written = unavailable(
+        fmt::format("could not rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+  }
+  if (!written.ok()) std::remove(tmp.c_str());
+  return written;
+}
+
+StatusOr<std::string> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    return not_found(fmt::format("checkpoint '{}' cannot be opened: {}", path, std::strerror(errno)));
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+StatusOr<Array> find_entry(const std::string& path, const std::map<std::string, Array>& saved,
+                           const std::string& name, DType dtype, const Shape& shape) {
+  auto it = saved.find(name);
+  if (it == saved.end()) {
+    std::string have;
+    for (const auto& [n, a] : saved) have += (have.empty() ? "" : ", ") + n;
+    return not_found(fmt::format("checkpoint '{}' has no variable '{}' (it has: {})", path, name,
+                                 have.empty() ? "none" : have));
+  }
+  if (it->second.dtype() != dtype || it->second.shape() != shape) {
+    return invalid_argument(fmt::format("checkpoint '{}': variable '{}' was saved as {} but is {}{} now",
+                                        path, name, it->second.tensor().to_string(),
+                                        dtype_name(dtype), shape_to_string(shape)));
+  }
+  return it->second;
+}
+
+}  // namespace checkpoint_internal
+
+namespace {
+
+constexpr size_t kMessageBytes = 1024;  // the chief's status, broadcast to every worker
+
+Status check_variables(std::span<const Variable> variables, Strategy*& strategy) {
+  std::set<std::string> names;
+  strategy = nullptr;
+  for (const Variable& v : variables) {
+    if (!v.valid()) return invalid_argument("checkpoint: an empty Variable handle");
+    if (!names.insert(v.name()).second) {
+      return invalid_argument(fmt::format(
+          "checkpoint: two variables are named '{}'; names identify variables in the file, give "
+          "each a unique VariableOptions::name",
+          v.name()));
+    }
+    if (strategy && &v.strategy() != strategy) {
+      return invalid_argument(fmt::format(
+          "checkpoint: variable '{}' belongs to {} but others to {}; checkpoint each strategy's "
+          "variables separately",
+          v.name(), v.strategy().describe(), strategy->describe()));
+    }
+    strategy = &v.strategy();
+  }
+  return ok_status();
+}
+
 // The chief's status, made known to every worker (the others return it too, so none waits for a
 // broadcast that never comes).
 Status agree(Strategy& s, const Status& chief_status) {
@@ -151,34 +217,14 @@ Status save_checkpoint(const std::string& path, std::span<const Variable> variab
   TRIBUTARY_RETURN_IF_ERROR(check_variables(variables, s));
   if (s == nullptr) s = &get_strategy();
   TRIBUTARY_RETURN_IF_ERROR(s->require_cross_replica("save_checkpoint"));
-  std::string out(kMagic);
-  put<uint64_t>(out, variables.size());
+  std::vector<std::pair<std::string, Array>> entries;
   for (const Variable& v : variables) {
     TRIBUTARY_ASSIGN_OR_RETURN(Array value, v.read());  // ON_READ: aggregated, on every worker
-    put<uint32_t>(out, static_cast<uint32_t>(v.name().size()));
-    out += v.name();
-    put<uint8_t>(out, static_cast<uint8_t>(value.dtype()));
-    put<uint8_t>(out, static_cast<uint8_t>(value.rank()));
-    for (int64_t d : value.shape()) put<int64_t>(out, d);
-    put<uint64_t>(out, value.nbytes());
-    out.append(value.data<char>(), value.nbytes());
+    entries.emplace_back(v.name(), std::move(value));
   }
-  put<uint64_t>(out, fnv1a(out));
+  const std::string out = checkpoint_internal::encode(entries);
   Status written;
-  if (s->should_checkpoint()) {
-    const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.close();
-    if (!f) {
-      written = unavailable(
-          fmt::format("could not write checkpoint '{}': {}", tmp, std::strerror(errno)));
-    } else if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      written = unavailable(
-          fmt::format("could not rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
-    }
-    if (!written.ok()) std::remove(tmp.c_str());
-  }
+  if (s->should_checkpoint()) written = checkpoint_internal::write_atomically(path, out);
   return agree(*s, written);
 }
 
@@ -190,33 +236,18 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
   std::map<std::string, Array> saved;
   Status loaded;
   if (s->is_chief()) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) {
-      loaded = not_found(
-          fmt::format("checkpoint '{}' cannot be opened: {}", path, std::strerror(errno)));
+    StatusOr<std::string> bytes = checkpoint_internal::read_file(path);
+    StatusOr<std::map<std::string, Array>> parsed =
+        bytes.ok() ? checkpoint_internal::decode(path, *bytes)
+                   : StatusOr<std::map<std::string, Array>>(bytes.status());
+    if (!parsed.ok()) {
+      loaded = parsed.status();
     } else {
-      std::stringstream ss;
-      ss << f.rdbuf();
-      StatusOr<std::map<std::string, Array>> parsed = parse(path, ss.str());
-      if (!parsed.ok()) {
-        loaded = parsed.status();
-      } else {
-        saved = std::move(*parsed);
-      }
+      saved = std::move(*parsed);
     }
     for (const Variable& v : variables) {
       if (!loaded.ok()) break;
-      auto it = saved.find(v.name());
-      if (it == saved.end()) {
-        std::string have;
-        for (const auto& [n, a] : saved) have += (have.empty() ? "" : ", ") + n;
-        loaded = not_found(fmt::format("checkpoint '{}' has no variable '{}' (it has: {})", path,
-                                       v.name(), have.empty() ? "none" : have));
-      } else if (it->second.dtype() != v.dtype() || it->second.shape() != v.shape()) {
-        loaded = invalid_argument(fmt::format(
-            "checkpoint '{}': variable '{}' was saved as {} but is {}{} now", path, v.name(),
-            it->second.tensor().to_string(), dtype_name(v.dtype()), shape_to_string(v.shape())));
-      }
+      loaded = checkpoint_internal::find_entry(path, saved, v.name(), v.dtype(), v.shape()).status();
     }
   }
   TRIBUTARY_RETURN_IF_ERROR(agree(*s, loaded));

@@ -14,12 +14,14 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "core/logging.h"
 #include "core/rendezvous.h"
 #include "core/store/tcp_store_protocol.h"
+#include "strategy/checkpoint_format.h"
 #include "tributary/options.h"
 #include "tributary/store.h"
 
@@ -174,7 +176,8 @@ class PsClient {
     return Status(why.code(),
                   who(ps) + " failed or is unreachable: " + why.message() +
                       ". A parameter server that fails is not recovered (as in TF): restart the "
-                      "job, from a checkpoint if you saved one");
+                      "job and restore_checkpoint() what save_checkpoint() saved, if you saved "
+                      "one");
   }
   std::vector<std::string> addresses_;
   StoreOptions options_;
@@ -184,6 +187,60 @@ class PsClient {
 };
 
 }  // namespace ps_internal
+
+// =================================================================================================
+// Checkpoints
+// =================================================================================================
+
+namespace {
+Status check_names(std::span<const PSVariable> variables) {
+  std::set<std::string> names;
+  for (const PSVariable& v : variables) {
+    if (!v.valid()) return invalid_argument("checkpoint: an empty PSVariable handle");
+    if (!names.insert(v.name()).second) {
+      return invalid_argument("checkpoint: two variables are named '" + v.name() + "'");
+    }
+  }
+  return ok_status();
+}
+}  // namespace
+
+Status save_checkpoint(const std::string& path, std::span<const PSVariable> variables) {
+  TRIBUTARY_RETURN_IF_ERROR(check_names(variables));
+  std::vector<std::pair<std::string, Array>> entries;
+  for (const PSVariable& v : variables) {
+    StatusOr<Array> value = v.read();
+    if (!value.ok()) {
+      return value.status().with_context("save_checkpoint('" + path + "'): reading '" + v.name() +
+                                         "'; nothing was written");
+    }
+    entries.emplace_back(v.name(), std::move(*value));
+  }
+  return checkpoint_internal::write_atomically(path, checkpoint_internal::encode(entries));
+}
+
+Status restore_checkpoint(const std::string& path, std::span<const PSVariable> variables) {
+  TRIBUTARY_RETURN_IF_ERROR(check_names(variables));
+  TRIBUTARY_ASSIGN_OR_RETURN(std::string bytes, checkpoint_internal::read_file(path));
+  TRIBUTARY_ASSIGN_OR_RETURN(auto saved, checkpoint_internal::decode(path, bytes));
+  std::vector<Array> values;
+  for (const PSVariable& v : variables) {
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array a, checkpoint_internal::find_entry(path, saved, v.name(), v.dtype(), v.shape()));
+    values.push_back(std::move(a));
+  }
+  for (size_t i = 0; i < variables.size(); ++i) {
+    PSVariable v = variables[i];
+    Status s = v.assign(values[i]);
+    if (!s.ok()) {
+      return s.with_context("restore_checkpoint('" + path + "'): assigning '" + v.name() + "' (" +
+                            std::to_string(i) + " of " + std::to_string(variables.size()) +
+                            " variables were restored before it; restore again once every ps "
+                            "task is up)");
+    }
+  }
+  return ok_status();
+}
 
 // =================================================================================================
 // Partitioners

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -347,6 +349,68 @@ TEST(ParameterServer, TasksWithoutTheJobsSecretAreRefused) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("authentication failed"), std::string::npos)
       << s.status().message();
+}
+
+// A checkpoint restores into the same variables, and into another partitioning on another
+// cluster (the way back from a ps failure); bad files and mismatches change nothing.
+TEST(ParameterServer, CheckpointsRestoreAcrossPartitionings) {
+  const std::string path = ::testing::TempDir() + "ps_checkpoint_" + std::to_string(::getpid());
+  std::vector<float> init(7 * 2);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i);
+  {
+    Cluster cluster(1, 2);
+    auto strategy = make_strategy(cluster, *fixed_shards_partitioner(3));
+    ASSERT_TRUE(strategy);
+    auto table = strategy->create_variable("table", *Array::from_vector(init, {7, 2}));
+    auto step = strategy->create_variable("step", Array::scalar<int64_t>(41));
+    ASSERT_TRUE(table.ok() && step.ok());
+    ASSERT_EQ(table->shards().size(), 3u);
+    ASSERT_TRUE(step->assign_add(Array::scalar<int64_t>(1)).ok());
+    ASSERT_TRUE(save_checkpoint(path, strategy->variables()).ok());
+    // Changed, then restored.
+    ASSERT_TRUE(table->assign(*Array::zeros(DType::kFloat32, {7, 2})).ok());
+    Status restored = restore_checkpoint(path, strategy->variables());
+    ASSERT_TRUE(restored.ok()) << restored.to_string();
+    EXPECT_EQ(table->read()->to_vector<float>(), init);
+    EXPECT_EQ(step->read()->at(0), 42.0);
+  }
+  // Another cluster: one ps, the table in 2 shards, plus a variable the file does not have.
+  Cluster cluster(1, 1);
+  auto strategy = make_strategy(cluster, *fixed_shards_partitioner(2));
+  ASSERT_TRUE(strategy);
+  auto table = strategy->create_variable("table", *Array::zeros(DType::kFloat32, {7, 2}));
+  auto step = strategy->create_variable("step", Array::scalar<int64_t>(0));
+  auto extra = strategy->create_variable("extra", Array::scalar<float>(5));
+  ASSERT_TRUE(table.ok() && step.ok() && extra.ok());
+  ASSERT_EQ(table->shards().size(), 2u);
+  Status missing = restore_checkpoint(path, strategy->variables());
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("has no variable 'extra' (it has: step, table)"),
+            std::string::npos)
+      << missing.message();
+  EXPECT_EQ(step->read()->at(0), 0.0);  // nothing assigned
+  const std::vector<PSVariable> both = {*table, *step};
+  Status restored = restore_checkpoint(path, both);
+  ASSERT_TRUE(restored.ok()) << restored.to_string();
+  EXPECT_EQ(table->read()->to_vector<float>(), init);
+  EXPECT_EQ(step->read()->at(0), 42.0);
+  // A corrupt file and a missing one are refused (the shared file checks, shape mismatches
+  // included, are tested with the strategies' variables).
+  auto other = strategy->create_variable("other", *Array::zeros(DType::kFloat32, {3}));
+  ASSERT_TRUE(other.ok());
+  const std::vector<PSVariable> just_other = {*other};
+  ASSERT_TRUE(save_checkpoint(path + ".other", just_other).ok());
+  {
+    std::ofstream f(path + ".other", std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(30);
+    f.put('\x7f');
+  }
+  Status corrupt = restore_checkpoint(path + ".other", just_other);
+  EXPECT_EQ(corrupt.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(corrupt.message().find("corrupt or truncated"), std::string::npos) << corrupt.message();
+  EXPECT_EQ(restore_checkpoint(path + ".absent", both).code(), StatusCode::kNotFound);
+  std::remove(path.c_str());
+  std::remove((path + ".other").c_str());
 }
 
 TEST(ParameterServer, WrongTasksAreToldWhatToRun) {

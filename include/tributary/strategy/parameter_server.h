@@ -36,7 +36,8 @@
 //    worker and sends it work again when it comes back (its per-worker iterators start afresh).
 //    When no worker has answered for the whole timeout, join() and schedule() fail.
 //  - Parameter-server failure is not recovered (TF's behaviour): the function that met it fails,
-//    and join()/schedule() return an error naming the ps task; restart the job, from a checkpoint.
+//    and join()/schedule() return an error naming the ps task; restart the job, and
+//    restore_checkpoint() what save_checkpoint() saved (below).
 //  - A function that fails (its own error, or end of data: OutOfRange) makes join() return the
 //    first such error; the functions still queued are cancelled (their RemoteValues fail with
 //    kAborted, "cancelled: ...") and schedule() returns the error until join() has reported it, as
@@ -148,6 +149,19 @@ class PSVariable {
   Shape shape_;
   std::vector<PSVariableShard> shards_;
 };
+
+// --- Checkpoints (on the chief) ---------------------------------------------------------------------
+// The variables' whole values (a sharded variable concatenated, so a checkpoint restores into any
+// partitioning and any number of ps tasks), in the file format of save_checkpoint(Variable)
+// (variable.h): self-describing, checksummed, written to a temporary file and renamed.
+// For a consistent snapshot save after ClusterCoordinator::join(): each shard is read atomically, but
+// updates still running land between shards. restore_checkpoint reads and checks everything (names,
+// dtypes, shapes) before assigning anything, so a missing variable, a mismatch or a corrupt file
+// changes nothing; a ps task that fails during the assignments leaves the variables partly restored
+// and says so. This is how a job recovers from a parameter-server failure (not recovered, as in TF):
+// restart every task, recreate the variables, restore.
+Status save_checkpoint(const std::string& path, std::span<const PSVariable> variables);
+Status restore_checkpoint(const std::string& path, std::span<const PSVariable> variables);
 
 // --- Functions by name ----------------------------------------------------------------------------
 // A per-worker iterator (TF's PerWorkerDistributedIterator): pass it to schedule(); on the worker,
