@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (fuzz/) under AddressSanitizer + UndefinedBehaviorSanitizer.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   # each target for SECONDS (default 60); all by default
-# Targets: spec config cluster store_server tfrecord csv. Each starts from its committed seeds
-# (fuzz/corpus/TARGET) and keeps what it finds in build-fuzz/fuzz/corpus/TARGET, so later runs
-# go on from there; a crash leaves its input in build-fuzz/fuzz/artifacts/ and fails the script.
-# Not yet part of CI (.ci/run): run it by hand.
+# Targets: spec config cluster store_server ring_handshake tfrecord csv. Each starts from its
+# committed seeds (fuzz/corpus/TARGET) and keeps what it finds in build-asan/fuzz/corpus/TARGET, so
+# later runs go on from there; a crash leaves its input in build-asan/fuzz/artifacts/ and fails the
+# script.
+# CI (.ci/run) runs each target briefly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(spec config cluster store_server tfrecord csv)
+[ ${#targets[@]} -gt 0 ] || targets=(spec config cluster store_server ring_handshake tfrecord csv)
 scripts/install-deps.sh --sanitizers
-build=build-fuzz
+. scripts/ccache_env.sh
+# The same build as scripts/sanitize.sh address (same options, so neither reconfigures the other).
+build=build-asan
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DTRIBUTARY_WITH_CUDA=OFF -DTRIBUTARY_WITH_NCCL=OFF \
-  -DTRIBUTARY_SANITIZE=address,undefined -DTRIBUTARY_FUZZ=ON >/dev/null
+  -DTRIBUTARY_BUILD_PYTHON=OFF -DTRIBUTARY_SANITIZE=address,undefined -DTRIBUTARY_FUZZ=ON \
+  >/dev/null
 cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" --target "${targets[@]/#/fuzz_}"
 export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1}

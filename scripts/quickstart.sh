@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+. scripts/ccache_env.sh
 
 build=${TRIBUTARY_BUILD_DIR:-build}
 jobs=$(nproc 2>/dev/null || echo 2)

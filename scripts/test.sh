@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+. scripts/ccache_env.sh
 
 build=${TRIBUTARY_TEST_BUILD_DIR:-build-test}
 jobs=$(nproc 2>/dev/null || echo 2)

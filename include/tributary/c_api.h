@@ -86,7 +86,9 @@ typedef enum {
   TRIB_OUT_OF_RANGE = 8,
   TRIB_RESOURCE_EXHAUSTED = 9,
   TRIB_INTERNAL = 10,
-  TRIB_DATA_LOSS = 11
+  TRIB_DATA_LOSS = 11,
+  TRIB_STATUS_MIN_ENUM_ = -0x7fffffff - 1, /* not values: see trib_dtype */
+  TRIB_STATUS_MAX_ENUM_ = 0x7fffffff
 } trib_status;
 
 typedef enum {
