@@ -188,8 +188,13 @@ std::string format_header(const Report& r) {
     s += "# ceiling: loopback TCP " + fmt_num("%.2f", r.ceiling.tcp_gbps) +
          " GB/s each way with traffic both ways; an all-reduce sends and receives 2(n-1)/n of the "
          "message through each rank's link, so busbw <= " +
-         fmt_num("%.2f", r.ceiling.busbw) + " GB/s (memcpy " +
-         fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s)\n";
+         fmt_num("%.2f", r.ceiling.busbw) + " GB/s over the network (intra_host=net, tcp)\n";
+    s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s on " +
+         std::to_string(r.ceiling.cores) + " cores (" +
+         fmt_num("%.2f", r.ceiling.memcpy_one_core_gbps) +
+         " GB/s on one); ranks on one host exchanging through shared memory (ring's and ucx's "
+         "default there) read and write every byte once, so busbw <= " +
+         fmt_num("%.2f", r.ceiling.shm_busbw) + " GB/s\n";
   } else if (r.ceiling.memcpy_gbps > 0) {
     s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s on " +
          std::to_string(r.ceiling.cores) + " cores (" +
@@ -286,7 +291,9 @@ Status write_json(const Report& r, const std::string& path) {
                       {"cores", r.ceiling.cores},
                       {"loopback_tcp_gbps", r.ceiling.tcp_gbps},
                       {"allreduce_algbw_gbps", r.ceiling.algbw},
-                      {"allreduce_busbw_gbps", r.ceiling.busbw}};
+                      {"allreduce_busbw_gbps", r.ceiling.busbw},
+                      {"shm_allreduce_algbw_gbps", r.ceiling.shm_algbw},
+                      {"shm_allreduce_busbw_gbps", r.ceiling.shm_busbw}};
   }
   json backends = json::array();
   for (const BackendResult& b : r.results) {
@@ -380,6 +387,13 @@ Status write_plot(const Report& r, const std::string& path) {
       << (r.ceiling.tcp_gbps > 0 ? "ceiling (loopback TCP)" : "ceiling (memcpy bound)") << " "
       << fmt_num("%.2f", r.ceiling.busbw) << " GB/s' at graph 0.02, first " << r.ceiling.busbw
       << " offset 0,0.7 tc rgb 'gray40'\n";
+    if (r.ceiling.shm_busbw > 0) {
+      g << "set arrow from graph 0, first " << r.ceiling.shm_busbw << " to graph 1, first "
+        << r.ceiling.shm_busbw << " nohead dashtype 3 lc rgb 'gray40'\n"
+        << "set label 'ceiling (one host, shared memory: memcpy bound) "
+        << fmt_num("%.2f", r.ceiling.shm_busbw) << " GB/s' at graph 0.02, first "
+        << r.ceiling.shm_busbw << " offset 0,0.7 tc rgb 'gray40'\n";
+    }
   }
   g << "plot ";
   for (size_t i = 0; i < drawn.size(); ++i) {

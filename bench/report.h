@@ -53,6 +53,10 @@ struct Ceiling {
   double tcp_gbps = 0;  // loopback TCP, each way with traffic both ways at once (multi-process)
   double algbw = 0;     // the all-reduce bound they imply
   double busbw = 0;
+  // Multi-process: the memory bound of ranks on one host exchanging through shared memory (ring's
+  // and ucx's default there), beside the loopback TCP bound above (intra_host=net, tcp transports).
+  double shm_algbw = 0;
+  double shm_busbw = 0;
 };
 
 struct Report {

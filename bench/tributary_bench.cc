@@ -148,6 +148,10 @@ int main(int argc, char** argv) {
       report.ceiling.tcp_gbps = measure_loopback_tcp_gbps();
       report.ceiling.busbw = report.ceiling.tcp_gbps;
       report.ceiling.algbw = n > 1 ? report.ceiling.busbw / bus_factor(n) : 0;
+      // Ranks on one host over shared memory: the in-process bound, every input read and every
+      // output written once by the host's cores together.
+      report.ceiling.shm_algbw = report.ceiling.memcpy_gbps / (2.0 * n);
+      report.ceiling.shm_busbw = report.ceiling.shm_algbw * bus_factor(n);
     }
   }
   if (!leader) {
