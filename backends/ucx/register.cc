@@ -30,6 +30,13 @@ Status register_ucx(BackendRegistry& registry) {
        .default_value = "",
        .help = "network devices UCX may use, as UCX_NET_DEVICES (e.g. eth0 or mlx5_0:1); default: "
                "UCX_NET_DEVICES, else all"},
+      {.name = "authenticate_frames",
+       .type = OptionType::kBool,
+       .default_value = "true",
+       .help = "with a shared secret, put a MAC (GMAC, keyed per pair and direction from the "
+               "secret) on every message and check it before data is used; false authenticates "
+               "only the hello, which is faster but lets a relay on the path change data; every "
+               "process must use the same value"},
   };
   for (OptionDef& d : algorithms::transport_group_options()) info.options.push_back(std::move(d));
   const Capabilities caps = algorithms::process_group_capabilities();
@@ -50,7 +57,9 @@ Status register_ucx(BackendRegistry& registry) {
           t.secret, internal::read_secret(context.config, options.get_string("secret_file")));
       t.cluster_id = context.cluster_id;
       t.host_id = internal::host_id(context.config);
-      t.layout = algorithms::transport_group_layout(context, options) + ",tls=" + t.tls;
+      t.authenticate_frames = options.get_bool("authenticate_frames");
+      t.layout = algorithms::transport_group_layout(context, options) + ",tls=" + t.tls +
+                 ",authenticate_frames=" + options.find("authenticate_frames")->text;
       t.timeout = options.get_duration("timeout");
       t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
       t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);

@@ -28,17 +28,22 @@ using algorithms::MessageTag;
 using Clock = std::chrono::steady_clock;
 
 // --- the UCP tag ---------------------------------------------------------------------------------
-// bit 63: control message (hello, abort notice); bit 62: abort notice (with bit 63);
-// bits 40..61: the sender's rank; bits 0..39: the fingerprint of a data message.
+// bit 63: control message (hello, abort notice, MAC); bit 62: abort notice (with bit 63); bit 61:
+// the MAC of the data message before it (with bit 63); bits 40..60: the sender's rank; bits 0..39:
+// the fingerprint of a data message.
 constexpr uint64_t kControl = uint64_t{1} << 63;
 constexpr uint64_t kAbortBit = uint64_t{1} << 62;
+constexpr uint64_t kMacBit = uint64_t{1} << 61;
 constexpr int kRankShift = 40;
-constexpr uint64_t kRankMask = ((uint64_t{1} << 22) - 1) << kRankShift;
+constexpr uint64_t kRankMask = ((uint64_t{1} << 21) - 1) << kRankShift;
 constexpr uint64_t kFingerprintMask = (uint64_t{1} << kRankShift) - 1;
-constexpr int kMaxRanks = 1 << 22;
+constexpr int kMaxRanks = 1 << 21;
 constexpr uint32_t kHelloMagic = 0x54525548;  // "TRUH"
-// 2: the tag fingerprint hashes the broadcast root.
-constexpr uint32_t kProtocolVersion = 2;
+// 2: the tag fingerprint hashes the broadcast root. 3: data messages carry a MAC.
+constexpr uint32_t kProtocolVersion = 3;
+// Authenticated messages up to this size carry their tag inline (one UCP message, staged).
+constexpr size_t kInlineMacBytes = 16 * 1024;
+constexpr size_t kMacBytes = internal::FrameMac::kTagBytes;
 constexpr size_t kMaxLayout = 2048;
 constexpr size_t kMaxReason = 2048;
 
@@ -220,6 +225,24 @@ struct Hello {
   char layout[kMaxLayout] = {};
 };
 
+// The key of the direction `from` -> `to`, from the secret and both ranks' fresh nonces.
+internal::Digest data_key(const std::string& secret, const std::string& cluster, int from, int to,
+                          const std::string& from_nonce, const std::string& to_nonce) {
+  return internal::hmac_sha256(secret, "tributary-ucx-data|" + cluster + "|" +
+                                           std::to_string(from) + "|" + std::to_string(to) + "|" +
+                                           from_nonce + "|" + to_nonce);
+}
+
+// The tag of one data message: its UCP tag, its length and its bytes, under its number.
+internal::FrameMac::Tag message_mac(internal::FrameMac& mac, uint64_t frame, uint64_t ucp_tag,
+                                    const void* data, uint64_t bytes) {
+  mac.begin_at(frame);
+  mac.update(&ucp_tag, sizeof ucp_tag);
+  mac.update(&bytes, sizeof bytes);
+  mac.update(data, bytes);
+  return mac.finish();
+}
+
 internal::Digest hello_proof(const std::string& secret, const std::string& cluster, int from,
                              int to, const std::string& receiver_nonce) {
   return internal::hmac_sha256(secret, "tributary-ucx-hello|" + cluster + "|" +
@@ -243,6 +266,24 @@ struct UcxTransport::Impl {
     void* request = nullptr;  // UCX's request while in flight
     bool done = false;
     Status status;
+    // Authenticated messages (see the header): the message's number in its direction, its tag (to
+    // send, or as received), the staging copy (inline tag, or a tampered copy in tests), where a
+    // receive delivers, and the separate tag message's request.
+    bool authenticated = false;
+    bool inline_mac = false;
+    uint64_t frame = 0;
+    internal::FrameMac::Tag mac{};
+    std::vector<std::byte> staging;
+    std::byte* destination = nullptr;
+    void* mac_request = nullptr;
+    bool data_done = false;
+    bool mac_done = true;
+    ucs_status_t data_status = UCS_OK;
+    ucs_status_t mac_status = UCS_OK;
+    uint64_t sender_tag = 0;
+    size_t length = 0;
+    bool verdict = false;  // status is this rank's finding on what arrived (mismatch, forged)
+    bool in_flight() const { return request != nullptr || mac_request != nullptr; }
   };
 
   int rank = 0;
@@ -263,6 +304,9 @@ struct UcxTransport::Impl {
   bool closed = false;
   bool in_setup = true;
   std::vector<Hello> hellos;  // sent at setup
+  // With authenticated data: per peer, the MAC of each direction and the messages numbered so far.
+  std::vector<internal::FrameMac> send_macs, recv_macs;
+  std::vector<uint64_t> sent_frames, received_frames;
 
   // The abort notice every rank listens for, from any peer.
   std::array<char, kMaxReason> notice{};
@@ -279,19 +323,68 @@ struct UcxTransport::Impl {
   // --- callbacks (run inside ucp_worker_progress, on the waiting thread) -------------------------
   static void on_send(void* request, ucs_status_t status, void* user) {
     Op* op = static_cast<Op*>(user);
-    op->done = true;
     op->request = nullptr;
-    if (status != UCS_OK) op->status = op->impl->transfer_failed(*op, status);
+    op->data_done = true;
+    op->data_status = status;
+    op->impl->settle_send(*op);
+    ucp_request_free(request);
+  }
+
+  static void on_mac_send(void* request, ucs_status_t status, void* user) {
+    Op* op = static_cast<Op*>(user);
+    op->mac_request = nullptr;
+    op->mac_done = true;
+    op->mac_status = status;
+    op->impl->settle_send(*op);
     ucp_request_free(request);
   }
 
   static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                       void* user) {
     Op* op = static_cast<Op*>(user);
-    op->done = true;
     op->request = nullptr;
-    op->status = op->impl->received(*op, status, info);
+    op->data_done = true;
+    op->data_status = status;
+    if (info) {
+      op->sender_tag = info->sender_tag;
+      op->length = info->length;
+    }
+    op->impl->settle_recv(*op, info != nullptr);
     ucp_request_free(request);
+  }
+
+  static void on_mac_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                          void* user) {
+    Op* op = static_cast<Op*>(user);
+    op->mac_request = nullptr;
+    op->mac_done = true;
+    op->mac_status = status == UCS_OK && info && info->length != kMacBytes
+                         ? UCS_ERR_MESSAGE_TRUNCATED
+                         : status;
+    op->impl->settle_recv(*op, true);
+    ucp_request_free(request);
+  }
+
+  void settle_send(Op& op) {
+    if (op.done || !op.data_done || !op.mac_done) return;
+    op.done = true;
+    if (op.data_status != UCS_OK) {
+      op.status = transfer_failed(op, op.data_status);
+    } else if (op.mac_status != UCS_OK) {
+      op.status = transfer_failed(op, op.mac_status);
+    }
+  }
+
+  // A receive is done when its data arrived and, for a separate tag, the tag too; or at once when
+  // the data already shows a failure or a mismatch (the tag the peer sent, if any, is then moot).
+  void settle_recv(Op& op, bool have_info) {
+    if (op.done || !op.data_done) return;
+    const bool data_fine = op.data_status == UCS_OK && have_info &&
+                           op.sender_tag == op.expected &&
+                           op.length == op.bytes + (op.inline_mac ? kMacBytes : 0);
+    if (data_fine && !op.mac_done) return;  // the tag is on its way
+    op.done = true;
+    op.status = received(op, have_info);
   }
 
   static void on_notice(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
@@ -327,16 +420,43 @@ struct UcxTransport::Impl {
     return ucx_status(status, what + " failed");
   }
 
-  // Checks a completed receive against what was posted.
-  Status received(const Op& op, ucs_status_t status, const ucp_tag_recv_info_t* info) {
-    if (status == UCS_ERR_MESSAGE_TRUNCATED) {
-      return mismatch(op, info ? info->sender_tag : 0, "more than " + std::to_string(op.bytes));
+  // Checks a completed receive against what was posted, and its tag; delivers a staged message.
+  Status received(Op& op, bool have_info) {
+    const size_t extra = op.inline_mac ? kMacBytes : 0;
+    if (op.data_status == UCS_ERR_MESSAGE_TRUNCATED) {
+      op.verdict = true;
+      return mismatch(op, have_info ? op.sender_tag : 0, "more than " + std::to_string(op.bytes));
     }
-    if (status != UCS_OK || !info) return transfer_failed(op, status);
-    if (info->sender_tag != op.expected || info->length != op.bytes) {
-      return mismatch(op, info->sender_tag, std::to_string(info->length));
+    if (op.data_status != UCS_OK || !have_info) return transfer_failed(op, op.data_status);
+    if (op.sender_tag != op.expected || op.length != op.bytes + extra) {
+      op.verdict = true;
+      return mismatch(op, op.sender_tag,
+                      std::to_string(op.length >= extra ? op.length - extra : op.length));
+    }
+    if (op.authenticated) {
+      if (op.mac_status != UCS_OK) return transfer_failed(op, op.mac_status);
+      const std::byte* data = op.inline_mac ? op.staging.data() : op.destination;
+      const internal::FrameMac::Tag want = message_mac(
+          recv_macs[static_cast<size_t>(op.peer)], op.frame, op.sender_tag, data, op.bytes);
+      const void* got = op.inline_mac ? op.staging.data() + op.bytes
+                                      : static_cast<const void*>(op.mac.data());
+      if (!internal::bytes_equal(want.data(), got, kMacBytes)) {
+        op.verdict = true;
+        return forged(op);
+      }
+    }
+    if (!op.staging.empty() && op.bytes > 0) {
+      std::memcpy(op.destination, op.staging.data(), op.bytes);
     }
     return Status();
+  }
+
+  Status forged(const Op& op) const {
+    return aborted("a message of " + op.tag.describe() + " from rank " + std::to_string(op.peer) +
+                   " to rank " + std::to_string(rank) +
+                   " failed authentication: it was changed on the way or sent by a process "
+                   "without the secret (a tampering relay on the network); the data was "
+                   "rejected and this collective failed");
   }
 
   Status mismatch(const Op& op, uint64_t sender_tag, const std::string& bytes) const {
@@ -502,13 +622,14 @@ struct UcxTransport::Impl {
     // are left to UCX, which will not be progressed after this (see shutdown()).
     for (auto& [id, op] : ops) {
       if (op.request && op.recv) ucp_request_cancel(worker, op.request);
+      if (op.mac_request && op.recv) ucp_request_cancel(worker, op.mac_request);
     }
     if (notice_request) ucp_request_cancel(worker, notice_request);
     const auto settle = Clock::now() + std::chrono::milliseconds(500);
     while (Clock::now() < settle) {
       progress();
       bool pending = notice_request != nullptr;
-      for (auto& [id, op] : ops) pending = pending || (op.request != nullptr && op.recv);
+      for (auto& [id, op] : ops) pending = pending || (op.in_flight() && op.recv);
       if (!pending) break;
       std::this_thread::yield();
     }
@@ -570,7 +691,7 @@ struct UcxTransport::Impl {
     if (closed) return;
     if (worker) {
       bool in_flight = false;
-      for (auto& [id, op] : ops) in_flight = in_flight || op.request != nullptr;
+      for (auto& [id, op] : ops) in_flight = in_flight || op.in_flight();
       if (error.ok() && !in_flight) {
         // A clean exit: everything this rank sent must reach its peers before the endpoints go.
         flush(std::chrono::seconds(5));
@@ -623,30 +744,82 @@ struct UcxTransport::Impl {
       return s;
     }
     Op& op = new_op(peer, false, tag, data.size());
+    const uint64_t ucp_tag = rank_bits(rank) | fingerprint(tag, data.size());
+    const std::byte* wire = data.data();
+    size_t wire_bytes = data.size();
+    if (authenticated()) {
+      op.authenticated = true;
+      op.inline_mac = data.size() <= kInlineMacBytes;
+      op.mac_done = op.inline_mac;
+      op.frame = sent_frames[static_cast<size_t>(peer)]++;
+      op.mac = message_mac(send_macs[static_cast<size_t>(peer)], op.frame, ucp_tag, data.data(),
+                           data.size());
+    }
+    if (op.inline_mac || options.tamper_for_test) {
+      op.staging.resize(data.size() + (op.inline_mac ? kMacBytes : 0));
+      if (!data.empty()) std::memcpy(op.staging.data(), data.data(), data.size());
+      if (op.inline_mac) std::memcpy(op.staging.data() + data.size(), op.mac.data(), kMacBytes);
+      if (options.tamper_for_test) options.tamper_for_test(peer, {op.staging.data(), data.size()});
+      wire = op.staging.data();
+      wire_bytes = op.staging.size();
+    }
     static const std::byte kEmpty{};
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = &Impl::on_send;
     param.user_data = &op;
-    ucs_status_ptr_t r =
-        ucp_tag_send_nbx(eps[static_cast<size_t>(peer)], data.empty() ? &kEmpty : data.data(),
-                         data.size(), rank_bits(rank) | fingerprint(tag, data.size()), &param);
+    ucs_status_ptr_t r = ucp_tag_send_nbx(eps[static_cast<size_t>(peer)],
+                                          wire_bytes == 0 ? &kEmpty : wire, wire_bytes, ucp_tag,
+                                          &param);
     if (UCS_PTR_IS_ERR(r)) {
-      op.done = true;
-      op.status = transfer_failed(op, UCS_PTR_STATUS(r));
+      op.data_done = true;
+      op.data_status = UCS_PTR_STATUS(r);
     } else if (r == nullptr) {
-      op.done = true;
-    } else if (!op.done) {  // the callback may have run already, inside the call
+      op.data_done = true;
+    } else if (!op.data_done) {  // the callback may have run already, inside the call
       op.request = r;
     }
+    if (!op.mac_done) {  // the tag of a large message, right behind it
+      ucp_request_param_t mp{};
+      mp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      mp.cb.send = &Impl::on_mac_send;
+      mp.user_data = &op;
+      ucs_status_ptr_t m = ucp_tag_send_nbx(eps[static_cast<size_t>(peer)], op.mac.data(),
+                                            kMacBytes, kControl | kMacBit | rank_bits(rank), &mp);
+      if (UCS_PTR_IS_ERR(m)) {
+        op.mac_done = true;
+        op.mac_status = UCS_PTR_STATUS(m);
+      } else if (m == nullptr) {
+        op.mac_done = true;
+      } else if (!op.mac_done) {
+        op.mac_request = m;
+      }
+    }
+    settle_send(op);
     return op.id;
   }
+
+  bool authenticated() const { return !send_macs.empty(); }
 
   StatusOr<Request> irecv(int peer, const MessageTag& tag, std::span<std::byte> data) {
     if (!error.ok()) return error;
     TRIBUTARY_RETURN_IF_ERROR(check_peer(peer));
     Op& op = new_op(peer, true, tag, data.size());
     op.expected = rank_bits(peer) | fingerprint(tag, data.size());
+    op.destination = data.data();
+    std::byte* into = data.data();
+    size_t room = data.size();
+    if (authenticated()) {
+      op.authenticated = true;
+      op.inline_mac = data.size() <= kInlineMacBytes;
+      op.mac_done = op.inline_mac;
+      op.frame = received_frames[static_cast<size_t>(peer)]++;
+      if (op.inline_mac) {  // staged: checked before the caller's buffer sees it
+        op.staging.resize(data.size() + kMacBytes);
+        into = op.staging.data();
+        room = op.staging.size();
+      }
+    }
     static std::byte empty[1];
     // Always through the callback: UCX 1.13 leaves recv_info unfilled on immediate completion.
     ucp_request_param_t param{};
@@ -655,16 +828,35 @@ struct UcxTransport::Impl {
     param.cb.recv = &Impl::on_recv;
     param.user_data = &op;
     // Matches the next message of this peer, whatever its fingerprint (checked on completion).
-    ucs_status_ptr_t r = ucp_tag_recv_nbx(worker, data.empty() ? empty : data.data(), data.size(),
-                                          rank_bits(peer), kControl | kRankMask, &param);
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(worker, room == 0 ? empty : into, room, rank_bits(peer),
+                                          kControl | kRankMask, &param);
     if (UCS_PTR_IS_ERR(r)) {
-      op.done = true;
-      op.status = received(op, UCS_PTR_STATUS(r), nullptr);
-    } else if (r == nullptr) {
-      op.done = true;
+      op.data_done = op.mac_done = op.done = true;
+      op.status = transfer_failed(op, UCS_PTR_STATUS(r));
+      return op.id;
+    }
+    if (r == nullptr) {
+      op.data_done = op.mac_done = op.done = true;
       op.status = internal_error("ucx transport: a receive completed without its tag");
-    } else if (!op.done) {  // the callback may have run already, inside the call
-      op.request = r;
+      return op.id;
+    }
+    if (!op.data_done) op.request = r;  // the callback may have run already, inside the call
+    if (!op.mac_done && !op.done) {  // a large message's tag follows it
+      ucp_request_param_t mp{};
+      mp.op_attr_mask =
+          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      mp.cb.recv = &Impl::on_mac_recv;
+      mp.user_data = &op;
+      ucs_status_ptr_t m =
+          ucp_tag_recv_nbx(worker, op.mac.data(), kMacBytes, kControl | kMacBit | rank_bits(peer),
+                           kControl | kAbortBit | kMacBit | kRankMask, &mp);
+      if (UCS_PTR_IS_ERR(m)) {
+        op.mac_done = true;
+        op.mac_status = UCS_PTR_STATUS(m);
+        settle_recv(op, op.data_done);
+      } else if (!op.mac_done) {
+        op.mac_request = m;
+      }
     }
     return op.id;
   }
@@ -682,10 +874,12 @@ struct UcxTransport::Impl {
       s = drive([&] { return op.done; }, deadline, &op, what);
     }
     if (s.ok()) s = op.status;
-    if (!s.ok() && s.code() != StatusCode::kDeadlineExceeded) s = explain(s, &op);
+    // What this rank found in what arrived (a mismatch, a forged message) stands as it is; other
+    // failures may be explained better by the peer's notice.
+    if (!s.ok() && s.code() != StatusCode::kDeadlineExceeded && !op.verdict) s = explain(s, &op);
     if (!s.ok()) fail(s);
     if (!error.ok()) s = error;
-    if (op.request == nullptr) ops.erase(it);
+    if (!op.in_flight()) ops.erase(it);
     return s;
   }
 };
@@ -747,7 +941,28 @@ class UcxSetup {
     TRIBUTARY_RETURN_IF_ERROR(init());
     TRIBUTARY_RETURN_IF_ERROR(publish());
     TRIBUTARY_RETURN_IF_ERROR(connect());
-    return hello();
+    TRIBUTARY_RETURN_IF_ERROR(hello());
+    derive_keys();
+    return Status();
+  }
+
+  // With a secret (and authenticate_frames), a key per direction of every pair.
+  void derive_keys() {
+    const UcxTransportOptions& o = impl_.options;
+    if (o.secret.empty() || !o.authenticate_frames) return;
+    const auto n = static_cast<size_t>(impl_.size);
+    impl_.send_macs.resize(n);
+    impl_.recv_macs.resize(n);
+    impl_.sent_frames.assign(n, 0);
+    impl_.received_frames.assign(n, 0);
+    for (int p = 0; p < impl_.size; ++p) {
+      if (p == impl_.rank) continue;
+      const std::string& theirs = nonces_[static_cast<size_t>(p)];
+      impl_.send_macs[static_cast<size_t>(p)] = internal::FrameMac(
+          data_key(o.secret, o.cluster_id, impl_.rank, p, nonce_, theirs));
+      impl_.recv_macs[static_cast<size_t>(p)] = internal::FrameMac(
+          data_key(o.secret, o.cluster_id, p, impl_.rank, theirs, nonce_));
+    }
   }
 
  private:
@@ -902,7 +1117,7 @@ class UcxSetup {
       rp.user_data = &received[static_cast<size_t>(p)];
       ucs_status_ptr_t r =
           ucp_tag_recv_nbx(impl_.worker, &theirs[static_cast<size_t>(p)], sizeof(Hello),
-                           kControl | rank_bits(p), kControl | kAbortBit | kRankMask, &rp);
+                           kControl | rank_bits(p), kControl | kAbortBit | kMacBit | kRankMask, &rp);
       if (UCS_PTR_IS_ERR(r)) {
         s = ucx_status(UCS_PTR_STATUS(r),
                        who() + ": posting the hello of rank " + std::to_string(p));

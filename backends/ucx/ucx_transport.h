@@ -19,7 +19,9 @@
 //     HMAC-SHA256(secret, cluster | sender | receiver | the receiver's nonce). The receiver checks
 //     each: another job, a different layout (both texts named) or a missing or wrong proof refuses
 //     the group on both sides. The proof is bound to the receiver's fresh nonce, so a recorded
-//     hello cannot be replayed into another job. (As on TCP, data messages are not authenticated.)
+//     hello cannot be replayed into another job.
+//  4. with a secret (and authenticate_frames), each direction of each pair gets its own key:
+//     HMAC-SHA256(secret, cluster | sender | receiver | both ranks' nonces).
 //
 // Data: one UCP tag message per Transport message, straight from and into the caller's buffers (UCX
 // chooses eager copies or zero-copy rendezvous by size). The 64-bit UCP tag carries the sender's
@@ -29,6 +31,17 @@
 // and the length with what it posted: ranks that issue different collectives fail with
 // "collective mismatch: rank 1 sent ... but rank 0 expects ...", never with mixed-up data. A
 // message longer than the posted buffer is truncated by UCX and reported the same way.
+//
+// Authenticated data (a secret and authenticate_frames): every data message carries a 16-byte GMAC
+// tag (AES-256-GCM, nothing encrypted) under its direction's key, over the UCP tag, the length and
+// the bytes, with the message's number in its direction as the nonce (both sides number messages
+// in the order they are posted, which is the order UCX matches them in). Messages up to
+// kInlineMacBytes travel with their tag in one UCP message, staged through a copy on both sides,
+// so a small message is checked before its bytes reach the caller's buffer; larger ones go
+// straight between the caller's buffers, followed by their tag in a control message of their own.
+// A tag that does not match fails the receive ("failed authentication", naming the sender) before
+// the collective completes: no rank gets a changed result, and the transport fails as on any
+// error. Abort notices carry no tag: a forged one can stop the job, never change a result.
 //
 // Failure: any error (a peer's endpoint failing, a mismatch, a deadline) fails the whole transport.
 // It then sends every peer a short abort notice with the reason (a control tag every rank listens
@@ -42,7 +55,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "algorithms/transport.h"
@@ -60,6 +75,10 @@ struct UcxTransportOptions {
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
   std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
   std::chrono::nanoseconds yield_before_sleep{0};  // then polls with sched_yield() this long
+  bool authenticate_frames = true;  // with a secret: a MAC on every data message
+  // Fault injection for this transport's own tests: called on a copy of every outgoing data
+  // message's bytes after its MAC was computed, as a relay on the wire would change them.
+  std::function<void(int peer, std::span<std::byte> bytes)> tamper_for_test;
 };
 
 class UcxTransport final : public algorithms::Transport {

@@ -84,12 +84,13 @@ FrameMac& FrameMac::operator=(FrameMac&& other) noexcept {
   return *this;
 }
 
-void FrameMac::begin() {
+void FrameMac::begin() { begin_at(counter_++); }
+
+void FrameMac::begin_at(uint64_t frame) {
   // The 96-bit GCM nonce: 4 zero bytes and the frame number. Unique per key as long as fewer than
   // 2^64 frames are sent on one connection.
   unsigned char iv[12] = {};
-  for (int i = 0; i < 8; ++i) iv[4 + i] = static_cast<unsigned char>(counter_ >> (8 * i));
-  ++counter_;
+  for (int i = 0; i < 8; ++i) iv[4 + i] = static_cast<unsigned char>(frame >> (8 * i));
   if (EVP_EncryptInit_ex(cipher(ctx_), nullptr, nullptr, nullptr, iv) != 1) fatal("GCM nonce");
 }
 

@@ -52,6 +52,9 @@ class FrameMac {
 
   // Starts the next frame.
   void begin();
+  // Starts frame number `frame`, leaving the count alone: for transports whose frames complete out
+  // of order (each numbered when it is posted, in the order of the wire).
+  void begin_at(uint64_t frame);
   void update(const void* data, size_t n);
   // The tag of the frame begun last.
   Tag finish();

@@ -302,6 +302,8 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSocketsAuthenticated,
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Gloo, "gloo");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxSharedMemory, "ucx:tls=sm");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcp, "ucx:tls=tcp");
+// Every message carries a MAC (inline up to 16 KiB, a tag message of its own above).
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcpAuthenticated, "ucx:tls=tcp,authenticate_frames=true");
 
 // --- several hosts: Linux network namespaces
 // ------------------------------------------------------- Each "host" is a network namespace with
