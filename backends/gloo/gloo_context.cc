@@ -253,47 +253,35 @@ Status check_same_secret(int rank, int world_size, Store& store, const GlooConne
 
 }  // namespace
 
-StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<Store> store,
-                                      const GlooConnectOptions& options) {
-  const std::string who =
-      "backend 'gloo' on rank " + std::to_string(rank) + " of " + std::to_string(world_size);
-  TRIBUTARY_RETURN_IF_ERROR(check_same_secret(rank, world_size, *store, options, who));
-  if (!options.secret.empty() && !options.allow_unauthenticated) {
-    return failed_precondition(
-        who + ": a shared secret is set (TRIBUTARY_SECRET), but Gloo's TCP transport cannot "
-              "authenticate its connections or its data, so the secret would not protect this "
-              "job; use backend 'ring' or 'ucx' (they authenticate every connection and message), "
-              "or accept Gloo's unauthenticated transport with gloo:allow_unauthenticated=true");
-  }
+namespace {
+
+// Where Gloo's TCP device listens: an interface, or an address (by default the one that reaches
+// the coordinator). `where` names it for messages.
+gloo::transport::tcp::attr device_attr(const GlooConnectOptions& options, std::string* where) {
   gloo::transport::tcp::attr attr;
-  std::string where;
   if (!options.iface.empty()) {
     attr.iface = options.iface;
-    where = "interface " + options.iface;
+    *where = "interface " + options.iface;
   } else {
-    attr.hostname = options.host.empty() ? internal::interface_towards(options.coordinator) : options.host;
-    where = "address " + attr.hostname;
+    attr.hostname =
+        options.host.empty() ? internal::interface_towards(options.coordinator) : options.host;
+    *where = "address " + attr.hostname;
   }
-  const std::string timeout = format_duration(options.timeout);
-  const std::string store_name = store->describe();
+  return attr;
+}
+
+// Runs `body`, a step of setting up Gloo, and turns what Gloo and the store throw into a Status.
+// `transient` (when given) says whether a failure was a connection's (refused, reset: worth a
+// fresh attempt) rather than the setup's.
+template <typename Body>
+Status gloo_step(const std::string& who, const std::string& where, const std::string& store_name,
+                 std::chrono::milliseconds timeout, bool* transient, Body body) {
+  if (transient) *transient = false;
   try {
     // Gloo's I/O thread, started by CreateDevice, inherits the blocked SIGPIPE.
     SigpipeGuard guard;
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    const int base = options.bcube_base > 0 ? options.bcube_base : smallest_divisor(world_size);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size, base);
-    context->setTimeout(options.timeout);
-    GlooStore rendezvous(store, options.timeout);
-    context->connectFullMesh(rendezvous, device);
-    GlooConnection made;
-    made.peers = PeerDirectory::learn(*context, rendezvous);
-    if (options.sync) {
-      for (int p = 0; p < world_size; ++p) {
-        if (p != rank) context->getPair(p)->setSync(true, options.busy_poll);
-      }
-    }
-    made.context = std::move(context);
-    return made;
+    body();
+    return Status();
   } catch (const StoreError& e) {
     Status s = e.status();
     std::string hint = s.code() == StatusCode::kDeadlineExceeded
@@ -305,11 +293,13 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
     std::string what = e.what();
     const bool timed_out =
         what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos;
+    if (transient) *transient = !timed_out;
     std::string m = who + ": connecting Gloo's TCP mesh (listening on " + where +
                     ") failed: " + what +
                     "; check that every rank can reach every other at the address it " +
                     "published, or set host= or iface= in the gloo spec";
-    return timed_out ? deadline_exceeded(m + " (timeout " + timeout + ")") : unavailable(m);
+    return timed_out ? deadline_exceeded(m + " (timeout " + format_duration(timeout) + ")")
+                     : unavailable(m);
   } catch (const gloo::EnforceNotMet& e) {
     return unavailable(who + ": Gloo could not set up its TCP device on " + where + ": " +
                        e.what() +
@@ -323,6 +313,108 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
   } catch (...) {
     return internal_error(who + ": connecting Gloo's TCP mesh failed with an unknown exception");
   }
+}
+
+constexpr int kMeshAttempts = 3;
+
+}  // namespace
+
+// Gloo's TCP pairs accept the first connection that reaches their listening port as the peer:
+// anything else that connects first (a port scanner, a stray client) takes the peer's place, and
+// the real peer's connection is refused. So the mesh is attempted up to kMeshAttempts times, each
+// under its own store prefix with fresh ports: after each attempt every rank posts how it went and
+// reads every other's, and all retry together when a connection failed anywhere (a setup error,
+// such as an unknown interface or a timeout, is not retried). What is left over of a failed
+// attempt (a pair connected to a stranger) is torn down with it.
+StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<Store> store,
+                                      const GlooConnectOptions& options) {
+  const std::string who =
+      "backend 'gloo' on rank " + std::to_string(rank) + " of " + std::to_string(world_size);
+  TRIBUTARY_RETURN_IF_ERROR(check_same_secret(rank, world_size, *store, options, who));
+  if (!options.secret.empty() && !options.allow_unauthenticated) {
+    return failed_precondition(
+        who + ": a shared secret is set (TRIBUTARY_SECRET), but Gloo's TCP transport cannot "
+              "authenticate its connections or its data, so the secret would not protect this "
+              "job; use backend 'ring' or 'ucx' (they authenticate every connection and message), "
+              "or accept Gloo's unauthenticated transport with gloo:allow_unauthenticated=true");
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + options.timeout;
+  const auto remaining = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  std::string where;
+  const gloo::transport::tcp::attr attr = device_attr(options, &where);
+  const std::string store_name = store->describe();
+  const int base = options.bcube_base > 0 ? options.bcube_base : smallest_divisor(world_size);
+  std::string failures;  // what went wrong in the attempts so far
+  for (int attempt = 0; attempt < kMeshAttempts; ++attempt) {
+    auto scoped = std::make_shared<PrefixStore>("mesh" + std::to_string(attempt) + "/", store);
+    // The mesh alone: nothing here waits for a peer once its own pairs are connected, so that
+    // every rank reports how its part went, whatever happened to the others'.
+    auto rendezvous = std::make_unique<GlooStore>(scoped, remaining());
+    std::shared_ptr<gloo::rendezvous::Context> context;
+    bool transient = false;
+    Status mesh = gloo_step(who, where, store_name, remaining(), &transient, [&] {
+      std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+      context = std::make_shared<gloo::rendezvous::Context>(rank, world_size, base);
+      context->setTimeout(remaining());
+      context->connectFullMesh(*rendezvous, device);
+    });
+    // How it went, for every rank: "ok", "retry <why>" or "fatal <why>".
+    const std::string mine =
+        mesh.ok() ? "ok" : (transient ? "retry " : "fatal ") + mesh.message().substr(0, 4096);
+    TRIBUTARY_RETURN_IF_ERROR(scoped->set("result/" + std::to_string(rank), mine));
+    bool all_ok = true;
+    std::string fatal;
+    for (int r = 0; r < world_size; ++r) {
+      auto theirs = r == rank ? StatusOr<std::string>(mine)
+                              : scoped->get("result/" + std::to_string(r), remaining());
+      if (!theirs.ok()) {
+        return theirs.status().with_context(
+            who + ": waiting for rank " + std::to_string(r) +
+            " to report its part of Gloo's TCP mesh" +
+            (mesh.ok() ? std::string() : " (this rank's part failed: " + mesh.message() + ")"));
+      }
+      if (*theirs == "ok") continue;
+      all_ok = false;
+      if (theirs->rfind("fatal ", 0) == 0) {
+        if (r != rank && fatal.empty()) fatal = "rank " + std::to_string(r) + ": " + theirs->substr(6);
+      } else if (theirs->rfind("retry ", 0) == 0 && r != rank) {
+        failures += "; attempt " + std::to_string(attempt + 1) + ", rank " + std::to_string(r) +
+                    ": " + theirs->substr(6);
+      }
+    }
+    if (all_ok) {
+      GlooConnection made;
+      TRIBUTARY_RETURN_IF_ERROR(gloo_step(who, where, store_name, remaining(), nullptr, [&] {
+        made.peers = PeerDirectory::learn(*context, *rendezvous);
+        if (options.sync) {
+          for (int p = 0; p < world_size; ++p) {
+            if (p != rank) context->getPair(p)->setSync(true, options.busy_poll);
+          }
+        }
+      }));
+      made.context = std::move(context);
+      return made;
+    }
+    if (!mesh.ok() && !transient) return mesh;
+    if (!fatal.empty()) {
+      return unavailable(who + ": Gloo's TCP mesh could not be set up on " + fatal);
+    }
+    if (!mesh.ok()) {
+      failures += "; attempt " + std::to_string(attempt + 1) + ", rank " + std::to_string(rank) +
+                  ": " + mesh.message();
+    }
+  }
+  return unavailable(
+      who + ": Gloo's TCP mesh failed " + std::to_string(kMeshAttempts) +
+      " times, with fresh ports each time: a connection was refused or reset (" +
+      failures.substr(2) +
+      "). A process that is not part of this job may be connecting to Gloo's ports (Gloo takes "
+      "the first connection to reach a pair's port as the peer; see SECURITY.md), or the ranks "
+      "cannot reach each other");
 }
 
 }  // namespace tributary::backends

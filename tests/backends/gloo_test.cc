@@ -5,8 +5,10 @@
 // unsupported dtype. Each rank is a forked child with alarm() set; the parent waits under a
 // watchdog and kills the children when it fires, so a hang fails the test instead of stalling it.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -906,6 +908,116 @@ TEST(GlooFailure, UnusableHostIsAnError) {
         return check.ok() ? 0 : 1;
       },
       30);
+  expect_all_zero(codes);
+}
+
+// The TCP ports this process listens on now (sockets with SO_ACCEPTCONN among its descriptors).
+std::vector<sockaddr_storage> listening_ports() {
+  std::vector<sockaddr_storage> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage at{};
+    socklen_t at_len = sizeof at;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&at), &at_len) != 0) continue;
+    if (at.ss_family == AF_INET || at.ss_family == AF_INET6) found.push_back(at);
+  }
+  return found;
+}
+
+// A store whose reads take 300 ms longer (a slow network to the store), over another store.
+class SlowReads final : public Store {
+ public:
+  explicit SlowReads(std::shared_ptr<Store> base) : Store(base->options()), base_(std::move(base)) {}
+  std::string describe() const override { return "slow " + base_->describe(); }
+
+ protected:
+  Status set_impl(std::string_view key, std::string_view value) override {
+    return base_->set(key, value);
+  }
+  StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto v = base_->get(key, timeout);
+    if (v.ok()) return std::optional<std::string>(std::move(v).value());
+    if (v.status().code() == StatusCode::kDeadlineExceeded) return std::optional<std::string>();
+    return v.status();
+  }
+  StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) override {
+    return base_->add(key, delta);
+  }
+  Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
+                   std::vector<std::string>* missing) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (const std::string& k : keys) {
+      if (!base_->get(k, timeout).ok()) missing->push_back(k);
+    }
+    return Status();
+  }
+  StatusOr<bool> check_impl(const std::vector<std::string>& keys) override {
+    return base_->check(keys);
+  }
+  StatusOr<bool> delete_key_impl(std::string_view key) override { return base_->delete_key(key); }
+
+ private:
+  std::shared_ptr<Store> base_;
+};
+
+// A stranger connects to rank 0's Gloo ports before its peers do and holds the connections: Gloo
+// takes the first connection to reach a pair's port as the peer, so the real peer is refused.
+// The mesh is set up again on fresh ports, and the job goes on (it used to fail at once).
+TEST(GlooFailure, StrangerOnTheListeningPortsDoesNotStopTheJob) {
+  const std::vector<int> codes = run_world(
+      3, 1,
+      [](Rank& me) {
+        Checker check(me.rank);
+        std::vector<int> held;  // the stranger's connections, open until the end
+        std::thread stranger;
+        if (me.rank == 0) {
+          stranger = std::thread([&held] {
+            // The first ports that appear are the first attempt's; connect to each once.
+            const auto until = Clock::now() + std::chrono::seconds(20);
+            std::vector<sockaddr_storage> ports;
+            while (ports.size() < 2 && Clock::now() < until) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(2));
+              ports = listening_ports();
+            }
+            for (const sockaddr_storage& at : ports) {
+              const int fd = socket(at.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+              const socklen_t len =
+                  at.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+              if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&at), len) == 0) {
+                held.push_back(fd);
+              } else if (fd >= 0) {
+                close(fd);
+              }
+            }
+          });
+        } else {
+          // Rank 0's ports stay open while its peers read its addresses: the stranger is first.
+          me.context.store = std::make_shared<SlowReads>(me.context.store);
+        }
+        auto made = create("gloo:timeout=30s", me);
+        if (stranger.joinable()) stranger.join();
+        if (me.rank == 0 && held.empty()) check.fail("the stranger found no port to connect to");
+        if (!made.ok()) {
+          check.fail("create() with a stranger on the ports: %s", made.status().to_string().c_str());
+          return 1;
+        }
+        std::vector<float> v(1000, static_cast<float>(me.rank + 1));
+        Tensor t(v.data(), DType::kFloat32, Shape{1000});
+        Status s = (*made)
+                       ->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t}))
+                       .wait();
+        if (!s.ok() || v[0] != 6.0f || v[999] != 6.0f) {
+          check.fail("all_reduce: %s, v[0] = %g", s.to_string().c_str(), v[0]);
+        }
+        for (int fd : held) close(fd);
+        return check.ok() ? 0 : 1;
+      },
+      60);
   expect_all_zero(codes);
 }
 
