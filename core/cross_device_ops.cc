@@ -130,6 +130,7 @@ class Validator {
   // partially.
   template <typename Outs, typename Ins, typename Allowed>
   Status check_overlap(const Outs& outputs, const Ins& inputs, Allowed allowed) const {
+    if (outputs.size() > kPairwiseUpTo) return check_overlap_sorted(outputs, inputs, allowed);
     for (size_t i = 0; i < outputs.size(); ++i) {
       for (size_t j = i + 1; j < outputs.size(); ++j) {
         if (overlaps(outputs[i], outputs[j])) [[unlikely]] {
@@ -149,6 +150,47 @@ class Validator {
   }
 
  private:
+  // Up to this many outputs every pair is compared (no allocation); above, the ranges are sorted,
+  // so that thousands of replicas cost O(n log n), not O(n^2).
+  static constexpr size_t kPairwiseUpTo = 32;
+
+  template <typename Outs, typename Ins, typename Allowed>
+  Status check_overlap_sorted(const Outs& outputs, const Ins& inputs, Allowed allowed) const {
+    std::vector<size_t> order;  // the non-empty outputs by address
+    order.reserve(outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (!outputs[i].empty()) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return outputs[a].begin != outputs[b].begin ? outputs[a].begin < outputs[b].begin : a < b;
+    });
+    // Sorted by start, two outputs overlap only if some neighbours do.
+    for (size_t k = 1; k < order.size(); ++k) {
+      const Range& prev = outputs[order[k - 1]];
+      const Range& next = outputs[order[k]];
+      if (next.begin < prev.end) [[unlikely]] {
+        const size_t a = std::min(order[k - 1], order[k]), b = std::max(order[k - 1], order[k]);
+        return error(outputs[a].label.str() + " and " + outputs[b].label.str() +
+                     " overlap; every output needs its own memory");
+      }
+    }
+    // Disjoint and sorted by start, the outputs are sorted by end too: an input's overlapping
+    // outputs start at the first that ends after the input begins.
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const Range& in = inputs[j];
+      if (in.empty()) continue;
+      auto it = std::upper_bound(order.begin(), order.end(), in.begin,
+                                 [&](uintptr_t at, size_t i) { return at < outputs[i].end; });
+      for (; it != order.end() && outputs[*it].begin < in.end; ++it) {
+        if (!same(outputs[*it], in) || !allowed(*it, j)) [[unlikely]] {
+          return error(outputs[*it].label.str() + " overlaps " + in.label.str() +
+                       "; an output may only be exactly its own replica's input (in place)");
+        }
+      }
+    }
+    return Status();
+  }
+
   std::string_view call_;
 };
 

@@ -135,5 +135,50 @@ TEST_F(Validation, GatherAndScatterCounts) {
                StatusCode::kInvalidArgument, "not a multiple of num_replicas_in_sync (2)");
 }
 
+// Past a few dozen replicas the overlap rules are checked on sorted ranges (O(n log n)); the same
+// rules hold: outputs apart, an output either apart from every input or exactly its own input.
+TEST(ValidationManyReplicas, OverlapRulesHoldOnSortedRanges) {
+  constexpr int kReplicas = 100;
+  BackendContext ctx;
+  ctx.devices.clear();
+  for (int i = 0; i < kReplicas; ++i) ctx.devices.push_back(Device::cpu(i));
+  auto made = builtin_backends().create("reduction_to_one_device", ctx);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  CrossDeviceOps& ops = **made;
+  std::vector<float> in(kReplicas * 4, 1.0f), out(kReplicas * 4, 0.0f);
+  // Replicas in reverse address order, so that sorting matters.
+  // Replica `i`'s tensor at slot `at` of `v`, shifted by `offset` elements.
+  auto view = [&](std::vector<float>& v, int i, int at = -1, int64_t offset = 0) {
+    at = at < 0 ? i : at;
+    return Tensor(v.data() + (kReplicas - 1 - at) * 4 + offset, DType::kFloat32, int64_t{4},
+                  Device::cpu(i));
+  };
+  PerReplica<Tensor> ins, outs;
+  for (int i = 0; i < kReplicas; ++i) {
+    ins.values().push_back(view(in, i));
+    outs.values().push_back(view(out, i));
+  }
+  ASSERT_TRUE(ops.all_reduce(ReduceOp::kSum, ins, outs).wait().ok());
+  EXPECT_EQ(out[0], static_cast<float>(kReplicas));
+  ASSERT_TRUE(ops.all_reduce(ReduceOp::kSum, ins, ins).wait().ok());  // in place
+  EXPECT_EQ(in[0], static_cast<float>(kReplicas));
+
+  PerReplica<Tensor> bad = outs;
+  bad.values()[70] = view(out, 70, 71, 2);  // half of outputs[71]
+  Status s = ops.all_reduce(ReduceOp::kSum, ins, bad).wait();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("outputs[70] and outputs[71] overlap"), std::string::npos) << s.to_string();
+
+  bad = outs;
+  bad.values()[40] = view(in, 40, 41);  // another replica's input
+  s = ops.all_reduce(ReduceOp::kSum, ins, bad).wait();
+  EXPECT_NE(s.message().find("outputs[40] overlaps inputs[41]"), std::string::npos) << s.to_string();
+
+  bad = outs;
+  bad.values()[9] = view(in, 9, 9, 1);  // its own input, shifted by one element
+  s = ops.all_reduce(ReduceOp::kSum, ins, bad).wait();
+  EXPECT_NE(s.message().find("outputs[9] overlaps inputs["), std::string::npos) << s.to_string();
+}
+
 }  // namespace
 }  // namespace tributary
