@@ -354,20 +354,45 @@ void CrossDeviceOps::abort(const Status& why) {
 
 namespace {
 constexpr std::string_view kRefusedKey = "refused/";
+constexpr std::string_view kFailedKey = "failed/";
+constexpr std::string_view kSilentMarker = " did not fail with the others";
 constexpr size_t kMaxPublishedReason = 4096;
+// How long a failed collective waits for its peers' failures before it names the silent ones.
+constexpr std::chrono::milliseconds kRollCallGrace{2000};
+// Store requests made while explaining a failure: a store that stopped answering (rank 0 stopped)
+// costs at most this each.
+constexpr std::chrono::milliseconds kExplainRequest{1000};
+
+// An instance fails once: its rank's key holds the sequence number of the collective that failed.
+std::string failed_key(int rank) { return std::string(kFailedKey) + std::to_string(rank); }
 }  // namespace
 
 void CrossDeviceOps::publish_refusal(const Status& why) const {
   if (!scope_ || world_size() <= 1) return;
   (void)scope_->set(std::string(kRefusedKey) + std::to_string(rank()),
-                    why.message().substr(0, kMaxPublishedReason));
+                    why.message().substr(0, kMaxPublishedReason), kExplainRequest);
 }
 
-Status CrossDeviceOps::explain_failure(Status failure) const {
+Status CrossDeviceOps::explain_failure(Status failure, uint64_t sequence) const {
+  // The roll call: every rank whose collective failed says so first, whatever the failure, so
+  // that a rank that stays silent (stopped, hung: alive, so no will fires for it) can be named.
+  const auto called = std::chrono::steady_clock::now();
+  Status reported;
+  if (scope_) reported = scope_->set(failed_key(rank()), std::to_string(sequence), kExplainRequest);
   const StatusCode code = failure.code();
   if (world_size() <= 1 || (code != StatusCode::kUnavailable && code != StatusCode::kAborted &&
                             code != StatusCode::kDeadlineExceeded)) {
     return failure;
+  }
+  // The store neither answered nor closed the connection: its host, rank 0, is silent too.
+  if (reported.code() == StatusCode::kDeadlineExceeded && rank() != 0 &&
+      failure.message().find(kSilentMarker) == std::string::npos) {
+    return Status(code, "rank 0" + std::string(kSilentMarker) +
+                            ": it hosts the job's store, which did not answer within " +
+                            format_duration(kExplainRequest) +
+                            " either: stopped (SIGSTOP, a debugger), hung or starved of CPU. "
+                            "what rank " +
+                            std::to_string(rank()) + " saw: " + failure.message());
   }
   // A peer that refused its part said why in the store before it broke the connections. Backends
   // that pass the reason on their own connections (ring, ucx) have it in the message already.
@@ -389,8 +414,62 @@ Status CrossDeviceOps::explain_failure(Status failure) const {
                               " saw: " + failure.message());
     }
   }
-  if (context_.lost_key.empty()) return failure;
-  return internal::name_lost_ranks(context_, std::move(failure));
+  if (!context_.lost_key.empty()) {
+    Status named = internal::name_lost_ranks(context_, failure);
+    if (named.message() != failure.message()) return named;
+  }
+  return name_silent_ranks(std::move(failure), sequence, called + kRollCallGrace);
+}
+
+Status CrossDeviceOps::name_silent_ranks(Status failure, uint64_t sequence,
+                                         std::chrono::steady_clock::time_point until) const {
+  const std::string& said = failure.message();
+  if (!scope_ || said.find(kSilentMarker) != std::string::npos ||
+      said.find(" was lost: ") != std::string::npos ||
+      said.find(" were lost: ") != std::string::npos) {
+    return failure;  // no store, or named already (a composite backend's inner front door)
+  }
+  // A peer that failed too (this collective, or a later one after completing this) answered.
+  std::vector<std::string> others;
+  for (int r = 0; r < world_size(); ++r) {
+    if (r != rank()) others.push_back(failed_key(r));
+  }
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+  Status all = scope_->wait(others, std::max(left, std::chrono::milliseconds(0)));
+  if (all.ok() || all.code() != StatusCode::kDeadlineExceeded) return failure;
+  std::vector<int> silent;
+  const auto stop = std::chrono::steady_clock::now() + kExplainRequest;
+  for (int r = 0; r < world_size(); ++r) {
+    if (r == rank()) continue;
+    if (std::chrono::steady_clock::now() >= stop) return failure;  // the store is too slow to say
+    auto there = scope_->get(failed_key(r), std::chrono::milliseconds(0));
+    if (there.ok()) continue;
+    if (there.status().code() != StatusCode::kDeadlineExceeded) return failure;  // store gone
+    silent.push_back(r);
+  }
+  if (silent.empty()) return failure;
+  std::string names = "rank " + std::to_string(silent[0]);
+  if (silent.size() > 1) {
+    names = "ranks " + std::to_string(silent[0]);
+    for (size_t i = 1; i < silent.size(); ++i) {
+      names += (i + 1 == silent.size() ? " and " : ", ") + std::to_string(silent[i]);
+    }
+  }
+  const bool one = silent.size() == 1;
+  // With wills kept, a rank that is not lost still holds its connection to the store.
+  const std::string alive =
+      context_.lost_key.empty()
+          ? std::string()
+          : std::string(", though ") + (one ? "its process is" : "their processes are") +
+                " still connected to the job's store";
+  return Status(failure.code(),
+                names + std::string(kSilentMarker) + ": no failure reported within " +
+                    format_duration(kRollCallGrace) + " of this rank's failure of collective #" +
+                    std::to_string(sequence) + alive +
+                    ": stopped (SIGSTOP, a debugger), hung, starved of CPU, or not issuing the "
+                    "collectives the others issue (see the stall report). what rank " +
+                    std::to_string(rank()) + " saw: " + said);
 }
 
 std::string CrossDeviceOps::spec() const {
@@ -470,7 +549,7 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
     if (!s.ok()) {
       // The root cause first: a peer's refusal, or a rank that died (not the broken neighbour).
       if (world_size() > 1) {
-        Status named = explain_failure(s);
+        Status named = explain_failure(s, call.sequence);
         if (named.message() != s.message()) {
           s = std::move(named);
           work = Work::completed(s);

@@ -196,7 +196,8 @@ Status name_lost_ranks(const BackendContext& context, Status failure,
   const std::string& said = failure.message();
   if (said.find(kLostMarker) != std::string::npos ||
       said.find(" were lost: ") != std::string::npos ||
-      said.find(kStoreGoneMarker) != std::string::npos) {
+      said.find(kStoreGoneMarker) != std::string::npos ||
+      said.find(" did not fail with the others") != std::string::npos) {
     return failure;  // named already (a composite backend's inner front door)
   }
   const std::string here = "what rank " + std::to_string(context.rank) + " saw: ";

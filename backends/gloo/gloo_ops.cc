@@ -309,15 +309,17 @@ Status GlooOps::mismatch_through_store(const CallInfo& call, int root, bool time
   if (!store) return Status();
   const Fingerprint mine = fingerprint_of(call, root, num_local_replicas(), -1);
   const std::string prefix = "fingerprint/" + std::to_string(call.sequence) + "/";
+  // The waits for the others' fingerprints are short (each a quarter of the timeout, at most
+  // 1 s), so that the call still ends close to its timeout; so is the wait for the store to take
+  // this rank's (its host, rank 0, may be the silent one).
+  const auto wait = std::min<std::chrono::nanoseconds>(call.timeout / 4, std::chrono::seconds(1));
   if (!store
            ->set(prefix + std::to_string(rank()),
-                 std::string_view(reinterpret_cast<const char*>(&mine), sizeof mine))
+                 std::string_view(reinterpret_cast<const char*>(&mine), sizeof mine),
+                 std::chrono::ceil<std::chrono::milliseconds>(wait))
            .ok()) {
     return Status();
   }
-  // The waits for the others' fingerprints are short (each a quarter of the timeout, at most
-  // 1 s), so that the call still ends close to its timeout.
-  const auto wait = std::min<std::chrono::nanoseconds>(call.timeout / 4, std::chrono::seconds(1));
   std::vector<int> missing;
   for (int r = 0; r < world_size(); ++r) {
     if (r != rank()) missing.push_back(r);

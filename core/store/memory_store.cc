@@ -43,6 +43,18 @@ Status Store::set(std::string_view key, std::string_view value) {
   return s.with_context(op_context(*this, "set", quote_key(key)));
 }
 
+Status Store::set(std::string_view key, std::string_view value, Duration timeout) {
+  Status s = internal::validate_store_key(key);
+  if (s.ok()) s = internal::validate_store_value(key, value.size());
+  if (s.ok()) s = set_within_impl(key, value, non_negative(timeout));
+  if (s.ok()) return s;
+  return s.with_context(op_context(*this, "set", quote_key(key)));
+}
+
+Status Store::set_within_impl(std::string_view key, std::string_view value, Duration) {
+  return set_impl(key, value);
+}
+
 StatusOr<std::string> Store::get(std::string_view key, Duration timeout) {
   auto context = [&] { return op_context(*this, "get", quote_key(key)); };
   Status s = internal::validate_store_key(key);
@@ -157,6 +169,13 @@ Status PrefixStore::set_impl(std::string_view key, std::string_view value) {
   std::vector<std::string> full{full_key(key)};
   TRIBUTARY_RETURN_IF_ERROR(check_prefixed(base_, full));
   return base_->set_impl(full[0], value);
+}
+
+Status PrefixStore::set_within_impl(std::string_view key, std::string_view value,
+                                    Duration timeout) {
+  std::vector<std::string> full{full_key(key)};
+  TRIBUTARY_RETURN_IF_ERROR(check_prefixed(base_, full));
+  return base_->set_within_impl(full[0], value, timeout);
 }
 
 StatusOr<std::optional<std::string>> PrefixStore::get_impl(std::string_view key, Duration timeout) {

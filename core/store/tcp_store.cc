@@ -104,7 +104,8 @@ class ClientCore {
   void give_back(std::unique_ptr<Connection> conn);
 
  private:
-  enum class Failure { kNone, kTransient, kFatal };
+  // kSilent: transient, and the server accepted the connection but did not answer in time.
+  enum class Failure { kNone, kTransient, kSilent, kFatal };
   StatusOr<std::unique_ptr<Connection>> connect_once(Clock::time_point deadline, Failure* failure,
                                                      std::string* last_error);
   Status transport_error(const error_code& ec, milliseconds budget) const;
@@ -174,6 +175,8 @@ StatusOr<std::unique_ptr<Connection>> ClientCore::connect_once(Clock::time_point
     char header[wire::kFrameHeaderBytes];
     if ((ec = conn->read(header, sizeof(header), deadline))) {
       *last_error = "waiting for the hello answer: " + ec.message();
+      // Connected, then nothing: the server's process holds its port but does not answer.
+      if (ec == asio::error::timed_out) *failure = Failure::kSilent;
       return unavailable(*last_error);
     }
     // From here on the peer answered: anything unexpected is not a transient condition.
@@ -275,9 +278,9 @@ StatusOr<std::unique_ptr<Connection>> ClientCore::connect(milliseconds budget) {
   auto backoff = std::chrono::microseconds(10'000);
   int attempts = 0;
   std::string last_error;
+  Failure failure = Failure::kNone;
   for (;;) {
     ++attempts;
-    Failure failure = Failure::kNone;
     auto conn = connect_once(deadline, &failure, &last_error);
     if (conn.ok() || failure == Failure::kFatal) return conn;
     if (Clock::now() >= deadline) break;
@@ -285,7 +288,10 @@ StatusOr<std::unique_ptr<Connection>> ClientCore::connect(milliseconds budget) {
     if (Clock::now() >= deadline) break;
   }
   auto spent = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-  return unavailable(
+  // A server that accepts but does not answer is alive and silent (stopped, hung): a deadline, not
+  // an unreachable store.
+  return Status(
+      failure == Failure::kSilent ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
       "could not reach the TCP store at " + address() + " within " + format_duration(budget) +
       " (" + std::to_string(attempts) + " attempts over " + format_duration(spent) +
       "; last error: " + last_error +
@@ -474,8 +480,12 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, s
 }
 
 Status TcpStore::set_impl(std::string_view key, std::string_view value) {
+  return set_within_impl(key, value, options().timeout);
+}
+
+Status TcpStore::set_within_impl(std::string_view key, std::string_view value, Duration timeout) {
   auto frame = wire::Writer().u8(std::uint8_t(wire::Op::kSet)).str(key).str(value).finish();
-  TRIBUTARY_ASSIGN_OR_RETURN(std::string body, impl_->core.call(frame, options().timeout));
+  TRIBUTARY_ASSIGN_OR_RETURN(std::string body, impl_->core.call(frame, timeout));
   if (!body.empty()) return malformed_answer();
   return Status();
 }

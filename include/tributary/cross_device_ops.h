@@ -211,9 +211,15 @@ class CrossDeviceOps {
   Work screened(Work work);
   CallInfo begin(Collective c, ReduceOp op, DType dtype, int64_t count);
   Work finish(const CallInfo& call, Work work);
-  // Root cause for a failed collective of a multi-process job: a reason a peer published when it
-  // refused its part, else a rank the store saw lost (internal::name_lost_ranks); else `failure`.
-  Status explain_failure(Status failure) const;
+  // Root cause for failed collective `sequence` of a multi-process job: a reason a peer published
+  // when it refused its part, else a rank the store saw lost (internal::name_lost_ranks), else the
+  // ranks that stayed silent (name_silent_ranks); else `failure`. First of all it reports this
+  // rank's failure under "failed/<rank>" in the instance's store scope (the roll call).
+  Status explain_failure(Status failure, uint64_t sequence) const;
+  // The roll call's verdict: the peers that have reported no failure by `until` are alive (no will
+  // fired for them) yet silent: stopped, hung or starved. Named first, as lost ranks are.
+  Status name_silent_ranks(Status failure, uint64_t sequence,
+                           std::chrono::steady_clock::time_point until) const;
   Status check_supported(Collective c, ReduceOp op, DType dtype) const;
   Status check_device(const Tensor& t, std::string_view name, int index = -1, int pair = -1) const;
 

@@ -69,6 +69,9 @@ class Store {
 
   // Sets `key` to `value`, replacing any previous value, and wakes the readers waiting for it.
   Status set(std::string_view key, std::string_view value);
+  // The same, giving up after `timeout` when the store does not answer (a TcpStore whose server
+  // process is stopped): for reports made while something is already failing.
+  Status set(std::string_view key, std::string_view value, Duration timeout);
   // The value of `key`, waiting up to `timeout` for some client to set it.
   StatusOr<std::string> get(std::string_view key) { return get(key, options_.timeout); }
   StatusOr<std::string> get(std::string_view key, Duration timeout);
@@ -98,6 +101,8 @@ class Store {
   // that times out is not an error here: get_impl returns nullopt and wait_impl fills `missing`;
   // the front door turns that into one kDeadlineExceeded message for every store.
   virtual Status set_impl(std::string_view key, std::string_view value) = 0;
+  // set() within `timeout`; stores that always answer at once keep the default (set_impl).
+  virtual Status set_within_impl(std::string_view key, std::string_view value, Duration timeout);
   virtual StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) = 0;
   virtual StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) = 0;
   virtual Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
@@ -226,6 +231,8 @@ class TcpStore final : public Store {
 
  protected:
   Status set_impl(std::string_view key, std::string_view value) override;
+  Status set_within_impl(std::string_view key, std::string_view value,
+                         Duration timeout) override;
   StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) override;
   StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) override;
   Status wait_impl(const std::vector<std::string>& keys, Duration timeout,
@@ -272,6 +279,8 @@ class PrefixStore final : public Store {
 
  protected:
   Status set_impl(std::string_view key, std::string_view value) override;
+  Status set_within_impl(std::string_view key, std::string_view value,
+                         Duration timeout) override;
   StatusOr<std::optional<std::string>> get_impl(std::string_view key, Duration timeout) override;
   StatusOr<std::int64_t> add_impl(std::string_view key, std::int64_t delta) override;
   Status wait_impl(const std::vector<std::string>& keys, Duration timeout,

@@ -53,14 +53,14 @@ std::string read_note(const std::string& dir, int rank) {
 // Runs all-reduces until one fails; notes the error and the time it took, checks that the instance
 // then refuses more collectives, and returns kChildSawError (kChildOk if none failed).
 int all_reduce_until_error(CrossDeviceOps& ops, const std::string& dir, int iterations,
-                           int64_t count, int die_at = -1) {
+                           int64_t count, int die_at = -1, int die_signal = SIGKILL) {
   std::vector<float> a(static_cast<size_t>(count), 1.0f), b(static_cast<size_t>(count), 2.0f);
   PerReplica<Tensor> v;
   v.values().emplace_back(a.data(), DType::kFloat32, count, ops.devices()[0]);
   if (ops.num_local_replicas() > 1)
     v.values().emplace_back(b.data(), DType::kFloat32, count, ops.devices()[1]);
   for (int i = 0; i < iterations; ++i) {
-    if (i == die_at) raise(SIGKILL);
+    if (i == die_at) raise(die_signal);
     const auto start = Clock::now();
     Status s = ops.all_reduce(ReduceOp::kSum, v, v).wait(std::chrono::seconds(120));
     if (!s.ok()) {
@@ -351,6 +351,69 @@ INSTANTIATE_TEST_SUITE_P(
       name = name.substr(0, name.find(':')) + (name.find("tls") != std::string::npos ? "_tcp" : "") +
              (name.find("intra_host") != std::string::npos ? "_net" : "");
       return name + "_kill" + std::to_string(std::get<1>(info.param));
+    });
+
+// A rank that stops (SIGSTOP) in the middle of all-reduces stays alive and connected, so no will
+// fires for it: the roll call names it. Every survivor's error must lead with the stopped rank,
+// within the timeout and the roll call's 2 s. A stopped rank 0 also stops the job's store, and is
+// named as the store host that does not answer. The stopped process is killed 15 s later by a
+// helper it forked, after the survivors are done.
+class StoppedRank : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(StoppedRank, EverySurvivorNamesTheStoppedRank) {
+  const std::string base = std::get<0>(GetParam());
+  const std::string spec =
+      base + (base.find(':') == std::string::npos ? ":" : ",") + "timeout=4s";
+  const int victim = std::get<1>(GetParam());
+  constexpr int kWorld = 3;
+  const std::string dir = make_temp_dir("stopped");
+  const std::uint16_t port = free_port();
+  GroupResult g = run_group(kWorld, 90s, [&](int rank) {
+    auto ctx = tcp_group_context(rank, kWorld, 1, port);
+    if (!ctx.ok()) {
+      write_note(dir, rank, ctx.status().to_string());
+      return kChildFailed;
+    }
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok() && ops.status().code() == StatusCode::kNotFound) return kChildSkip;
+    if (!ops.ok()) {
+      write_note(dir, rank, ops.status().to_string());
+      return kChildFailed;
+    }
+    if (rank == victim) {
+      const pid_t self = getpid();
+      if (fork() == 0) {
+        std::this_thread::sleep_for(15s);
+        kill(self, SIGKILL);
+        _exit(0);
+      }
+    }
+    return all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1, SIGSTOP);
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  if (g.children[static_cast<size_t>((victim + 1) % kWorld)].exit_code == kChildSkip) {
+    GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
+  }
+  const std::string named = "rank " + std::to_string(victim) + " did not fail with the others";
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == victim) continue;
+    const std::string note = read_note(dir, r);
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    EXPECT_EQ(note.find(named), note.find(':') + 2) << "rank " << r << ": " << note;
+    EXPECT_NE(note.find("what rank " + std::to_string(r) + " saw: "), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), 4.0 + 5.0) << note;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, StoppedRank,
+    ::testing::Combine(::testing::Values("ring:intra_host=net", "ring", "gloo", "ucx:tls=tcp"),
+                       ::testing::Values(2, 0)),
+    [](const auto& info) {
+      std::string name = std::get<0>(info.param);
+      name = name.substr(0, name.find(':')) + (name.find("tls") != std::string::npos ? "_tcp" : "") +
+             (name.find("intra_host") != std::string::npos ? "_net" : "");
+      return name + "_stop" + std::to_string(std::get<1>(info.param));
     });
 
 INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
