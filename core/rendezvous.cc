@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/store/tcp_store_protocol.h"
 #include "core/strings.h"
 
 namespace tributary::internal {
@@ -227,6 +228,24 @@ Status name_lost_ranks(const BackendContext& context, Status failure,
                             "): its process has probably ended; see its log and exit status, then "
                             "restart the job. " +
                             here + said);
+  }
+  if (code == StatusCode::kDeadlineExceeded) {
+    // A peer that never came may have been refused by the store for the secret. This rank keeps
+    // waiting even so (a stranger with a wrong secret must not be able to end the job), but at the
+    // deadline it says so.
+    auto refused = context.store->get(wire::kRefusedClientsKey, std::chrono::milliseconds(0));
+    if (refused.ok() && !refused->empty()) {
+      std::string lines;
+      std::istringstream each(*refused);
+      for (std::string line; std::getline(each, line);) {
+        if (!line.empty()) lines += (lines.empty() ? "" : "; ") + line;
+      }
+      return Status(code, said + ". Meanwhile the job's store refused connections for the secret (" +
+                              lines +
+                              "): a process started with a different secret, or none, is kept "
+                              "out; give every rank the same TRIBUTARY_SECRET or "
+                              "TRIBUTARY_SECRET_FILE");
+    }
   }
   return failure;  // nobody lost within the grace: what this rank saw is the best account
 }

@@ -65,6 +65,11 @@ inline constexpr char kMagic[8] = {'t', 'r', 'i', 'b', 's', 't', 'o', 'r'};
 // 2: nonces in the hello, kAuth, sealed frames. 3: kWill. 4: kCall.
 inline constexpr std::uint32_t kVersion = 4;
 inline constexpr std::size_t kNonceBytes = 32;
+// A server with a secret notes here the last connections it refused for the secret, one line each
+// ("127.0.0.1:40412: wrong secret"), so that a rank that waits in vain can say why its peer may
+// not have come (name_lost_ranks). Only clients that hold the secret can read it.
+inline constexpr char kRefusedClientsKey[] = "tributary/refused";
+inline constexpr int kRefusedClientsKept = 8;
 // The largest frame before a connection is authenticated (the hello and kAuth are far smaller).
 inline constexpr std::size_t kMaxUnauthenticatedFrameBytes = 1024;
 inline constexpr std::size_t kFrameHeaderBytes = 4;

@@ -88,10 +88,18 @@ class Session : public std::enable_shared_from_this<Session> {
     send(error_frame(status));
     close_after_write_ = true;
   }
+  // "address:port" of the client, for the record of refused clients.
+  std::string peer() const {
+    error_code ec;
+    const auto at = socket_.remote_endpoint(ec);
+    return ec ? std::string("an unknown address")
+              : at.address().to_string() + ":" + std::to_string(at.port());
+  }
   // Handles the complete frames buffered so far (stops while a request is parked).
   void process_input();
 
   bool hello_done = false;
+  bool refused_noted = false;  // noted under wire::kRefusedClientsKey already
   // With a secret: the nonces of the hello, and once kAuth succeeded, the frame MACs.
   bool authenticated = false;
   wire::Nonce client_nonce{}, server_nonce{};
@@ -149,6 +157,8 @@ class ServerCore {
   // A connection with a will ended: appends the value and a newline to the key (nothing when the
   // server is stopping, or when the store is full: the will is then lost, as the client is).
   void execute_will(const std::string& key, const std::string& value);
+  // A client was refused for the secret: noted under wire::kRefusedClientsKey (the last few).
+  void note_refused(Session& s, std::string_view why);
   // A session took (+1) or dropped (-1) its will.
   void count_will(int delta) { wills_held_ += delta; }
 
@@ -229,6 +239,11 @@ void Session::account() {
 void Session::close() {
   if (closed_) return;
   closed_ = true;
+  // A client that said hello but never proved the secret (it found ours wrong, or it is not a
+  // rank of this job) is noted like one refused outright.
+  if (hello_done && !authenticated && server_.has_secret()) {
+    server_.note_refused(*this, "said hello, never proved the secret (a wrong secret?)");
+  }
   account();
   handshake_timer_.cancel();
   if (waiter) server_.cancel_waiter(waiter);
@@ -592,6 +607,20 @@ void ServerCore::execute_will(const std::string& key, const std::string& value) 
   key_changed(key);
 }
 
+void ServerCore::note_refused(Session& s, std::string_view why) {
+  if (std::exchange(s.refused_noted, true)) return;
+  const std::string key = wire::kRefusedClientsKey;
+  auto it = data_.find(key);
+  std::string lines = it == data_.end() ? std::string() : it->second;
+  lines += s.peer() + ": " + std::string(why) + "\n";
+  while (std::count(lines.begin(), lines.end(), '\n') > wire::kRefusedClientsKept) {
+    lines.erase(0, lines.find('\n') + 1);
+  }
+  if (!make_room(key, lines.size()).ok()) return;
+  data_.insert_or_assign(key, std::move(lines));
+  key_changed(key);
+}
+
 // The hello, then (with a secret) kAuth; see tcp_store_protocol.h.
 void ServerCore::handshake(const std::shared_ptr<Session>& s, wire::Op op, wire::Reader& r) {
   const std::string& secret = options_.secret;
@@ -604,6 +633,7 @@ void ServerCore::handshake(const std::shared_ptr<Session>& s, wire::Op op, wire:
     const internal::Digest want = wire::session_digest(secret, "C", s->client_nonce,
                                                        s->server_nonce);
     if (!internal::bytes_equal(proof.data(), want.data(), want.size())) {
+      note_refused(*s, "wrong secret");
       return s->reject(unavailable(
           "authentication failed: the client does not hold this store's shared secret; give "
           "every process the same secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE)"));
@@ -633,6 +663,7 @@ void ServerCore::handshake(const std::shared_ptr<Session>& s, wire::Op op, wire:
   const bool client_has_secret = r.u8() != 0;
   if (!r.done()) return s->reject(invalid_argument("malformed store hello"));
   if (!secret.empty() && !client_has_secret) {
+    note_refused(*s, "no secret");
     return s->reject(unavailable(
         "this store requires the job's shared secret and this process has none; give every "
         "process the same secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE)"));

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -1052,6 +1053,28 @@ TEST(TcpStoreSecurity, OnlyHoldersOfTheSecretAreServed) {
   auto v = (*good)->get("k", 1s);
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ(*v, "v");
+
+  // What was refused for the secret is noted for the job, read by a rank whose peer never came
+  // (the raw client's hello said it had no secret too; the client with the wrong one found the
+  // server's proof wrong and hung up).
+  auto refused = (*good)->get(internal::wire::kRefusedClientsKey, 0ms);
+  for (const auto until = Clock::now() + 5s;
+       refused.ok() && std::count(refused->begin(), refused->end(), '\n') < 3 &&
+       Clock::now() < until;) {
+    std::this_thread::sleep_for(10ms);  // the server sees the last hang-up on its own time
+    refused = (*good)->get(internal::wire::kRefusedClientsKey, 0ms);
+  }
+  ASSERT_TRUE(refused.ok()) << refused.status().to_string();
+  EXPECT_EQ(std::count(refused->begin(), refused->end(), '\n'), 3) << *refused;
+  EXPECT_NE(refused->find("127.0.0.1:"), std::string::npos) << *refused;
+  EXPECT_NE(refused->find(": no secret\n"), std::string::npos) << *refused;
+  EXPECT_NE(refused->find(": said hello, never proved the secret"), std::string::npos) << *refused;
+  // Only the last few are kept, whoever keeps connecting.
+  for (int i = 0; i < 20; ++i) ASSERT_FALSE(connect_with(*server, "").ok());
+  refused = (*good)->get(internal::wire::kRefusedClientsKey, 0ms);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(std::count(refused->begin(), refused->end(), '\n'),
+            internal::wire::kRefusedClientsKept);
 }
 
 TEST(TcpStoreSecurity, SealedFramesRejectAnyChange) {
