@@ -357,8 +357,13 @@ constexpr std::string_view kRefusedKey = "refused/";
 constexpr std::string_view kFailedKey = "failed/";
 constexpr std::string_view kSilentMarker = " did not fail with the others";
 constexpr size_t kMaxPublishedReason = 4096;
-// How long a failed collective waits for its peers' failures before it names the silent ones.
-constexpr std::chrono::milliseconds kRollCallGrace{2000};
+// How long a failed collective waits for its peers' failures before it names the silent ones: a
+// quarter of the timeout, from 250 ms to 2 s (ranks that fail together report within
+// milliseconds of each other; the error should not come long after the timeout).
+std::chrono::milliseconds roll_call_grace(std::chrono::nanoseconds timeout) {
+  return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(timeout / 4),
+                    std::chrono::milliseconds(250), std::chrono::milliseconds(2000));
+}
 // Store requests made while explaining a failure: a store that stopped answering (rank 0 stopped)
 // costs at most this each.
 constexpr std::chrono::milliseconds kExplainRequest{1000};
@@ -418,7 +423,7 @@ Status CrossDeviceOps::explain_failure(Status failure, uint64_t sequence) const 
     Status named = internal::name_lost_ranks(context_, failure);
     if (named.message() != failure.message()) return named;
   }
-  return name_silent_ranks(std::move(failure), sequence, called + kRollCallGrace);
+  return name_silent_ranks(std::move(failure), sequence, called + roll_call_grace(timeout_));
 }
 
 Status CrossDeviceOps::name_silent_ranks(Status failure, uint64_t sequence,
@@ -465,7 +470,8 @@ Status CrossDeviceOps::name_silent_ranks(Status failure, uint64_t sequence,
                 " still connected to the job's store";
   return Status(failure.code(),
                 names + std::string(kSilentMarker) + ": no failure reported within " +
-                    format_duration(kRollCallGrace) + " of this rank's failure of collective #" +
+                    format_duration(roll_call_grace(timeout_)) +
+                    " of this rank's failure of collective #" +
                     std::to_string(sequence) + alive +
                     ": stopped (SIGSTOP, a debugger), hung, starved of CPU, or not issuing the "
                     "collectives the others issue (see the stall report). what rank " +

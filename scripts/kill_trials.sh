@@ -5,6 +5,9 @@
 #
 #   scripts/kill_trials.sh [TRIALS] [BACKEND...]   # default: 100 trials over ring, gloo, ucx
 #   BUILD=build-test scripts/kill_trials.sh 20 ring
+#   SIGNAL=STOP scripts/kill_trials.sh 20           # stop the rank (SIGSTOP) instead: alive and
+#                                                   # connected, it must be named by the roll call
+#   TIMEOUT=5s                                      # the backends' timeout (default 20s)
 #
 # Backends not built into this tributary are left out, with a note. Each trial's logs are kept in
 # a temporary directory, printed when a trial fails. Exit status: 0 when every trial passed.
@@ -15,6 +18,12 @@ shift || true
 backends=("$@")
 [ ${#backends[@]} -gt 0 ] || backends=(ring gloo "ucx:tls=tcp")
 build=${BUILD:-build-test}
+signal=${SIGNAL:-KILL}
+timeout=${TIMEOUT:-20s}
+case "$signal" in
+  KILL|STOP) ;;
+  *) echo "kill_trials: SIGNAL must be KILL or STOP, not '$signal'" >&2; exit 2 ;;
+esac
 demo=$build/examples/allreduce_demo
 info=$build/tools/tributary-info
 if [ ! -x "$demo" ]; then
@@ -52,7 +61,7 @@ for ((t = 0; t < trials; t++)); do
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
       MASTER_PORT=$port TRIBUTARY_FLIGHT_RECORDER_SIZE=0 \
-      "$demo" --backend "$backend${sep}timeout=20s" --replicas 1 --count $((1 << (12 + RANDOM % 7))) \
+      "$demo" --backend "$backend${sep}timeout=$timeout" --replicas 1 --count $((1 << (12 + RANDOM % 7))) \
       --iterations 100000000 >"$dir/out$r" 2>"$dir/err$r" </dev/null &
     pids+=($!)
   done
@@ -60,17 +69,20 @@ for ((t = 0; t < trials; t++)); do
   sleep "$((5 + RANDOM % 16))e-1"
   verdict=ok
   why=
-  if ! kill -9 "${pids[$victim]}" 2>/dev/null; then
+  if ! kill "-$signal" "${pids[$victim]}" 2>/dev/null; then
     verdict=fail
-    why+=" rank $victim had ended before it was killed (setup failed?);"
+    why+=" rank $victim had ended before it was signalled (setup failed?);"
   fi
-  if [ "$victim" -eq 0 ]; then
+  if [ "$signal" = STOP ]; then
+    want="rank $victim did not fail with the others"
+  elif [ "$victim" -eq 0 ]; then
     want="rank 0, which hosts the job's store, is unreachable"
   else
     want="rank $victim (pid ${pids[$victim]} "
   fi
   for ((r = 0; r < n; r++)); do
-    # Every survivor must end by itself well within its 20 s timeout.
+    [ "$signal" = STOP ] && [ "$r" -eq "$victim" ] && continue
+    # Every survivor must end by itself, within its timeout and 10 s.
     for ((w = 0; w < 300; w++)); do kill -0 "${pids[$r]}" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "${pids[$r]}" 2>/dev/null; then
       kill -9 "${pids[$r]}" 2>/dev/null
@@ -89,14 +101,19 @@ for ((t = 0; t < trials; t++)); do
       why+=" rank $r did not name rank $victim first;"
     fi
   done
+  if [ "$signal" = STOP ]; then
+    kill -9 "${pids[$victim]}" 2>/dev/null
+    { wait "${pids[$victim]}"; } 2>/dev/null
+  fi
   if [ $verdict = ok ]; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
-    echo "trial $t FAILED ($backend, N=$n, killed rank $victim):$why"
+    echo "trial $t FAILED ($backend, N=$n, SIG$signal to rank $victim):$why"
     for ((r = 0; r < n; r++)); do sed "s/^/  [rank $r] /" "$dir/err$r" | cut -c1-400; done
   fi
-  printf 'trial %3d: %-12s N=%d killed rank %d: %s\n' "$t" "$backend" "$n" "$victim" "$verdict"
+  printf 'trial %3d: %-12s N=%d SIG%s rank %d: %s\n' "$t" "$backend" "$n" "$signal" "$victim" \
+    "$verdict"
 done
 exec 2>&3 3>&-
 echo "kill_trials: $passed of $trials trials passed; logs in $logs"
