@@ -355,6 +355,9 @@ void CrossDeviceOps::abort(const Status& why) {
 namespace {
 constexpr std::string_view kRefusedKey = "refused/";
 constexpr std::string_view kFailedKey = "failed/";
+constexpr std::string_view kExplainedKey = "explained/";
+// How long the store's host stays for its failing peers' explanations.
+constexpr std::chrono::milliseconds kHostStays{4000};
 constexpr std::string_view kSilentMarker = " did not fail with the others";
 constexpr size_t kMaxPublishedReason = 4096;
 // How long a failed collective waits for its peers' failures before it names the silent ones: a
@@ -379,6 +382,26 @@ void CrossDeviceOps::publish_refusal(const Status& why) const {
 }
 
 Status CrossDeviceOps::explain_failure(Status failure, uint64_t sequence) const {
+  Status named = find_root_cause(std::move(failure), sequence);
+  if (!scope_) return named;
+  // Done with the store for this failure. The store lives in rank 0's process: rank 0 stays until
+  // the peers that failed too are done with it (else they would blame rank 0 for leaving), for at
+  // most kHostStays; silent peers (no failure reported) are not waited for.
+  (void)scope_->set(std::string(kExplainedKey) + std::to_string(rank()), "1", kExplainRequest);
+  if (rank() == 0 && !context_.lost_key.empty()) {
+    const auto until = std::chrono::steady_clock::now() + kHostStays;
+    for (int r = 1; r < world_size() && std::chrono::steady_clock::now() < until; ++r) {
+      if (!scope_->get(failed_key(r), std::chrono::milliseconds(0)).ok()) continue;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      (void)scope_->get(std::string(kExplainedKey) + std::to_string(r),
+                        std::max(left, std::chrono::milliseconds(0)));
+    }
+  }
+  return named;
+}
+
+Status CrossDeviceOps::find_root_cause(Status failure, uint64_t sequence) const {
   // The roll call: every rank whose collective failed says so first, whatever the failure, so
   // that a rank that stays silent (stopped, hung: alive, so no will fires for it) can be named.
   const auto called = std::chrono::steady_clock::now();
@@ -423,6 +446,7 @@ Status CrossDeviceOps::explain_failure(Status failure, uint64_t sequence) const 
     Status named = internal::name_lost_ranks(context_, failure);
     if (named.message() != failure.message()) return named;
   }
+  if (!reported.ok()) return failure;  // no roll call without this rank's own report
   return name_silent_ranks(std::move(failure), sequence, called + roll_call_grace(timeout_));
 }
 
@@ -453,7 +477,12 @@ Status CrossDeviceOps::name_silent_ranks(Status failure, uint64_t sequence,
     if (there.status().code() != StatusCode::kDeadlineExceeded) return failure;  // store gone
     silent.push_back(r);
   }
-  if (silent.empty()) return failure;
+  // A key that is not there and a store that did not answer look alike (both deadlines): the
+  // store must still give back this rank's own report, or nobody is named.
+  if (silent.empty() ||
+      !scope_->get(failed_key(rank()), std::chrono::milliseconds(0)).ok()) {
+    return failure;
+  }
   std::string names = "rank " + std::to_string(silent[0]);
   if (silent.size() > 1) {
     names = "ranks " + std::to_string(silent[0]);

@@ -57,11 +57,12 @@ for ((t = 0; t < trials; t++)); do
   mkdir -p "$dir"
   sep=:
   [[ $backend == *:* ]] && sep=,
+  count=$((1 << (12 + RANDOM % 7)))  # elements per rank, the same on every rank
   pids=()
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
       MASTER_PORT=$port TRIBUTARY_FLIGHT_RECORDER_SIZE=0 \
-      "$demo" --backend "$backend${sep}timeout=$timeout" --replicas 1 --count $((1 << (12 + RANDOM % 7))) \
+      "$demo" --backend "$backend${sep}timeout=$timeout" --replicas 1 --count "$count" \
       --iterations 100000000 >"$dir/out$r" 2>"$dir/err$r" </dev/null &
     pids+=($!)
   done

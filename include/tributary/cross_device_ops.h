@@ -216,6 +216,7 @@ class CrossDeviceOps {
   // ranks that stayed silent (name_silent_ranks); else `failure`. First of all it reports this
   // rank's failure under "failed/<rank>" in the instance's store scope (the roll call).
   Status explain_failure(Status failure, uint64_t sequence) const;
+  Status find_root_cause(Status failure, uint64_t sequence) const;  // explain_failure's search
   // The roll call's verdict: the peers that have reported no failure by `until` are alive (no will
   // fired for them) yet silent: stopped, hung or starved. Named first, as lost ranks are.
   Status name_silent_ranks(Status failure, uint64_t sequence,
