@@ -300,18 +300,19 @@ TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
 // the victim first, whichever connection broke for it (the victim's neighbours see the death, the
 // others only a live peer giving up). Rank 0 hosts the store, so its death is named through the
 // store going silent.
-class LostRank : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+std::string with_timeout(const std::string& spec, const std::string& timeout) {
+  return spec + (spec.find(':') == std::string::npos ? ":" : ",") + "timeout=" + timeout;
+}
 
-TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
-  const std::string base = std::get<0>(GetParam());
-  const std::string spec =
-      base + (base.find(':') == std::string::npos ? ":" : ",") + "timeout=10s";
-  const int victim = std::get<1>(GetParam());
-  constexpr int kWorld = 4;
-  const std::string dir = make_temp_dir("lost");
+// A job of `world` processes meeting through rank 0's TcpStore (wills kept), all-reducing 256 KiB
+// in a loop with `spec`, where rank `victim` raises `sig` (SIGKILL or SIGSTOP) at its sixth
+// collective. A stopped victim is killed 15 s later by a helper it forked, after the survivors are
+// done. Notes go to `dir`; a backend that is not built in makes every rank exit with kChildSkip.
+GroupResult run_job_signalling_one(const std::string& spec, int world, int victim, int sig,
+                                   const std::string& dir) {
   const std::uint16_t port = free_port();
-  GroupResult g = run_group(kWorld, 90s, [&](int rank) {
-    auto ctx = tcp_group_context(rank, kWorld, 1, port);
+  return run_group(world, 90s, [&](int rank) {
+    auto ctx = tcp_group_context(rank, world, 1, port);
     if (!ctx.ok()) {
       write_note(dir, rank, ctx.status().to_string());
       return kChildFailed;
@@ -322,8 +323,26 @@ TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
       write_note(dir, rank, ops.status().to_string());
       return kChildFailed;
     }
-    return all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1);
+    if (rank == victim && sig == SIGSTOP) {
+      const pid_t self = getpid();
+      if (fork() == 0) {
+        std::this_thread::sleep_for(15s);
+        kill(self, SIGKILL);
+        _exit(0);
+      }
+    }
+    return all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1, sig);
   });
+}
+
+class LostRank : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
+  const std::string spec = with_timeout(std::get<0>(GetParam()), "10s");
+  const int victim = std::get<1>(GetParam());
+  constexpr int kWorld = 4;
+  const std::string dir = make_temp_dir("lost");
+  GroupResult g = run_job_signalling_one(spec, kWorld, victim, SIGKILL, dir);
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   if (g.children[static_cast<size_t>((victim + 1) % kWorld)].exit_code == kChildSkip) {
     GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
@@ -355,41 +374,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A rank that stops (SIGSTOP) in the middle of all-reduces stays alive and connected, so no will
 // fires for it: the roll call names it. Every survivor's error must lead with the stopped rank,
-// within the timeout and the roll call's 2 s. A stopped rank 0 also stops the job's store, and is
-// named as the store host that does not answer. The stopped process is killed 15 s later by a
-// helper it forked, after the survivors are done.
+// within the timeout and the roll call's grace. A stopped rank 0 also stops the job's store, and is
+// named as the store host that does not answer.
 class StoppedRank : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(StoppedRank, EverySurvivorNamesTheStoppedRank) {
-  const std::string base = std::get<0>(GetParam());
-  const std::string spec =
-      base + (base.find(':') == std::string::npos ? ":" : ",") + "timeout=4s";
+  const std::string spec = with_timeout(std::get<0>(GetParam()), "4s");
   const int victim = std::get<1>(GetParam());
   constexpr int kWorld = 3;
   const std::string dir = make_temp_dir("stopped");
-  const std::uint16_t port = free_port();
-  GroupResult g = run_group(kWorld, 90s, [&](int rank) {
-    auto ctx = tcp_group_context(rank, kWorld, 1, port);
-    if (!ctx.ok()) {
-      write_note(dir, rank, ctx.status().to_string());
-      return kChildFailed;
-    }
-    auto ops = builtin_backends().create(spec, *ctx);
-    if (!ops.ok() && ops.status().code() == StatusCode::kNotFound) return kChildSkip;
-    if (!ops.ok()) {
-      write_note(dir, rank, ops.status().to_string());
-      return kChildFailed;
-    }
-    if (rank == victim) {
-      const pid_t self = getpid();
-      if (fork() == 0) {
-        std::this_thread::sleep_for(15s);
-        kill(self, SIGKILL);
-        _exit(0);
-      }
-    }
-    return all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1, SIGSTOP);
-  });
+  GroupResult g = run_job_signalling_one(spec, kWorld, victim, SIGSTOP, dir);
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   if (g.children[static_cast<size_t>((victim + 1) % kWorld)].exit_code == kChildSkip) {
     GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
