@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (fuzz/) under AddressSanitizer + UndefinedBehaviorSanitizer.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   # each target for SECONDS (default 60); all by default
-# Targets: spec config cluster store_server ring_handshake tfrecord csv. Each starts from its
+# Targets: spec config cluster store_server ring_handshake ring_frames tfrecord csv. Each starts from its
 # committed seeds (fuzz/corpus/TARGET) and keeps what it finds in build-asan/fuzz/corpus/TARGET, so
 # later runs go on from there; a crash leaves its input in build-asan/fuzz/artifacts/ and fails the
 # script.
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(spec config cluster store_server ring_handshake tfrecord csv)
+[ ${#targets[@]} -gt 0 ] || targets=(spec config cluster store_server ring_handshake ring_frames tfrecord csv)
 scripts/install-deps.sh --sanitizers
 . scripts/ccache_env.sh
 # The same build as scripts/sanitize.sh address (same options, so neither reconfigures the other).
