@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -70,6 +72,39 @@ std::string first_real_address(int family) {
 }
 
 }  // namespace
+
+Status check_listen_address(const std::string& host, const std::string& who) {
+  if (host.empty()) return Status();
+  const std::string shown = host.size() > 64 ? host.substr(0, 64) + "..." : host;
+  sockaddr_storage at{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&at);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&at);
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    len = sizeof *v4;
+  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    len = sizeof *v6;
+  } else {
+    return invalid_argument(who + ": host '" + shown +
+                            "' is not an IP address; give an address of this machine (such as "
+                            "10.0.0.5 or ::1), or leave host unset to listen on the interface "
+                            "that reaches the coordinator");
+  }
+  const int fd = ::socket(at.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return unavailable(who + ": cannot open a socket: " + std::strerror(errno));
+  const bool bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&at), len) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!bound) {
+    return invalid_argument(who + ": host '" + shown + "' is not an address of this machine (" +
+                            std::strerror(err) +
+                            "); give one of its addresses, or leave host unset to listen on the "
+                            "interface that reaches the coordinator");
+  }
+  return Status();
+}
 
 StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file) {
   std::string path = secret_file;

@@ -41,6 +41,10 @@ std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendCo
 // 127.0.1.1), the first non-loopback address of the same family is taken instead, so that other
 // hosts can reach what is published.
 std::string interface_towards(const std::string& coordinator);
+// A backend's host= option: empty (the default), or an IP address of this machine, checked by
+// binding to it, so that a typo fails at creation on every path (with shared memory only, the
+// address would otherwise never be used). `who` starts the message ("backend 'ring'").
+Status check_listen_address(const std::string& host, const std::string& who);
 
 // This host's identity, compared at rendezvous to find the peers that can share memory: the
 // TRIBUTARY_HOST_ID setting when given (tests give each "host" its own), else hostname + kernel

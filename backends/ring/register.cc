@@ -250,6 +250,8 @@ Status register_ring(BackendRegistry& registry) {
   info.create = [caps](const BackendContext& context,
                        Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     TRIBUTARY_RETURN_IF_ERROR(algorithms::check_transport_group_options("ring", options));
+    TRIBUTARY_RETURN_IF_ERROR(
+        internal::check_listen_address(options.get_string("host"), "backend 'ring'"));
     if (const uint64_t c = options.get_size("shm_chunk_bytes"); c != 0 && c < 4096) {
       return invalid_argument(
           "backend 'ring': shm_chunk_bytes must be 0 (auto) or at least 4KiB, "
