@@ -335,6 +335,28 @@ GroupResult run_job_signalling_one(const std::string& spec, int world, int victi
   });
 }
 
+// Every rank but `victim` failed by itself within `within` seconds, its error leading with `named`
+// and then saying what this rank saw.
+void expect_survivors_name(const GroupResult& g, const std::string& dir, int victim,
+                           const std::string& named, double within) {
+  for (int r = 0; r < static_cast<int>(g.children.size()); ++r) {
+    if (r == victim) continue;
+    const std::string note = read_note(dir, r);
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    EXPECT_EQ(note.find(named), note.find(':') + 2) << "rank " << r << ": " << note;
+    EXPECT_NE(note.find("what rank " + std::to_string(r) + " saw: "), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), within) << note;
+  }
+}
+
+// "ring_net_kill2", "ucx_tcp_stop0": the backend of a (spec, victim) case and what befell the victim.
+std::string signal_case_name(const std::tuple<std::string, int>& param, const std::string& what) {
+  std::string name = std::get<0>(param);
+  name = name.substr(0, name.find(':')) + (name.find("tls") != std::string::npos ? "_tcp" : "") +
+         (name.find("intra_host") != std::string::npos ? "_net" : "");
+  return name + "_" + what + std::to_string(std::get<1>(param));
+}
+
 class LostRank : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
@@ -348,29 +370,17 @@ TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
     GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
   }
   EXPECT_EQ(g.children[static_cast<size_t>(victim)].signal, SIGKILL) << g.describe();
-  const std::string named = victim == 0 ? "rank 0, which hosts the job's store, is unreachable"
-                                        : "rank " + std::to_string(victim) + " (pid ";
-  for (int r = 0; r < kWorld; ++r) {
-    if (r == victim) continue;
-    const std::string note = read_note(dir, r);
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    // First: the message leads with the lost rank, then says what this rank saw.
-    EXPECT_EQ(note.find(named), note.find(':') + 2) << "rank " << r << ": " << note;
-    EXPECT_NE(note.find("what rank " + std::to_string(r) + " saw: "), std::string::npos) << note;
-    EXPECT_LT(seconds_in(note), 10.0 + 5.0) << note;
-  }
+  expect_survivors_name(g, dir, victim,
+                        victim == 0 ? "rank 0, which hosts the job's store, is unreachable"
+                                    : "rank " + std::to_string(victim) + " (pid ",
+                        10.0 + 5.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, LostRank,
     ::testing::Combine(::testing::Values("ring:intra_host=net", "ring", "gloo", "ucx:tls=tcp"),
                        ::testing::Values(2, 0)),
-    [](const auto& info) {
-      std::string name = std::get<0>(info.param);
-      name = name.substr(0, name.find(':')) + (name.find("tls") != std::string::npos ? "_tcp" : "") +
-             (name.find("intra_host") != std::string::npos ? "_net" : "");
-      return name + "_kill" + std::to_string(std::get<1>(info.param));
-    });
+    [](const auto& info) { return signal_case_name(info.param, "kill"); });
 
 // A rank that stops (SIGSTOP) in the middle of all-reduces stays alive and connected, so no will
 // fires for it: the roll call names it. Every survivor's error must lead with the stopped rank,
@@ -388,27 +398,16 @@ TEST_P(StoppedRank, EverySurvivorNamesTheStoppedRank) {
   if (g.children[static_cast<size_t>((victim + 1) % kWorld)].exit_code == kChildSkip) {
     GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
   }
-  const std::string named = "rank " + std::to_string(victim) + " did not fail with the others";
-  for (int r = 0; r < kWorld; ++r) {
-    if (r == victim) continue;
-    const std::string note = read_note(dir, r);
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    EXPECT_EQ(note.find(named), note.find(':') + 2) << "rank " << r << ": " << note;
-    EXPECT_NE(note.find("what rank " + std::to_string(r) + " saw: "), std::string::npos) << note;
-    EXPECT_LT(seconds_in(note), 4.0 + 5.0) << note;
-  }
+  expect_survivors_name(g, dir, victim,
+                        "rank " + std::to_string(victim) + " did not fail with the others",
+                        4.0 + 5.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, StoppedRank,
     ::testing::Combine(::testing::Values("ring:intra_host=net", "ring", "gloo", "ucx:tls=tcp"),
                        ::testing::Values(2, 0)),
-    [](const auto& info) {
-      std::string name = std::get<0>(info.param);
-      name = name.substr(0, name.find(':')) + (name.find("tls") != std::string::npos ? "_tcp" : "") +
-             (name.find("intra_host") != std::string::npos ? "_net" : "");
-      return name + "_stop" + std::to_string(std::get<1>(info.param));
-    });
+    [](const auto& info) { return signal_case_name(info.param, "stop"); });
 
 INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
                          ::testing::Values("ring:intra_host=net,algorithm=ring",
