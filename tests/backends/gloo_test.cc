@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tributary/registry.h"
+#include "tests/multiprocess/conformance.h"
 #include "tributary/store.h"
 
 namespace tributary {
@@ -1073,3 +1074,6 @@ TEST(Gloo, EveryDtypeAcrossTwoProcesses) {
 
 }  // namespace
 }  // namespace tributary
+
+// The multi-process conformance suite (every collective x op x dtype, world sizes 1 to 5).
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(Gloo, "gloo");

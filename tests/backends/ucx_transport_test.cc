@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/ucx/ucx_transport.h"
+#include "tests/multiprocess/conformance.h"
 #include "tests/multiprocess/harness.h"
 #include "tributary/store.h"
 
@@ -169,3 +170,10 @@ TEST(UcxSecurity, MismatchedSizesWithTheMacAreAMismatchOnBothPaths) {
 
 }  // namespace
 }  // namespace tributary::testing
+
+// The multi-process conformance suite (every collective x op x dtype, world sizes 1 to 5) over
+// UCX's shared memory and TCP transports, and with every message authenticated (a MAC inline up to
+// 16 KiB, a tag message of its own above).
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxSharedMemory, "ucx:tls=sm");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcp, "ucx:tls=tcp");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcpAuthenticated, "ucx:tls=tcp,authenticate_frames=true");

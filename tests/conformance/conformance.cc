@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tests/conformance/device_buffers.h"
 #include "tests/conformance/values.h"
 #include "tributary/registry.h"
 
@@ -82,86 +83,6 @@ Replicas make_backend(const std::string& spec, int replicas) {
   return r;
 }
 
-// Copies `bytes` between a device buffer and its host shadow, synchronously.
-::testing::AssertionResult copy_bytes(void* dst, const Device& dst_device, const void* src,
-                                      const Device& src_device, size_t bytes) {
-  const Device& device = dst_device.is_cpu() ? src_device : dst_device;
-  auto allocator = allocator_for(device);
-  if (!allocator.ok()) {
-    return ::testing::AssertionFailure() << "no allocator for " << device.to_string() << ": "
-                                         << allocator.status().to_string();
-  }
-  Status s = (*allocator)->copy(dst, dst_device, src, src_device, bytes);
-  if (!s.ok()) {
-    return ::testing::AssertionFailure() << "copy " << src_device.to_string() << " -> "
-                                         << dst_device.to_string() << " (" << bytes
-                                         << " bytes): " << s.to_string();
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// Per-replica buffers of `count` elements. The collectives see the device tensors (operator[],
-// views); the test writes inputs into and checks results in the host tensors (host()). On a CPU
-// device the host tensor is the buffer itself and upload()/download() do nothing; on a GPU it is
-// a host shadow that upload() copies to the device buffer and download() copies back, each buffer
-// whole in one copy.
-struct Buffers {
-  std::vector<Buffer> owned;    // on the replicas' devices
-  std::vector<Buffer> shadows;  // host shadows of the non-CPU buffers (none for CPU devices)
-  PerReplica<Tensor> views;     // device tensors
-  std::vector<Tensor> hosts;    // per replica: the shadow, or on CPU the buffer itself
-  Status status;                // the first allocation failure
-
-  Buffers(DType t, int64_t count, const std::vector<Device>& devices) {
-    for (const Device& d : devices) {
-      auto b = Buffer::allocate(t, Shape{count}, d);
-      EXPECT_TRUE(b.ok()) << "allocating " << count << " x " << dtype_name(t) << " on "
-                          << d.to_string() << ": " << b.status().to_string();
-      if (!b.ok()) {
-        if (status.ok()) status = b.status();
-        // Keep the replicas' indices: a host stand-in that upload() refuses to run with.
-        b = Buffer::allocate(t, Shape{count}, Device::cpu());
-        if (!b.ok()) std::abort();
-      }
-      views.values().push_back(b->tensor());
-      if (d.is_cpu()) {
-        hosts.push_back(b->tensor());
-      } else {
-        auto shadow = Buffer::allocate(t, Shape{count}, Device::cpu());
-        if (!shadow.ok()) std::abort();
-        hosts.push_back(shadow->tensor());
-        shadows.push_back(std::move(shadow).value());
-      }
-      owned.push_back(std::move(b).value());
-    }
-  }
-  const Tensor& operator[](size_t i) const { return views[i]; }
-  const Tensor& host(size_t i) const { return hosts[i]; }
-
-  // Host shadows -> device buffers.
-  ::testing::AssertionResult upload() const {
-    if (!status.ok()) return ::testing::AssertionFailure() << status.to_string();
-    for (size_t i = 0; i < views.size(); ++i) {
-      if (views[i].device().is_cpu()) continue;
-      auto copied = copy_bytes(views[i].data(), views[i].device(), hosts[i].data(),
-                               Device::cpu(), views[i].nbytes());
-      if (!copied) return copied;
-    }
-    return ::testing::AssertionSuccess();
-  }
-  // Device buffers -> host shadows.
-  ::testing::AssertionResult download() const {
-    if (!status.ok()) return ::testing::AssertionFailure() << status.to_string();
-    for (size_t i = 0; i < views.size(); ++i) {
-      if (views[i].device().is_cpu()) continue;
-      auto copied = copy_bytes(hosts[i].data(), Device::cpu(), views[i].data(),
-                               views[i].device(), views[i].nbytes());
-      if (!copied) return copied;
-    }
-    return ::testing::AssertionSuccess();
-  }
-};
-
 // Writes the poison pattern to a host tensor (upload it before the collective).
 void fill_poison(const Tensor& t) { std::memset(t.data(), 0x5a, t.nbytes()); }
 
@@ -224,7 +145,7 @@ TEST_P(ReduceConformance, AllReduceExact) {
   const auto& [spec, op, dtype, count, in_place, replicas] = GetParam();
   Replicas r = make_backend(spec, replicas);
   SKIP_IF_UNAVAILABLE(r);
-  Buffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
+  DeviceBuffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
   for (int k = 0; k < replicas; ++k) {
     for (int64_t i = 0; i < count; ++i) {
       store(dtype, in.host(k).data(), i, exact_value(op, k, i));
@@ -235,7 +156,7 @@ TEST_P(ReduceConformance, AllReduceExact) {
   if (!in_place) {  // in place, `out` is not used
     ASSERT_TRUE(out.upload());
   }
-  Buffers& dst_buffers = in_place ? in : out;
+  DeviceBuffers& dst_buffers = in_place ? in : out;
   const PerReplica<Tensor>& dst = dst_buffers.views;
   EXPECT_REFUSED_IF_UNSUPPORTED(r, Collective::kAllReduce, op, dtype,
                                 r.ops->all_reduce(op, in.views, dst));
@@ -266,7 +187,7 @@ TEST_P(ReduceConformance, AllReduceRandom) {
   if (!r.ops->capabilities().supports(dtype) || !r.ops->capabilities().supports(op)) {
     GTEST_SKIP() << "refusal checked by AllReduceExact";
   }
-  Buffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
+  DeviceBuffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
   std::mt19937 rng(static_cast<uint32_t>(count * 131 + replicas));
   std::uniform_real_distribution<double> real(op == ReduceOp::kProd ? 0.5 : -1.0, 1.0);
   std::uniform_int_distribution<int> small(0, 3);
@@ -280,7 +201,7 @@ TEST_P(ReduceConformance, AllReduceRandom) {
     }
   }
   ASSERT_TRUE(in.upload());
-  Buffers& dst_buffers = in_place ? in : out;
+  DeviceBuffers& dst_buffers = in_place ? in : out;
   const PerReplica<Tensor>& dst = dst_buffers.views;
   ASSERT_TRUE(r.ops->all_reduce(op, in.views, dst).wait(std::chrono::seconds(60)).ok());
   ASSERT_TRUE(dst_buffers.download());
@@ -303,7 +224,7 @@ TEST_P(ReduceConformance, ReduceToDestinations) {
   const auto& [spec, op, dtype, count, in_place, replicas] = GetParam();
   Replicas r = make_backend(spec, replicas);
   SKIP_IF_UNAVAILABLE(r);
-  Buffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
+  DeviceBuffers in(dtype, count, r.ctx.devices), out(dtype, count, r.ctx.devices);
   for (int k = 0; k < replicas; ++k) {
     for (int64_t i = 0; i < count; ++i) {
       store(dtype, in.host(k).data(), i, exact_value(op, k, i));
@@ -347,7 +268,7 @@ TEST_P(ReduceConformance, BatchReduce) {
   const int64_t sizes[3] = {count, 5, count / 2 + 3};
   const DType second = dtype == DType::kFloat32 ? DType::kInt32 : DType::kFloat32;
   const DType types[3] = {dtype, dtype, second};
-  std::vector<Buffers> ins, outs;
+  std::vector<DeviceBuffers> ins, outs;
   for (int j = 0; j < 3; ++j) {
     ins.emplace_back(types[j], sizes[j], r.ctx.devices);
     outs.emplace_back(types[j], sizes[j], r.ctx.devices);
@@ -377,7 +298,7 @@ TEST_P(ReduceConformance, BatchReduce) {
   std::vector<double> xs(static_cast<size_t>(replicas));
   for (int j = 0; j < 3; ++j) {
     // pairs[j].destinations are these buffers' device tensors.
-    const Buffers& dst_buffers = in_place ? ins[j] : outs[j];
+    const DeviceBuffers& dst_buffers = in_place ? ins[j] : outs[j];
     ASSERT_TRUE(dst_buffers.download());
     Checker check(types[j], "batch_reduce");
     for (int64_t i = 0; i < sizes[j]; ++i) {
@@ -393,7 +314,7 @@ TEST_P(ReduceConformance, ReduceScatter) {
   Replicas r = make_backend(spec, replicas);
   SKIP_IF_UNAVAILABLE(r);
   const int64_t total = count * replicas;
-  Buffers in(dtype, total, r.ctx.devices), out(dtype, count, r.ctx.devices);
+  DeviceBuffers in(dtype, total, r.ctx.devices), out(dtype, count, r.ctx.devices);
   for (int k = 0; k < replicas; ++k) {
     for (int64_t i = 0; i < total; ++i) {
       store(dtype, in.host(k).data(), i, exact_value(op, k, i));
@@ -433,8 +354,8 @@ TEST_P(MoveConformance, Broadcast) {
   const auto& [spec, dtype, count, in_place, replicas] = GetParam();
   Replicas r = make_backend(spec, replicas);
   SKIP_IF_UNAVAILABLE(r);
-  Buffers out(dtype, count, r.ctx.devices);
-  Buffers src_buf(dtype, count, {r.ctx.devices[0]});
+  DeviceBuffers out(dtype, count, r.ctx.devices);
+  DeviceBuffers src_buf(dtype, count, {r.ctx.devices[0]});
   ASSERT_TRUE(src_buf.status.ok());
   Tensor src = in_place ? out[0] : src_buf[0];
   Tensor src_host = in_place ? out.host(0) : src_buf.host(0);
@@ -468,7 +389,7 @@ TEST_P(MoveConformance, AllGather) {
   const auto& [spec, dtype, count, in_place, replicas] = GetParam();
   Replicas r = make_backend(spec, replicas);
   SKIP_IF_UNAVAILABLE(r);
-  Buffers in(dtype, count, r.ctx.devices), out(dtype, count * replicas, r.ctx.devices);
+  DeviceBuffers in(dtype, count, r.ctx.devices), out(dtype, count * replicas, r.ctx.devices);
   PerReplica<Tensor> src = in.views;
   for (int k = 0; k < replicas; ++k) {
     fill_poison(out.host(k));

@@ -12,6 +12,7 @@
 
 #include "backends/hierarchical_copy/hierarchical_copy_ops.h"
 #include "core/gpu.h"
+#include "tests/multiprocess/conformance.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
 #include "tributary/strategy/strategies.h"
@@ -275,3 +276,8 @@ TEST(GpuStrategies, MixedCpuAndGpuFallsBackToReductionToOneDevice) {
 
 }  // namespace
 }  // namespace tributary
+
+// The multi-process conformance suite on GPU devices: one NCCL rank per process, each process
+// driving 1 or 2 GPUs (GPU:rank x local + k), so world x local GPUs per case; with fewer visible it
+// is a skip that says how many it needs.
+TRIBUTARY_MULTIPROCESS_CONFORMANCE_GPU(Nccl, "nccl");

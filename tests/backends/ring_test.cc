@@ -1,0 +1,26 @@
+// The ring backend (TCP between hosts, shared memory between the processes of one host) in the
+// multi-process conformance suite, on one host and on several (network namespaces). Its failure
+// paths are in tests/multiprocess/fault_test.cc.
+#include "tests/multiprocess/conformance.h"
+
+// Every process here is on one host: "ring" goes through shared memory, intra_host=net through TCP.
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4KiB");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingNet, "ring:intra_host=net");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingForcedRing,
+                                   "ring:intra_host=net,algorithm=ring,segment_bytes=4KiB");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingHalvingDoubling,
+                                   "ring:intra_host=net,algorithm=halving_doubling");
+// Striped and authenticated: every frame of every stripe carries a MAC.
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSocketsAuthenticated,
+                                   "ring:intra_host=net,sockets_per_peer=3,"
+                                   "authenticate_frames=true");
+
+// Several hosts: hierarchical by default where a host runs several processes (shared memory inside
+// a host, TCP between hosts), flat where it is forced off or each host runs one.
+TRIBUTARY_MULTIHOST_CONFORMANCE(Ring, HostsParam{"ring:algorithm=auto", 2, 2, 1},
+                                HostsParam{"ring:algorithm=auto", 2, 2, 2},
+                                HostsParam{"ring:intra_host=net", 2, 2, 1},
+                                HostsParam{"ring:algorithm=ring", 3, 2, 1},
+                                HostsParam{"ring:hierarchy=off", 2, 2, 1},
+                                HostsParam{"ring:algorithm=auto", 2, 1, 1});

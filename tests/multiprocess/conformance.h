@@ -1,0 +1,76 @@
+// The multi-process conformance suite. A multi-process backend joins it with one line in its own
+// test file (as TensorPipe's channel tests do):
+//
+//   TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcp, "ucx:tls=tcp");       // replicas on CPU devices
+//   TRIBUTARY_MULTIPROCESS_CONFORMANCE_GPU(Nccl, "nccl");             // replicas on GPU devices
+//
+// Every case forks `world` real processes (1 to 5) with 1 or 2 local replicas each; the ranks meet
+// through a FileStore, and run every collective x op x dtype x size (0, 1, odd, not divisible by
+// any world size, several segments) x in-place/out-of-place, with results checked exactly against
+// small-integer inputs of each global replica. An op or dtype the backend does not support must be
+// refused with Unimplemented.
+//
+// Devices: on CPU, rank r's replicas are CPU:0 .. CPU:local-1. On GPU, rank r's replica k is
+// GPU:(r x local + k), so a case needs world x local visible GPUs (counted in a forked probe, so
+// that the test process itself never initialises CUDA before forking its ranks); with fewer, or
+// without CUDA, the case is a visible skip that says how many it needs and why none are there.
+// Inputs are written to host shadows and uploaded, results downloaded before they are checked.
+//
+// A backend that is not built in (every rank's create() says NotFound) is a visible skip.
+//
+// Several hosts: TRIBUTARY_MULTIHOST_CONFORMANCE(name, HostsParam{...}, ...) runs the same matrix
+// with the ranks spread over Linux network namespaces joined by a bridge, each namespace a "host"
+// with its own host id; where namespaces cannot be made (not root, no iproute2) it is a skip that
+// says why.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <tuple>
+
+namespace tributary::testing {
+
+enum class DeviceKind { kCpu, kGpu };
+inline void PrintTo(DeviceKind kind, std::ostream* os) {
+  *os << (kind == DeviceKind::kGpu ? "GPU" : "CPU");
+}
+
+// spec, device kind, world size, local replicas per process
+using MultiProcessParam = std::tuple<std::string, DeviceKind, int, int>;
+class MultiProcessConformance : public ::testing::TestWithParam<MultiProcessParam> {};
+std::string multiprocess_param_name(const ::testing::TestParamInfo<MultiProcessParam>& info);
+
+// spec, hosts, processes per host, local replicas per process (CPU devices)
+using HostsParam = std::tuple<std::string, int, int, int>;
+class MultiHostConformance : public ::testing::TestWithParam<HostsParam> {};
+std::string multihost_param_name(const ::testing::TestParamInfo<HostsParam>& info);
+
+}  // namespace tributary::testing
+
+#define TRIBUTARY_MULTIPROCESS_CONFORMANCE_ON_(name, spec, kind)                              \
+  namespace tributary::testing {                                                              \
+  INSTANTIATE_TEST_SUITE_P(name, MultiProcessConformance,                                     \
+                           ::testing::Combine(::testing::Values(std::string(spec)),           \
+                                              ::testing::Values(kind),                        \
+                                              ::testing::Values(1, 2, 3, 4, 5),               \
+                                              ::testing::Values(1, 2)),                       \
+                           multiprocess_param_name);                                          \
+  }                                                                                           \
+  static_assert(true, "")
+
+// Replicas on CPU devices.
+#define TRIBUTARY_MULTIPROCESS_CONFORMANCE(name, spec) \
+  TRIBUTARY_MULTIPROCESS_CONFORMANCE_ON_(name, spec, ::tributary::testing::DeviceKind::kCpu)
+// Replicas on GPU devices (world x local of them).
+#define TRIBUTARY_MULTIPROCESS_CONFORMANCE_GPU(name, spec) \
+  TRIBUTARY_MULTIPROCESS_CONFORMANCE_ON_(name, spec, ::tributary::testing::DeviceKind::kGpu)
+
+// Several hosts: one case per HostsParam given.
+#define TRIBUTARY_MULTIHOST_CONFORMANCE(name, ...)                                         \
+  namespace tributary::testing {                                                           \
+  INSTANTIATE_TEST_SUITE_P(name, MultiHostConformance, ::testing::Values(__VA_ARGS__),     \
+                           multihost_param_name);                                          \
+  }                                                                                        \
+  static_assert(true, "")
