@@ -55,6 +55,11 @@ struct Args {
   bool mean;  // divide the sum by mean_divisor
   // Bit j: write dsts[j] with non-temporal stores (large outputs that are not also a source).
   uint64_t streaming_mask;
+  // With one or two sources, the block is computed straight into dsts[0] (which is then the
+  // source of the copies to the other destinations) instead of into an L1 block that is copied to
+  // every destination: one store pass less. Set when dsts[0] is cached (not streaming) and is
+  // either exactly one of the sources or overlaps none of them.
+  bool direct;
 
   bool streams(size_t j) const { return mask_bit(streaming_mask, j); }
 };
@@ -223,6 +228,31 @@ TRIBUTARY_ALWAYS_INLINE void accumulate_one(A* TRIBUTARY_RESTRICT acc,
   for (size_t i = 0; i < n; ++i) acc[i] = Op::apply(acc[i], Conv::load(a[i]));
 }
 
+// The element loops of the direct path: `out` is a destination that may be one of the sources
+// itself (in place), at the same index only, so no iteration depends on another's store.
+#if defined(__clang__)
+#define TRIBUTARY_SAME_INDEX_ALIASING _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define TRIBUTARY_SAME_INDEX_ALIASING _Pragma("GCC ivdep")
+#else
+#define TRIBUTARY_SAME_INDEX_ALIASING
+#endif
+
+template <typename Op, bool kMean, typename S, typename A>
+TRIBUTARY_ALWAYS_INLINE void direct_from_one(A* out, const S* a, size_t n, int64_t divisor) {
+  TRIBUTARY_SAME_INDEX_ALIASING
+  for (size_t i = 0; i < n; ++i) out[i] = finish<kMean, S>(static_cast<A>(a[i]), divisor);
+}
+
+template <typename Op, bool kMean, typename S, typename A>
+TRIBUTARY_ALWAYS_INLINE void direct_from_pair(A* out, const S* a, const S* b, size_t n,
+                                              int64_t divisor) {
+  TRIBUTARY_SAME_INDEX_ALIASING
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = finish<kMean, S>(Op::apply(static_cast<A>(a[i]), static_cast<A>(b[i])), divisor);
+  }
+}
+
 // Final passes: out[i] = finish(...). When O is the accumulator type, `out` is the accumulator
 // itself and only `acc` is touched, so that no two restrict pointers name the same memory.
 template <typename Conv, bool kMean, typename S, typename A, typename O>
@@ -299,6 +329,26 @@ TRIBUTARY_ALWAYS_INLINE void reduce_blocks(const Args& args, A* acc, S* out) {
   const auto* const* srcs = reinterpret_cast<const S* const*>(args.srcs);
   const size_t nsrc = args.nsrc;
   const int64_t divisor = args.mean_divisor;
+  if constexpr (kSameBytes && std::is_same_v<Conv, Plain<S, A>>) {
+    if (args.direct && nsrc <= 2) {
+      // S and A share a representation (float/float, int32/uint32), so dsts[0] holds A's.
+      A* const first = static_cast<A*>(args.dsts[0]);
+      for (size_t base = 0; base < args.count; base += kBlock) {
+        const size_t n = std::min(kBlock, args.count - base);
+        if (nsrc == 1) {
+          direct_from_one<Op, kMean, S, A>(first + base, srcs[0] + base, n, divisor);
+        } else {
+          direct_from_pair<Op, kMean, S, A>(first + base, srcs[0] + base, srcs[1] + base, n,
+                                            divisor);
+        }
+        for (size_t j = 1; j < args.ndst; ++j) {
+          store_block(static_cast<S*>(args.dsts[j]) + base, first + base, n * sizeof(S),
+                      args.streams(j));
+        }
+      }
+      return;
+    }
+  }
   for (size_t base = 0; base < args.count; base += kBlock) {
     const size_t n = std::min(kBlock, args.count - base);
     if (nsrc == 1) {
@@ -635,8 +685,18 @@ void reduce_impl(ReduceOp op, DType dtype, std::span<const void* const> srcs,
     return;
   }
 
-  const Args args{srcs.data(), srcs.size(),  dsts.data(), dsts.size(),
-                  count,       mean_divisor, mean,        streaming_mask};
+  // The direct path (Args::direct): dsts[0] cached, and exactly a source or clear of all of them.
+  bool direct = !mask_bit(streaming_mask, 0) && srcs.size() <= 2;
+  if (direct) {
+    const auto* d = static_cast<const std::byte*>(dsts[0]);
+    for (const void* src : srcs) {
+      const auto* x = static_cast<const std::byte*>(src);
+      if (x != d && x < d + bytes && d < x + bytes) direct = false;
+    }
+  }
+  const Args args{srcs.data(), srcs.size(),  dsts.data(),    dsts.size(),
+                  count,       mean_divisor, mean,           streaming_mask,
+                  direct};
   switch (dtype) {
     case DType::kFloat32:
       reduce_float32(op, args);

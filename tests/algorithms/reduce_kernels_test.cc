@@ -202,11 +202,13 @@ enum class Placement {
   kInPlaceFirst,     // dst == srcs[0]
   kInPlaceLast,      // dst == srcs[nsrc - 1]
   kInPlaceAndOther,  // dsts = {srcs[0], a separate buffer}
+  kOtherAndInPlace,  // dsts = {a separate buffer, srcs[nsrc - 1]}: the first is written first
   kNoDst,            // nothing to write
 };
-constexpr Placement kAllPlacements[] = {Placement::kOutOfPlace,      Placement::kThreeDsts,
-                                        Placement::kInPlaceFirst,    Placement::kInPlaceLast,
-                                        Placement::kInPlaceAndOther, Placement::kNoDst};
+constexpr Placement kAllPlacements[] = {Placement::kOutOfPlace,       Placement::kThreeDsts,
+                                        Placement::kInPlaceFirst,     Placement::kInPlaceLast,
+                                        Placement::kInPlaceAndOther,  Placement::kOtherAndInPlace,
+                                        Placement::kNoDst};
 
 const char* placement_name(Placement p) {
   switch (p) {
@@ -220,6 +222,8 @@ const char* placement_name(Placement p) {
       return "in_place_last";
     case Placement::kInPlaceAndOther:
       return "in_place_and_other";
+    case Placement::kOtherAndInPlace:
+      return "other_and_in_place";
     case Placement::kNoDst:
       return "no_dst";
   }
@@ -328,6 +332,7 @@ void run_case(const Case& c) {
       nseparate = 3;
       break;
     case Placement::kInPlaceAndOther:
+    case Placement::kOtherAndInPlace:
       nseparate = 1;
       break;
     default:
@@ -344,6 +349,7 @@ void run_case(const Case& c) {
   }
   if (c.placement == Placement::kInPlaceLast) dst_ptrs.push_back(srcs.back().data());
   for (auto& d : separate) dst_ptrs.push_back(d.data() + c.dst_offset_elems * elem);
+  if (c.placement == Placement::kOtherAndInPlace) dst_ptrs.push_back(srcs.back().data());
 
   c.fn(c.op, c.dtype, src_ptrs, dst_ptrs, c.count, divisor);
 
