@@ -1,5 +1,6 @@
 #include "tributary/work.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <vector>
@@ -10,6 +11,10 @@ struct Work::State {
   mutable std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  // Set (release) after `status` and `end`, which never change again: a completed Work is read
+  // without the lock, so a synchronous collective's test(), error() and wait() cost no lock and no
+  // clock read.
+  std::atomic<bool> finished{false};
   Status status;
   Clock::time_point start = Clock::now();
   Clock::time_point end{};
@@ -29,6 +34,7 @@ Work Work::completed(Status status) {
       auto state = std::make_shared<State>();
       state->done = true;
       state->end = state->start;
+      state->finished.store(true, std::memory_order_release);
       return new std::shared_ptr<State>(std::move(state));
     }();
     Work w(*kDone);
@@ -40,6 +46,7 @@ Work Work::completed(Status status) {
 }
 
 Status Work::wait(std::chrono::milliseconds timeout) const {
+  if (state_->finished.load(std::memory_order_acquire)) return state_->status;
   std::unique_lock lock(state_->mu);
   if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
     return deadline_exceeded("the collective did not complete within the " +
@@ -51,11 +58,13 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
 }
 
 bool Work::test() const {
+  if (state_->finished.load(std::memory_order_acquire)) return true;
   std::lock_guard lock(state_->mu);
   return state_->done;
 }
 
 Status Work::error() const {
+  if (state_->finished.load(std::memory_order_acquire)) return state_->status;
   std::lock_guard lock(state_->mu);
   return state_->done ? state_->status : Status();
 }
@@ -75,6 +84,7 @@ void Work::complete(Status status) const {
     state_->end = Clock::now();
     callbacks.swap(state_->callbacks);
     state_->stream_waiter = nullptr;
+    state_->finished.store(true, std::memory_order_release);
   }
   state_->cv.notify_all();
   for (auto& fn : callbacks) fn(state_->status);

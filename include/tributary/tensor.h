@@ -33,7 +33,11 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(void* data, DType dtype, Shape shape, Device device = Device::cpu())
-      : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(std::move(device)) {}
+      : data_(data),
+        dtype_(dtype),
+        shape_(std::move(shape)),
+        num_elements_(shape_num_elements(shape_)),
+        device_(std::move(device)) {}
   // A 1-D view of `count` elements.
   Tensor(void* data, DType dtype, int64_t count, Device device = Device::cpu())
       : Tensor(data, dtype, Shape{count}, std::move(device)) {}
@@ -42,7 +46,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   const Device& device() const { return device_; }
-  int64_t num_elements() const { return shape_num_elements(shape_); }
+  int64_t num_elements() const { return num_elements_; }  // computed once, with the shape
   size_t nbytes() const;
 
   template <typename T>
@@ -61,6 +65,7 @@ class Tensor {
   void* data_ = nullptr;
   DType dtype_ = DType::kFloat32;
   Shape shape_{0};
+  int64_t num_elements_ = 0;
   Device device_;
 };
 
