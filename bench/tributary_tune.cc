@@ -1,7 +1,8 @@
 // tributary-tune: measures the candidate backend specs for this cluster layout over a size sweep
 // and writes the tuning file that `auto` follows (tributary/tuning.h). The measuring is
 // tributary-bench's (runner.h): interleaved, checked, the slowest rank's time; in place only, and
-// each figure the best of --passes sweeps, so that one noisy moment does not decide a range.
+// each figure the best of --passes sweeps, so that one noisy moment does not decide a range, and
+// the slowest kept beside it: a lead smaller than the leader's own spread between passes is a tie.
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,15 +22,29 @@ namespace {
 constexpr const char* kTool = "tributary-tune";
 
 // The default candidates: every backend serving the layout, plus the algorithm variants of the
-// one the cost model picks (the choice the file is most likely to refine).
-std::vector<std::string> default_candidates(const BackendContext& ctx) {
+// one the cost model picks (the choice the file is most likely to refine). Not ring's when every
+// process is on this host: ring then moves everything through shared memory, and `algorithm`
+// (the TCP algorithm) changes nothing, so its variants would differ only by noise and split the
+// file into ranges for nothing; `note` says so. `launched_here`: this tool started every rank
+// itself (--np), so all are on this host.
+std::vector<std::string> default_candidates(const BackendContext& ctx, bool launched_here,
+                                            std::string* note) {
   BackendRegistry registry = builtin_backends();
   std::vector<std::string> out;
   auto chosen = registry.choose_auto(ctx);
+  const bool one_host =
+      ctx.world_size > 1 &&
+      (launched_here || tuning_layout_of(ctx).processes_per_host == ctx.world_size);
   for (const BackendInfo& b : registry.backends()) {
     if (b.capabilities.multi_process != (ctx.world_size > 1)) continue;
     out.push_back(b.name);
     if (!chosen.ok() || *chosen != b.name) continue;
+    if (b.name == "ring" && one_host) {
+      *note = "ring's algorithm variants left out: every process is on this host, where ring uses "
+              "shared memory and algorithm= (TCP) does not apply (name them with --candidate to "
+              "measure them anyway)";
+      continue;
+    }
     for (const OptionDef& d : registry.options_of(b)) {
       if (d.name != "algorithm") continue;
       for (const std::string& choice : d.choices) {
@@ -52,6 +67,7 @@ int run(int argc, char** argv) {
   const std::string& out_path = o.tune_out;
   const int passes = o.tune_passes;
   std::vector<std::string> candidates = o.tune_candidates;
+  std::string candidates_note;
   o.in_place_only = true;
   o.references = {"none"};
   for (const std::string& c : candidates) {
@@ -79,7 +95,7 @@ int run(int argc, char** argv) {
     probe.devices.clear();
     for (int r = 0; r < o.replicas; ++r) probe.devices.push_back(Device::cpu(r));
     if (auto spec = resolve_cluster_spec(*config); spec.ok()) probe.world_size = spec->world_size;
-    candidates = default_candidates(probe);
+    candidates = default_candidates(probe, o.np > 1, &candidates_note);
   }
   o.backends = candidates;
 
@@ -94,6 +110,7 @@ int run(int argc, char** argv) {
                 std::string(version()).c_str(),
                 tuning_layout_of(runner.context()).to_string().c_str(), candidates.size(),
                 sizes->size(), passes);
+    if (!candidates_note.empty()) std::printf("# %s\n", candidates_note.c_str());
     for (const BackendResult& b : report.results) {
       if (!b.skipped.empty())
         std::printf("# skipping %s: %s\n", b.requested.c_str(), b.skipped.c_str());
@@ -121,13 +138,16 @@ int run(int argc, char** argv) {
     TuningMeasurement m;
     m.bytes = bytes;
     for (const BackendResult& b : report.results) {
-      double best = 0;
+      double best = 0, worst = 0;
+      int figures = 0;
       for (const Row& row : b.rows) {
-        if (row.bytes == bytes && row.time_us[1] > 0 && (best == 0 || row.time_us[1] < best)) {
-          best = row.time_us[1];
-        }
+        if (row.bytes != bytes || row.time_us[1] <= 0) continue;
+        ++figures;
+        if (best == 0 || row.time_us[1] < best) best = row.time_us[1];
+        worst = std::max(worst, row.time_us[1]);
       }
       if (best > 0) m.time_us.emplace_back(b.requested, best);
+      if (figures > 1) m.worst_us.emplace_back(b.requested, worst);
     }
     measurements.push_back(std::move(m));
   }

@@ -116,9 +116,23 @@ StatusOr<TuningTable> TuningTable::from_measurements(TuningLayout layout, DType 
     }
     return best;
   };
+  // The slowest pass of the spec that was fastest at this size (0 when unknown).
+  const auto leader_worst = [&](const TuningMeasurement& m) {
+    const double best = best_of(m);
+    for (const auto& [s, time] : m.time_us) {
+      if (time != best) continue;
+      for (const auto& [w, worst] : m.worst_us) {
+        if (w == s) return worst;
+      }
+    }
+    return 0.0;
+  };
+  // Tied with the fastest: within kTie of it, or no slower than the fastest's own slowest pass
+  // (its lead did not hold from one pass to the next).
   const auto good = [&](size_t i, const std::string& spec) {
     const double time = time_of(*measured[i], spec);
-    return time > 0 && time <= best_of(*measured[i]) * kTie;
+    return time > 0 && (time <= best_of(*measured[i]) * kTie ||
+                        time <= leader_worst(*measured[i]));
   };
   for (size_t i = 0; i < measured.size(); ++i) {
     const TuningMeasurement& m = *measured[i];
@@ -251,6 +265,11 @@ StatusOr<TuningTable> TuningTable::parse(std::string_view text, std::string_view
           if (it.value().is_number()) tm.time_us.emplace_back(it.key(), it.value().get<double>());
         }
       }
+      if (m.contains("worst_us") && m.at("worst_us").is_object()) {  // optional
+        for (auto it = m.at("worst_us").begin(); it != m.at("worst_us").end(); ++it) {
+          if (it.value().is_number()) tm.worst_us.emplace_back(it.key(), it.value().get<double>());
+        }
+      }
       t.measurements.push_back(std::move(tm));
     }
   }
@@ -297,7 +316,13 @@ std::string TuningTable::to_json() const {
   for (const TuningMeasurement& m : measurements) {
     json times = json::object();
     for (const auto& [spec, t] : m.time_us) times[spec] = t;
-    ms.push_back({{"bytes", m.bytes}, {"time_us", std::move(times)}});
+    json jm = {{"bytes", m.bytes}, {"time_us", std::move(times)}};
+    if (!m.worst_us.empty()) {
+      json worst = json::object();
+      for (const auto& [spec, t] : m.worst_us) worst[spec] = t;
+      jm["worst_us"] = std::move(worst);
+    }
+    ms.push_back(std::move(jm));
   }
   j["measurements"] = std::move(ms);
   return j.dump(2) + "\n";

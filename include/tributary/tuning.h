@@ -72,6 +72,9 @@ struct TuningRule {
 struct TuningMeasurement {
   uint64_t bytes = 0;
   std::vector<std::pair<std::string, double>> time_us;  // spec -> in-place time, as measured
+  // spec -> the slowest of tributary-tune's passes (time_us holds the fastest); empty when only
+  // one pass was made. A lead smaller than the leader's own pass-to-pass spread is noise.
+  std::vector<std::pair<std::string, double>> worst_us;
 };
 
 struct TuningTable {
@@ -84,7 +87,8 @@ struct TuningTable {
   std::vector<TuningMeasurement> measurements;
   std::string source;  // the file it was loaded from (load()), for messages; not written
 
-  // From measurements: per size, the fastest spec, where specs within 5% of it count as tied and
+  // From measurements: per size, the fastest spec, where specs within 5% of it (or within the
+  // fastest's own spread between passes, when the measurement has worst_us) count as tied and
   // ties go to `preferred` (the cost model's own choice, so that the file departs from it only for
   // a real gain), then to the current range's spec; neighbouring sizes with one spec merge into a
   // range, and boundaries between two measured sizes lie at their geometric mean. Fails when no

@@ -167,6 +167,31 @@ TEST(TuningTable, TiesGoToThePreferredSpec) {
   EXPECT_EQ(plain->summary(), "every size: q");
 }
 
+// A lead smaller than the leader's own spread between passes (worst_us) is noise: a tie, which
+// goes to the preferred spec; a lead that held in every pass still wins.
+TEST(TuningTable, LeadWithinTheLeadersOwnSpreadIsATie) {
+  TuningMeasurement noisy = at(4096, {{"p", 1.20}, {"q", 1.00}});
+  noisy.worst_us = {{"p", 1.25}, {"q", 1.30}};  // q's slowest pass was slower than p's best
+  TuningMeasurement real = at(16384, {{"p", 5.0}, {"q", 4.0}});
+  real.worst_us = {{"p", 5.1}, {"q", 4.2}};  // q ahead in every pass
+  auto t = TuningTable::from_measurements(TuningLayout{}, DType::kFloat32, ReduceOp::kSum,
+                                          {noisy, real}, "p");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->summary(), "<= 8KiB: p; rest: q");
+  // Without the spread (one pass), the same best figures make q win both.
+  auto one_pass = TuningTable::from_measurements(
+      TuningLayout{}, DType::kFloat32, ReduceOp::kSum,
+      {at(4096, {{"p", 1.20}, {"q", 1.00}}), at(16384, {{"p", 5.0}, {"q", 4.0}})}, "p");
+  ASSERT_TRUE(one_pass.ok());
+  EXPECT_EQ(one_pass->summary(), "every size: q");
+  // The spread is kept in the file and read back.
+  auto back = TuningTable::parse(t->to_json(), "x");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ASSERT_EQ(back->measurements.size(), 2u);
+  EXPECT_EQ(back->measurements[0].worst_us,
+            (std::vector<std::pair<std::string, double>>{{"p", 1.25}, {"q", 1.30}}));
+}
+
 TEST(TuningTable, JsonRoundTripAndDigest) {
   TuningLayout layout;
   layout.processes = 4;
