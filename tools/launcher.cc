@@ -53,7 +53,7 @@ constexpr size_t kMaxQueued = 1024 * 1024;  // stop reading workers while this m
 constexpr std::string_view kLauncherVariables[] = {
     "TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
     "MASTER_PORT", "TRIBUTARY_RANK", "TRIBUTARY_WORLD_SIZE", "TRIBUTARY_LOCAL_RANK",
-    "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT"};
+    "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT"};
 // clang-format on
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
@@ -377,7 +377,11 @@ int Launcher::run() {
   base.insert(base.end(), opt_.env.begin(), opt_.env.end());
   const std::string ws = std::to_string(n * opt_.nnodes), mp = std::to_string(master_port);
   for (const char* k : {"WORLD_SIZE=", "TRIBUTARY_WORLD_SIZE="}) base.push_back(k + ws);
-  base.push_back("LOCAL_WORLD_SIZE=" + std::to_string(n));
+  // TRIBUTARY_* come first in the cluster-spec order: without TRIBUTARY_LOCAL_WORLD_SIZE the ranks
+  // did not know how many of them share this host.
+  for (const char* k : {"LOCAL_WORLD_SIZE=", "TRIBUTARY_LOCAL_WORLD_SIZE="}) {
+    base.push_back(k + std::to_string(n));
+  }
   for (const char* k : {"MASTER_ADDR=", "TRIBUTARY_MASTER_ADDR="}) base.push_back(k + master_addr);
   for (const char* k : {"MASTER_PORT=", "TRIBUTARY_MASTER_PORT="}) base.push_back(k + mp);
 

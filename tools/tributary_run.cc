@@ -32,8 +32,8 @@ const char kUsage[] = R"(usage: tributary-run [options] [--] program [args...]
 Starts the worker processes of `program` on this host, each with its cluster spec in the
 environment (rank r of W, local index i on this host):
   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun sets them)
-  TRIBUTARY_RANK, TRIBUTARY_WORLD_SIZE, TRIBUTARY_LOCAL_RANK, TRIBUTARY_MASTER_ADDR,
-  TRIBUTARY_MASTER_PORT
+  TRIBUTARY_RANK, TRIBUTARY_WORLD_SIZE, TRIBUTARY_LOCAL_RANK, TRIBUTARY_LOCAL_WORLD_SIZE,
+  TRIBUTARY_MASTER_ADDR, TRIBUTARY_MASTER_PORT
   TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task": {"type": "worker", "index": i}}
     (single-node jobs only)
 A job on several hosts runs one tributary-run per host, torchrun's way: node k of --nnodes N starts
