@@ -115,16 +115,22 @@ class Matrix {
   static void poison(const DeviceBuffers& b) {
     for (const Tensor& h : b.hosts) std::memset(h.data(), 0x5a, h.nbytes());
   }
+  // Each replica's input (its exact values for `op`) and poisoned outputs, on the devices.
+  bool staged(const std::string& what, ReduceOp op, const DeviceBuffers& in,
+              const DeviceBuffers& out) {
+    for (size_t k = 0; k < in.hosts.size(); ++k) {
+      const Tensor& h = in.host(k);
+      for (int64_t i = 0; i < h.num_elements(); ++i)
+        dtype_store(h.dtype(), h.data(), i, exact_value(op, global(k), i));
+    }
+    poison(out);
+    return moved(what, in.upload()) && moved(what, out.upload());
+  }
 
   void all_reduce(ReduceOp op, DType t, int64_t count, bool in_place) {
     const std::string what = name("all_reduce", op, t, count, in_place);
     DeviceBuffers in(t, count, ops_.devices()), out(t, count, ops_.devices());
-    for (size_t k = 0; k < in.views.size(); ++k) {
-      for (int64_t i = 0; i < count; ++i)
-        dtype_store(t, in.host(k).data(), i, exact_value(op, global(k), i));
-    }
-    poison(out);
-    if (!moved(what, in.upload()) || !moved(what, out.upload())) return;
+    if (!staged(what, op, in, out)) return;
     const DeviceBuffers& dst = in_place ? in : out;
     if (!run_or_refused(what, Collective::kAllReduce, op, t,
                         ops_.all_reduce(op, in.views, dst.views)))
@@ -140,12 +146,7 @@ class Matrix {
   void reduce(ReduceOp op, DType t, int64_t count, bool in_place) {
     const std::string what = name("reduce", op, t, count, in_place);
     DeviceBuffers in(t, count, ops_.devices()), out(t, count, ops_.devices());
-    for (size_t k = 0; k < in.views.size(); ++k) {
-      for (int64_t i = 0; i < count; ++i)
-        dtype_store(t, in.host(k).data(), i, exact_value(op, global(k), i));
-    }
-    poison(out);
-    if (!moved(what, in.upload()) || !moved(what, out.upload())) return;
+    if (!staged(what, op, in, out)) return;
     // In place: the first replica's input is the one destination.
     Mirrored<Tensor> dst =
         in_place ? Mirrored<Tensor>{in.views[0]} : Mirrored<Tensor>(out.views.values());
@@ -164,15 +165,12 @@ class Matrix {
     const std::string what = name("reduce_scatter", op, t, count, in_place);
     const int n = ops_.num_replicas_in_sync();
     DeviceBuffers in(t, count * n, ops_.devices()), out(t, count, ops_.devices());
+    if (!staged(what, op, in, out)) return;
     PerReplica<Tensor> dst = out.views;
     for (size_t k = 0; k < in.views.size(); ++k) {
-      for (int64_t i = 0; i < count * n; ++i)
-        dtype_store(t, in.host(k).data(), i, exact_value(op, global(k), i));
       // In place: each replica's own block of its input.
       if (in_place) dst[k] = in.views[k].slice(global(k) * count, count);
     }
-    poison(out);
-    if (!moved(what, in.upload()) || !moved(what, out.upload())) return;
     if (!run_or_refused(what, Collective::kReduceScatter, op, t,
                         ops_.reduce_scatter(op, in.views, dst)))
       return;
