@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -125,9 +126,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (t.ok()) rank1 = std::move(t).value();
     else setup1 = t.status().to_string();
   });
-  const int from1 = ::accept4(relay, nullptr, nullptr, SOCK_CLOEXEC);
+  // libFuzzer's own timers can interrupt the accept (EINTR): that is not rank 1 failing to come.
+  int from1 = -1;
+  do {
+    from1 = ::accept4(relay, nullptr, nullptr, SOCK_CLOEXEC);
+  } while (from1 < 0 && errno == EINTR);
+  const int accept_errno = errno;
   ::close(relay);
-  if (from1 < 0) finding("rank 1 did not connect to the relay");
+  if (from1 < 0) {
+    finding(std::string("rank 1 did not connect to the relay: ") + std::strerror(accept_errno));
+  }
   const int to0 = connect_to(rank0_port);
   const bool handshake = pass(from1, to0, sizeof(wire::Hello)) &&
                          pass(to0, from1, sizeof(wire::HelloAck)) &&
