@@ -259,8 +259,18 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
     const int64_t off = cut.offset(k), m = cut.length(k, count);
     const size_t at = static_cast<size_t>(off) * elem;
     const uint64_t g = next_chunk++;
+    // This rank's piece (the large path): reduced by this rank, which reads it from `in` itself,
+    // so only the other pieces are staged.
+    const int64_t piece = ((m + size - 1) / size + align - 1) / align * align;
+    auto piece_range = [&](int r) {
+      const int64_t b = std::min<int64_t>(m, piece * r);
+      return std::pair<int64_t, int64_t>(b, std::min<int64_t>(m, b + piece));
+    };
+    const auto [b, e] = small ? std::pair<int64_t, int64_t>(0, 0) : piece_range(rank);
     TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [&](std::byte* s) {
-      std::memcpy(s, in + at, static_cast<size_t>(m) * elem);
+      std::memcpy(s, in + at, static_cast<size_t>(b) * elem);
+      std::memcpy(s + static_cast<size_t>(e) * elem, in + at + static_cast<size_t>(e) * elem,
+                  static_cast<size_t>(m - e) * elem);
     }));
     if (small) {
       // Every rank reduces the whole chunk: one synchronisation, the latency path.
@@ -271,16 +281,12 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
       publish(Field::kConsumed, g + 1);
       continue;
     }
-    // This rank's piece, reduced into its output and back into its own slot for the others.
-    const int64_t piece = ((m + size - 1) / size + align - 1) / align * align;
-    auto piece_range = [&](int r) {
-      const int64_t b = std::min<int64_t>(m, piece * r);
-      return std::pair<int64_t, int64_t>(b, std::min<int64_t>(m, b + piece));
-    };
-    const auto [b, e] = piece_range(rank);
+    // This rank's piece, reduced (its own part read straight from `in`, sources in rank order as
+    // every reducer uses) into its own slot for the others and into its output.
     if (e > b) {
       const size_t pb = static_cast<size_t>(b) * elem;
       for (int r = 0; r < size; ++r) srcs[static_cast<size_t>(r)] = slot(r, g) + pb;
+      srcs[static_cast<size_t>(rank)] = in + at + pb;
       void* dsts[2] = {slot(rank, g) + pb, out + at + pb};
       algorithms::reduce(op, dtype, srcs, dsts, static_cast<size_t>(e - b), mean_divisor);
     }

@@ -6,9 +6,10 @@
 //      sequence and fingerprint, the chunk number) and publishes `staged`;
 //   2. waits until every rank has staged the chunk, checks every header (a rank that issued another
 //      collective is a mismatch error, naming both, on every rank), and does its share:
-//        all-reduce      reduces piece `rank` (1/n of the chunk) from every slot, writing it both
-//                        to its output and back into its own slot; publishes `reduced`, waits for
-//                        every rank's, then copies the other pieces from their owners' slots;
+//        all-reduce      reduces piece `rank` (1/n of the chunk) from its own input and every
+//                        peer's slot (so a rank stages only the pieces its peers reduce), writing
+//                        it both to its output and into its own slot; publishes `reduced`, waits
+//                        for every rank's, then copies the other pieces from their owners' slots;
 //                        a chunk of at most `small_bytes` is reduced whole by every rank instead
 //                        (one synchronisation instead of two: the latency path);
 //        reduce-scatter  reduces its own block's part of the chunk from every slot;
