@@ -42,6 +42,23 @@ for b in "${backends[@]}"; do
 done
 [ ${#usable[@]} -gt 0 ] || { echo "kill_trials: no backend to try" >&2; exit 2; }
 
+# A port that no socket on this host is bound to (per /proc/net/tcp{,6}), for the job's store: a
+# port merely chosen at random can be taken, and the trial would then fail on "Address already in
+# use" instead of testing anything.
+free_port() {
+  local port hex
+  for _ in $(seq 100); do
+    port=$((20000 + RANDOM % 30000))
+    hex=$(printf '%04X' "$port")
+    if ! awk -v h=":$hex" 'NR > 1 && substr($2, length($2) - 4) == h { found = 1 } END { exit !found }' \
+         /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+  echo "$port"
+}
+
 logs=$(mktemp -d /tmp/tributary_kill_trials.XXXXXX)
 # Bash reports each killed background job on stderr ("line N: PID Killed ..."); that is the point
 # of the exercise here, so the shell's own stderr is dropped during the trials (results go to stdout).
@@ -52,7 +69,7 @@ for ((t = 0; t < trials; t++)); do
   n=$((2 + t % 4))
   backend=${usable[$(((t / 4) % ${#usable[@]}))]}
   victim=$((RANDOM % n))
-  port=$((20000 + RANDOM % 30000))
+  port=$(free_port)
   dir=$logs/trial$t
   mkdir -p "$dir"
   sep=:

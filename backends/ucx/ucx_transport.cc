@@ -1073,12 +1073,12 @@ class UcxSetup {
       ucp_ep_params_t ep{};
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
       ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
-      // Same host with shared memory allowed: "none" mode (UCX's shared memory needs it) and a
-      // pidfd watch. Over TCP alone, "none" mode would double the bandwidth of large transfers
-      // (ucx:tls=tcp at 16 MiB: 1.3-1.5 GB/s in peer mode, 2.7 without), but then a rank that
-      // closes its endpoints after a peer has gone gets UCX's own "Endpoint timeout" errors
-      // printed at exit; peer mode keeps those in our error handler.
-      if (host == impl_.options.host_id && may_use_shared_memory(impl_.options.tls)) {
+      // Same host: UCX's "none" error mode, and a pidfd watch that notices the peer's exit (UCX's
+      // peer mode cannot be used with its shared memory, and over TCP it halves the bandwidth of
+      // large transfers: ucx:tls=tcp, N=2, 16 MiB all-reduce 1.3-1.5 GB/s in peer mode, 2.6-2.7
+      // in none mode; 256 MiB 1.2 -> 2.0). Other hosts: peer mode, whose error handler names the
+      // rank whose connection failed.
+      if (host == impl_.options.host_id) {
         ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
         impl_.watched[static_cast<size_t>(p)] = transports::shm::PeerProcess(pid);
       } else {

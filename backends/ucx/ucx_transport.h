@@ -10,10 +10,11 @@
 //  2. every rank creates an endpoint to every peer. Peers on other hosts use UCX's peer
 //     error-handling mode: one that dies or becomes unreachable fails the endpoint (UCX's
 //     keepalive, 1 s unless UCX_KEEPALIVE_INTERVAL says otherwise) instead of leaving a wait to the
-//     deadline. UCX's shared-memory transports do not support that mode (UCX 1.13 refuses them
-//     in it), so peers on this host (same host id, see core/rendezvous.h) whose traffic may go
-//     through shared memory are watched by this transport instead: their process (a pidfd) is
-//     checked every millisecond of a wait, and its exit fails the wait naming the rank;
+//     deadline. Peers on this host (same host id, see core/rendezvous.h) use UCX's "none" mode:
+//     UCX's shared-memory transports do not support peer mode (UCX 1.13 refuses them in it), and
+//     over TCP loopback it halves the bandwidth of large transfers. This transport watches them
+//     instead: their process (a pidfd) is checked every millisecond of a wait, and its exit fails
+//     the wait naming the rank (a stopped peer ends in the deadline, as everywhere);
 //  3. every rank sends every peer a hello: protocol version, world size, rank, a hash of the
 //     cluster id, the layout text (options every rank must share) and, with a secret, the proof
 //     HMAC-SHA256(secret, cluster | sender | receiver | the receiver's nonce). The receiver checks
