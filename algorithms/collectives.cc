@@ -209,6 +209,8 @@ AllReduceAlgorithm CostModel::choose(size_t bytes, int n) const {
   double best_seconds = all_reduce_seconds(best, bytes, n);
   for (AllReduceAlgorithm a :
        {AllReduceAlgorithm::kHalvingDoubling, AllReduceAlgorithm::kRecursiveDoubling}) {
+    const size_t largest = a == AllReduceAlgorithm::kHalvingDoubling ? (bytes + 1) / 2 : bytes;
+    if (largest > pairwise_max_bytes) continue;
     const double t = all_reduce_seconds(a, bytes, n);
     if (t < best_seconds) {
       best = a;

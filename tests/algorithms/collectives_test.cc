@@ -191,6 +191,10 @@ TEST(CostModel, PicksLatencyOptimalForSmallAndRingForLarge) {
   EXPECT_EQ(m.choose(4096, 2), AllReduceAlgorithm::kRecursiveDoubling);
   EXPECT_EQ(m.choose(size_t{256} << 10, 8), AllReduceAlgorithm::kHalvingDoubling);
   EXPECT_EQ(m.choose(size_t{256} << 20, 6), AllReduceAlgorithm::kRing);
+  // Pairwise exchanges only while their messages stay within pairwise_max_bytes (4 MiB).
+  EXPECT_EQ(m.choose(size_t{8} << 20, 4), AllReduceAlgorithm::kHalvingDoubling);
+  EXPECT_EQ(m.choose((size_t{8} << 20) + 64, 4), AllReduceAlgorithm::kRing);
+  EXPECT_EQ(m.choose(size_t{16} << 20, 8), AllReduceAlgorithm::kRing);
   EXPECT_LT(m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 20, 2),
             m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 21, 2));
 }
