@@ -19,6 +19,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <new>
 #include <string_view>
@@ -270,6 +271,89 @@ gloo::transport::tcp::attr device_attr(const GlooConnectOptions& options, std::s
   return attr;
 }
 
+// gloo::rendezvous::Context with the full mesh connected our way. Gloo's connectFullMesh connects
+// the pairs one after another, so a rank whose connection to one peer failed at once (a stranger
+// took that peer's port) never connects its later pairs, and the peers listening on them wait out
+// the whole timeout before anyone can retry. Here every pair connects on its own thread: a pair
+// waits only for its own peer, and a refused connection fails its rank at once while its other
+// pairs still complete, so that every rank reports within moments and all retry together.
+class MeshContext final : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+
+  // Publishes this rank's pair addresses under "pairs/<rank>" and connects every pair; throws as
+  // Gloo does (the first connection failure that is not a timeout, else the first failure).
+  void connect_mesh(gloo::rendezvous::Store& store,
+                    const std::shared_ptr<gloo::transport::Device>& device) {
+    std::shared_ptr<gloo::transport::Context> pairs = device->createContext(rank, size);
+    pairs->setTimeout(getTimeout());
+    // Per rank, in rank order: a 4-byte length, then that pair's address (empty for this rank).
+    std::vector<char> mine;
+    for (int i = 0; i < size; ++i) {
+      std::vector<char> bytes;
+      if (i != rank) bytes = pairs->createPair(i)->address().bytes();
+      const auto n = static_cast<uint32_t>(bytes.size());
+      const auto* p = reinterpret_cast<const char*>(&n);
+      mine.insert(mine.end(), p, p + sizeof n);
+      mine.insert(mine.end(), bytes.begin(), bytes.end());
+    }
+    store.set("pairs/" + std::to_string(rank), mine);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+    {
+      std::vector<std::jthread> threads;
+      for (int i = 0; i < size; ++i) {
+        if (i == rank) continue;
+        threads.emplace_back([&, i] {
+          try {
+            const std::vector<char> theirs = store.get("pairs/" + std::to_string(i));
+            pairs->getPair(i)->connect(address_for(theirs, rank, i));
+          } catch (...) {
+            errors[static_cast<size_t>(i)] = std::current_exception();
+          }
+        });
+      }
+    }
+    std::exception_ptr first, refused;
+    for (const std::exception_ptr& e : errors) {
+      if (!e) continue;
+      if (!first) first = e;
+      try {
+        std::rethrow_exception(e);
+      } catch (const gloo::IoException& io) {
+        const std::string what = io.what();
+        if (!refused && what.find("imeout") == std::string::npos &&
+            what.find("imed out") == std::string::npos) {
+          refused = e;
+        }
+      } catch (...) {
+      }
+    }
+    if (refused) std::rethrow_exception(refused);
+    if (first) std::rethrow_exception(first);
+    device_ = device;
+    transportContext_ = std::move(pairs);
+  }
+
+ private:
+  // The address that rank `from` published for its pair with rank `to`.
+  static std::vector<char> address_for(const std::vector<char>& published, int to, int from) {
+    size_t at = 0;
+    for (int i = 0;; ++i) {
+      uint32_t n = 0;
+      if (published.size() - at < sizeof n) break;
+      std::memcpy(&n, published.data() + at, sizeof n);
+      at += sizeof n;
+      if (published.size() - at < n) break;
+      if (i == to) return std::vector<char>(published.begin() + static_cast<ptrdiff_t>(at),
+                                            published.begin() + static_cast<ptrdiff_t>(at + n));
+      at += n;
+    }
+    throw gloo::EnforceNotMet(__FILE__, __LINE__, "published pair addresses",
+                              "rank " + std::to_string(from) +
+                                  " published a malformed list of pair addresses");
+  }
+};
+
 // Runs `body`, a step of setting up Gloo, and turns what Gloo and the store throw into a Status.
 // `transient` (when given) says whether a failure was a connection's (refused, reset: worth a
 // fresh attempt) rather than the setup's.
@@ -358,9 +442,10 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
     bool transient = false;
     Status mesh = gloo_step(who, where, store_name, remaining(), &transient, [&] {
       std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-      context = std::make_shared<gloo::rendezvous::Context>(rank, world_size, base);
-      context->setTimeout(remaining());
-      context->connectFullMesh(*rendezvous, device);
+      auto mesh_context = std::make_shared<MeshContext>(rank, world_size, base);
+      mesh_context->setTimeout(remaining());
+      mesh_context->connect_mesh(*rendezvous, device);
+      context = std::move(mesh_context);
     });
     // How it went, for every rank: "ok", "retry <why>" or "fatal <why>".
     const std::string mine =
