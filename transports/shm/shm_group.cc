@@ -266,7 +266,10 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
       const int64_t b = std::min<int64_t>(m, piece * r);
       return std::pair<int64_t, int64_t>(b, std::min<int64_t>(m, b + piece));
     };
-    const auto [b, e] = small ? std::pair<int64_t, int64_t>(0, 0) : piece_range(rank);
+    // Named copies, not a structured binding: the lambda below captures them (clang 14 cannot).
+    const std::pair<int64_t, int64_t> mine =
+        small ? std::pair<int64_t, int64_t>(0, 0) : piece_range(rank);
+    const int64_t b = mine.first, e = mine.second;
     TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [&](std::byte* s) {
       std::memcpy(s, in + at, static_cast<size_t>(b) * elem);
       std::memcpy(s + static_cast<size_t>(e) * elem, in + at + static_cast<size_t>(e) * elem,
