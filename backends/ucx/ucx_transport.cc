@@ -554,9 +554,10 @@ struct UcxTransport::Impl {
     return t.ok() ? s : t;
   }
 
-  // Drives progress until `done()` or `deadline`; `op` (optional) names what is waited for.
-  template <typename Done>
-  Status drive(Done&& done, Deadline deadline, const Op* op, const std::string& what) {
+  // Drives progress until `done()` or `deadline`; `op` (optional) names what is waited for, and
+  // `what()` says it in the timeout's message (called then only: waits are on the hot path).
+  template <typename Done, typename What>
+  Status drive(Done&& done, Deadline deadline, const Op* op, What&& what) {
     const auto spin_until = Clock::now() + options.poll_before_sleep;
     const auto yield_until = spin_until + options.yield_before_sleep;
     for (;;) {
@@ -566,7 +567,7 @@ struct UcxTransport::Impl {
       if (Status t = trouble(op); !t.ok()) return t;
       const auto now = Clock::now();
       if (now >= deadline) {
-        return deadline_exceeded(who() + " timed out waiting for " + what +
+        return deadline_exceeded(who() + " timed out waiting for " + what() +
                                  "; the peer may be stuck, slow or gone (raise the backend's "
                                  "timeout if it is only slow)");
       }
@@ -869,9 +870,10 @@ struct UcxTransport::Impl {
     if (!error.ok()) {
       s = error;
     } else if (!op.done) {
-      const std::string what =
-          op.tag.describe() + (op.recv ? " from rank " : " to rank ") + std::to_string(op.peer);
-      s = drive([&] { return op.done; }, deadline, &op, what);
+      s = drive([&] { return op.done; }, deadline, &op, [&] {
+        return op.tag.describe() + (op.recv ? " from rank " : " to rank ") +
+               std::to_string(op.peer);
+      });
     }
     if (s.ok()) s = op.status;
     // What this rank found in what arrived (a mismatch, a forged message) stands as it is; other
@@ -1183,7 +1185,7 @@ class UcxSetup {
             }
             return pending_peer < 0;
           },
-          deadline_, nullptr, "the hellos of its peers");
+          deadline_, nullptr, [] { return std::string("the hellos of its peers"); });
       if (s.ok()) s = bad;
       if (s.code() == StatusCode::kDeadlineExceeded && pending_peer >= 0) {
         s = deadline_exceeded(who() + ": rank " + std::to_string(pending_peer) +
