@@ -271,6 +271,15 @@ gloo::transport::tcp::attr device_attr(const GlooConnectOptions& options, std::s
   return attr;
 }
 
+}  // namespace
+
+bool gloo_timed_out(std::string_view what) {
+  return what.find("imeout") != std::string_view::npos ||
+         what.find("imed out") != std::string_view::npos;
+}
+
+namespace {
+
 // gloo::rendezvous::Context with the full mesh connected our way. Gloo's connectFullMesh connects
 // the pairs one after another, so a rank whose connection to one peer failed at once (a stranger
 // took that peer's port) never connects its later pairs, and the peers listening on them wait out
@@ -320,11 +329,7 @@ class MeshContext final : public gloo::rendezvous::Context {
       try {
         std::rethrow_exception(e);
       } catch (const gloo::IoException& io) {
-        const std::string what = io.what();
-        if (!refused && what.find("imeout") == std::string::npos &&
-            what.find("imed out") == std::string::npos) {
-          refused = e;
-        }
+        if (!refused && !gloo_timed_out(io.what())) refused = e;
       } catch (...) {
       }
     }
@@ -375,8 +380,7 @@ Status gloo_step(const std::string& who, const std::string& where, const std::st
     return Status(s.code(), who + ": rendezvous failed: " + s.message() + hint);
   } catch (const gloo::IoException& e) {
     std::string what = e.what();
-    const bool timed_out =
-        what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos;
+    const bool timed_out = gloo_timed_out(what);
     if (transient) *transient = !timed_out;
     std::string m = who + ": connecting Gloo's TCP mesh (listening on " + where +
                     ") failed: " + what +

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tributary/status.h"
@@ -87,6 +88,10 @@ struct GlooConnection {
   std::shared_ptr<gloo::Context> context;
   PeerDirectory peers;
 };
+
+// Whether a Gloo exception's message says it timed out ("Timed out ...", "... timeout ..."): Gloo
+// has no distinct exception type for it.
+bool gloo_timed_out(std::string_view what);
 
 // Creates Gloo's TCP device and connects the full mesh through `store` (already scoped to this
 // instance). Never throws.

@@ -176,7 +176,7 @@ Status GlooOps::guarded(const CallInfo& call, Body&& body) {
       const std::string what = e.what();
       const int peer = peers_.peer_in(what);
       const std::string who = peer < 0 ? "a peer" : "rank " + std::to_string(peer);
-      if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos) {
+      if (gloo_timed_out(what)) {
         s = deadline_exceeded(where() + ": " + who + " did not answer within " +
                               format_duration(call.timeout) + " (Gloo: " + what +
                               "); is every rank still running and issuing the same collectives? "
@@ -281,9 +281,7 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Bindi
     // exchanges never meet), or a connection closed (a peer whose exchange timed out first, for
     // that reason, closed them). Either way the fingerprints are compared through the store.
     const std::string what = e.what();
-    const bool timed_out =
-        what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
-    TRIBUTARY_RETURN_IF_ERROR(mismatch_through_store(call, root, timed_out));
+    TRIBUTARY_RETURN_IF_ERROR(mismatch_through_store(call, root, gloo_timed_out(what)));
     throw;
   }
   const Fingerprint& mine = all[static_cast<size_t>(rank())];
