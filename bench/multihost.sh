@@ -32,6 +32,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ $# -gt 0 ] || { echo "multihost: no command (give it after --)" >&2; exit 2; }
+[[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 1 ] && [ "$hosts" -le 250 ] ||
+  { echo "multihost: --hosts is a number from 1 to 250, not '$hosts'" >&2; exit 2; }
+[[ $per_host =~ ^[0-9]+$ ]] && [ "$per_host" -ge 1 ] ||
+  { echo "multihost: --per-host is a number of at least 1, not '$per_host'" >&2; exit 2; }
 if [ "$(id -u)" -ne 0 ]; then
   echo "multihost: network namespaces need root; run it with sudo" >&2
   exit 77
