@@ -1,4 +1,4 @@
-// The ring transport's data path after the handshake (backends/ring/tcp_transport.cc, tcp_wire.h):
+// The ring transport's data path after the handshake (transports/tcp/tcp_transport.cc, tcp_wire.h):
 // arbitrary bytes in place of a peer's frames. Each input gets a fresh two-rank group on loopback
 // without a secret (so no MAC stands in front of the frame parser): rank 1 connects through a relay
 // that passes the handshake through untouched, then sends the input to rank 0 instead of anything
@@ -25,15 +25,15 @@
 #include <thread>
 #include <vector>
 
-#include "backends/ring/tcp_transport.h"
-#include "backends/ring/tcp_wire.h"
+#include "transports/tcp/tcp_transport.h"
+#include "transports/tcp/tcp_wire.h"
 #include "tributary/store.h"
 
 namespace {
 
-using tributary::backends::TcpTransport;
-using tributary::backends::TcpTransportOptions;
-namespace wire = tributary::backends::wire;
+using tributary::transports::TcpTransport;
+using tributary::transports::TcpTransportOptions;
+namespace wire = tributary::transports::wire;
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kReceiveBytes = 4096;

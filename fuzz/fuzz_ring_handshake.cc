@@ -1,4 +1,4 @@
-// The ring transport's handshake (backends/ring/tcp_transport.cc, tcp_wire.h): arbitrary bytes
+// The ring transport's handshake (transports/tcp/tcp_transport.cc, tcp_wire.h): arbitrary bytes
 // from a would-be peer, through a real socket, to rank 0 of a two-rank world that is setting up
 // with a secret. Rank 0 must drop every such connection (wrong magic, version, cluster, layout,
 // ranks, socket counts, a failed proof of the secret, a truncated message) and go on waiting for
@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "backends/ring/tcp_transport.h"
+#include "transports/tcp/tcp_transport.h"
 #include "fuzz/raw_client.h"
 #include "tributary/store.h"
 
@@ -28,12 +28,12 @@ struct Rank0 {
 
   Rank0() {
     setup = std::thread([this] {
-      tributary::backends::TcpTransportOptions o;
+      tributary::transports::TcpTransportOptions o;
       o.host = "127.0.0.1";
       o.secret = "fuzz-secret";
       o.cluster_id = "fuzz";
       o.timeout = std::chrono::hours(24);
-      auto t = tributary::backends::TcpTransport::create(store, 0, 2, o);
+      auto t = tributary::transports::TcpTransport::create(store, 0, 2, o);
       result = t.ok() ? "setup completed without rank 1" : t.status().to_string();
       finished = true;
     });

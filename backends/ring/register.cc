@@ -6,7 +6,7 @@
 
 #include "algorithms/hierarchical_group.h"
 #include "algorithms/process_group_ops.h"
-#include "backends/ring/tcp_transport.h"
+#include "transports/tcp/tcp_transport.h"
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
 #include "core/strings.h"
@@ -79,7 +79,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
                                                               const Options& options) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
-  backends::TcpTransportOptions t;
+  transports::TcpTransportOptions t;
   t.host = options.get_string("host");
   t.coordinator = context.coordinator_host;
   t.secret = std::move(secret);
@@ -90,7 +90,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   t.authenticate_frames = options.get_bool("authenticate_frames");
-  TRIBUTARY_ASSIGN_OR_RETURN(auto transport, backends::TcpTransport::create(store, rank, size, t));
+  TRIBUTARY_ASSIGN_OR_RETURN(auto transport, transports::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
       options.get_size("segment_bytes"), "tcp"));

@@ -22,7 +22,7 @@
 #include <tuple>
 #include <vector>
 
-#include "backends/ring/tcp_wire.h"
+#include "transports/tcp/tcp_wire.h"
 #include "core/rendezvous.h"
 #include "tests/multiprocess/harness.h"
 #include "tributary/store.h"
@@ -698,8 +698,8 @@ void tampering_relay(const std::string& dir, std::chrono::seconds limit) {
   const int server = socket(AF_INET, SOCK_STREAM, 0);
   if (client < 0 || connect(server, reinterpret_cast<sockaddr*>(&real), sizeof real) != 0) return;
   // The client's handshake (hello, proof), then a frame header: the next byte is payload.
-  const size_t target = sizeof(backends::wire::Hello) + sizeof(backends::wire::Auth) +
-                        sizeof(backends::wire::FrameHeader);
+  const size_t target = sizeof(transports::wire::Hello) + sizeof(transports::wire::Auth) +
+                        sizeof(transports::wire::FrameHeader);
   size_t upstream = 0;
   const auto until = Clock::now() + limit;
   char buf[65536];

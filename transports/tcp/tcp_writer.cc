@@ -1,4 +1,4 @@
-#include "backends/ring/tcp_writer.h"
+#include "transports/tcp/tcp_writer.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 
-namespace tributary::backends {
+namespace tributary::transports {
 
 TcpWriter::TcpWriter(size_t sockets, std::function<void()> wake)
     : queues_(sockets),
@@ -213,4 +213,4 @@ void TcpWriter::loop(std::stop_token st) {
   }
 }
 
-}  // namespace tributary::backends
+}  // namespace tributary::transports

@@ -1,4 +1,4 @@
-// TcpTransport: the Transport of the ring backend, over TCP with Boost.Asio.
+// TcpTransport: an algorithms::Transport over TCP with Boost.Asio (the ring backend's data path).
 //
 // Setup: every rank listens on an ephemeral port, publishes "host:port" in the store, connects to
 // every lower rank and accepts every higher one (a full mesh), each connection opened by a
@@ -44,7 +44,7 @@
 #include "algorithms/transport.h"
 #include "tributary/store.h"
 
-namespace tributary::backends {
+namespace tributary::transports {
 
 struct TcpTransportOptions {
   std::string host;         // address to publish; "" = the interface that reaches the coordinator
@@ -93,4 +93,4 @@ class TcpTransport final : public algorithms::Transport {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tributary::backends
+}  // namespace tributary::transports

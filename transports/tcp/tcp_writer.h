@@ -1,4 +1,4 @@
-// TcpWriter: the send side of the ring backend's TCP transport, a thread that writes frames to
+// TcpWriter: the send side of TcpTransport, a thread that writes frames to
 // the transport's sockets.
 //
 // Sends run on this thread so that a rank sends and receives at the same time on two cores: one
@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "algorithms/transport.h"
-#include "backends/ring/tcp_wire.h"
+#include "transports/tcp/tcp_wire.h"
 #include "core/crypto/crypto.h"
 
-namespace tributary::backends {
+namespace tributary::transports {
 
 class TcpWriter {
  public:
@@ -96,4 +96,4 @@ class TcpWriter {
   std::jthread thread_;
 };
 
-}  // namespace tributary::backends
+}  // namespace tributary::transports

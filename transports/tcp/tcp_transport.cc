@@ -1,4 +1,4 @@
-#include "backends/ring/tcp_transport.h"
+#include "transports/tcp/tcp_transport.h"
 
 #include <sched.h>
 #include <sys/socket.h>
@@ -15,12 +15,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/ring/tcp_wire.h"
-#include "backends/ring/tcp_writer.h"
+#include "transports/tcp/tcp_wire.h"
+#include "transports/tcp/tcp_writer.h"
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
 
-namespace tributary::backends {
+namespace tributary::transports {
 namespace {
 
 namespace asio = boost::asio;
@@ -991,4 +991,4 @@ void TcpTransport::abort(const Status& why) {
 
 Status TcpTransport::error() const { return impl_->error; }
 
-}  // namespace tributary::backends
+}  // namespace tributary::transports

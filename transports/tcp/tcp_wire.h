@@ -12,7 +12,7 @@
 
 #include "algorithms/transport.h"
 
-namespace tributary::backends::wire {
+namespace tributary::transports::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x54524246;  // "TRBF"
 inline constexpr uint32_t kHelloMagic = 0x54524248;  // "TRBH"
@@ -126,4 +126,4 @@ struct Verdict {
   uint32_t accepted = 0;
 };
 
-}  // namespace tributary::backends::wire
+}  // namespace tributary::transports::wire
