@@ -108,9 +108,11 @@ std::string resolve_gloo_mode(const std::string& mode, const std::string& algori
   return mode == "auto" ? "async" : mode;
 }
 
-GlooOps::GlooOps(BackendContext context, Options options, Capabilities caps, GlooConnection gloo)
+GlooOps::GlooOps(BackendContext context, Options options, Capabilities caps, GlooConnection gloo,
+                 std::unique_ptr<algorithms::ProcessGroup> control)
     : CrossDeviceOps("gloo", std::move(context), std::move(options), std::move(caps)),
       gloo_(std::move(gloo.context)),
+      control_(std::move(control)),
       peers_(std::move(gloo.peers)) {
   algorithm_ = parse_gloo_algorithm(this->options().get_string("algorithm"));
   const std::string& rs = this->options().get_string("reduce_scatter");
@@ -216,7 +218,9 @@ void GlooOps::abandon(const Status& why) {
   if (!gloo_) return;
   if (failure_.ok()) failure_ = why;
   // Peers may be waiting for this rank: closing the connections fails them at once instead of
-  // at their timeout. The instance is unusable from here on anyway.
+  // at their timeout (the control channel tells them why). The instance is unusable from here on
+  // anyway.
+  if (control_) control_->abort(why);
   try {
     SigpipeGuard guard;
     gloo_->closeConnections();
@@ -246,46 +250,25 @@ GlooAlgorithm GlooOps::resolve(uint64_t bytes) const {
   return a;
 }
 
-bool GlooOps::runs_unbound(const CallInfo& call) const {
-  return !classic_kind(resolve(static_cast<uint64_t>(call.count) * dtype_size(call.dtype)));
-}
-
-Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Binding* binding) {
-  if (!verify_ || !gloo_) return Status();
-  unbound = unbound && !sync_;
-  // Every rank fills its own row of a table that all of them then hold. The exchange goes the way
-  // the collective's data will, classic or unbound: a classic exchange right before an unbound
-  // collective (or the reverse) stalled Gloo's TCP pairs for seconds in our tests.
+Status GlooOps::verify_order(const CallInfo& call, int root, Binding* binding) {
+  const bool bind = binding && binding->possible;
+  if (!control_ || (!verify_ && !bind)) return Status();
+  // Every rank fills its own row of a zeroed table and the control channel sums the tables (a
+  // recursive doubling of a few hundred bytes): each holds every row after. The channel's frames
+  // carry the call's tag, so ranks in different collectives fail there, naming both calls.
+  constexpr size_t kWords = sizeof(Fingerprint) / sizeof(int64_t);
   const size_t n = static_cast<size_t>(world_size());
   std::vector<Fingerprint> all(n);
-  try {
-    if (unbound) {
-      all[static_cast<size_t>(rank())] = fingerprint_of(call, root, num_local_replicas(), -1);
-      // Its own tag space (high bit), apart from the collectives' tags.
-      unbound_all_gather(gloo_, all.data(), sizeof(Fingerprint), tag(call) | 0x80000000u,
-                         call_timeout(call));
-    } else {
-      // A small halving-doubling sum over a zeroed table: a cached classic instance costs far less
-      // than gloo::allgather's per-call handshakes.
-      constexpr size_t kWords = sizeof(Fingerprint) / sizeof(int64_t);
-      BoundAlgorithm& table = cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64,
-                                          ReduceOp::kSum, static_cast<int64_t>(n * kWords));
-      auto* rows = static_cast<Fingerprint*>(table.data());
-      std::fill(rows, rows + n, Fingerprint{});  // all zero: only each rank's own row is summed
-      rows[rank()] = fingerprint_of(call, root, num_local_replicas(), binding ? binding->here : -1);
-      table.run();
-      std::copy(rows, rows + n, all.begin());
-    }
-  } catch (const gloo::IoException& e) {
-    // The exchange failed: timed out (the ranks may have issued kinds of collective whose
-    // exchanges never meet), or a connection closed (a peer whose exchange timed out first, for
-    // that reason, closed them). Either way the fingerprints are compared through the store.
-    const std::string what = e.what();
-    TRIBUTARY_RETURN_IF_ERROR(mismatch_through_store(call, root, gloo_timed_out(what)));
-    throw;
-  }
+  all[static_cast<size_t>(rank())] =
+      fingerprint_of(call, root, num_local_replicas(), bind ? binding->here : -1);
+  algorithms::MessageTag tag = algorithms::MessageTag::of(call);
+  tag.root = root;
+  const algorithms::GroupCall group{tag, std::chrono::steady_clock::now() + call.timeout};
+  TRIBUTARY_RETURN_IF_ERROR(control_->all_reduce(group, all.data(),
+                                                 static_cast<int64_t>(n * kWords), DType::kInt64,
+                                                 ReduceOp::kSum, 1, nullptr));
   const Fingerprint& mine = all[static_cast<size_t>(rank())];
-  if (binding && binding->possible) {
+  if (bind) {
     binding->agreed = mine.bound - 1;
     for (const Fingerprint& f : all) {
       if (f.bound != mine.bound) binding->agreed = -1;
@@ -298,61 +281,6 @@ Status GlooOps::verify_order(const CallInfo& call, int root, bool unbound, Bindi
                    describe(mine) +
                    "; every rank must issue the same collectives in the same "
                    "order");
-  }
-  return Status();
-}
-
-Status GlooOps::mismatch_through_store(const CallInfo& call, int root, bool timed_out) {
-  const std::shared_ptr<Store>& store = instance_store();
-  if (!store) return Status();
-  const Fingerprint mine = fingerprint_of(call, root, num_local_replicas(), -1);
-  const std::string prefix = "fingerprint/" + std::to_string(call.sequence) + "/";
-  // The waits for the others' fingerprints are short (each a quarter of the timeout, at most
-  // 1 s), so that the call still ends close to its timeout; so is the wait for the store to take
-  // this rank's (its host, rank 0, may be the silent one).
-  const auto wait = std::min<std::chrono::nanoseconds>(call.timeout / 4, std::chrono::seconds(1));
-  if (!store
-           ->set(prefix + std::to_string(rank()),
-                 std::string_view(reinterpret_cast<const char*>(&mine), sizeof mine),
-                 std::chrono::ceil<std::chrono::milliseconds>(wait))
-           .ok()) {
-    return Status();
-  }
-  std::vector<int> missing;
-  for (int r = 0; r < world_size(); ++r) {
-    if (r != rank()) missing.push_back(r);
-  }
-  for (int round = 0; round < 2 && !missing.empty(); ++round) {
-    if (round == 1) {
-      // A peer still inside its own exchange (it started later, so its timeout has not come) can
-      // only publish once something fails it: closing the connections does, and this instance is
-      // unusable after a timed-out exchange anyway.
-      if (!timed_out) break;
-      try {
-        gloo_->closeConnections();
-      } catch (...) {
-      }
-    }
-    const auto until = std::chrono::steady_clock::now() + wait;
-    std::vector<int> still;
-    for (int r : missing) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      auto theirs =
-          store->get(prefix + std::to_string(r), std::max(left, std::chrono::milliseconds(0)));
-      if (!theirs.ok() || theirs->size() != sizeof(Fingerprint)) {
-        still.push_back(r);
-        continue;
-      }
-      Fingerprint f;
-      std::memcpy(&f, theirs->data(), sizeof f);
-      if (same_call(f, mine)) continue;
-      return aborted("collective mismatch: rank " + std::to_string(r) + " issued " + describe(f) +
-                     " but rank " + std::to_string(rank()) + " issued " + describe(mine) +
-                     "; every rank must issue the same collectives in the same order (found "
-                     "through the store when the exchange before the collective failed)");
-    }
-    missing = std::move(still);
   }
   return Status();
 }
@@ -376,22 +304,6 @@ GlooOps::Binding GlooOps::plan_binding(const CallInfo& call, ReduceOp op,
   b.kind = *kind;
   b.here = cache_->bound_place(*kind, call.dtype, partial_op(op), call.count, outputs[0].data());
   return b;
-}
-
-void GlooOps::agree_binding(Binding* binding) {
-  // max(place) and max(-place) across ranks: equal places iff max == -max(-place).
-  BoundAlgorithm& ex = cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64, ReduceOp::kMax, 2);
-  auto* v = static_cast<int64_t*>(ex.data());
-  v[0] = binding->here;
-  v[1] = -binding->here;
-  ex.run();
-  binding->agreed = v[0] == -v[1] ? static_cast<int>(v[0]) : -1;
-}
-
-Status GlooOps::prepare(const CallInfo& call, bool unbound, Binding* binding) {
-  TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, unbound, binding));
-  if (binding->possible && !verify_) agree_binding(binding);
-  return Status();
 }
 
 Status GlooOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
@@ -494,7 +406,7 @@ Work GlooOps::all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplic
                               const PerReplica<Tensor>& outputs) {
   return finish(guarded(call, [&] {
     Binding binding = plan_binding(call, op, inputs.values(), outputs.values());
-    TRIBUTARY_RETURN_IF_ERROR(prepare(call, runs_unbound(call), &binding));
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, &binding));
     return reduce_everywhere(call, op, inputs.values(), outputs.values(), &binding);
   }));
 }
@@ -504,7 +416,7 @@ Work GlooOps::reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Te
   // As TF's CollectiveAllReduce: all-reduce, then place the result on every destination.
   return finish(guarded(call, [&] {
     Binding binding = plan_binding(call, op, value.values(), destinations.values());
-    TRIBUTARY_RETURN_IF_ERROR(prepare(call, runs_unbound(call), &binding));
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, &binding));
     return reduce_everywhere(call, op, value.values(), destinations.values(), &binding);
   }));
 }
@@ -527,7 +439,7 @@ Work GlooOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
         pack_call.collective = Collective::kAllReduce;
         pack_call.dtype = dtype;
         pack_call.count = total;
-        TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1, runs_unbound(pack_call)));
+        TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1));
         if (total == 0) continue;
         std::vector<Buffer> packed(replicas);
         std::vector<Tensor> views(replicas);
@@ -562,7 +474,7 @@ Work GlooOps::broadcast_impl(const CallInfo& call, const Tensor& source,
                              const Mirrored<Tensor>& destinations, int root) {
   return finish(guarded(call, [&]() -> Status {
     if (!gloo_) return algorithms::local_copy(source, destinations.values());
-    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, root, /*unbound=*/true));
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, root));
     const Tensor& first = destinations[0];
     if (first.nbytes() == 0) return Status();
     if (rank() == root) TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(source, one(first)));
@@ -579,7 +491,7 @@ Work GlooOps::all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& in
                               const PerReplica<Tensor>& outputs) {
   return finish(guarded(call, [&]() -> Status {
     if (!gloo_) return algorithms::local_all_gather(inputs.values(), outputs.values());
-    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, /*unbound=*/true));
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1));
     const int64_t count = inputs[0].num_elements();
     if (count == 0) return Status();
     const int64_t local = num_local_replicas();
@@ -615,9 +527,7 @@ Work GlooOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
     const uint64_t bytes = static_cast<uint64_t>(total) * elem;
     const bool halving_doubling =
         reduce_scatter_ == GlooReduceScatter::kHalvingDoubling && bytes < kGlooClassicMaxBytes;
-    CallInfo whole = call;  // the all-reduce of the composition moves `total` elements
-    whole.count = total;
-    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1, !halving_doubling && runs_unbound(whole)));
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1));
     if (count == 0) return Status();
     std::byte* mine = nullptr;  // this process's `local * count` reduced elements
     if (halving_doubling) {

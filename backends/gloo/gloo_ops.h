@@ -17,7 +17,8 @@
 // mode the calling thread reads its own sockets (busy_poll: spinning), which saves a thread
 // hand-off per message (several times lower latency on a loaded machine), but only the classic
 // algorithms work: broadcast and all-gather become BroadcastOneToAll and AllgatherRing, and the
-// unbound_* all-reduces are refused. `auto` (the default) is sync, or async for unbound_*.
+// unbound_* all-reduces are refused. `auto` (the default) is async: in the sync modes two ranks
+// that each write a message larger than the socket buffers to the other deadlock.
 //
 // Rendezvous: Gloo's TCP addresses are exchanged through the context's store (GlooStore), under
 // "gloo/<instance>/", the instance numbered by creation order as every multi-process backend is.
@@ -28,10 +29,16 @@
 // an I/O error says that the peer may have died. After one, this rank closes its connections (so
 // that peers waiting for it fail at once) and the instance refuses every later collective with
 // FailedPrecondition quoting the first error (create a new one).
+// Control channel: besides Gloo's mesh, the ranks join a TcpTransport (transports/tcp, the ring
+// backend's transport: authenticated frames with a secret, deadlines, a peer's death or abort seen
+// at once) under "gloo/<instance>/control/". Only 32-byte fingerprints cross it, never data: a
+// round trip through Gloo's async pairs costs 130 us (2 processes) to 700 us (4 processes on 2
+// cores) here, against 6-30 us over this transport.
 // Ordering: with verify=true (the default) every collective first exchanges a 32-byte fingerprint
-// (sequence, collective, op, dtype, count, root, local replicas), so that ranks issuing different
-// collectives fail on every rank with a message naming both sides instead of combining unrelated
-// data; verify=false saves that round trip (to measure Gloo itself).
+// (sequence, collective, op, dtype, count, root, local replicas) over the control channel, so that
+// ranks issuing different collectives (even different kinds, whose Gloo exchanges would never
+// meet) fail at once on every rank with a message naming both sides instead of combining
+// unrelated data; verify=false skips it where nothing else needs the exchange (see Binding).
 // Destruction is collective: a barrier first (at most min(timeout, 10 s) in async mode, timeout in
 // sync mode), because Gloo fails a wait on a closed connection even when its data has arrived, so
 // a rank that closed at once could fail a slower peer. Writes to a dead peer would raise SIGPIPE:
@@ -45,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/process_group.h"
 #include "backends/gloo/gloo_algorithms.h"
 #include "backends/gloo/gloo_context.h"
 #include "tributary/cross_device_ops.h"
@@ -64,7 +72,9 @@ enum class GlooReduceScatter : uint8_t { kAuto, kHalvingDoubling, kAllReduce };
 
 class GlooOps final : public CrossDeviceOps {
  public:
-  GlooOps(BackendContext context, Options options, Capabilities caps, GlooConnection gloo);
+  // `control`: the control channel over the same ranks (null for one process).
+  GlooOps(BackendContext context, Options options, Capabilities caps, GlooConnection gloo,
+          std::unique_ptr<algorithms::ProcessGroup> control);
   ~GlooOps() override;
 
  protected:
@@ -93,11 +103,9 @@ class GlooOps final : public CrossDeviceOps {
 
   // Whether an all-reduce runs a classic instance on the caller's buffer (no copy in or out): one
   // local replica, a classic algorithm, one piece, and the ranks agree on which cached instance
-  // (AlgorithmCache::get_bound). The agreement rides on verify's exchange; without verify it costs
-  // a small exchange of its own (a Gloo round trip: 250-300 us here in async mode), so it is made
-  // only from kBindAloneMinBytes. Measured (2 processes, gloo:verify=false, in place, GB/s, beside
-  // the direct line): 256 KiB copying 0.79 against 0.83 direct, binding 0.49; 1 MiB copying
-  // 0.90-1.12 against 1.4-1.7, binding 1.15-1.24.
+  // (AlgorithmCache::get_bound). The agreement rides on the fingerprint exchange; without verify
+  // that exchange is made for the binding alone, so only from kBindAloneMinBytes, where the two
+  // copies it saves cost more than the exchange (see the constant).
   struct Binding {
     bool possible = false;  // the same on every rank: decided from the call alone
     ClassicKind kind = ClassicKind::kRing;
@@ -107,23 +115,10 @@ class GlooOps final : public CrossDeviceOps {
   static constexpr uint64_t kBindAloneMinBytes = uint64_t{1} << 20;
   Binding plan_binding(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
                        std::span<const Tensor> outputs) const;
-  // Without verify: agrees on binding->agreed through a small classic exchange.
-  void agree_binding(Binding* binding);
-
-  // With verify on, exchanges the call's fingerprint with every rank; a mismatch is Aborted.
-  // `unbound`: through gloo::allgather rather than a classic instance, as the data will go.
-  // `binding`, when possible, rides along and comes back agreed.
-  Status verify_order(const CallInfo& call, int root, bool unbound, Binding* binding = nullptr);
-  // When the fingerprint exchange failed (`timed_out`, or a connection closed): the ranks may have
-  // issued different kinds of collective, whose exchanges never meet. Compares fingerprints through
-  // the store instead: each rank publishes its own and waits briefly for the others' (after a
-  // timeout, closing the connections first to fail a peer still waiting in its exchange); the
-  // mismatch, or OK when none was found.
-  Status mismatch_through_store(const CallInfo& call, int root, bool timed_out);
-  // verify_order, then the binding's agreement when verify did not carry it.
-  Status prepare(const CallInfo& call, bool unbound, Binding* binding);
-  // Whether an all-reduce of `call` goes through gloo::allreduce (an unbound algorithm).
-  bool runs_unbound(const CallInfo& call) const;
+  // Exchanges the call's fingerprint with every rank over the control channel when verify is on or
+  // `binding` is possible; a mismatch is Aborted, naming both sides. `binding`, when possible,
+  // rides along and comes back agreed.
+  Status verify_order(const CallInfo& call, int root, Binding* binding = nullptr);
   // Reduces `inputs` (one per local replica) across every replica of every process, writing the
   // result (the full op, MEAN divided) to every tensor of `outputs`.
   Status reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
@@ -143,6 +138,7 @@ class GlooOps final : public CrossDeviceOps {
   std::byte* staging(size_t bytes);
 
   std::shared_ptr<gloo::Context> gloo_;
+  std::unique_ptr<algorithms::ProcessGroup> control_;
   PeerDirectory peers_;
   std::unique_ptr<AlgorithmCache> cache_;
   GlooAlgorithm algorithm_;
