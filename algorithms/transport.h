@@ -70,6 +70,14 @@ class Transport {
   // The first error, or OK.
   virtual Status error() const = 0;
 
+  // The segment size for a ring or pairwise step of `chunk_bytes` when the backend leaves it to
+  // the algorithms (segment_bytes = 0): a transport whose cost changes with the message size (a
+  // protocol switch, such as UCX's rendezvous) says so here; 0 = the algorithms' rule.
+  virtual size_t preferred_segment_bytes(size_t chunk_bytes) const {
+    (void)chunk_bytes;
+    return 0;
+  }
+
   // Convenience: both directions at once, then wait for both.
   Status sendrecv(int send_peer, std::span<const std::byte> send, int recv_peer,
                   std::span<std::byte> recv, const MessageTag& tag, Deadline deadline);

@@ -289,6 +289,7 @@ struct UcxTransport::Impl {
   int rank = 0;
   int size = 0;
   UcxTransportOptions options;
+  bool tcp_only = false;  // the transports allowed include no shared memory (options.tls, UCX_TLS)
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   int efd = -1;
@@ -889,6 +890,16 @@ struct UcxTransport::Impl {
 UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxTransport::~UcxTransport() = default;
 int UcxTransport::rank() const { return impl_->rank; }
+
+size_t UcxTransport::preferred_segment_bytes(size_t chunk_bytes) const {
+  if (!impl_->tcp_only) return 0;
+  // Eager copies pay per byte, rendezvous per message: a chunk of up to 512 KiB goes as at most
+  // two eager 256 KiB segments; a larger one as rendezvous segments of 512 KiB to 1 MiB (N=2, 2 MiB
+  // all-reduce: four eager 256 KiB segments 1.6-1.8 GB/s, two 512 KiB ones 2.7-3.1).
+  constexpr size_t kEager = size_t{256} << 10;
+  if (chunk_bytes <= 2 * kEager) return kEager;
+  return std::clamp(chunk_bytes / 4, 2 * kEager, size_t{1} << 20);
+}
 int UcxTransport::size() const { return impl_->size; }
 StatusOr<UcxTransport::Request> UcxTransport::isend(int peer, const MessageTag& tag,
                                                     std::span<const std::byte> data) {
@@ -995,11 +1006,14 @@ class UcxSetup {
     set("NET_DEVICES", impl_.options.net_devices);
     // Notice dead peers within about a second, not UCX's default 20 s (the environment wins).
     if (!std::getenv("UCX_KEEPALIVE_INTERVAL")) set("KEEPALIVE_INTERVAL", "1s");
-    // Zero-copy rendezvous from 512 KiB, eager copies below (the environment wins). UCX's own
-    // threshold puts the algorithms' 32-256 KiB segments on rendezvous over TCP, where its
-    // handshake costs more than the copy: ucx:tls=tcp, N=2, 64 KiB all-reduce 0.7-0.9 GB/s with
-    // UCX's choice, 3.0-3.2 with this; 256 KiB 1.7 -> 3.8; 4 MiB (512 KiB segments) unchanged.
-    if (!std::getenv("UCX_RNDV_THRESH")) set("RNDV_THRESH", "512k");
+    // Zero-copy rendezvous from 512 KiB (over TCP alone: from 300 KiB), eager copies below (the
+    // environment wins). UCX's own threshold puts the algorithms' 32-256 KiB segments on
+    // rendezvous over TCP, where its handshake costs more than the copy: ucx:tls=tcp, N=2, 64 KiB
+    // all-reduce 0.7-0.9 GB/s with UCX's choice, 3.0-3.2 with this; 256 KiB 1.7 -> 3.8. Eager
+    // messages larger than 256 KiB are slow over TCP in turn (3 MiB all-reduce, 384 KiB segments:
+    // 1.4-1.6 GB/s eager, 2.6-2.9 by rendezvous), hence 300 KiB there, with segments to match
+    // (preferred_segment_bytes).
+    if (!std::getenv("UCX_RNDV_THRESH")) set("RNDV_THRESH", impl_.tcp_only ? "300k" : "512k");
     if (!s.ok()) {
       ucp_config_release(config);
       return s;
@@ -1261,6 +1275,7 @@ StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(Store& store, int r
   impl->rank = rank;
   impl->size = size;
   impl->options = options;
+  impl->tcp_only = !may_use_shared_memory(options.tls);
   if (size > 1) {
     UcxSetup setup(*impl, store, Clock::now() + options.timeout);
     TRIBUTARY_RETURN_IF_ERROR(setup.run());

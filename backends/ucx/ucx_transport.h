@@ -97,6 +97,10 @@ class UcxTransport final : public algorithms::Transport {
   Status wait(Request request, algorithms::Deadline deadline) override;
   void abort(const Status& why) override;
   Status error() const override;
+  // Over TCP alone (tls without shared memory): eager segments of 256 KiB for chunks up to
+  // 512 KiB, else segments of at least 512 KiB, which go by rendezvous (see RNDV_THRESH in the
+  // .cc); 0 (the algorithms' rule) otherwise.
+  size_t preferred_segment_bytes(size_t chunk_bytes) const override;
 
   // What UCX chose to reach `peer` ("tcp/lo", "posix/memory cma/memory"), for describe() and logs.
   std::string transports_to(int peer) const;

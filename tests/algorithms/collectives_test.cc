@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -197,6 +198,76 @@ TEST(CostModel, PicksLatencyOptimalForSmallAndRingForLarge) {
   EXPECT_EQ(m.choose(size_t{16} << 20, 8), AllReduceAlgorithm::kRing);
   EXPECT_LT(m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 20, 2),
             m.all_reduce_seconds(AllReduceAlgorithm::kRing, 1 << 21, 2));
+}
+
+// A transport that prefers a segment size (as UCX over TCP does) and records the largest message
+// it was given to send.
+class PreferringTransport final : public Transport {
+ public:
+  PreferringTransport(std::shared_ptr<LoopbackHub> hub, int rank, size_t preferred)
+      : inner_(std::move(hub), rank), preferred_(preferred) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  StatusOr<Request> isend(int peer, const MessageTag& tag,
+                          std::span<const std::byte> data) override {
+    largest_sent = std::max(largest_sent, data.size());
+    return inner_.isend(peer, tag, data);
+  }
+  StatusOr<Request> irecv(int peer, const MessageTag& tag, std::span<std::byte> data) override {
+    return inner_.irecv(peer, tag, data);
+  }
+  Status wait(Request request, Deadline deadline) override {
+    return inner_.wait(request, deadline);
+  }
+  void abort(const Status& why) override { inner_.abort(why); }
+  Status error() const override { return inner_.error(); }
+  size_t preferred_segment_bytes(size_t) const override { return preferred_; }
+
+  size_t largest_sent = 0;
+
+ private:
+  LoopbackTransport inner_;
+  size_t preferred_;
+};
+
+// segment_bytes = 0 leaves the segment to the transport's preference, else to the algorithms'
+// rule (a quarter of the chunk, from 256 KiB); a configured size wins over both.
+TEST(Segments, TransportPreferenceAppliesOnlyWhenNotConfigured) {
+  constexpr int64_t kCount = int64_t{1} << 20;  // 4 MiB of int32: 2 MiB ring chunks at N=2
+  struct Case {
+    size_t preferred, configured, want_largest;
+  };
+  for (const Case& c :
+       {Case{64 << 10, 0, 64 << 10}, Case{0, 0, 512 << 10}, Case{64 << 10, 128 << 10, 128 << 10}}) {
+    auto hub = std::make_shared<LoopbackHub>(2);
+    std::vector<std::vector<int32_t>> data(2, std::vector<int32_t>(kCount));
+    std::vector<size_t> largest(2);
+    std::vector<Status> out(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        PreferringTransport t(hub, r, c.preferred);
+        auto& d = data[static_cast<size_t>(r)];
+        for (int64_t i = 0; i < kCount; ++i)
+          d[static_cast<size_t>(i)] = static_cast<int32_t>(i % 5 + r);
+        std::vector<std::byte> scratch;
+        AlgorithmContext ctx{t, tag_for(kCount), std::chrono::steady_clock::now() + 20s,
+                             c.configured, &scratch};
+        out[static_cast<size_t>(r)] = all_reduce(ctx, AllReduceAlgorithm::kRing, d.data(), kCount,
+                                                 DType::kInt32, ReduceOp::kSum, 2);
+        largest[static_cast<size_t>(r)] = t.largest_sent;
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(out[static_cast<size_t>(r)].ok()) << out[static_cast<size_t>(r)].message();
+      EXPECT_EQ(largest[static_cast<size_t>(r)], c.want_largest)
+          << "preferred " << c.preferred << ", configured " << c.configured << ", rank " << r;
+      for (int64_t i = 0; i < kCount; i += 4099) {
+        ASSERT_EQ(data[static_cast<size_t>(r)][static_cast<size_t>(i)], 2 * (i % 5) + 1);
+      }
+    }
+  }
 }
 
 }  // namespace
