@@ -10,10 +10,12 @@
 #   tcp            ring:net, ucx:tls=tcp, mpi tcp (--mca btl tcp,self), mpi ucx tcp (UCX_TLS=tcp,self)
 #   ucx            ucx:tls=sm, ucx:tls=tcp, mpi ucx sm, mpi ucx tcp
 # Prints the in-place figures (time in us for sizes up to 4 KiB, busbw in GB/s above), then the
-# out-of-place ones.
+# out-of-place ones. With --repeat K every size is measured K times over, each round running the
+# lines in a rotated order, and each cell gives the median of the K figures with their range
+# ("3.95 (2.10-4.02)"): on a shared VM one run of a line can be 2x off the next.
 #
 #   bench/compare_mpi.sh [--set shm|tcp|ucx] [--np N] [--sizes 4K,64K,1M,16M,256M] [-n ITERS]
-#                        [--build DIR]
+#                        [--repeat K] [--build DIR]
 #
 # Installs Open MPI (openmpi-bin, libopenmpi-dev) and builds tributary in Release first when needed.
 set -euo pipefail
@@ -23,6 +25,7 @@ np=2
 set=shm
 sizes=4K,64K,1M,16M,256M
 iters=200
+repeat=1
 build=${TRIBUTARY_BUILD_DIR:-build}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,10 +33,12 @@ while [ $# -gt 0 ]; do
     --set) set=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     -n) iters=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     *) echo "compare_mpi: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+case "$repeat" in ''|*[!0-9]*|0) echo "compare_mpi: --repeat takes a positive number, not '$repeat'" >&2; exit 2 ;; esac
 
 scripts/install-deps.sh
 if ! command -v mpirun >/dev/null ||
@@ -91,31 +96,53 @@ names=()
 for l in "${lines[@]}"; do names+=("${l%%|*}"); done
 declare -A figures
 IFS=, read -r -a list <<< "$sizes"
+nlines=${#lines[@]}
 for s in "${list[@]}"; do
-  for k in "${!lines[@]}"; do
-    IFS='|' read -r _ kind what <<< "${lines[$k]}"
-    if [ "$kind" = ours ]; then
-      figures[$s,$k]=$(ours "$what" "$s")
-    else
-      read -r -a opts <<< "$what"
-      figures[$s,$k]=$(theirs "$s" "${opts[@]}")
-    fi
+  for (( r = 0; r < repeat; r++ )); do
+    for (( j = 0; j < nlines; j++ )); do
+      k=$(( (j + r) % nlines ))  # round r starts with line r: no line always runs first
+      IFS='|' read -r _ kind what <<< "${lines[$k]}"
+      if [ "$kind" = ours ]; then
+        figures[$s,$k,$r]=$(ours "$what" "$s")
+      else
+        read -r -a opts <<< "$what"
+        figures[$s,$k,$r]=$(theirs "$s" "${opts[@]}")
+      fi
+    done
   done
   echo "compare_mpi: $s done" >&2
 done
 
+# The cell of size $1, line $2, field $3 (0-3): the figure, or with several rounds "median
+# (min-max)" over the rounds that produced one; "-" when none did.
+cell() {
+  local vals=() r f
+  for (( r = 0; r < repeat; r++ )); do
+    read -r -a f <<< "${figures[$1,$2,$r]:-}"
+    [ -n "${f[$3]:-}" ] && vals+=("${f[$3]}")
+  done
+  [ ${#vals[@]} -eq 0 ] && { echo -; return; }
+  printf '%s\n' "${vals[@]}" | sort -g | awk '{ v[NR] = $1 } END {
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    if (NR == 1) print v[1]; else printf "%.3g (%.3g-%.3g)\n", m, v[1], v[NR] }'
+}
+
 table() {  # title, field offset (0 = out of place, 2 = in place)
-  echo "# $1, float32 sum, $np processes on $(hostname): time (us) up to 4 KiB, busbw (GB/s) above"
+  local width=14 runs=""
+  [ "$repeat" -gt 1 ] && { width=22; runs=", median (range) of $repeat runs"; }
+  echo "# $1, float32 sum, $np processes on $(hostname): time (us) up to 4 KiB, busbw (GB/s)" \
+       "above$runs"
   printf '%10s' size
-  for n in "${names[@]}"; do printf '%14s' "$n"; done
+  for n in "${names[@]}"; do printf "%${width}s" "$n"; done
   echo
   for s in "${list[@]}"; do
     printf '%10s' "$s"
+    bytes=$(numfmt --from=iec "$s" 2>/dev/null || echo 0)
     for k in "${!lines[@]}"; do
-      read -r -a f <<< "${figures[$s,$k]:-- - - -}"
-      bytes=$(numfmt --from=iec "$s" 2>/dev/null || echo 0)
-      if [ "$bytes" -le 4096 ]; then v=${f[$2]:-}; u=us; else v=${f[$(( $2 + 1 ))]:-}; u=; fi
-      printf '%14s' "${v:--}$u"
+      if [ "$bytes" -le 4096 ]; then v=$(cell "$s" "$k" "$2"); u=us
+      else v=$(cell "$s" "$k" $(( $2 + 1 ))); u=; fi
+      [ "$v" = - ] && u=
+      printf "%${width}s" "$v$u"
     done
     echo
   done
