@@ -139,7 +139,12 @@ GlooOps::~GlooOps() {
     try {
       SigpipeGuard guard;
       if (sync_) {
-        cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64, ReduceOp::kSum, 1).run();
+        // A sum of zeros: the instance's buffer is uninitialized, and Gloo's int64 sum of
+        // whatever it holds may overflow (undefined behaviour; UBSan stops the process).
+        BoundAlgorithm& barrier =
+            cache_->get(ClassicKind::kHalvingDoubling, DType::kInt64, ReduceOp::kSum, 1);
+        std::memset(barrier.data(), 0, sizeof(int64_t));
+        barrier.run();
       } else {
         gloo::BarrierOptions opts(gloo_);
         opts.setTag(0);
