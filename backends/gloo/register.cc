@@ -57,8 +57,10 @@ Status register_gloo(BackendRegistry& registry) {
        .type = OptionType::kBool,
        .default_value = "true",
        .help = "exchange a fingerprint (sequence, collective, op, dtype, count) before each "
-               "collective, so that ranks issuing different collectives fail with an error "
-               "naming both; false saves one small all-gather per collective"},
+               "collective over the backend's control channel (tributary's TCP transport beside "
+               "Gloo's mesh), so that ranks issuing different collectives fail at once with an "
+               "error naming both; false saves that round trip (it is still made, from 1 MiB, "
+               "where an all-reduce runs Gloo on the caller's buffer)"},
       {.name = "mode",
        .type = OptionType::kEnum,
        .default_value = "auto",
