@@ -22,8 +22,9 @@
 #include <tuple>
 #include <vector>
 
-#include "transports/tcp/tcp_wire.h"
+#include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
+#include "transports/tcp/tcp_wire.h"
 #include "tests/multiprocess/harness.h"
 #include "tributary/store.h"
 
@@ -650,6 +651,53 @@ TEST(RingSecurity, GarbageAndTruncatedHandshakesAreDroppedAndTheGroupForms) {
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
     for (const ChildResult& c : g.children)
       EXPECT_EQ(c.exit_code, kChildOk) << g.describe() << read_note(dir, 0);
+  }
+}
+
+// A stranger without the secret that sends a well-formed hello (this job's cluster, a free rank)
+// claiming another layout or socket count, then a proof it cannot make, is dropped like any other:
+// a difference of setup ends the setup only once the peer has proved the secret. (Found by
+// fuzz_ring_handshake: rank 0 used to end its setup on the claim, before reading the proof.)
+TEST(RingSecurity, UnprovenHelloClaimingAnotherSetupCannotEndIt) {
+  for (const bool other_sockets : {false, true}) {
+    SCOPED_TRACE(other_sockets ? "another socket count" : "another layout");
+    const std::string dir = make_temp_dir("unproven");
+    GroupResult g = run_group(4, 60s, [&](int p) {
+      if (p == 3) {
+        transports::wire::Hello hello;
+        hello.cluster = internal::digest64(dir);  // the harness's cluster id is the store's path
+        hello.layout = other_sockets ? 0 : 42;
+        hello.world = 3;
+        hello.rank = 2;
+        hello.sockets = other_sockets ? 2 : 1;
+        const transports::wire::Auth proof;  // all zeros: it cannot compute the real one
+        std::string bytes(reinterpret_cast<const char*>(&hello), sizeof hello);
+        bytes.append(reinterpret_cast<const char*>(&proof), sizeof proof);
+        std::vector<int> fds = connect_to_rank0(dir, 3, 1, bytes);
+        std::this_thread::sleep_for(1s);
+        for (int fd : fds) {
+          if (fd >= 0) close(fd);
+        }
+        return fds.size() == 1 && fds[0] >= 0 ? kChildOk : kChildFailed;
+      }
+      if (p > 0 && !wait_for_outsider(dir)) return kChildFailed;
+      auto ctx = group_context(p, 3, 1, dir, Config::from_map({{"TRIBUTARY_SECRET", "s3cret"}}));
+      auto ops = builtin_backends().create("ring:intra_host=net,timeout=20s", *ctx);
+      if (!ops.ok()) {
+        write_note(dir, p, ops.status().to_string());
+        return kChildFailed;
+      }
+      float x = static_cast<float>(p + 1);
+      PerReplica<Tensor> v{Tensor(&x, DType::kFloat32, int64_t{1})};
+      Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      write_note(dir, p, s.ok() ? std::to_string(x) : s.to_string());
+      return s.ok() && x == 6.0f ? kChildOk : kChildFailed;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    for (int p = 0; p < 4; ++p) {
+      EXPECT_EQ(g.children[static_cast<size_t>(p)].exit_code, kChildOk)
+          << "process " << p << ": " << read_note(dir, p) << "; " << g.describe();
+    }
   }
 }
 

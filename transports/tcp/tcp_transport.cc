@@ -668,7 +668,10 @@ class TcpSetup {
     TRIBUTARY_RETURN_IF_ERROR(
         read_exact(impl_, *socket, asio::buffer(&ack, sizeof ack), deadline_, "hello answer")
             .with_context(ctx));
-    TRIBUTARY_RETURN_IF_ERROR(check_ack(ctx, peer, k, ack));
+    TRIBUTARY_RETURN_IF_ERROR(check_peer(ctx, peer, ack));
+    // A different setup is reported only once the peer has proved the secret (a stranger without
+    // it must not end this setup), so the proof goes first either way.
+    const Status differs = check_setup(ctx, peer, k, ack);
     wire::Auth auth;
     auth.mac = proof(options_.secret, 'C', ack.nonce, impl_.rank, peer);
     TRIBUTARY_RETURN_IF_ERROR(
@@ -685,6 +688,7 @@ class TcpSetup {
                          ": authentication failed; every process must be given the same "
                          "secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE), or none");
     }
+    TRIBUTARY_RETURN_IF_ERROR(differs);
     TcpTransport::Impl::Connection& x = impl_.conn(peer, k);
     x.socket = std::move(socket);
     if (authenticate_frames()) {
@@ -699,7 +703,8 @@ class TcpSetup {
     return !options_.secret.empty() && options_.authenticate_frames;
   }
 
-  Status check_ack(const std::string& ctx, int peer, int k, const wire::HelloAck& ack) const {
+  // The answer is from a tributary rank `peer` of this job.
+  Status check_peer(const std::string& ctx, int peer, const wire::HelloAck& ack) const {
     if (ack.magic != wire::kHelloMagic || ack.version != wire::kProtocolVersion) {
       return unavailable(ctx + ": the peer does not speak tributary's protocol version " +
                          std::to_string(wire::kProtocolVersion));
@@ -709,6 +714,12 @@ class TcpSetup {
                          ": the process there belongs to another job (cluster, world size "
                          "or rank differ); check the cluster spec");
     }
+    return Status();
+  }
+
+  // The peer is set up as this rank is (sockets per peer, layout) and filed this connection as
+  // socket `k`.
+  Status check_setup(const std::string& ctx, int peer, int k, const wire::HelloAck& ack) const {
     if (ack.sockets != impl_.sockets_per_peer) return sockets_differ(ctx, peer, ack.sockets);
     if (ack.layout != layout_) {
       return invalid_argument(ctx + ": rank " + std::to_string(peer) + " is set up differently; " +
@@ -831,17 +842,6 @@ class TcpSetup {
     ack.nonce = random_nonce();
     ack.mac = proof(options_.secret, 'A', hello.nonce, impl_.rank, hello.rank);
     io_step(h, true, &h->ack, sizeof h->ack, "hello answer", [this, h] {
-      // A different layout: the answer (with ours) lets the other side name it too; then refuse.
-      // The group cannot form: no point waiting for the others.
-      if (!h->same_sockets) {
-        fatal_ = sockets_differ(who_, h->hello.rank, h->hello.sockets);
-        return drop(h, "set up differently");
-      }
-      if (h->hello.layout != layout_) {
-        fatal_ = invalid_argument(who_ + ": rank " + std::to_string(h->hello.rank) +
-                                  " is set up differently; " + layout_advice());
-        return drop(h, "set up differently");
-      }
       io_step(h, false, &h->auth, sizeof h->auth, "authentication", [this, h] { judge(h); });
     });
   }
@@ -852,6 +852,18 @@ class TcpSetup {
     h->verdict.accepted = ok ? 1 : 0;
     io_step(h, true, &h->verdict, sizeof h->verdict, "verdict", [this, h, ok] {
       if (!ok) return drop(h, "failed authentication");
+      // A rank that proved the secret but is set up differently: the group cannot form, so this
+      // ends the setup (the answer carried ours, so that the other side names the difference
+      // too). Only after the proof: a stranger claiming another layout is merely dropped.
+      if (!h->same_sockets) {
+        fatal_ = sockets_differ(who_, h->hello.rank, h->hello.sockets);
+        return drop(h, "set up differently");
+      }
+      if (h->hello.layout != layout_) {
+        fatal_ = invalid_argument(who_ + ": rank " + std::to_string(h->hello.rank) +
+                                  " is set up differently; " + layout_advice());
+        return drop(h, "set up differently");
+      }
       const wire::Hello& hello = h->hello;
       TcpTransport::Impl::Connection& x = impl_.conn(hello.rank, hello.socket);
       if (x.socket) return drop(h, "a duplicate connection");  // two raced for one place
