@@ -432,6 +432,9 @@ class Runner::Impl {
         iters = static_cast<int>(agreed);
       }
       const int64_t calls = int64_t{iters} * o_.agg_iters;
+      // Every rank starts the timed loop together, as nccl-tests' barrier before it: a rank that
+      // started early would count its wait for the others as time of the line.
+      TRIBUTARY_RETURN_IF_ERROR(agree(0.0, ReduceOp::kSum).status());
       TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, calls, &seconds));
       TRIBUTARY_ASSIGN_OR_RETURN(seconds, combine_times(seconds));
       row->iters = iters;
