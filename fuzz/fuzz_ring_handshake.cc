@@ -3,8 +3,8 @@
 // with a secret. Rank 0 must drop every such connection (wrong magic, version, cluster, layout,
 // ranks, socket counts, a failed proof of the secret, a truncated message) and go on waiting for
 // the real rank 1: a setup that ends while the fuzzer is the only peer is a finding. Without the
-// secret the fuzzer cannot get past the proof, so data frames are out of reach here: fuzz_ring_frames
-// takes them, after a real handshake.
+// secret the fuzzer cannot get past the proof, so data frames are out of reach here:
+// fuzz_ring_frames takes them, after a real handshake.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "transports/tcp/tcp_transport.h"
 #include "fuzz/raw_client.h"
+#include "transports/tcp/tcp_transport.h"
 #include "tributary/store.h"
 
 namespace {

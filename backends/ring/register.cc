@@ -6,11 +6,11 @@
 
 #include "algorithms/hierarchical_group.h"
 #include "algorithms/process_group_ops.h"
-#include "transports/tcp/tcp_transport.h"
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
 #include "core/strings.h"
 #include "transports/shm/shm_group.h"
+#include "transports/tcp/tcp_transport.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
 

@@ -24,8 +24,8 @@
 
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
-#include "transports/tcp/tcp_wire.h"
 #include "tests/multiprocess/harness.h"
+#include "transports/tcp/tcp_wire.h"
 #include "tributary/store.h"
 
 namespace tributary::testing {

@@ -15,10 +15,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "transports/tcp/tcp_wire.h"
-#include "transports/tcp/tcp_writer.h"
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
+#include "transports/tcp/tcp_wire.h"
+#include "transports/tcp/tcp_writer.h"
 
 namespace tributary::transports {
 namespace {

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "algorithms/transport.h"
-#include "transports/tcp/tcp_wire.h"
 #include "core/crypto/crypto.h"
+#include "transports/tcp/tcp_wire.h"
 
 namespace tributary::transports {
 
