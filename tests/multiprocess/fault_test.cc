@@ -615,9 +615,11 @@ bool wait_for_outsider(const std::string& dir) {
 }
 
 // Three ranks and an outsider (process 3) that connects to rank 0 first and sends `junk`, then
-// closes (`hold` = 0) or keeps the connections open for `hold`. The group must form and compute.
+// closes (`hold` = 0) or keeps the connections open for `hold`. The group, configured with
+// `config`, must form and compute.
 GroupResult ring_with_outsider(const std::string& dir, const std::string& junk, int connections,
-                               std::chrono::seconds hold, const std::string& spec) {
+                               std::chrono::seconds hold, const std::string& spec,
+                               const Config& config = Config()) {
   return run_group(4, 60s, [&](int p) {
     if (p == 3) {
       std::vector<int> fds = connect_to_rank0(dir, 3, connections, junk);
@@ -629,7 +631,7 @@ GroupResult ring_with_outsider(const std::string& dir, const std::string& junk, 
       return std::count(fds.begin(), fds.end(), -1) == 0 ? kChildOk : kChildFailed;
     }
     if (p > 0 && !wait_for_outsider(dir)) return kChildFailed;
-    auto ctx = group_context(p, 3, 1, dir);
+    auto ctx = group_context(p, 3, 1, dir, config);
     auto ops = builtin_backends().create(spec, *ctx);
     if (!ops.ok()) {
       write_note(dir, p, ops.status().to_string());
@@ -662,37 +664,17 @@ TEST(RingSecurity, UnprovenHelloClaimingAnotherSetupCannotEndIt) {
   for (const bool other_sockets : {false, true}) {
     SCOPED_TRACE(other_sockets ? "another socket count" : "another layout");
     const std::string dir = make_temp_dir("unproven");
-    GroupResult g = run_group(4, 60s, [&](int p) {
-      if (p == 3) {
-        transports::wire::Hello hello;
-        hello.cluster = internal::digest64(dir);  // the harness's cluster id is the store's path
-        hello.layout = other_sockets ? 0 : 42;
-        hello.world = 3;
-        hello.rank = 2;
-        hello.sockets = other_sockets ? 2 : 1;
-        const transports::wire::Auth proof;  // all zeros: it cannot compute the real one
-        std::string bytes(reinterpret_cast<const char*>(&hello), sizeof hello);
-        bytes.append(reinterpret_cast<const char*>(&proof), sizeof proof);
-        std::vector<int> fds = connect_to_rank0(dir, 3, 1, bytes);
-        std::this_thread::sleep_for(1s);
-        for (int fd : fds) {
-          if (fd >= 0) close(fd);
-        }
-        return fds.size() == 1 && fds[0] >= 0 ? kChildOk : kChildFailed;
-      }
-      if (p > 0 && !wait_for_outsider(dir)) return kChildFailed;
-      auto ctx = group_context(p, 3, 1, dir, Config::from_map({{"TRIBUTARY_SECRET", "s3cret"}}));
-      auto ops = builtin_backends().create("ring:intra_host=net,timeout=20s", *ctx);
-      if (!ops.ok()) {
-        write_note(dir, p, ops.status().to_string());
-        return kChildFailed;
-      }
-      float x = static_cast<float>(p + 1);
-      PerReplica<Tensor> v{Tensor(&x, DType::kFloat32, int64_t{1})};
-      Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
-      write_note(dir, p, s.ok() ? std::to_string(x) : s.to_string());
-      return s.ok() && x == 6.0f ? kChildOk : kChildFailed;
-    });
+    transports::wire::Hello hello;
+    hello.cluster = internal::digest64(dir);  // the harness's cluster id is the store's path
+    hello.layout = other_sockets ? 0 : 42;
+    hello.world = 3;
+    hello.rank = 2;
+    hello.sockets = other_sockets ? 2 : 1;
+    const transports::wire::Auth proof;  // all zeros: it cannot compute the real one
+    std::string bytes(reinterpret_cast<const char*>(&hello), sizeof hello);
+    bytes.append(reinterpret_cast<const char*>(&proof), sizeof proof);
+    GroupResult g = ring_with_outsider(dir, bytes, 1, 1s, "ring:intra_host=net,timeout=20s",
+                                       Config::from_map({{"TRIBUTARY_SECRET", "s3cret"}}));
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
     for (int p = 0; p < 4; ++p) {
       EXPECT_EQ(g.children[static_cast<size_t>(p)].exit_code, kChildOk)
