@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/flight_recorder.h"
@@ -245,6 +246,8 @@ std::string_view collective_name(Collective c) {
       return "all_gather";
     case Collective::kReduceScatter:
       return "reduce_scatter";
+    case Collective::kRegisterBuffers:
+      return "register_buffers";
   }
   return "?";
 }
@@ -278,7 +281,8 @@ std::string Capabilities::to_string() const {
 std::string CallInfo::describe() const {
   std::string s = std::string(collective_name(collective)) + " #" + std::to_string(sequence) +
                   " (" + bytes_text(count, dtype) + " " + std::string(dtype_name(dtype));
-  if (collective != Collective::kBroadcast && collective != Collective::kAllGather) {
+  if (collective != Collective::kBroadcast && collective != Collective::kAllGather &&
+      collective != Collective::kRegisterBuffers) {
     s += ", " + std::string(reduce_op_name(op));
   }
   return s + ")";
@@ -303,12 +307,57 @@ struct CrossDeviceOps::Health {
   }
 };
 
+namespace internal {
+// The live registrations of one instance, shared with their handles. `ops` is cleared when the
+// instance goes, after which a handle's release does nothing.
+struct Registrations {
+  std::mutex mu;
+  CrossDeviceOps* ops = nullptr;
+  uint64_t last_id = 0;
+  std::vector<uint64_t> live;
+};
+}  // namespace internal
+
+BufferRegistration::BufferRegistration(BufferRegistration&& other) noexcept
+    : owner_(std::move(other.owner_)), id_(std::exchange(other.id_, 0)) {}
+
+BufferRegistration& BufferRegistration::operator=(BufferRegistration&& other) noexcept {
+  if (this != &other) {
+    release();
+    owner_ = std::move(other.owner_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+BufferRegistration::~BufferRegistration() { release(); }
+
+bool BufferRegistration::active() const {
+  std::shared_ptr<internal::Registrations> r = owner_.lock();
+  if (!r) return false;
+  std::lock_guard lock(r->mu);
+  return r->ops != nullptr && std::find(r->live.begin(), r->live.end(), id_) != r->live.end();
+}
+
+void BufferRegistration::release() {
+  std::shared_ptr<internal::Registrations> r = owner_.lock();
+  owner_.reset();
+  if (!r) return;
+  std::lock_guard lock(r->mu);
+  auto it = std::find(r->live.begin(), r->live.end(), id_);
+  if (r->ops == nullptr || it == r->live.end()) return;
+  r->live.erase(it);
+  r->ops->release_buffers_impl(id_);
+}
+
 CrossDeviceOps::CrossDeviceOps(std::string name, BackendContext context, Options options,
                                Capabilities capabilities)
     : name_(std::move(name)),
       context_(std::move(context)),
       options_(std::move(options)),
       capabilities_(std::move(capabilities)) {
+  registrations_ = std::make_shared<internal::Registrations>();
+  registrations_->ops = this;
   if (const Options::Value* t = options_.find("timeout")) timeout_ = std::chrono::nanoseconds(t->i);
   log_level_ = static_cast<int>(internal::log_level_from(context_.config));
   log_prefix_ = "rank " + std::to_string(context_.rank) + "/" + name_;
@@ -316,7 +365,14 @@ CrossDeviceOps::CrossDeviceOps(std::string name, BackendContext context, Options
   recorder_ = internal::make_recorder(name_, context_.rank, context_.world_size, context_.config);
 }
 
-CrossDeviceOps::~CrossDeviceOps() { internal::release_recorder(recorder_); }
+CrossDeviceOps::~CrossDeviceOps() {
+  {
+    std::lock_guard lock(registrations_->mu);
+    registrations_->ops = nullptr;
+    registrations_->live.clear();
+  }
+  internal::release_recorder(recorder_);
+}
 
 namespace internal {
 void attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope) {
@@ -685,6 +741,55 @@ Work CrossDeviceOps::all_reduce_front(ReduceOp op, const PerReplica<Tensor>& inp
                                                  [](size_t i, size_t j) { return i == j; }));
   CallInfo call = begin(Collective::kAllReduce, op, dtype, count);
   return finish(call, all_reduce_impl(call, op, inputs, outputs));
+}
+
+StatusOr<BufferRegistration> CrossDeviceOps::register_buffers(const PerReplica<Tensor>& buffers) {
+  validating_ = true;
+  uint64_t id = 0;
+  TRIBUTARY_RETURN_IF_ERROR(screened(register_front(buffers, &id)).wait());
+  return BufferRegistration(registrations_, id);
+}
+
+Work CrossDeviceOps::register_front(const PerReplica<Tensor>& buffers, uint64_t* id) {
+  constexpr std::string_view kCall = "register_buffers";
+  Validator v(kCall);
+  TRIBUTARY_REFUSE_IF_BROKEN(kCall);
+  TRIBUTARY_CHECK_REPLICAS(buffers, kCall, "buffers");
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_uniform(buffers.values(), Label{"buffers"}));
+  const DType dtype = buffers[0].dtype();
+  if (!capabilities_.supports(dtype)) {
+    return Work::completed(unimplemented(std::string(kCall) + ": backend '" + name_ +
+                                         "' does not support dtype " +
+                                         std::string(dtype_name(dtype)) + " (" +
+                                         capabilities_.to_string() + ")"));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    TRIBUTARY_RETURN_WORK_IF_ERROR(check_device(buffers[i], "buffers", static_cast<int>(i)));
+  }
+  TRIBUTARY_RETURN_WORK_IF_ERROR(v.check_overlap(ranges(buffers.values(), "buffers"), RangeList{},
+                                                 [](size_t, size_t) { return false; }));
+  CallInfo call = begin(Collective::kRegisterBuffers, ReduceOp::kSum, dtype,
+                        buffers[0].num_elements());
+  uint64_t next = 0;
+  {
+    std::lock_guard lock(registrations_->mu);
+    next = ++registrations_->last_id;
+  }
+  Status s = register_buffers_impl(call, next, buffers);
+  if (s.ok()) {
+    std::lock_guard lock(registrations_->mu);
+    registrations_->live.push_back(next);
+    *id = next;
+  }
+  return finish(call, Work::completed(std::move(s)));
+}
+
+Status CrossDeviceOps::register_buffers_impl(const CallInfo& call, uint64_t id,
+                                             const PerReplica<Tensor>& buffers) {
+  (void)call;
+  (void)id;
+  (void)buffers;
+  return Status();
 }
 
 Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,

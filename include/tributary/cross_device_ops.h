@@ -57,7 +57,10 @@ enum class Collective : uint8_t {
   kAllReduce,
   kBroadcast,
   kAllGather,
-  kReduceScatter
+  kReduceScatter,
+  // Not a data collective (all_collectives() leaves it out; Capabilities never list it): the
+  // collective step of register_buffers, which takes a sequence number like the others.
+  kRegisterBuffers
 };
 std::string_view collective_name(Collective c);
 std::span<const Collective> all_collectives();
@@ -128,6 +131,36 @@ struct CallInfo {
   std::string describe() const;  // "all_reduce #17 (4 MiB float32, sum)"
 };
 
+namespace internal {
+struct Registrations;
+}  // namespace internal
+
+// A registration of persistent buffers (CrossDeviceOps::register_buffers). Move-only. It ends on
+// this rank when destroyed or released; ending it after its backend is gone does nothing.
+class BufferRegistration {
+ public:
+  BufferRegistration() = default;
+  BufferRegistration(BufferRegistration&& other) noexcept;
+  BufferRegistration& operator=(BufferRegistration&& other) noexcept;
+  BufferRegistration(const BufferRegistration&) = delete;
+  BufferRegistration& operator=(const BufferRegistration&) = delete;
+  ~BufferRegistration();
+
+  // 1, 2, ... per backend instance, in registration order (0: none).
+  uint64_t id() const { return id_; }
+  // Registered and not yet released (false as well once the backend is gone).
+  bool active() const;
+  // Ends the registration on this rank now (see register_buffers for when).
+  void release();
+
+ private:
+  friend class CrossDeviceOps;
+  BufferRegistration(std::weak_ptr<internal::Registrations> owner, uint64_t id)
+      : owner_(std::move(owner)), id_(id) {}
+  std::weak_ptr<internal::Registrations> owner_;
+  uint64_t id_ = 0;
+};
+
 class CrossDeviceOps {
  public:
   virtual ~CrossDeviceOps();
@@ -141,6 +174,28 @@ class CrossDeviceOps {
   Work all_gather(const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs);
   Work reduce_scatter(ReduceOp op, const PerReplica<Tensor>& inputs,
                       const PerReplica<Tensor>& outputs);
+
+  // Persistent buffers, as NCCL's ncclCommRegister and nccl-tests' -R: a trainer whose results go
+  // to the same buffers every step (gradient buckets) registers them once, one per local replica
+  // (same dtype and count, on the replicas' devices, not overlapping), and a backend may prepare
+  // state bound to them. An all_reduce or reduce whose outputs (destinations) are exactly the
+  // registered tensors then uses it. What it changes per backend:
+  //   gloo  (several processes, one local replica) runs its classic algorithm on the registered
+  //         buffer itself, built on first use for each op: no copy in or out and, with
+  //         verify=false, no exchange among the ranks before the call (without registration, a
+  //         buffer is bound to an instance only after the ranks agree on it, a round trip per
+  //         call, and below 1 MiB it is copied instead).
+  //   every other backend: nothing; the call is checked and counted, and the buffers work as any.
+  // Registration is collective, as TF's and NCCL's setup calls are: every rank registers at the
+  // same point of its call sequence (it takes a sequence number; a backend that prepares state
+  // checks that every rank registered the same count and dtype, else every rank fails, naming
+  // both). Collectives on registered buffers must be issued on registered buffers on every rank,
+  // and a registration must end (release() or destruction) at the same point on every rank: with
+  // gloo's verify=true (the default) a rank that differs fails every rank, naming the call; with
+  // verify=false it is the caller's promise, and a rank that breaks it fails at the timeout.
+  // The buffers must stay valid while registered. Errors: as a collective's (InvalidArgument for
+  // bad buffers, FailedPrecondition on a broken instance, the backend's failure otherwise).
+  StatusOr<BufferRegistration> register_buffers(const PerReplica<Tensor>& buffers);
 
   const std::string& name() const { return name_; }
   // The full spec this instance was made from, every option resolved: "name:key=value,...".
@@ -183,6 +238,13 @@ class CrossDeviceOps {
                                    const PerReplica<Tensor>& inputs,
                                    const PerReplica<Tensor>& outputs) = 0;
 
+  // register_buffers' backend step: prepare for collectives whose outputs are exactly `buffers`
+  // (registration `id`), checking with the other ranks where that matters. Default: nothing.
+  virtual Status register_buffers_impl(const CallInfo& call, uint64_t id,
+                                       const PerReplica<Tensor>& buffers);
+  // Registration `id` ended on this rank: drop what was prepared for it. Default: nothing.
+  virtual void release_buffers_impl(uint64_t id) { (void)id; }
+
   const BackendContext& context() const { return context_; }
   // The instance's scope of the job's store (internal::attach_progress_store), null when none.
   const std::shared_ptr<Store>& instance_store() const { return scope_; }
@@ -208,6 +270,7 @@ class CrossDeviceOps {
   Work all_gather_front(const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs);
   Work reduce_scatter_front(ReduceOp op, const PerReplica<Tensor>& inputs,
                             const PerReplica<Tensor>& outputs);
+  Work register_front(const PerReplica<Tensor>& buffers, uint64_t* id);
   Work screened(Work work);
   CallInfo begin(Collective c, ReduceOp op, DType dtype, int64_t count);
   Work finish(const CallInfo& call, Work work);
@@ -240,6 +303,9 @@ class CrossDeviceOps {
   std::shared_ptr<internal::FlightRecorder> recorder_;
   // The instance's store scope (attach_progress_store; null for in-process backends).
   std::shared_ptr<Store> scope_;
+  // Live registrations, shared with their handles (which may outlive the instance).
+  std::shared_ptr<internal::Registrations> registrations_;
+  friend class BufferRegistration;
   friend void internal::attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope);
 };
 
