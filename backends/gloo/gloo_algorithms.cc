@@ -333,6 +333,22 @@ BoundAlgorithm& AlgorithmCache::build(ClassicKind kind, DType dtype, ReduceOp op
   return entries_.front();
 }
 
+std::unique_ptr<BoundAlgorithm> AlgorithmCache::build_detached(ClassicKind kind, DType dtype,
+                                                               ReduceOp op, int64_t count,
+                                                               void* user) {
+  if (op == ReduceOp::kMean) op = ReduceOp::kSum;
+  auto entry = std::make_unique<BoundAlgorithm>(BoundAlgorithm{
+      .kind = kind,
+      .dtype = dtype,
+      .op = op,
+      .count = count,
+      .footprint = static_cast<uint64_t>(count) * dtype_size(dtype) * gloo_overhead_factor(kind),
+      .user = user});
+  entry->algorithm =
+      make_classic(kind, context_, user, static_cast<int>(count), dtype, op, /*root=*/0);
+  return entry;
+}
+
 void AlgorithmCache::clear() noexcept {
   entries_.clear();
   bind_stats_.clear();

@@ -163,6 +163,12 @@ class AlgorithmCache {
   // than reused (buffers that change every call; the copying path is cheaper then). Decided from
   // agreed outcomes only, so it is the same on every rank.
   bool binding_pays(ClassicKind kind, DType dtype, ReduceOp op, int64_t count) const;
+  // An all-reduce instance over the caller's buffer `user` that the cache neither holds, counts
+  // nor evicts (a registered buffer's: GlooOps::register_buffers_impl). Built like the cache's,
+  // so every rank must build it at the same call; its footprint is Gloo's own buffers
+  // (1-2x the buffer, gloo_overhead_factor).
+  std::unique_ptr<BoundAlgorithm> build_detached(ClassicKind kind, DType dtype, ReduceOp op,
+                                                 int64_t count, void* user);
   // Destroys every instance.
   void clear() noexcept;
   size_t size() const { return entries_.size(); }

@@ -55,16 +55,18 @@ struct Fingerprint {
   uint8_t op = 0;
   uint8_t dtype = 0;
   uint8_t valid = 0;
-  uint8_t bound = 0;  // the binding's place on this rank + 1 (GlooOps::Binding), 0 for none
-  uint8_t reserved = 0;
+  uint8_t bound = 0;       // the binding's place on this rank + 1 (GlooOps::Binding), 0 for none
+  uint8_t registered = 0;  // 1: the call's first output is a registered buffer
   uint16_t magic = 0;
 };
 static_assert(sizeof(Fingerprint) == 32);
 constexpr uint16_t kFingerprintMagic = 0x676f;  // "go"
 
-Fingerprint fingerprint_of(const CallInfo& call, int root, int local_replicas, int place) {
+Fingerprint fingerprint_of(const CallInfo& call, int root, int local_replicas, int place,
+                           bool registered) {
   Fingerprint f;
   f.bound = static_cast<uint8_t>(place + 1);
+  f.registered = registered ? 1 : 0;
   f.sequence = call.sequence;
   f.count = call.count;
   f.root = root;
@@ -84,7 +86,9 @@ bool same_call(const Fingerprint& a, const Fingerprint& b) {
 }
 
 std::string describe(const Fingerprint& f) {
-  if (f.magic != kFingerprintMagic || f.valid != 1 || f.collective > 5 || f.op > 4 || f.dtype > 7) {
+  if (f.magic != kFingerprintMagic || f.valid != 1 ||
+      f.collective > static_cast<uint8_t>(Collective::kRegisterBuffers) || f.op > 4 ||
+      f.dtype > 7) {
     return "something that is not a tributary 'gloo' collective";
   }
   CallInfo c;
@@ -95,6 +99,7 @@ std::string describe(const Fingerprint& f) {
   c.dtype = static_cast<DType>(f.dtype);
   std::string s = c.describe();
   if (c.collective == Collective::kBroadcast) s += " from root " + std::to_string(f.root);
+  if (f.registered) s += " on a registered buffer";
   return s + " with " + std::to_string(f.local_replicas) + " local replica(s)";
 }
 
@@ -157,6 +162,7 @@ GlooOps::~GlooOps() {
     }
   }
   // Instances first: they hold buffers registered with the context's pairs.
+  registered_.clear();
   cache_.reset();
   gloo_.reset();
 }
@@ -257,7 +263,11 @@ GlooAlgorithm GlooOps::resolve(uint64_t bytes) const {
 
 Status GlooOps::verify_order(const CallInfo& call, int root, Binding* binding) {
   const bool bind = binding && binding->possible;
-  if (!control_ || (!verify_ && !bind)) return Status();
+  const bool registered = binding && binding->registered;
+  // A registration's sizes are always checked: it is rare, and a mismatch there would otherwise
+  // surface only as a timeout at the first collective on the buffers.
+  const bool always = call.collective == Collective::kRegisterBuffers;
+  if (!control_ || (!verify_ && !bind && !always)) return Status();
   // Every rank fills its own row of a zeroed table and the control channel sums the tables (a
   // recursive doubling of a few hundred bytes): each holds every row after. The channel's frames
   // carry the call's tag, so ranks in different collectives fail there, naming both calls.
@@ -265,7 +275,7 @@ Status GlooOps::verify_order(const CallInfo& call, int root, Binding* binding) {
   const size_t n = static_cast<size_t>(world_size());
   std::vector<Fingerprint> all(n);
   all[static_cast<size_t>(rank())] =
-      fingerprint_of(call, root, num_local_replicas(), bind ? binding->here : -1);
+      fingerprint_of(call, root, num_local_replicas(), bind ? binding->here : -1, registered);
   algorithms::MessageTag tag = algorithms::MessageTag::of(call);
   tag.root = root;
   const algorithms::GroupCall group{tag, std::chrono::steady_clock::now() + call.timeout};
@@ -280,22 +290,33 @@ Status GlooOps::verify_order(const CallInfo& call, int root, Binding* binding) {
     }
   }
   for (size_t r = 0; r < n; ++r) {
-    if (same_call(all[r], mine)) continue;
+    if (same_call(all[r], mine) && all[r].registered == mine.registered) continue;
     return aborted("collective mismatch: rank " + std::to_string(r) + " issued " +
                    describe(all[r]) + " but rank " + std::to_string(rank()) + " issued " +
                    describe(mine) +
-                   "; every rank must issue the same collectives in the same "
-                   "order");
+                   (same_call(all[r], mine)
+                        ? "; a registered buffer (register_buffers) must be used, and released, "
+                          "at the same point on every rank"
+                        : "; every rank must issue the same collectives in the same order"));
   }
   return Status();
 }
 
 GlooOps::Binding GlooOps::plan_binding(const CallInfo& call, ReduceOp op,
                                        std::span<const Tensor> inputs,
-                                       std::span<const Tensor> outputs) const {
+                                       std::span<const Tensor> outputs) {
   Binding b;
   const uint64_t bytes = static_cast<uint64_t>(call.count) * dtype_size(call.dtype);
   const std::optional<ClassicKind> kind = classic_kind(resolve(bytes));
+  if (!registered_.empty() && kind && *kind != ClassicKind::kBcube && inputs.size() == 1) {
+    for (auto& [id, r] : registered_) {
+      if (r.data == outputs[0].data() && r.dtype == call.dtype && r.count == call.count) {
+        b.kind = *kind;
+        b.registered = &r;
+        return b;
+      }
+    }
+  }
   // Only what every rank agrees on decides: the number of destinations of a reduce is a local
   // choice (more than one get a copy of the first). Not bcube: its run() can return while sends
   // of later steps still read the buffer.
@@ -320,6 +341,17 @@ Status GlooOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<c
   const DType dtype = inputs[0].dtype();
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
   const GlooAlgorithm algorithm = resolve(bytes);
+  if (binding && binding->registered) {
+    const Tensor& out = outputs[0];
+    if (inputs[0].data() != out.data()) {
+      TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(inputs[0], one(out)));
+    }
+    registered_instance(*binding->registered, binding->kind, op).run();
+    if (op == ReduceOp::kMean) {
+      TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(op, one(out), one(out), n));
+    }
+    return algorithms::local_copy(out, outputs.subspan(1));
+  }
   if (binding && binding->possible) {
     // On the caller's buffer, as a program using Gloo directly would: out-of-place copies first.
     const Tensor& out = outputs[0];
@@ -405,6 +437,35 @@ void GlooOps::classic_all_gather(std::byte* data, size_t block_bytes) {
       }
     }
   }
+}
+
+Status GlooOps::register_buffers_impl(const CallInfo& call, uint64_t id,
+                                      const PerReplica<Tensor>& buffers) {
+  return guarded(call, [&]() -> Status {
+    TRIBUTARY_RETURN_IF_ERROR(verify_order(call, -1));
+    const Tensor& t = buffers[0];
+    const uint64_t bytes = t.nbytes();
+    // Decided from what every rank agreed on, so every rank keeps it or none does.
+    if (!gloo_ || buffers.size() != 1 || bytes == 0 || bytes > kGlooClassicMaxBytes) {
+      return Status();
+    }
+    Registered& r = registered_[id];
+    r.data = t.data();
+    r.dtype = t.dtype();
+    r.count = t.num_elements();
+    return Status();
+  });
+}
+
+void GlooOps::release_buffers_impl(uint64_t id) { registered_.erase(id); }
+
+BoundAlgorithm& GlooOps::registered_instance(Registered& r, ClassicKind kind, ReduceOp op) {
+  op = partial_op(op);
+  for (const std::unique_ptr<BoundAlgorithm>& a : r.instances) {
+    if (a->kind == kind && a->op == op) return *a;
+  }
+  r.instances.push_back(cache_->build_detached(kind, r.dtype, op, r.count, r.data));
+  return *r.instances.back();
 }
 
 Work GlooOps::all_reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,

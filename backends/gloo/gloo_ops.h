@@ -42,6 +42,8 @@
 // ranks issuing different collectives (even different kinds, whose Gloo exchanges would never
 // meet) fail at once on every rank with a message naming both sides instead of combining
 // unrelated data; verify=false skips it where nothing else needs the exchange (see Binding).
+// Buffers registered with register_buffers need none: their instances are their own (Registered),
+// and the fingerprint (verify=true) carries whether the call's buffer is registered.
 // Destruction is collective: a barrier first (at most min(timeout, 10 s) in async mode, timeout in
 // sync mode), because Gloo fails a wait on a closed connection even when its data has arrived, so
 // a rank that closed at once could fail a slower peer. Writes to a dead peer would raise SIGPIPE:
@@ -51,6 +53,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +99,14 @@ class GlooOps final : public CrossDeviceOps {
   // This rank will not issue the collective its peers wait in: close the connections so that they
   // fail at once (as after a failure of our own).
   void abandon(const Status& why) override;
+  // Checks over the control channel (whatever verify says) that every rank registers the same
+  // count and dtype, then keeps the buffer: all-reduces and reduces whose first output is exactly
+  // it run a classic instance bound to it (Registered), with no agreement among the ranks. Only
+  // with one local replica and several processes, for messages the classic instances take
+  // (<= kGlooClassicMaxBytes); otherwise nothing is kept and the buffer works as any other.
+  Status register_buffers_impl(const CallInfo& call, uint64_t id,
+                               const PerReplica<Tensor>& buffers) override;
+  void release_buffers_impl(uint64_t id) override;
 
  private:
   // Runs `body` with SIGPIPE held back, converts whatever it throws into a Status naming `call`,
@@ -111,15 +122,27 @@ class GlooOps final : public CrossDeviceOps {
   // copies cost less than the exchange plus the wake-up of Gloo's I/O thread that it causes
   // (measured, 2 processes, in place: binding from 256 KiB left 512 KiB at 433-864 us against
   // 437-503 us copying).
+  // A registered buffer and the instances bound to it, one per (kind, op), each built at the
+  // first call that needs it (on every rank at the same call: registered buffers are used alike
+  // on every rank, which verify checks). Outside the AlgorithmCache: never evicted, destroyed at
+  // release.
+  struct Registered {
+    void* data = nullptr;
+    DType dtype = DType::kFloat32;
+    int64_t count = 0;
+    std::vector<std::unique_ptr<BoundAlgorithm>> instances;
+  };
   struct Binding {
     bool possible = false;  // the same on every rank: decided from the call alone
     ClassicKind kind = ClassicKind::kRing;
     int here = -1;    // this rank's place for the buffer (AlgorithmCache::bound_place)
     int agreed = -1;  // every rank's, when they all match; else -1
+    // The call's first output is this registered buffer: its instance runs, no agreement needed.
+    Registered* registered = nullptr;
   };
   static constexpr uint64_t kBindAloneMinBytes = uint64_t{1} << 20;
   Binding plan_binding(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
-                       std::span<const Tensor> outputs) const;
+                       std::span<const Tensor> outputs);
   // Exchanges the call's fingerprint with every rank over the control channel when verify is on or
   // `binding` is possible; a mismatch is Aborted, naming both sides. `binding`, when possible,
   // rides along and comes back agreed.
@@ -141,11 +164,14 @@ class GlooOps final : public CrossDeviceOps {
   std::chrono::milliseconds call_timeout(const CallInfo& call) const;
   // A host buffer of at least `bytes`, reused across calls.
   std::byte* staging(size_t bytes);
+  // The instance of `r` for `kind` and `op` (MEAN as SUM), built on first use.
+  BoundAlgorithm& registered_instance(Registered& r, ClassicKind kind, ReduceOp op);
 
   std::shared_ptr<gloo::Context> gloo_;
   std::unique_ptr<algorithms::ProcessGroup> control_;
   PeerDirectory peers_;
   std::unique_ptr<AlgorithmCache> cache_;
+  std::map<uint64_t, Registered> registered_;  // by registration id; after cache_ (goes first)
   GlooAlgorithm algorithm_;
   GlooReduceScatter reduce_scatter_;
   uint64_t auto_threshold_;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -561,6 +562,97 @@ TEST(Gloo, ReduceToSeveralDestinationsOnOneRankOnly) {
   }
 }
 
+// Registered buffers (register_buffers) run a classic instance bound to them, without the ranks'
+// agreement per call. Two registrations of different sizes (an odd count, and 1 MiB) are used in
+// turn, in place and out of place, for sum, mean and max, with contents that change every call,
+// at 2 and 3 processes (3: halving-doubling's binary blocks), with every classic algorithm auto
+// uses and verify on and off; then released, the buffers work as any others.
+TEST(Gloo, RegisteredBuffersAcrossOpsPlacementsAndRelease) {
+  for (const int world : {2, 3}) {
+    expect_all_zero(run_world(
+        world, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          for (const std::string verify : {"true", "false"}) {
+            for (const std::string algorithm : {"auto", "halving_doubling", "ring_chunked"}) {
+              const std::string spec =
+                  "gloo:timeout=20s,verify=" + verify + ",algorithm=" + algorithm;
+              auto made = create(spec, me);
+              if (!made.ok()) {
+                check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+                return 1;
+              }
+              CrossDeviceOps& ops = **made;
+              const int64_t counts[2] = {40001, int64_t{1} << 18};
+              std::vector<float> bufs[2] = {std::vector<float>(counts[0]),
+                                            std::vector<float>(counts[1])};
+              std::vector<float> in(counts[1]);
+              std::vector<BufferRegistration> regs;
+              for (int b = 0; b < 2; ++b) {
+                auto r = ops.register_buffers(PerReplica<Tensor>(
+                    {Tensor(bufs[b].data(), DType::kFloat32, Shape{counts[b]})}));
+                if (!r.ok()) {
+                  check.fail("%s: register %d: %s", spec.c_str(), b, r.status().to_string().c_str());
+                  return 1;
+                }
+                regs.push_back(std::move(r).value());
+              }
+              const ReduceOp ops_in_turn[3] = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax};
+              for (int call = 0; call < 14; ++call) {
+                if (call == 12) {
+                  regs.clear();  // released on every rank: the same buffers, unregistered
+                }
+                const int b = call % 2;
+                const int64_t count = counts[b];
+                const bool in_place = (call / 2) % 2 == 0;
+                const ReduceOp op = ops_in_turn[call % 3];
+                std::vector<float>& out = bufs[b];
+                std::vector<float>& src = in_place ? out : in;
+                // Element j of rank r: r + 1 + call + j % 7; the rank with the largest value
+                // changes with j.
+                for (int64_t j = 0; j < count; ++j) {
+                  src[static_cast<size_t>(j)] =
+                      static_cast<float>((me.rank + j) % world + 1 + call + j % 7);
+                }
+                if (!in_place) std::fill(out.begin(), out.begin() + count, -1.0f);
+                const Status s =
+                    ops.all_reduce(op,
+                                   PerReplica<Tensor>({Tensor(src.data(), DType::kFloat32,
+                                                              Shape{count})}),
+                                   PerReplica<Tensor>({Tensor(out.data(), DType::kFloat32,
+                                                              Shape{count})}))
+                        .wait();
+                if (!s.ok()) {
+                  check.fail("%s call %d: %s", spec.c_str(), call, s.to_string().c_str());
+                  return 1;
+                }
+                for (int64_t j = 0; j < count; ++j) {
+                  double sum = 0, max = 0;
+                  for (int r = 0; r < world; ++r) {
+                    const double v = static_cast<double>((r + j) % world + 1 + call + j % 7);
+                    sum += v;
+                    max = std::max(max, v);
+                  }
+                  const double want = op == ReduceOp::kSum    ? sum
+                                      : op == ReduceOp::kMean ? sum / world
+                                                              : max;
+                  if (std::fabs(out[static_cast<size_t>(j)] - want) > 1e-4 * want) {
+                    check.fail("%s call %d (%s, %s) element %lld is %g, want %g", spec.c_str(),
+                               call, in_place ? "in place" : "out of place",
+                               std::string(reduce_op_name(op)).c_str(), static_cast<long long>(j),
+                               out[static_cast<size_t>(j)], want);
+                    return 1;
+                  }
+                }
+              }
+            }
+          }
+          return check.ok() ? 0 : 1;
+        },
+        120));
+  }
+}
+
 // --- failures ------------------------------------------------------------------------------------
 
 // Loops all-reduces of `count` floats until one fails; returns that Status and how long the
@@ -738,6 +830,83 @@ TEST(GlooFailure, MismatchIsAnErrorOnEveryRank) {
       },
       30);
   expect_all_zero(codes);
+}
+
+// Registrations are checked across the ranks whatever verify says: different sizes fail every
+// rank at the registration, naming both; and, with verify on, a collective on a registered buffer
+// on one rank but not on the other is a mismatch on both, saying so, not a timeout.
+TEST(GlooFailure, RegistrationsThatDifferBetweenRanksFailEveryRank) {
+  for (const std::string verify : {"true", "false"}) {
+    expect_all_zero(run_world(
+        2, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          auto made = create("gloo:timeout=20s,verify=" + verify, me);
+          if (!made.ok()) {
+            check.fail("%s", made.status().to_string().c_str());
+            return 1;
+          }
+          std::vector<float> buf(200, 1.0f);
+          const auto start = Clock::now();
+          auto r = (*made)->register_buffers(PerReplica<Tensor>(
+              {Tensor(buf.data(), DType::kFloat32, Shape{me.rank == 0 ? 100 : 200})}));
+          const double took = std::chrono::duration<double>(Clock::now() - start).count();
+          const std::string m = r.ok() ? "" : r.status().message();
+          if (r.ok() || r.status().code() != StatusCode::kAborted ||
+              m.find("mismatch") == std::string::npos ||
+              m.find("register_buffers #1 (800B float32)") == std::string::npos ||
+              m.find("register_buffers #1 (400B float32)") == std::string::npos || took > 10) {
+            check.fail("verify=%s: want a mismatch naming both registrations within 10 s, got "
+                       "after %.1f s: %s",
+                       verify.c_str(), took, r.ok() ? "OK" : r.status().to_string().c_str());
+          } else {
+            fprintf(stderr, "[rank %d] expected error: %s\n", me.rank, m.c_str());
+          }
+          return check.ok() ? 0 : 1;
+        },
+        40));
+  }
+}
+
+TEST(GlooFailure, RegisteredBufferOnOneRankOnlyIsAMismatch) {
+  expect_all_zero(run_world(
+      2, 1,
+      [&](Rank& me) {
+        Checker check(me.rank);
+        auto made = create("gloo:timeout=20s", me);
+        if (!made.ok()) {
+          check.fail("%s", made.status().to_string().c_str());
+          return 1;
+        }
+        std::vector<float> registered(4096, 1.0f), other(4096, 1.0f);
+        auto r = (*made)->register_buffers(
+            PerReplica<Tensor>({Tensor(registered.data(), DType::kFloat32, Shape{4096})}));
+        if (!r.ok()) {
+          check.fail("register: %s", r.status().to_string().c_str());
+          return 1;
+        }
+        std::vector<float>& b = me.rank == 0 ? registered : other;
+        const Tensor t(b.data(), DType::kFloat32, Shape{4096});
+        const auto start = Clock::now();
+        const Status s =
+            (*made)->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t}))
+                .wait();
+        const double took = std::chrono::duration<double>(Clock::now() - start).count();
+        if (s.code() != StatusCode::kAborted ||
+            s.message().find("all_reduce #2 (16KiB float32, sum) on a registered buffer") ==
+                std::string::npos ||
+            s.message().find("must be used, and released, at the same point on every rank") ==
+                std::string::npos ||
+            took > 10) {
+          check.fail("want a mismatch naming the registered buffer within 10 s, got after %.1f s: "
+                     "%s",
+                     took, s.to_string().c_str());
+        } else {
+          fprintf(stderr, "[rank %d] expected error: %s\n", me.rank, s.to_string().c_str());
+        }
+        return check.ok() ? 0 : 1;
+      },
+      40));
 }
 
 // A call refused on one rank (a wrong output size) fails the peers at once, with the reason the
