@@ -420,6 +420,13 @@ class Runner::Impl {
       PerReplica<Tensor> in = views(pair.dtype, count, false);
       PerReplica<Tensor> out = in_place ? in : views(pair.dtype, count, true);
       TRIBUTARY_RETURN_IF_ERROR(fill(pair, count));
+      // -R 1: the results' buffers registered with the backend for this placement and size.
+      BufferRegistration registration;
+      if (o_.local_register && line.backend() != nullptr) {
+        StatusOr<BufferRegistration> r = line.backend()->register_buffers(out);
+        if (!r.ok()) return r.status().with_context(line.spec() + ": -R 1");
+        registration = std::move(r).value();
+      }
       double seconds = 0;
       TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, o_.warmup_iters, &seconds));
       int iters = o_.iters;
