@@ -118,7 +118,13 @@ struct trib_backend {
   std::unique_ptr<CrossDeviceOps> ops;
   std::string spec;
   // Declared after `ops`, so destroyed first: it completes what was issued while ops lives.
-  std::unique_ptr<Executor> executor;
+  // Shared with the registrations, which may outlive the backend (then they find it gone).
+  std::shared_ptr<Executor> executor;
+};
+
+struct trib_registration {
+  BufferRegistration registration;
+  std::weak_ptr<Executor> executor;  // its backend's; expired once the backend is destroyed
 };
 
 struct trib_work {
@@ -426,7 +432,7 @@ StatusOr<std::unique_ptr<trib_backend>> create(const trib_backend_options& o) {
   auto b = std::make_unique<trib_backend>();
   b->ops = std::move(made).value();
   b->spec = b->ops->spec();
-  b->executor = std::make_unique<Executor>(*b->ops);
+  b->executor = std::make_shared<Executor>(*b->ops);
   return b;
 }
 
@@ -549,6 +555,53 @@ int trib_backend_num_replicas_in_sync(const trib_backend* b) {
 int64_t trib_backend_timeout_ms(const trib_backend* b) {
   if (b == nullptr) return null_backend("trib_backend_timeout_ms", int64_t{-1});
   return std::chrono::ceil<std::chrono::milliseconds>(b->ops->timeout()).count();
+}
+
+// --- persistent buffers -----------------------------------------------------------------
+
+trib_status trib_register_buffers(trib_backend* b, trib_dtype dtype, void* const* buffers,
+                                  int64_t count, trib_registration** out) {
+  if (out != nullptr) *out = nullptr;
+  auto slot = std::make_shared<BufferRegistration>();
+  const trib_status st = collective(
+      "trib_register_buffers", b, false, nullptr,
+      [&](const CrossDeviceOps& ops) -> StatusOr<Task> {
+        if (out == nullptr) return invalid_argument("out is NULL");
+        TRIBUTARY_ASSIGN_OR_RETURN(DType t, to_dtype(dtype, "dtype"));
+        TRIBUTARY_RETURN_IF_ERROR(check_count(count, "count"));
+        TRIBUTARY_ASSIGN_OR_RETURN(auto v, views(ops, buffers, t, count, "buffers"));
+        return Task([v = std::move(v), slot](CrossDeviceOps& x) -> Status {
+          StatusOr<BufferRegistration> r = x.register_buffers(v);
+          if (!r.ok()) return r.status();
+          *slot = std::move(r).value();
+          return Status();
+        });
+      });
+  if (st != TRIB_OK) return st;
+  return guarded([&]() -> Status {
+    *out = new trib_registration{std::move(*slot), b->executor};
+    return Status();
+  });
+}
+
+void trib_registration_release(trib_registration* r) {
+  if (r == nullptr) return;
+  try {
+    // In issue order: after the collectives issued before it, which may use the buffers.
+    if (std::shared_ptr<Executor> executor = r->executor.lock()) {
+      (void)executor
+          ->issue(
+              [r](CrossDeviceOps&) {
+                r->registration.release();
+                return Status();
+              },
+              /*may_run_here=*/true)
+          .wait();
+    }
+    delete r;  // a registration whose backend is gone ends with nothing to do
+  } catch (...) {
+    // Nothing may cross into C.
+  }
 }
 
 // --- collectives -------------------------------------------------------------------------

@@ -45,8 +45,9 @@
  * replicas in sync; float16/bfloat16 accumulate in float32; integer sums wrap around.
  *
  * Handles and strings. Everything this API creates, the caller frees with the matching function:
- * a trib_backend with trib_backend_destroy, a trib_work with trib_work_destroy (each exactly once;
- * passing NULL to them does nothing). Strings returned by trib_version, trib_backend_names and
+ * a trib_backend with trib_backend_destroy, a trib_work with trib_work_destroy, a
+ * trib_registration with trib_registration_release (each exactly once; passing NULL to them does
+ * nothing). Strings returned by trib_version, trib_backend_names and
  * trib_status_name are static; trib_backend_spec's lives as long as its backend; trib_last_error's
  * until the next call of this API on the same thread. Never free them.
  *
@@ -130,6 +131,8 @@ typedef enum {
 typedef struct trib_backend trib_backend;
 /* An issued asynchronous collective. */
 typedef struct trib_work trib_work;
+/* A registration of persistent buffers (trib_register_buffers). */
+typedef struct trib_registration trib_registration;
 
 /* ---- library ------------------------------------------------------------------------------ */
 
@@ -259,6 +262,26 @@ TRIBUTARY_C_API trib_status trib_all_gather(trib_backend* backend, trib_dtype dt
 TRIBUTARY_C_API trib_status trib_reduce_scatter(trib_backend* backend, trib_reduce_op op,
                                                 trib_dtype dtype, const void* const* inputs,
                                                 void* const* outputs, int64_t count);
+
+/* ---- persistent buffers ------------------------------------------------------------------- */
+/* Registers `buffers` (one per local replica, `count` elements of `dtype` each, not overlapping)
+ * as buffers that later collectives write their results to, as ncclCommRegister does
+ * (CrossDeviceOps::register_buffers in include/tributary/cross_device_ops.h): a trainer whose
+ * gradient buckets stay put registers them once. The gloo backend then runs on them without a
+ * copy and, with verify=false, without the ranks' agreement per call; other backends accept it
+ * and change nothing. It is collective: every process registers at the same point of its
+ * collective order, and uses and releases its registered buffers at the same points as the others
+ * (else, with gloo's verify=true, every process fails naming the call; with verify=false at the
+ * timeout). Synchronous, behind everything issued before. On success *out is the registration,
+ * to free with trib_registration_release; on failure *out is NULL. The buffers must stay valid
+ * until it is released. */
+TRIBUTARY_C_API trib_status trib_register_buffers(trib_backend* backend, trib_dtype dtype,
+                                                  void* const* buffers, int64_t count,
+                                                  trib_registration** out);
+/* Ends the registration on this process, behind every collective issued before on its backend,
+ * and frees it. It may be called after trib_backend_destroy of its backend (then it only frees),
+ * but not at the same time. NULL does nothing. */
+TRIBUTARY_C_API void trib_registration_release(trib_registration* registration);
 
 /* ---- asynchronous collectives ------------------------------------------------------------- */
 /* The same collectives, returning at once with a work in *work (to destroy with

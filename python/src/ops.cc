@@ -148,6 +148,51 @@ py::object finish(PyBackend& b, std::unique_ptr<PyWork> w, Issue&& issue, bool a
   return w->wait(kForever);
 }
 
+// A registration of persistent buffers (Backend.register_buffers): it keeps the buffers and its
+// backend alive while registered, and ends under the backend's issue lock (release(), a `with`
+// block's end, or garbage collection).
+struct PyRegistration {
+  py::object backend;  // the PyBackend
+  std::vector<HeldTensor> held;
+  BufferRegistration registration;
+
+  PyRegistration() = default;
+  PyRegistration(const PyRegistration&) = delete;
+  PyRegistration& operator=(const PyRegistration&) = delete;
+  ~PyRegistration() {
+    try {
+      release();
+    } catch (...) {
+    }
+  }
+  void release() {
+    if (backend) {
+      PyBackend& b = backend.cast<PyBackend&>();
+      py::gil_scoped_release unlocked;
+      std::lock_guard lock(b.issue);
+      registration.release();  // nothing when the backend was closed
+    }
+    held.clear();
+    backend = py::object();
+  }
+};
+
+std::unique_ptr<PyRegistration> register_buffers(py::object self, py::handle buffers) {
+  PyBackend& b = self.cast<PyBackend&>();
+  CrossDeviceOps& ops = b.get();
+  Args bufs = args_from(buffers);
+  auto r = std::make_unique<PyRegistration>();
+  PerReplica<Tensor> t(hold_all(ops, bufs.objects, Access::kWrite, "buffers", r->held));
+  StatusOr<BufferRegistration> made = [&] {
+    py::gil_scoped_release release;
+    std::lock_guard lock(b.issue);
+    return ops.register_buffers(t);
+  }();
+  r->registration = value_or_throw(std::move(made));
+  r->backend = std::move(self);
+  return r;
+}
+
 Shape gathered_shape(const Tensor& t, int n) {
   Shape s = t.shape();
   if (s.empty()) return {static_cast<int64_t>(n)};
@@ -308,6 +353,16 @@ void bind_ops(py::module_& m) {
       .value("MAX", ReduceOp::kMax)
       .value("PROD", ReduceOp::kProd);
 
+  py::class_<PyRegistration>(m, "Registration",
+                             "Registered buffers (Backend.register_buffers), held until released.")
+      .def("release", &PyRegistration::release,
+           "Ends the registration on this process (every process must, at the same point).")
+      .def_property_readonly("active",
+                             [](const PyRegistration& r) { return r.registration.active(); })
+      .def_property_readonly("id", [](const PyRegistration& r) { return r.registration.id(); })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyRegistration& r, py::args) { r.release(); });
+
   py::class_<PyWork>(m, "Work", "An issued collective (async_op=True).")
       .def("wait", [](PyWork& w, py::handle timeout) { return w.wait(timeout_from(timeout, kForever)); },
            py::arg("timeout") = py::none(),
@@ -373,6 +428,12 @@ void bind_ops(py::module_& m) {
       .def("all_reduce", &all_reduce, py::arg("inputs"), py::arg("outputs") = py::none(),
            py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
            "Reduces the replicas' inputs into every output (outputs=None: in place).")
+      .def("register_buffers", &register_buffers, py::arg("buffers"),
+           "Registers the buffers later collectives write their results to (one per local "
+           "replica), as NCCL's ncclCommRegister: gloo then runs on them without a copy and, "
+           "with verify=false, without the ranks' agreement per call; other backends change "
+           "nothing. Collective: every process registers, uses and releases at the same points. "
+           "Returns a Registration (release(), or use it in a `with` block).")
       .def("reduce", &reduce, py::arg("value"), py::arg("destinations") = py::none(),
            py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
            "Reduces the replicas' values into every destination buffer (None: new arrays, one "

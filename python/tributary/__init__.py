@@ -38,6 +38,7 @@ from ._tributary import (  # noqa: F401
     OneDeviceStrategy,
     PerReplica,
     ReduceOp,
+    Registration,
     ReplicaContext,
     Strategy,
     StrategyScope,
@@ -61,7 +62,7 @@ from ._tributary import (  # noqa: F401
 __all__ = _errors_all + [
     "Backend", "CentralStorageStrategy", "Context", "Dataset", "DistributedDataset",
     "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "PerReplica",
-    "ReduceOp", "ReplicaContext", "Strategy", "Variable", "VariableAggregation",
+    "ReduceOp", "Registration", "ReplicaContext", "Strategy", "Variable", "VariableAggregation",
     "VariableSynchronization", "Work", "backend", "backends", "compute_average_loss",
     "cuda_available", "get_replica_context", "get_strategy", "has_strategy",
     "in_cross_replica_context", "make_context", "make_strategy", "scale_regularization_loss",

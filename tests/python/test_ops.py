@@ -196,3 +196,22 @@ def test_abort_breaks_the_backend():
     assert "the trainer gave up" in e.value.message
     with pytest.raises(tributary.FailedPreconditionError):
         ops.all_reduce(replicas(2, 2, np.float32))
+
+
+def test_registered_buffers():
+    # In one process registration changes nothing but is checked and counted; the Registration
+    # holds the buffers until released, and may outlive a closed backend.
+    ops = tributary.backend("reduction_to_one_device", devices=2)
+    xs = replicas(2, 100, np.float32)
+    with ops.register_buffers(xs) as reg:
+        assert reg.active and reg.id == 1
+        assert ops.last_sequence == 1
+        ops.all_reduce(xs)
+        np.testing.assert_array_equal(xs[1], 3)
+    assert not reg.active
+    with pytest.raises(tributary.InvalidArgumentError, match="buffers has 1 values"):
+        ops.register_buffers(xs[:1])
+    reg = ops.register_buffers(xs)
+    ops.close()
+    assert not reg.active
+    reg.release()
