@@ -85,6 +85,16 @@ case "$case_name" in
     grep -q '1 process(es) x 3 replica(s) = 3 in sync' "$tmp/out" || fail "not 3 replicas"
     grep -q '^# nThread 3 nGpus 0 ' "$tmp/out" || fail "no nccl-tests parameter line"
     ;;
+  ucx_log_on_stderr)
+    # UCX's own messages (here UCX_LOG_LEVEL=info's) go to standard error through tributary's
+    # log, never into the table on standard output.
+    UCX_LOG_LEVEL=info "$bench" -q --np 2 --replicas 1 --backend ucx:tls=tcp --reference none \
+      --sizes 4K -n 2 -w 1 >"$tmp/out" 2>"$tmp/err" || fail "exited $?"
+    if grep -q 'UCX' "$tmp/out"; then fail "a line of UCX's on standard output"; fi
+    grep -q '\[ucx\] INFO Version' "$tmp/err" || fail "UCX's messages are not on standard error"
+    [ "$(rows | wc -l)" -eq 1 ] || fail "expected 1 row"
+    rows | awk '$9 != 0 || $13 != 0 { bad = 1 } END { exit bad }' || fail "a wrong element"
+    ;;
   *)
     echo "cli_test: unknown case '$case_name'" >&2
     exit 2

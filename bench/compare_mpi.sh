@@ -69,13 +69,13 @@ ours() {  # spec size
   # nccl-tests' columns: size count type redop root, then time algbw busbw #wrong out of place
   # ($6 $7 $8 $9) and in place ($10 $11 $12 $13).
   "$build/bench/tributary-bench" --np "$np" --replicas 1 --backend "$1" --sizes "$2" -n "$n" \
-    -w $(( n / 4 + 1 )) -q | awk '!/^#/ && NF >= 13 { print $6, $8, $10, $12; exit }' || true
+    -w $(( n / 4 + 1 )) -q | awk '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ { print $6, $8, $10, $12; exit }' || true
 }
 theirs() {  # size, then mpirun options
   local size=$1 n; shift
   n=$(n_for "$size")
   "${mpi[@]}" "$@" "$build/bench/mpi-allreduce-bench" --sizes "$size" -n "$n" -w $(( n / 4 + 1 )) \
-    2>/dev/null | awk 'NF == 7 { print $3, $4, $5, $6; if ($7 != 0) print "WRONG" > "/dev/stderr"; exit }' || true
+    2>/dev/null | awk 'NF == 7 && $1 ~ /^[0-9]+$/ { print $3, $4, $5, $6; if ($7 != 0) print "WRONG" > "/dev/stderr"; exit }' || true
 }
 
 mpi_ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)

@@ -4,24 +4,63 @@
 #include <sched.h>
 #include <sys/random.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 #include <uct/api/uct.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "core/crypto/crypto.h"
+#include "core/logging.h"
 #include "core/strings.h"
 #include "transports/shm/shm_segment.h"
 
 namespace tributary::backends {
 namespace {
+
+// UCX's own messages (warnings such as "req error flush: timeout" at exit, and whatever
+// UCX_LOG_LEVEL enables) go, by default, to standard output, where they land in the middle of a
+// program's output (a benchmark's table, which scripts parse). Unless the user chose a destination
+// (UCX_LOG_FILE), they go through tributary's log instead: standard error, or the C API's log
+// callback, as one line "... [ucx] <LEVEL> <message> (<file>:<line>)". Fatal messages stay with
+// UCX, which acts on them.
+ucs_log_func_rc_t ucx_log_to_tributary(const char* file, unsigned line, const char* function,
+                                       ucs_log_level_t level,
+                                       const ucs_log_component_config_t* component,
+                                       const char* format, va_list ap) {
+  (void)function;
+  if (level == UCS_LOG_LEVEL_FATAL) return UCS_LOG_FUNC_RC_CONTINUE;
+  if (!ucs_log_component_is_enabled(level, component) && level != UCS_LOG_LEVEL_PRINT) {
+    return UCS_LOG_FUNC_RC_STOP;
+  }
+  char message[1024];
+  std::vsnprintf(message, sizeof message, format, ap);
+  const char* base = std::strrchr(file, '/');
+  const internal::LogLevel ours = level <= UCS_LOG_LEVEL_ERROR  ? internal::LogLevel::kError
+                                  : level == UCS_LOG_LEVEL_WARN ? internal::LogLevel::kWarning
+                                  : level <= UCS_LOG_LEVEL_INFO ? internal::LogLevel::kInfo
+                                                                : internal::LogLevel::kDebug;
+  internal::write_log_line(ours, "ucx",
+                           std::string(ucs_log_level_names[level]) + " " + message + " (" +
+                               (base ? base + 1 : file) + ":" + std::to_string(line) + ")");
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+void route_ucx_log() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("UCX_LOG_FILE") == nullptr) ucs_log_push_handler(ucx_log_to_tributary);
+  });
+}
 
 using algorithms::Deadline;
 using algorithms::MessageTag;
@@ -989,6 +1028,7 @@ class UcxSetup {
   }
 
   Status init() {
+    route_ucx_log();
     ucp_config_t* config = nullptr;
     TRIBUTARY_RETURN_IF_ERROR(
         ucx_status(ucp_config_read(nullptr, nullptr, &config), who() + ": reading UCX's config"));
