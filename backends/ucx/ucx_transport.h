@@ -50,6 +50,12 @@
 // with "rank N gave up: <reason>" instead of at their deadline. UCX's status codes are translated
 // to tributary's in one place (ucx_status below), keeping UCX's text.
 //
+// Destruction after a clean run is a handshake: every rank sends every peer a goodbye (a control
+// message) and waits for theirs, at most min(timeout, 10 s) (a rank that destroys its transport
+// late holds the others that long, as Gloo's closing barrier does); then nothing is in flight and
+// the endpoints close at once. Without every goodbye it flushes (5 s at most) and closes
+// gracefully. After a failure the worker is destroyed without progress (see shutdown()).
+//
 // Waits: progress is polled for `poll_before_sleep`, then with sched_yield() between polls for
 // `yield_before_sleep` (more ranks than cores), then the thread sleeps on the worker's event
 // descriptor (UCP wakeup) in slices of at most 100 ms, checking the deadline between slices.
