@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/core/recording_ops.h"
 #include "tributary/registry.h"
 
 namespace tributary {
@@ -20,35 +21,15 @@ struct Log {
   std::vector<const void*> registered_data;
 };
 
-class RegisteringOps final : public CrossDeviceOps {
+// The recording fake, with registration hooks that log what they are given.
+class RegisteringOps final : public fakes::RecordingOps {
  public:
   RegisteringOps(BackendContext ctx, Capabilities caps, Log* log)
-      : CrossDeviceOps("registering", std::move(ctx), Options(), std::move(caps)), log_(log) {}
+      : RecordingOps("registering", std::move(ctx), Options(), std::move(caps),
+                     [log](const CrossDeviceOps&, const CallInfo& c) { log->calls.push_back(c); }),
+        log_(log) {}
 
  protected:
-  Work record(const CallInfo& c) {
-    log_->calls.push_back(c);
-    return Work::completed();
-  }
-  Work reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                   const Mirrored<Tensor>&) override {
-    return record(c);
-  }
-  Work all_reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                       const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-  Work broadcast_impl(const CallInfo& c, const Tensor&, const Mirrored<Tensor>&, int) override {
-    return record(c);
-  }
-  Work all_gather_impl(const CallInfo& c, const PerReplica<Tensor>&,
-                       const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-  Work reduce_scatter_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                           const PerReplica<Tensor>&) override {
-    return record(c);
-  }
   Status register_buffers_impl(const CallInfo& c, uint64_t id,
                                const PerReplica<Tensor>& buffers) override {
     (void)id;

@@ -1,6 +1,7 @@
 // The registry and the CrossDeviceOps front door, with a recording fake backend (the layer above
 // backends may be tested with a fake) and with the real built-in backends.
 #include "algorithms/device_reduce.h"
+#include "tests/core/recording_ops.h"
 #include "tributary/registry.h"
 
 #include <gtest/gtest.h>
@@ -9,41 +10,6 @@
 
 namespace tributary {
 namespace {
-
-class RecordingOps final : public CrossDeviceOps {
- public:
-  RecordingOps(BackendContext ctx, Options options, Capabilities caps, std::vector<CallInfo>* log)
-      : CrossDeviceOps("recording", std::move(ctx), std::move(options), std::move(caps)),
-        log_(log) {}
-
- protected:
-  Work record(const CallInfo& c) {
-    log_->push_back(c);
-    return Work::completed();
-  }
-  Work reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                   const Mirrored<Tensor>&) override {
-    return record(c);
-  }
-  Work all_reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                       const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-  Work broadcast_impl(const CallInfo& c, const Tensor&, const Mirrored<Tensor>&, int) override {
-    return record(c);
-  }
-  Work all_gather_impl(const CallInfo& c, const PerReplica<Tensor>&,
-                       const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-  Work reduce_scatter_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                           const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-
- private:
-  std::vector<CallInfo>* log_;
-};
 
 BackendInfo recording_info(std::vector<CallInfo>* log, int priority = 1) {
   BackendInfo info;
@@ -57,7 +23,9 @@ BackendInfo recording_info(std::vector<CallInfo>* log, int priority = 1) {
   info.create = [log, caps = info.capabilities](const BackendContext& ctx, Options o)
       -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     return std::unique_ptr<CrossDeviceOps>(
-        std::make_unique<RecordingOps>(ctx, std::move(o), caps, log));
+        std::make_unique<fakes::RecordingOps>(
+            "recording", ctx, std::move(o), caps,
+            [log](const CrossDeviceOps&, const CallInfo& c) { log->push_back(c); }));
   };
   return info;
 }

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/core/recording_ops.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
 #include "tributary/version.h"
@@ -20,41 +21,6 @@ namespace {
 struct Call {
   std::string backend;
   Collective collective;
-};
-
-class Recorder final : public CrossDeviceOps {
- public:
-  Recorder(std::string name, BackendContext ctx, Options o, Capabilities caps,
-           std::vector<Call>* log)
-      : CrossDeviceOps(name, std::move(ctx), std::move(o), std::move(caps)), log_(log) {}
-
- protected:
-  Work record(const CallInfo& c) {
-    log_->push_back({name(), c.collective});
-    return Work::completed();
-  }
-  Work reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                   const Mirrored<Tensor>&) override {
-    return record(c);
-  }
-  Work all_reduce_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                       const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-  Work broadcast_impl(const CallInfo& c, const Tensor&, const Mirrored<Tensor>&, int) override {
-    return record(c);
-  }
-  Work all_gather_impl(const CallInfo& c, const PerReplica<Tensor>&,
-                       const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-  Work reduce_scatter_impl(const CallInfo& c, ReduceOp, const PerReplica<Tensor>&,
-                           const PerReplica<Tensor>&) override {
-    return record(c);
-  }
-
- private:
-  std::vector<Call>* log_;
 };
 
 BackendInfo recorder(const std::string& name, std::vector<Call>* log,
@@ -74,7 +40,10 @@ BackendInfo recorder(const std::string& name, std::vector<Call>* log,
   info.create = [name, log, caps = info.capabilities](const BackendContext& ctx, Options o)
       -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     return std::unique_ptr<CrossDeviceOps>(
-        std::make_unique<Recorder>(name, ctx, std::move(o), caps, log));
+        std::make_unique<fakes::RecordingOps>(
+            name, ctx, std::move(o), caps, [log](const CrossDeviceOps& ops, const CallInfo& c) {
+              log->push_back({ops.name(), c.collective});
+            }));
   };
   return info;
 }
