@@ -308,7 +308,7 @@ GlooOps::Binding GlooOps::plan_binding(const CallInfo& call, ReduceOp op,
   Binding b;
   const uint64_t bytes = static_cast<uint64_t>(call.count) * dtype_size(call.dtype);
   const std::optional<ClassicKind> kind = classic_kind(resolve(bytes));
-  if (!registered_.empty() && kind && *kind != ClassicKind::kBcube && inputs.size() == 1) {
+  if (!registered_.empty() && kind && *kind != ClassicKind::kBcube) {
     for (auto& [id, r] : registered_) {
       if (r.data == outputs[0].data() && r.dtype == call.dtype && r.count == call.count) {
         b.kind = *kind;
@@ -342,8 +342,11 @@ Status GlooOps::reduce_everywhere(const CallInfo& call, ReduceOp op, std::span<c
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
   const GlooAlgorithm algorithm = resolve(bytes);
   if (binding && binding->registered) {
+    // Gloo runs on the first output: the local replicas are reduced into it first.
     const Tensor& out = outputs[0];
-    if (inputs[0].data() != out.data()) {
+    if (inputs.size() > 1) {
+      TRIBUTARY_RETURN_IF_ERROR(algorithms::local_reduce(partial_op(op), inputs, one(out), n));
+    } else if (inputs[0].data() != out.data()) {
       TRIBUTARY_RETURN_IF_ERROR(algorithms::local_copy(inputs[0], one(out)));
     }
     registered_instance(*binding->registered, binding->kind, op).run();
@@ -446,7 +449,7 @@ Status GlooOps::register_buffers_impl(const CallInfo& call, uint64_t id,
     const Tensor& t = buffers[0];
     const uint64_t bytes = t.nbytes();
     // Decided from what every rank agreed on, so every rank keeps it or none does.
-    if (!gloo_ || buffers.size() != 1 || bytes == 0 || bytes > kGlooClassicMaxBytes) {
+    if (!gloo_ || bytes == 0 || bytes > kGlooClassicMaxBytes) {
       return Status();
     }
     Registered& r = registered_[id];

@@ -100,10 +100,11 @@ class GlooOps final : public CrossDeviceOps {
   // fail at once (as after a failure of our own).
   void abandon(const Status& why) override;
   // Checks over the control channel (whatever verify says) that every rank registers the same
-  // count and dtype, then keeps the buffer: all-reduces and reduces whose first output is exactly
-  // it run a classic instance bound to it (Registered), with no agreement among the ranks. Only
-  // with one local replica and several processes, for messages the classic instances take
-  // (<= kGlooClassicMaxBytes); otherwise nothing is kept and the buffer works as any other.
+  // count and dtype, then keeps the first buffer: all-reduces and reduces whose first output is
+  // exactly it run a classic instance bound to it (Registered), with no agreement among the ranks
+  // (several local replicas are reduced into it first). Only with several processes, for messages
+  // the classic instances take (<= kGlooClassicMaxBytes); otherwise nothing is kept and the buffer
+  // works as any other.
   Status register_buffers_impl(const CallInfo& call, uint64_t id,
                                const PerReplica<Tensor>& buffers) override;
   void release_buffers_impl(uint64_t id) override;

@@ -178,13 +178,14 @@ class CrossDeviceOps {
   // Persistent buffers, as NCCL's ncclCommRegister and nccl-tests' -R: a trainer whose results go
   // to the same buffers every step (gradient buckets) registers them once, one per local replica
   // (same dtype and count, on the replicas' devices, not overlapping), and a backend may prepare
-  // state bound to them. An all_reduce or reduce whose outputs (destinations) are exactly the
-  // registered tensors then uses it. What it changes per backend:
-  //   gloo  (several processes, one local replica) runs its classic algorithm on the registered
-  //         buffer itself, built on first use for each op: no copy in or out and, with
-  //         verify=false, no exchange among the ranks before the call (without registration, a
-  //         buffer is bound to an instance only after the ranks agree on it, a round trip per
-  //         call, and below 1 MiB it is copied instead).
+  // state bound to them. An all_reduce or reduce whose first output (destination) is exactly the
+  // first registered tensor then uses it. What it changes per backend:
+  //   gloo  (several processes) runs its classic algorithm on the first registered buffer itself,
+  //         built on first use for each op: no copy in or out (with several local replicas, they
+  //         are reduced into it first) and, with verify=false, no exchange among the ranks before
+  //         the call (without registration, a buffer is bound to an instance only after the
+  //         ranks agree on it, a round trip per call, only with one local replica, and below
+  //         1 MiB with verify=false it is copied instead).
   //   every other backend: nothing; the call is checked and counted, and the buffers work as any.
   // Registration is collective, as TF's and NCCL's setup calls are: every rank registers at the
   // same point of its call sequence (it takes a sequence number; a backend that prepares state

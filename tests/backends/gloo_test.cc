@@ -653,6 +653,67 @@ TEST(Gloo, RegisteredBuffersAcrossOpsPlacementsAndRelease) {
   }
 }
 
+// With two local replicas the replicas are reduced into the first registered buffer, Gloo runs on
+// it, and the result is copied to the second: sum and mean, in place and out of place.
+TEST(Gloo, RegisteredBuffersWithTwoLocalReplicas) {
+  expect_all_zero(run_world(
+      2, 2,
+      [&](Rank& me) {
+        Checker check(me.rank);
+        for (const std::string verify : {"true", "false"}) {
+          const std::string spec = "gloo:timeout=20s,verify=" + verify;
+          auto made = create(spec, me);
+          if (!made.ok()) {
+            check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+            return 1;
+          }
+          const int64_t count = 70001;
+          std::vector<float> out[2] = {std::vector<float>(count), std::vector<float>(count)};
+          std::vector<float> in[2] = {std::vector<float>(count), std::vector<float>(count)};
+          auto view = [&](std::vector<float>* v) {
+            return PerReplica<Tensor>({Tensor(v[0].data(), DType::kFloat32, Shape{count}),
+                                       Tensor(v[1].data(), DType::kFloat32, Shape{count},
+                                              Device::cpu(1))});
+          };
+          auto reg = (*made)->register_buffers(view(out));
+          if (!reg.ok()) {
+            check.fail("%s: register: %s", spec.c_str(), reg.status().to_string().c_str());
+            return 1;
+          }
+          for (int call = 0; call < 4; ++call) {
+            const bool in_place = call % 2 == 0;
+            const ReduceOp op = call < 2 ? ReduceOp::kSum : ReduceOp::kMean;
+            std::vector<float>* src = in_place ? out : in;
+            // Global replica g = 2 * rank + i holds g + 1 + call + j % 5 at element j.
+            for (int i = 0; i < 2; ++i) {
+              for (int64_t j = 0; j < count; ++j) {
+                src[i][static_cast<size_t>(j)] = static_cast<float>(2 * me.rank + i + 1 + call + j % 5);
+              }
+            }
+            const Status st = (*made)->all_reduce(op, view(src), view(out)).wait();
+            if (!st.ok()) {
+              check.fail("%s call %d: %s", spec.c_str(), call, st.to_string().c_str());
+              return 1;
+            }
+            for (int i = 0; i < 2; ++i) {
+              for (int64_t j = 0; j < count; j += 997) {
+                const float sum = static_cast<float>(10 + 4 * (call + j % 5));
+                const float want = op == ReduceOp::kSum ? sum : sum / 4;
+                if (out[i][static_cast<size_t>(j)] != want) {
+                  check.fail("%s call %d replica %d element %lld is %g, want %g", spec.c_str(),
+                             call, i, static_cast<long long>(j), out[i][static_cast<size_t>(j)],
+                             want);
+                  return 1;
+                }
+              }
+            }
+          }
+        }
+        return check.ok() ? 0 : 1;
+      },
+      60));
+}
+
 // --- failures ------------------------------------------------------------------------------------
 
 // Loops all-reduces of `count` floats until one fails; returns that Status and how long the
