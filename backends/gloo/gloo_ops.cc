@@ -56,17 +56,18 @@ struct Fingerprint {
   uint8_t dtype = 0;
   uint8_t valid = 0;
   uint8_t bound = 0;       // the binding's place on this rank + 1 (GlooOps::Binding), 0 for none
-  uint8_t registered = 0;  // 1: the call's first output is a registered buffer
+  // The call's first output is the buffer of registration id: 1 + (id - 1) % 255; 0 for none.
+  uint8_t registered = 0;
   uint16_t magic = 0;
 };
 static_assert(sizeof(Fingerprint) == 32);
 constexpr uint16_t kFingerprintMagic = 0x676f;  // "go"
 
 Fingerprint fingerprint_of(const CallInfo& call, int root, int local_replicas, int place,
-                           bool registered) {
+                           uint64_t registration) {
   Fingerprint f;
   f.bound = static_cast<uint8_t>(place + 1);
-  f.registered = registered ? 1 : 0;
+  f.registered = registration == 0 ? 0 : static_cast<uint8_t>(1 + (registration - 1) % 255);
   f.sequence = call.sequence;
   f.count = call.count;
   f.root = root;
@@ -99,7 +100,7 @@ std::string describe(const Fingerprint& f) {
   c.dtype = static_cast<DType>(f.dtype);
   std::string s = c.describe();
   if (c.collective == Collective::kBroadcast) s += " from root " + std::to_string(f.root);
-  if (f.registered) s += " on a registered buffer";
+  if (f.registered) s += " on the buffer of registration #" + std::to_string(f.registered);
   return s + " with " + std::to_string(f.local_replicas) + " local replica(s)";
 }
 
@@ -263,7 +264,7 @@ GlooAlgorithm GlooOps::resolve(uint64_t bytes) const {
 
 Status GlooOps::verify_order(const CallInfo& call, int root, Binding* binding) {
   const bool bind = binding && binding->possible;
-  const bool registered = binding && binding->registered;
+  const uint64_t registration = binding && binding->registered ? binding->registration : 0;
   // A registration's sizes are always checked: it is rare, and a mismatch there would otherwise
   // surface only as a timeout at the first collective on the buffers.
   const bool always = call.collective == Collective::kRegisterBuffers;
@@ -275,7 +276,7 @@ Status GlooOps::verify_order(const CallInfo& call, int root, Binding* binding) {
   const size_t n = static_cast<size_t>(world_size());
   std::vector<Fingerprint> all(n);
   all[static_cast<size_t>(rank())] =
-      fingerprint_of(call, root, num_local_replicas(), bind ? binding->here : -1, registered);
+      fingerprint_of(call, root, num_local_replicas(), bind ? binding->here : -1, registration);
   algorithms::MessageTag tag = algorithms::MessageTag::of(call);
   tag.root = root;
   const algorithms::GroupCall group{tag, std::chrono::steady_clock::now() + call.timeout};
@@ -313,6 +314,7 @@ GlooOps::Binding GlooOps::plan_binding(const CallInfo& call, ReduceOp op,
       if (r.data == outputs[0].data() && r.dtype == call.dtype && r.count == call.count) {
         b.kind = *kind;
         b.registered = &r;
+        b.registration = id;
         return b;
       }
     }

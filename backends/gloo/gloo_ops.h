@@ -138,8 +138,10 @@ class GlooOps final : public CrossDeviceOps {
     ClassicKind kind = ClassicKind::kRing;
     int here = -1;    // this rank's place for the buffer (AlgorithmCache::bound_place)
     int agreed = -1;  // every rank's, when they all match; else -1
-    // The call's first output is this registered buffer: its instance runs, no agreement needed.
+    // The call's first output is this registered buffer (registration id `registration`): its
+    // instance runs, no agreement needed.
     Registered* registered = nullptr;
+    uint64_t registration = 0;
   };
   static constexpr uint64_t kBindAloneMinBytes = uint64_t{1} << 20;
   Binding plan_binding(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,

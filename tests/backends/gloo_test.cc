@@ -954,14 +954,54 @@ TEST(GlooFailure, RegisteredBufferOnOneRankOnlyIsAMismatch) {
                 .wait();
         const double took = std::chrono::duration<double>(Clock::now() - start).count();
         if (s.code() != StatusCode::kAborted ||
-            s.message().find("all_reduce #2 (16KiB float32, sum) on a registered buffer") ==
-                std::string::npos ||
+            s.message().find("all_reduce #2 (16KiB float32, sum) on the buffer of "
+                             "registration #1") == std::string::npos ||
             s.message().find("must be used, and released, at the same point on every rank") ==
                 std::string::npos ||
             took > 10) {
           check.fail("want a mismatch naming the registered buffer within 10 s, got after %.1f s: "
                      "%s",
                      took, s.to_string().c_str());
+        } else {
+          fprintf(stderr, "[rank %d] expected error: %s\n", me.rank, s.to_string().c_str());
+        }
+        return check.ok() ? 0 : 1;
+      },
+      40));
+}
+
+// Two registrations of one size: rank 0 runs on the first's buffer, rank 1 on the second's. Their
+// Gloo instances are not the same (each registration has its own), so with verify on this is a
+// mismatch on both ranks naming both registrations, not a timeout.
+TEST(GlooFailure, DifferentRegistrationsOnTheRanksAreAMismatch) {
+  expect_all_zero(run_world(
+      2, 1,
+      [&](Rank& me) {
+        Checker check(me.rank);
+        auto made = create("gloo:timeout=20s", me);
+        if (!made.ok()) {
+          check.fail("%s", made.status().to_string().c_str());
+          return 1;
+        }
+        std::vector<float> a(4096, 1.0f), b(4096, 1.0f);
+        auto ra = (*made)->register_buffers(
+            PerReplica<Tensor>({Tensor(a.data(), DType::kFloat32, Shape{4096})}));
+        auto rb = (*made)->register_buffers(
+            PerReplica<Tensor>({Tensor(b.data(), DType::kFloat32, Shape{4096})}));
+        if (!ra.ok() || !rb.ok()) {
+          check.fail("register: %s", (ra.ok() ? rb : ra).status().to_string().c_str());
+          return 1;
+        }
+        const Tensor t((me.rank == 0 ? a : b).data(), DType::kFloat32, Shape{4096});
+        const Status s =
+            (*made)->all_reduce(ReduceOp::kSum, PerReplica<Tensor>({t}), PerReplica<Tensor>({t}))
+                .wait();
+        if (s.code() != StatusCode::kAborted ||
+            s.message().find("all_reduce #3 (16KiB float32, sum) on the buffer of registration #1") ==
+                std::string::npos ||
+            s.message().find("all_reduce #3 (16KiB float32, sum) on the buffer of registration #2") ==
+                std::string::npos) {
+          check.fail("want a mismatch naming both registrations, got %s", s.to_string().c_str());
         } else {
           fprintf(stderr, "[rank %d] expected error: %s\n", me.rank, s.to_string().c_str());
         }
