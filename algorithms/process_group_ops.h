@@ -82,6 +82,7 @@ class ProcessGroupOps final : public CrossDeviceOps {
   std::unique_ptr<ProcessGroup> group_;
   uint64_t bytes_per_pack_;
   std::vector<std::byte> staging_;
+  std::vector<std::vector<std::byte>> packs_;  // batch_reduce's packs, one per local replica
 };
 
 }  // namespace tributary::algorithms

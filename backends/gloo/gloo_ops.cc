@@ -510,20 +510,29 @@ Work GlooOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
         pack_call.collective = Collective::kAllReduce;
         pack_call.dtype = dtype;
         pack_call.count = total;
+        if (group.size() == 1) {
+          // A pack of one value is a reduce: no packing, no copies in or out, and a registered
+          // destination is used as such.
+          const ReducePair& p = pairs[members[group[0]]];
+          Binding binding = plan_binding(pack_call, op, p.value.values(), p.destinations.values());
+          TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1, &binding));
+          TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, p.value.values(),
+                                                      p.destinations.values(), &binding));
+          continue;
+        }
         TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1));
         if (total == 0) continue;
-        std::vector<Buffer> packed(replicas);
+        const size_t bytes = static_cast<size_t>(total) * dtype_size(dtype);
+        // Packed into buffers kept across calls (a fresh allocation faults in every page).
+        if (packs_.size() < replicas) packs_.resize(replicas);
         std::vector<Tensor> views(replicas);
         for (size_t r = 0; r < replicas; ++r) {
-          auto b = Buffer::allocate(dtype, Shape{total}, devices()[r]);
-          if (!b.ok()) return b.status();
-          packed[r] = std::move(b).value();
-          views[r] = packed[r].tensor();
+          if (packs_[r].size() < bytes) packs_[r].resize(bytes);
+          views[r] = Tensor(packs_[r].data(), dtype, Shape{total}, devices()[r]);
           std::vector<Tensor> parts;
           for (size_t g : group) parts.push_back(pairs[members[g]].value[r]);
-          algorithms::pack(parts, packed[r].data());
+          algorithms::pack(parts, packs_[r].data());
         }
-        const size_t bytes = static_cast<size_t>(total) * dtype_size(dtype);
         const Tensor result(staging(bytes), dtype, Shape{total}, devices()[0]);
         TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, one(result)));
         size_t offset = 0;

@@ -183,6 +183,7 @@ class GlooOps final : public CrossDeviceOps {
   bool sync_;       // Gloo's sync mode (mode=sync or busy_poll): classic algorithms only
   Status failure_;  // the first failure of a collective
   std::vector<std::byte> staging_;
+  std::vector<std::vector<std::byte>> packs_;  // batch_reduce's packs, one per local replica
 };
 
 }  // namespace tributary::backends

@@ -203,6 +203,23 @@ class Matrix {
       for (int64_t i = 0; i < count; ++i) check(what, a.host(k), i, expected_at(op, t, n, i));
       for (int64_t i = 0; i < 5; ++i) check(what, b.host(k), i, expected_at(op, t, n, i + 3));
     }
+    // One pair (a pack of one value, which backends may run as a reduce), out of place.
+    const std::string one = name("batch_reduce of one pair", op, t, count, false);
+    DeviceBuffers c(t, count, ops_.devices()), d(t, count, ops_.devices());
+    poison(d);
+    for (size_t k = 0; k < c.views.size(); ++k) {
+      for (int64_t i = 0; i < count; ++i)
+        dtype_store(t, c.host(k).data(), i, exact_value(op, global(k), i));
+    }
+    if (!moved(one, c.upload()) || !moved(one, d.upload())) return;
+    std::vector<ReducePair> single = {{c.views, Mirrored<Tensor>(d.views.values())}};
+    if (!run_or_refused(one, Collective::kBatchReduce, op, t, ops_.batch_reduce(op, single))) {
+      return;
+    }
+    if (!moved(one, d.download())) return;
+    for (size_t k = 0; k < d.views.size(); ++k) {
+      for (int64_t i = 0; i < count; ++i) check(one, d.host(k), i, expected_at(op, t, n, i));
+    }
   }
 
   void broadcast(DType t, int64_t count, bool in_place) {
