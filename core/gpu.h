@@ -30,6 +30,8 @@ struct RuntimeInfo {
   std::vector<std::string> devices;  // "GPU:0 NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB, 132 SMs"
 };
 RuntimeInfo runtime_info();
+// Whether tributary was built with CUDA (no device needed).
+bool built();
 // "13.0" from 13000.
 std::string version_text(int cuda_version);
 // "CUDA_VISIBLE_DEVICES=0,1" or "CUDA_VISIBLE_DEVICES is unset".

@@ -21,6 +21,7 @@ RuntimeInfo runtime_info() {
   info.error = "tributary was built without CUDA";
   return info;
 }
+bool built() { return false; }
 std::string version_text(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }

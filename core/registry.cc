@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/gpu.h"
+#include "core/host_staging.h"
 #include "core/flight_recorder.h"
 #include "core/rendezvous.h"
 #include "core/logging.h"
@@ -158,6 +159,17 @@ Status agree_on_auto(const BackendContext& context, const std::string& choice) {
   return Status();
 }
 
+// Whether `info` moves host memory only and serves the GPU replicas of `context` through host
+// staging (core/host_staging.h): built with CUDA, a backend without GPU support but with CPU.
+bool stages_through_host(const BackendInfo& info, const BackendContext& context) {
+  if (!gpu::built() || info.capabilities.supports(DeviceType::kCuda) ||
+      !info.capabilities.supports(DeviceType::kCpu)) {
+    return false;
+  }
+  return std::any_of(context.devices.begin(), context.devices.end(),
+                     [](const Device& d) { return d.is_cuda(); });
+}
+
 // Why `info` cannot serve `context`, or OK.
 Status can_serve(const BackendInfo& info, const BackendContext& context) {
   if (context.devices.empty()) return invalid_argument("the context has no devices");
@@ -174,8 +186,9 @@ Status can_serve(const BackendInfo& info, const BackendContext& context) {
                               " is listed twice; each local replica needs its own device");
     }
   }
+  const bool staged = stages_through_host(info, context);
   for (const Device& d : context.devices) {
-    if (!info.capabilities.supports(d.type())) {
+    if (!info.capabilities.supports(d.type()) && !(staged && d.is_cuda())) {
       return unimplemented("it does not support " + std::string(device_type_name(d.type())) +
                            " devices (" + d.to_string() + ")");
     }
@@ -189,7 +202,9 @@ Status can_serve(const BackendInfo& info, const BackendContext& context) {
     return unimplemented("it works within one process only, and the world size is " +
                          std::to_string(context.world_size));
   }
-  if (info.check_available) return info.check_available(context);
+  if (info.check_available) {
+    return info.check_available(staged ? internal::host_context(context) : context);
+  }
   return Status();
 }
 
@@ -328,6 +343,11 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
   // Malformed observability settings (TRIBUTARY_FLIGHT_RECORDER_SIZE, ...) are reported here, before
   // any rank connects: the front door only reads them.
   TRIBUTARY_RETURN_IF_ERROR(internal::FlightSettings::from(context.config).status());
+  if (stages_through_host(*info, context)) {
+    auto made = info->create(internal::host_context(context), std::move(options));
+    if (!made.ok()) return internal::name_lost_ranks(context, made.status());
+    return internal::make_host_staged_ops(context, std::move(made).value());
+  }
   auto made = info->create(context, std::move(options));
   if (!made.ok()) return internal::name_lost_ranks(context, made.status());
   return made;

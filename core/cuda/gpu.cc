@@ -80,6 +80,7 @@ int physical_device(int logical) { return logical / virtual_per_physical(); }
 
 int physical_device_count() { return count_once().n; }
 
+bool built() { return true; }
 std::string version_text(int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); }
 
 std::string visible_devices_text() {

@@ -104,8 +104,11 @@ TEST(Registry, GpuDevicesWithoutAVisibleGpuAreAClearError) {
   if (cuda_device_count() >= 2) {
     GTEST_SKIP() << cuda_device_count() << " GPUs are visible: the refusal cannot happen here";
   }
-  for (const std::string name : {"hierarchical_copy", "reduction_to_one_device", "nccl"}) {
-    if (r.find(name) == nullptr) continue;  // nccl without NCCL built in
+  // The host backends too: built with CUDA they serve GPU tensors through host staging, so their
+  // refusal is the same as the GPU backends'.
+  for (const std::string name :
+       {"hierarchical_copy", "reduction_to_one_device", "nccl", "ring", "gloo", "ucx"}) {
+    if (r.find(name) == nullptr) continue;  // a backend not built in
     auto made = r.create(name, gpus);
     ASSERT_FALSE(made.ok()) << name;
     const std::string& m = made.status().message();

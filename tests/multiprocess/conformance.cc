@@ -307,7 +307,20 @@ GpuProbe probe_gpus() {
 std::vector<Device> devices_of(DeviceKind kind, int rank, int local) {
   std::vector<Device> d;
   for (int k = 0; k < local; ++k) {
-    d.push_back(kind == DeviceKind::kGpu ? Device::cuda(rank * local + k) : Device::cpu(k));
+    switch (kind) {
+      case DeviceKind::kGpu:
+        d.push_back(Device::cuda(rank * local + k));
+        break;
+      case DeviceKind::kGpuShared:
+        d.push_back(Device::cuda(k));
+        break;
+      case DeviceKind::kMixed:
+        d.push_back((rank + k) % 2 == 0 ? Device::cuda(k) : Device::cpu(k));
+        break;
+      case DeviceKind::kCpu:
+        d.push_back(Device::cpu(k));
+        break;
+    }
   }
   return d;
 }
@@ -376,13 +389,23 @@ class Hosts {
 
 }  // namespace
 
+int run_conformance_matrix(CrossDeviceOps& ops, const std::string& spec) {
+  Matrix m(ops, counts_for(spec));
+  m.run();
+  return m.failures();
+}
+
 // A test file may instantiate one of the two suites only.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiProcessConformance);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiHostConformance);
 
 std::string multiprocess_param_name(const ::testing::TestParamInfo<MultiProcessParam>& info) {
   const auto& [spec, kind, world, local] = info.param;
-  return (kind == DeviceKind::kGpu ? "gpu_" : "") + identifier(spec) + "_w" +
+  const char* prefix = kind == DeviceKind::kGpu         ? "gpu_"
+                       : kind == DeviceKind::kGpuShared ? "gpushared_"
+                       : kind == DeviceKind::kMixed     ? "mixed_"
+                                                        : "";
+  return prefix + identifier(spec) + "_w" +
          std::to_string(world) + "_l" + std::to_string(local);
 }
 
@@ -398,11 +421,14 @@ TEST_P(MultiProcessConformance, EveryCollective) {
   const DeviceKind kind = std::get<1>(GetParam());
   const int world = std::get<2>(GetParam());
   const int local = std::get<3>(GetParam());
-  if (kind == DeviceKind::kGpu) {
+  if (kind != DeviceKind::kCpu) {
     const GpuProbe gpus = probe_gpus();
-    if (gpus.count < world * local) {
-      GTEST_SKIP() << "needs " << world * local << " GPUs (" << world << " processes x " << local
-                   << " replicas); " << gpus.count << " visible (" << gpus.why_none << ")";
+    const int needed = kind == DeviceKind::kGpu ? world * local : local;
+    if (gpus.count < needed) {
+      GTEST_SKIP() << "needs " << needed << " GPUs ("
+                   << (kind == DeviceKind::kGpu ? std::to_string(world) + " processes x " : "")
+                   << local << " replicas); " << gpus.count << " visible (" << gpus.why_none
+                   << ")";
     }
   }
   const std::string dir = make_temp_dir("conformance");

@@ -10,8 +10,9 @@
 // small-integer inputs of each global replica. An op or dtype the backend does not support must be
 // refused with Unimplemented.
 //
-// Devices: on CPU, rank r's replicas are CPU:0 .. CPU:local-1. On GPU, rank r's replica k is
-// GPU:(r x local + k), so a case needs world x local visible GPUs (counted in a forked probe, so
+// Devices (DeviceKind): on CPU, rank r's replicas are CPU:0 .. CPU:local-1. On GPU, rank r's
+// replica k is GPU:(r x local + k), so a case needs world x local visible GPUs (kGpuShared and
+// kMixed need `local`) (counted in a forked probe, so
 // that the test process itself never initialises CUDA before forking its ranks); with fewer, or
 // without CUDA, the case is a visible skip that says how many it needs and why none are there.
 // Inputs are written to host shadows and uploaded, results downloaded before they are checked.
@@ -30,11 +31,22 @@
 #include <string>
 #include <tuple>
 
+namespace tributary {
+class CrossDeviceOps;
+}  // namespace tributary
+
 namespace tributary::testing {
 
-enum class DeviceKind { kCpu, kGpu };
+// kCpu: rank r's replica k is CPU:k. kGpu: GPU:(r x local + k), a GPU of its own per replica.
+// kGpuShared: GPU:k on every rank, processes sharing GPUs (backends that stage through host memory
+// allow it; NCCL does not). kMixed: GPU:k where r + k is even, else CPU:k, so ranks with GPU and
+// CPU replicas meet in one group, and a process may hold both.
+enum class DeviceKind { kCpu, kGpu, kGpuShared, kMixed };
 inline void PrintTo(DeviceKind kind, std::ostream* os) {
-  *os << (kind == DeviceKind::kGpu ? "GPU" : "CPU");
+  *os << (kind == DeviceKind::kGpu         ? "GPU"
+          : kind == DeviceKind::kGpuShared ? "GPU shared"
+          : kind == DeviceKind::kMixed     ? "mixed"
+                                           : "CPU");
 }
 
 // spec, device kind, world size, local replicas per process
@@ -46,6 +58,10 @@ std::string multiprocess_param_name(const ::testing::TestParamInfo<MultiProcessP
 using HostsParam = std::tuple<std::string, int, int, int>;
 class MultiHostConformance : public ::testing::TestWithParam<HostsParam> {};
 std::string multihost_param_name(const ::testing::TestParamInfo<HostsParam>& info);
+
+// The whole matrix on one rank's backend, for tests that make their backend by hand (a wrapper);
+// every rank of the group calls it. Returns the number of failed checks (printed to stderr).
+int run_conformance_matrix(CrossDeviceOps& ops, const std::string& spec);
 
 }  // namespace tributary::testing
 
@@ -66,6 +82,18 @@ std::string multihost_param_name(const ::testing::TestParamInfo<HostsParam>& inf
 // Replicas on GPU devices (world x local of them).
 #define TRIBUTARY_MULTIPROCESS_CONFORMANCE_GPU(name, spec) \
   TRIBUTARY_MULTIPROCESS_CONFORMANCE_ON_(name, spec, ::tributary::testing::DeviceKind::kGpu)
+// Host backends on GPU tensors (staged through host memory): processes sharing GPUs, and GPU and
+// CPU replicas mixed; 1 to 3 processes.
+#define TRIBUTARY_MULTIPROCESS_CONFORMANCE_STAGED(name, spec)                                   \
+  namespace tributary::testing {                                                              \
+  INSTANTIATE_TEST_SUITE_P(                                                                   \
+      name, MultiProcessConformance,                                                          \
+      ::testing::Combine(::testing::Values(std::string(spec)),                                \
+                         ::testing::Values(DeviceKind::kGpuShared, DeviceKind::kMixed),       \
+                         ::testing::Values(1, 2, 3), ::testing::Values(1, 2)),                \
+      multiprocess_param_name);                                                               \
+  }                                                                                           \
+  static_assert(true, "")
 
 // Several hosts: one case per HostsParam given.
 #define TRIBUTARY_MULTIHOST_CONFORMANCE(name, ...)                                         \
