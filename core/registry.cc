@@ -159,18 +159,20 @@ Status agree_on_auto(const BackendContext& context, const std::string& choice) {
   return Status();
 }
 
-// Whether `info` moves host memory only and serves the GPU replicas of `context` through host
-// staging (core/host_staging.h): built with CUDA, a backend without GPU support but with CPU.
+// Whether `info` serves the GPU replicas of `context` through host staging (core/host_staging.h).
 bool stages_through_host(const BackendInfo& info, const BackendContext& context) {
-  if (!gpu::built() || info.capabilities.supports(DeviceType::kCuda) ||
-      !info.capabilities.supports(DeviceType::kCpu)) {
-    return false;
-  }
-  return std::any_of(context.devices.begin(), context.devices.end(),
+  return stages_gpu_through_host(info) &&
+         std::any_of(context.devices.begin(), context.devices.end(),
                      [](const Device& d) { return d.is_cuda(); });
 }
 
-// Why `info` cannot serve `context`, or OK.
+}  // namespace
+
+bool stages_gpu_through_host(const BackendInfo& info) {
+  return gpu::built() && !info.capabilities.supports(DeviceType::kCuda) &&
+         info.capabilities.supports(DeviceType::kCpu);
+}
+
 Status can_serve(const BackendInfo& info, const BackendContext& context) {
   if (context.devices.empty()) return invalid_argument("the context has no devices");
   // Sorted, so that thousands of replicas cost O(n log n), not O(n^2).
@@ -207,8 +209,6 @@ Status can_serve(const BackendInfo& info, const BackendContext& context) {
   }
   return Status();
 }
-
-}  // namespace
 
 StatusOr<std::string> BackendRegistry::choose_auto(const BackendContext& context) const {
   const BackendInfo* best = nullptr;

@@ -18,8 +18,12 @@ if [[ $what == all || $what == tests ]]; then
   .gpu/bin/gpu_test --gtest_filter='-*MultiProcessConformance*' 2>&1 | tail -60 | tee "$out/gpu_test.txt"
   # nccl across processes (one GPU per rank): the cases that fit the visible GPUs run, the others
   # skip saying how many they need. Its own run: CUDA must not be initialised before the fork.
-  timeout 300 .gpu/bin/gpu_test --gtest_brief=1 --gtest_filter='*MultiProcessConformance*' 2>&1 |
+  timeout 300 .gpu/bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl/*MultiProcessConformance*' 2>&1 |
     tail -40 | tee "$out/nccl_multiprocess_conformance.txt"
+  # ring, gloo and ucx on GPU tensors staged through pinned host memory: processes share the GPU, and
+  # two virtual GPUs per process give the two-replica cases.
+  TRIBUTARY_VIRTUAL_GPUS=2 timeout 400 .gpu/bin/gpu_test --gtest_brief=1 \
+    --gtest_filter='*Staged*' 2>&1 | tail -40 | tee "$out/staged_conformance.txt"
   TRIBUTARY_VIRTUAL_GPUS=2 .gpu/bin/gpu_test --gtest_filter='*Virtual*' 2>&1 | tail -8 | tee -a "$out/gpu_test.txt"
   # NCCL: one GPU is one rank (world size 1, one replica); the in-process backends get 8 virtual GPUs.
   timeout 150 .gpu/bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='NcclGpu/*_r1' 2>&1 |

@@ -120,20 +120,16 @@ std::string suggestion(std::string_view key,
   return best != nullptr && best_distance <= close ? *best : "";
 }
 
-// Why backend `b` cannot serve `ctx`, or "" (the registry's own checks, from what it publishes).
+// Why backend `b` cannot serve `ctx`, or "" (the registry's own check).
 std::string unavailable(const BackendInfo& b, const BackendContext& ctx) {
-  for (const Device& d : ctx.devices) {
-    if (!b.capabilities.supports(d.type())) return "does not support " + d.to_string();
-  }
-  if (ctx.world_size > 1 && !b.capabilities.multi_process) {
-    return "works within one process only, and the world size is " +
-           std::to_string(ctx.world_size);
-  }
-  if (b.check_available) {
-    Status s = b.check_available(ctx);
-    if (!s.ok()) return s.message();
-  }
-  return "";
+  Status s = can_serve(b, ctx);
+  return s.ok() ? "" : s.message();
+}
+
+// The capabilities line, saying when GPU tensors are staged through host memory.
+std::string capabilities_text(const BackendInfo& b) {
+  return b.capabilities.to_string() +
+         (stages_gpu_through_host(b) ? " (GPU tensors: staged through pinned host memory)" : "");
 }
 
 struct Flags {
@@ -328,7 +324,7 @@ void print_human(const json& doc, const BackendRegistry& registry, const BuildIn
     const json& j = *std::find_if(doc["backends"].begin(), doc["backends"].end(),
                                   [&](const json& x) { return x["name"] == b.name; });
     std::printf("backend %s\n  %s\n  %s\n  available here: %s\n  options:\n%s\n", b.name.c_str(),
-                b.summary.c_str(), b.capabilities.to_string().c_str(),
+                b.summary.c_str(), capabilities_text(b).c_str(),
                 j["available"].get<bool>()
                     ? "yes"
                     : ("no: " + j["why_not"].get<std::string>()).c_str(),
@@ -439,6 +435,7 @@ int main(int argc, char** argv) {
                                {"summary", b.summary},
                                {"capabilities", b.capabilities.to_string()},
                                {"multi_process", b.capabilities.multi_process},
+                               {"gpu_staged_through_host", stages_gpu_through_host(b)},
                                {"available", why.empty()},
                                {"why_not", why},
                                {"options", options}});

@@ -77,6 +77,16 @@ class BackendRegistry {
 // Every backend compiled into libtributary.
 BackendRegistry builtin_backends();
 
+// Why backend `info` cannot serve `context` on this machine (its devices, their visibility, the world
+// size, the backend's own availability check), or OK: the check that create() and "auto" make.
+Status can_serve(const BackendInfo& info, const BackendContext& context);
+// Whether `info` serves GPU tensors by staging them through pinned host memory, as TF's collective
+// ops and torch.distributed's Gloo do: true for a backend that moves host memory only (ring, ucx,
+// gloo) when tributary is built with CUDA. create() then makes it for CPU devices, one per replica,
+// and wraps it: each call copies the GPU inputs to host memory, runs the backend there, and copies
+// the results back before its Work completes (so Work::wait_stream waits from the host).
+bool stages_gpu_through_host(const BackendInfo& info);
+
 // A context for `devices` (this process's replicas) in the cluster described by `config`
 // (resolve_cluster_spec: TRIBUTARY_RANK..., TF_CONFIG, torchrun, Open MPI, Slurm). With more than
 // one process, the chief (rank 0) starts the rendezvous store server on the coordinator port and

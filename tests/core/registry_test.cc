@@ -126,6 +126,34 @@ TEST(Registry, GpuDevicesWithoutAVisibleGpuAreAClearError) {
   EXPECT_NE(a.status().message().find("reduction_to_one_device: "), std::string::npos);
 }
 
+TEST(Registry, HostBackendsStageGpuTensorsWhenBuiltWithCuda) {
+  BackendRegistry r = builtin_backends();
+  const bool cuda = algorithms::device_kernels_built();
+  for (const std::string name : {"ring", "gloo", "ucx"}) {
+    if (const BackendInfo* b = r.find(name)) {
+      EXPECT_EQ(stages_gpu_through_host(*b), cuda) << name;
+    }
+  }
+  // Backends that serve GPU memory themselves do not stage.
+  for (const std::string name : {"reduction_to_one_device", "hierarchical_copy", "nccl"}) {
+    if (const BackendInfo* b = r.find(name)) {
+      EXPECT_FALSE(stages_gpu_through_host(*b)) << name;
+    }
+  }
+  // can_serve is the check create() makes: a GPU replica is refused for its visibility when
+  // staging applies, and for the device type when it cannot.
+  BackendContext mixed;
+  mixed.devices = {Device::cpu(0), Device::cuda(0)};
+  if (cuda_device_count() == 0) {
+    Status s = can_serve(*r.find("ring"), mixed);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(cuda ? "GPU:0 is not usable" : "does not support GPU devices"),
+              std::string::npos)
+        << s.message();
+  }
+  EXPECT_TRUE(can_serve(*r.find("ring"), BackendContext()).ok());
+}
+
 TEST(Registry, InProcessBackendsRefuseMultiProcess) {
   BackendRegistry r = builtin_backends();
   BackendContext multi = two_cpus();
