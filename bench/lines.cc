@@ -14,7 +14,14 @@ namespace {
 
 class BackendLine final : public Line {
  public:
-  explicit BackendLine(std::unique_ptr<CrossDeviceOps> ops) : ops_(std::move(ops)) {}
+  explicit BackendLine(std::unique_ptr<CrossDeviceOps> ops) : ops_(std::move(ops)) {
+    // GPU replicas on a host backend are staged through host memory, and its Works complete on the
+    // host: issuing them all before one wait would hold one staging block per call in flight.
+    const BackendRegistry registry = builtin_backends();
+    const BackendInfo* info = registry.find(ops_->name());
+    completes_on_device_ = ops_->devices()[0].is_cuda() &&
+                           !(info != nullptr && stages_gpu_through_host(*info));
+  }
   std::string spec() const override { return ops_->spec(); }
   bool reference() const override { return false; }
   int num_replicas_in_sync() const override { return ops_->num_replicas_in_sync(); }
@@ -26,7 +33,7 @@ class BackendLine final : public Line {
   }
   Status enqueue(ReduceOp op, const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs,
                  std::chrono::milliseconds timeout) override {
-    if (!ops_->devices()[0].is_cuda()) return all_reduce(op, inputs, outputs, timeout);
+    if (!completes_on_device_) return all_reduce(op, inputs, outputs, timeout);
     // On GPUs the Work completes on the device: keep issuing, wait once (drain).
     Work w = ops_->all_reduce(op, inputs, outputs);
     if (w.test()) return w.error();
@@ -46,6 +53,7 @@ class BackendLine final : public Line {
 
  private:
   std::unique_ptr<CrossDeviceOps> ops_;
+  bool completes_on_device_ = false;
   std::vector<Work> in_flight_;
 };
 
