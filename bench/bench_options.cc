@@ -290,7 +290,9 @@ class Parser {
           "every figure, the machine, the specs and the library version, as JSON");
     value("--csv", "FILE", "the same rows as CSV");
     value("--plot", "FILE.png", "busbw against size, one line per backend (gnuplot)");
-    flag("--ceiling", &o_.ceiling, "measure memcpy bandwidth and print the all-reduce bound");
+    flag("--ceiling", &o_.ceiling,
+         "measure memcpy bandwidth and print the all-reduce bound (with -g: the GPU's copy "
+         "bandwidth and its pinned host copies)");
     value("--min-busbw", "GB/s", "exit non-zero if any line's average busbw is below this");
   }
 

@@ -184,7 +184,19 @@ std::string format_header(const Report& r) {
   s += "# host " + r.machine.host + ": " + r.machine.cpu + ", " + std::to_string(r.machine.cores) +
        " cores, " + fmt_num("%.0f", r.machine.memory_gib) + " GiB\n";
   const int n = r.processes * o.replicas;
-  if (r.ceiling.tcp_gbps > 0) {
+  if (o.gpus > 0 && r.ceiling.memcpy_gbps > 0) {
+    if (r.ceiling.device_error.empty()) {
+      s += "# ceiling: GPU:0 copies " + fmt_num("%.1f", r.ceiling.device_copy_gbps) +
+           " GB/s device to device (bytes read + written); pinned host to device " +
+           fmt_num("%.1f", r.ceiling.to_device_gbps) + " GB/s, device to host " +
+           fmt_num("%.1f", r.ceiling.to_host_gbps) +
+           " GB/s (what a host backend's staging copies move)\n";
+    } else {
+      s += "# ceiling: the GPU was not measured: " + r.ceiling.device_error + "\n";
+    }
+    s += "# ceiling: host memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s on " +
+         std::to_string(r.ceiling.cores) + " cores\n";
+  } else if (r.ceiling.tcp_gbps > 0) {
     s += "# ceiling: loopback TCP " + fmt_num("%.2f", r.ceiling.tcp_gbps) +
          " GB/s each way with traffic both ways; an all-reduce sends and receives 2(n-1)/n of the "
          "message through each rank's link, so busbw <= " +
@@ -295,6 +307,12 @@ Status write_json(const Report& r, const std::string& path) {
                       {"allreduce_busbw_gbps", r.ceiling.busbw},
                       {"shm_allreduce_algbw_gbps", r.ceiling.shm_algbw},
                       {"shm_allreduce_busbw_gbps", r.ceiling.shm_busbw}};
+    if (r.options.gpus > 0) {
+      doc["ceiling"]["device_copy_gbps"] = r.ceiling.device_copy_gbps;
+      doc["ceiling"]["pinned_to_device_gbps"] = r.ceiling.to_device_gbps;
+      doc["ceiling"]["pinned_to_host_gbps"] = r.ceiling.to_host_gbps;
+      if (!r.ceiling.device_error.empty()) doc["ceiling"]["device_error"] = r.ceiling.device_error;
+    }
   }
   json backends = json::array();
   for (const BackendResult& b : r.results) {

@@ -57,6 +57,12 @@ struct Ceiling {
   // and ucx's default there), beside the loopback TCP bound above (intra_host=net, tcp transports).
   double shm_algbw = 0;
   double shm_busbw = 0;
+  // With -g N: GPU:0's device-to-device copy (bytes read + written) and its pinned host copies each
+  // way (bench/device_ceiling.h); `device_error` says why they were not measured.
+  double device_copy_gbps = 0;
+  double to_device_gbps = 0;
+  double to_host_gbps = 0;
+  std::string device_error;
 };
 
 struct Report {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench/bench_options.h"
+#include "bench/device_ceiling.h"
 #include "bench/report.h"
 #include "bench/runner.h"
 #include "tributary/tributary.h"
@@ -136,7 +137,18 @@ int main(int argc, char** argv) {
     report.ceiling.memcpy_one_core_gbps = measure_memcpy_gbps(1);
     report.ceiling.cores = report.machine.cores;
     report.ceiling.memcpy_gbps = measure_memcpy_gbps(std::max(1, report.machine.cores));
-    if (report.processes == 1) {
+    if (o.gpus > 0) {
+      // GPU replicas: what the device's memory and its host link move. Their all-reduce bound
+      // depends on the links between the GPUs, which this does not measure, so none is drawn.
+      auto device = measure_device_ceiling(0);
+      if (device.ok()) {
+        report.ceiling.device_copy_gbps = device->copy_gbps;
+        report.ceiling.to_device_gbps = device->to_device_gbps;
+        report.ceiling.to_host_gbps = device->to_host_gbps;
+      } else {
+        report.ceiling.device_error = device.status().message();
+      }
+    } else if (report.processes == 1) {
       // All-reduce of S bytes over n in-process replicas moves at least 2nS bytes (read every
       // input, write every output): time >= 2nS / memcpy (every core copying), so algbw = S / time
       // <= memcpy / (2n).
