@@ -36,3 +36,12 @@ if [[ $what == all || $what == bench || $what == nccl ]]; then
   timeout 120 .gpu/bin/tributary-bench -g 1 -b 1M -e 1G -f 4 -n 50 -w 10 \
       --json "$out/bench_g1.json" 2>&1 | tee "$out/bench_g1.txt"
 fi
+if [[ $what == all || $what == bench ]]; then
+  # The host backends on GPU tensors (staged through pinned host memory), two ranks sharing GPU:0,
+  # beside the same backends on host buffers; --ceiling states the GPU's copy bandwidth.
+  timeout 150 .gpu/bin/tributary-bench --np 2 -g 1 --ceiling --backend ring --backend gloo \
+      --backend ucx -b 64K -e 256M -f 4 --time-per-size 200ms \
+      --json "$out/bench_staged_np2.json" 2>&1 | tee "$out/bench_staged_np2.txt"
+  timeout 150 .gpu/bin/tributary-bench --np 2 --backend ring --backend gloo --backend ucx \
+      -b 64K -e 256M -f 4 --time-per-size 200ms 2>&1 | tee "$out/bench_host_np2.txt"
+fi
