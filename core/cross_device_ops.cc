@@ -374,6 +374,11 @@ CrossDeviceOps::~CrossDeviceOps() {
   internal::release_recorder(recorder_);
 }
 
+void CrossDeviceOps::leave_recording_to_members() {
+  internal::release_recorder(recorder_);
+  recorder_.reset();
+}
+
 namespace internal {
 void attach_progress_store(CrossDeviceOps& ops, std::shared_ptr<Store> scope) {
   ops.scope_ = scope;

@@ -284,7 +284,9 @@ class HostStagedOps final : public CrossDeviceOps {
       : CrossDeviceOps(inner->name(), std::move(context), inner->options(),
                        with_gpu(inner->capabilities())),
         inner_(std::move(inner)),
-        staging_(std::make_shared<Staging>(std::move(device))) {}
+        staging_(std::make_shared<Staging>(std::move(device))) {
+    leave_recording_to_members();
+  }
 
   ~HostStagedOps() override {
     registered_.clear();

@@ -37,6 +37,7 @@ class TunedOps final : public CrossDeviceOps {
       : CrossDeviceOps("tuned", std::move(context), std::move(options), std::move(caps)),
         table_(std::move(table)),
         members_(std::move(members)) {
+    leave_recording_to_members();
     const std::vector<std::string> specs = table_.specs();
     for (const TuningRule& r : table_.rules) {
       const auto at = std::find(specs.begin(), specs.end(), r.spec) - specs.begin();

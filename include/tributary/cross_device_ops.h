@@ -256,6 +256,10 @@ class CrossDeviceOps {
   // Called when this rank refuses a call that its peers will issue (a multi-process backend should
   // tell them, e.g. by aborting its transport with `why`). Default: nothing.
   virtual void abandon(const Status& why) { (void)why; }
+  // For composites whose every call is calls on member backends (the tuned backend, host staging):
+  // the members record their collectives, report stalls and dump their flight recorders, and this
+  // instance does not, so that each collective shows once.
+  void leave_recording_to_members();
   // Logs at debug level with the "[rank r/name]" prefix; cheap when the level is off.
   void log_debug(const std::string& message) const;
   void log_info(const std::string& message) const;
