@@ -54,6 +54,19 @@ Status check_visible(const Device& device);
 
 Status set_device(int device);
 
+// Restores the calling thread's current CUDA device when it goes out of scope, so that a call that
+// switches devices leaves the caller's as it was (nothing without CUDA).
+class CurrentDeviceGuard {
+ public:
+  CurrentDeviceGuard();
+  ~CurrentDeviceGuard();
+  CurrentDeviceGuard(const CurrentDeviceGuard&) = delete;
+  CurrentDeviceGuard& operator=(const CurrentDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // physical; -1 when unknown
+};
+
 // An owning CUDA stream on one device (move-only). get() is the cudaStream_t.
 class Stream {
  public:

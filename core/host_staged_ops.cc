@@ -32,21 +32,26 @@ size_t StagingPlan::layout() {
     if (begin_of(a) != begin_of(b)) return std::less<>()(begin_of(a), begin_of(b));
     return entries_[a].tensor.nbytes() > entries_[b].tensor.nbytes();
   });
+  // The group a tensor may join: the last one with bytes, on the tensor's device. Empty tensors get
+  // groups of their own and never anchor one.
+  size_t open = ~size_t{0};
   for (size_t k = 0; k < order.size(); ++k) {
     const size_t i = order[k];
     const std::byte* b = begin_of(i);
     const size_t n = entries_[i].tensor.nbytes();
     bool joins = false;
-    if (k > 0 && n > 0) {
-      const size_t prev = order[k - 1];
-      const Group& g = groups_[entries_[prev].group];
-      joins = device_key(prev) == device_key(i) && g.bytes > 0 &&
-              std::less<>()(b, g.begin + g.bytes);
+    if (n > 0 && open != ~size_t{0}) {
+      const Group& g = groups_[open];
+      joins = g.device == device_key(i) && std::less<>()(b, g.begin + g.bytes);
     }
-    if (!joins) groups_.push_back(Group{.begin = b, .bytes = n});
-    Group& g = groups_.back();
+    if (!joins) {
+      groups_.push_back(Group{.begin = b, .bytes = n, .device = device_key(i)});
+      if (n > 0) open = groups_.size() - 1;
+    }
+    const size_t at = joins ? open : groups_.size() - 1;
+    Group& g = groups_[at];
     g.bytes = std::max(g.bytes, static_cast<size_t>(b - g.begin) + n);
-    entries_[i].group = groups_.size() - 1;
+    entries_[i].group = at;
     entries_[i].offset = static_cast<size_t>(b - g.begin);
   }
   // A registered twin stands for its group only when its tensor is the whole group.
@@ -114,26 +119,35 @@ class CudaStaging final : public StagingDevice {
 
   Status copy(const StagingPlan& plan, const std::vector<size_t>& slots, std::byte* block,
               bool to_host) override {
+    gpu::CurrentDeviceGuard keep_callers_device;
     std::vector<std::pair<void*, int>> used;
+    Status failed;
     for (size_t slot : slots) {
       const Tensor& d = plan.device_tensor(slot);
       const int device = d.device().index();
-      TRIBUTARY_ASSIGN_OR_RETURN(void* stream, stream_of(device, to_host));
-      TRIBUTARY_RETURN_IF_ERROR(gpu::set_device(device));
-      std::byte* host = plan.host_data(slot, block);
-      Status s = to_host ? gpu::copy_async(host, Device::cpu(), d.data(), d.device(), d.nbytes(),
-                                           stream)
-                         : gpu::copy_async(d.data(), d.device(), host, Device::cpu(), d.nbytes(),
-                                           stream);
-      TRIBUTARY_RETURN_IF_ERROR(s);
-      if (std::find(used.begin(), used.end(), std::pair(stream, device)) == used.end()) {
-        used.emplace_back(stream, device);
+      auto stream = stream_of(device, to_host);
+      if (!stream.ok()) {
+        failed = stream.status();
+        break;
       }
+      if (failed = gpu::set_device(device); !failed.ok()) break;
+      std::byte* host = plan.host_data(slot, block);
+      failed = to_host ? gpu::copy_async(host, Device::cpu(), d.data(), d.device(), d.nbytes(),
+                                         *stream)
+                       : gpu::copy_async(d.data(), d.device(), host, Device::cpu(), d.nbytes(),
+                                         *stream);
+      if (std::find(used.begin(), used.end(), std::pair(*stream, device)) == used.end()) {
+        used.emplace_back(*stream, device);
+      }
+      if (!failed.ok()) break;
     }
+    // Whatever was queued is waited for, failure or not: the caller may free or reuse the buffers
+    // once this returns.
     for (const auto& [stream, device] : used) {
-      TRIBUTARY_RETURN_IF_ERROR(gpu::synchronize(stream, device));
+      Status s = gpu::synchronize(stream, device);
+      if (failed.ok()) failed = s;
     }
-    return Status();
+    return failed;
   }
 
  private:
@@ -216,16 +230,20 @@ class Staging : public std::enable_shared_from_this<Staging> {
   }
 
   void give_back(Block b) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(b);
-    if (free_.size() > kKeptBlocks) {
-      auto smallest = std::min_element(free_.begin(), free_.end(), [](const Block& x,
-                                                                       const Block& y) {
-        return x.capacity < y.capacity;
-      });
-      device_->free(smallest->data);
-      free_.erase(smallest);
+    Block evicted{};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(b);
+      if (free_.size() > kKeptBlocks) {
+        auto smallest = std::min_element(free_.begin(), free_.end(), [](const Block& x,
+                                                                         const Block& y) {
+          return x.capacity < y.capacity;
+        });
+        evicted = *smallest;
+        free_.erase(smallest);
+      }
     }
+    if (evicted.data != nullptr) device_->free(evicted.data);  // may synchronise: not under mu_
   }
 
   std::shared_ptr<StagingDevice> device_;
@@ -289,8 +307,8 @@ class HostStagedOps final : public CrossDeviceOps {
   }
 
   ~HostStagedOps() override {
-    registered_.clear();
     inner_.reset();  // completes what is in flight; the completions hold what they use
+    registered_.clear();  // registration handles may outlive their backend
   }
 
  protected:
@@ -320,7 +338,11 @@ class HostStagedOps final : public CrossDeviceOps {
     StagedCall c(staging_->device());
     std::vector<std::pair<std::vector<size_t>, std::vector<size_t>>> items;
     for (const ReducePair& p : pairs) {
-      auto out = add_others(c, p.destinations.values(), nullptr);
+      // A registered destination runs on its twin, as in reduce: a backend that uses
+      // registrations in batch_reduce (gloo, for a pack of one value) must see the same
+      // registration on a rank that stages as on one that does not.
+      auto out = add_others(c, p.destinations.values(),
+                            p.destinations.empty() ? nullptr : registered_for(p.destinations[0]));
       items.emplace_back(add_replicas(c, p.value, true, false), std::move(out));
     }
     return run(call, std::move(c), [&](const StagedCall& s, std::byte* block) {
@@ -487,12 +509,20 @@ class HostStagedOps final : public CrossDeviceOps {
     Work outer;
     auto staging = staging_;
     auto staged = std::make_shared<StagedCall>(std::move(c));
-    inner.on_complete([staging, staged, block, outer](const Status& done) mutable {
+    std::weak_ptr<CrossDeviceOps> backend = inner_;
+    const std::string what = call.describe();
+    inner.on_complete([staging, staged, block, outer, backend, what](const Status& done) mutable {
       Status s = done;
       if (s.ok() && !staged->plan().writes().empty()) {
         s = staging->device().copy(staged->plan(), staged->plan().writes(), block.get(),
                                    /*to_host=*/false);
-        if (!s.ok()) s = s.with_context("copying the results back to the GPUs");
+        if (!s.ok()) {
+          s = s.with_context(what + ": copying the results back to the GPUs");
+          // The peers finished this collective, but this rank cannot go on: tell them now, rather
+          // than let them wait out the timeout in the next one. (The host backends complete
+          // their Work before returning, so this runs on the caller's thread.)
+          if (auto b = backend.lock()) b->abort(s);
+        }
       }
       block.reset();
       staged.reset();
@@ -508,7 +538,7 @@ class HostStagedOps final : public CrossDeviceOps {
     return Work::completed(s);
   }
 
-  std::unique_ptr<CrossDeviceOps> inner_;
+  std::shared_ptr<CrossDeviceOps> inner_;
   std::shared_ptr<Staging> staging_;
   std::map<uint64_t, Registered> registered_;
 };

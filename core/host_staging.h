@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tributary/cross_device_ops.h"
@@ -60,6 +61,7 @@ class StagingPlan {
     size_t bytes = 0;
     std::byte* fixed = nullptr;  // the twin, when it is a registered buffer
     size_t block_offset = 0;     // otherwise its place in the block
+    std::pair<int, int> device;  // (type, index)
   };
   std::vector<Entry> entries_;
   std::vector<Group> groups_;

@@ -38,6 +38,8 @@ Status check_visible(const Device& device) {
   return no_cuda(device.to_string() + " is not usable");
 }
 Status set_device(int) { return no_cuda("cudaSetDevice"); }
+CurrentDeviceGuard::CurrentDeviceGuard() = default;
+CurrentDeviceGuard::~CurrentDeviceGuard() = default;
 
 StatusOr<Stream> Stream::create(int) { return no_cuda("a CUDA stream"); }
 Stream::~Stream() = default;

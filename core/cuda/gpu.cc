@@ -145,6 +145,17 @@ Status set_device(int device) {
                                                       physical, device));
 }
 
+CurrentDeviceGuard::CurrentDeviceGuard() {
+  if (cudaGetDevice(&previous_) != cudaSuccess) {
+    previous_ = -1;
+    (void)cudaGetLastError();
+  }
+}
+
+CurrentDeviceGuard::~CurrentDeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
 // --- Stream ----------------------------------------------------------------------------------------
 
 StatusOr<Stream> Stream::create(int device) {

@@ -194,10 +194,16 @@ class StagedSpy : public ::testing::Test {
  protected:
   void SetUp() override {
     staging_ = std::make_shared<PlainStaging>();
-    ops_ = internal::make_host_staged_ops(two_cpus(), std::make_unique<SpyOps>(two_cpus(), &spy_),
-                                          staging_);
+    // The backend's devices differ from the wrapper's, as GPU replicas' host devices do, so that
+    // the tests see the wrapper relabel what it hands over.
+    BackendContext host;
+    host.devices = {Device::cpu(5), Device::cpu(6)};
+    auto spy = std::make_unique<SpyOps>(host, &spy_);
+    spy_ops_ = spy.get();
+    ops_ = internal::make_host_staged_ops(two_cpus(), std::move(spy), staging_);
   }
   Spy spy_;
+  SpyOps* spy_ops_ = nullptr;  // owned by ops_
   std::shared_ptr<PlainStaging> staging_;
   std::unique_ptr<CrossDeviceOps> ops_;
 };
@@ -213,7 +219,8 @@ TEST_F(StagedSpy, OneBackendCallPerCallAliasingKeptAndCopiedBackOnlyAfterItCompl
   EXPECT_EQ(in[1].data(), out[1].data());
   EXPECT_NE(in[0].data(), static_cast<void*>(a.data()));
   EXPECT_NE(in[0].data(), in[1].data());
-  EXPECT_EQ(in[1].device(), Device::cpu(1));
+  EXPECT_EQ(in[0].device(), Device::cpu(5));
+  EXPECT_EQ(in[1].device(), Device::cpu(6));
   // Pending: nothing copied back, the caller's Work pending too.
   EXPECT_FALSE(w.test());
   EXPECT_EQ(staging_->bytes_out.load(), 0u);
@@ -257,6 +264,26 @@ TEST_F(StagedSpy, AFailedCopyInIssuesNothingAndBreaksTheBackend) {
   EXPECT_NE(s.message().find("injected"), std::string::npos) << s.message();
   EXPECT_TRUE(spy_.inputs.empty());  // the backend was never called
   EXPECT_FALSE(ops_->broken().ok());
+  // ... and was given up on, which is what tells its peers not to wait for this rank.
+  EXPECT_NE(spy_ops_->broken().message().find("injected"), std::string::npos)
+      << spy_ops_->broken().message();
+}
+
+TEST_F(StagedSpy, AFailedCopyBackFailsTheCallAndGivesUpOnTheBackend) {
+  std::vector<float> a(10, 1.0f), b(10, 1.0f);
+  staging_->fail_to_device = internal_error("cudaMemcpyAsync CPU:0 -> GPU:0 (40B) failed: injected");
+  Work w = ops_->all_reduce(ReduceOp::kSum, {view(a, 0), view(b, 1)}, {view(a, 0), view(b, 1)});
+  ASSERT_EQ(spy_.pending.size(), 1u);
+  EXPECT_TRUE(spy_ops_->broken().ok());
+  spy_.pending[0].complete(Status());  // the collective itself succeeded everywhere
+  Status s = w.wait(std::chrono::seconds(5));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("copying the results back to the GPUs"), std::string::npos)
+      << s.message();
+  EXPECT_FALSE(ops_->broken().ok());
+  // The peers are told at once instead of waiting for this rank in the next collective.
+  EXPECT_NE(spy_ops_->broken().message().find("injected"), std::string::npos)
+      << spy_ops_->broken().message();
 }
 
 TEST_F(StagedSpy, ARegistrationGetsTwinsOfItsOwnThatItsCallsRunOn) {
@@ -267,7 +294,7 @@ TEST_F(StagedSpy, ARegistrationGetsTwinsOfItsOwnThatItsCallsRunOn) {
     ASSERT_EQ(spy_.registered.size(), 1u);
     const PerReplica<Tensor>& twins = spy_.registered[0];
     EXPECT_NE(twins[0].data(), static_cast<void*>(a.data()));
-    EXPECT_EQ(twins[1].device(), Device::cpu(1));
+    EXPECT_EQ(twins[1].device(), Device::cpu(6));
     EXPECT_EQ(staging_->live.load(), 2);
     // A call on the registered buffers runs on their twins.
     Work w = ops_->all_reduce(ReduceOp::kSum, {view(a, 0), view(b, 1)}, {view(a, 0), view(b, 1)});

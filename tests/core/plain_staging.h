@@ -27,6 +27,7 @@ class PlainStaging final : public internal::StagingDevice {
   Status copy(const internal::StagingPlan& plan, const std::vector<size_t>& slots,
               std::byte* block, bool to_host) override {
     if (to_host && !fail_to_host.ok()) return fail_to_host;
+    if (!to_host && !fail_to_device.ok()) return fail_to_device;
     for (size_t slot : slots) {
       const Tensor& t = plan.device_tensor(slot);
       std::byte* host = plan.host_data(slot, block);
@@ -45,7 +46,8 @@ class PlainStaging final : public internal::StagingDevice {
   std::atomic<size_t> bytes_in{0};
   std::atomic<size_t> bytes_out{0};
   bool copy_back = true;
-  Status fail_to_host;
+  Status fail_to_host;    // what copies to the host return, when set
+  Status fail_to_device;  // what copies back return, when set
 };
 
 }  // namespace tributary::fakes

@@ -24,14 +24,18 @@ namespace {
 using StagedParam = std::tuple<std::string, int, int>;
 class StagedHost : public ::testing::TestWithParam<StagedParam> {};
 
-// Rank `rank`'s backend: staged on even ranks, plain on odd ones.
+// Rank `rank`'s backend: staged on even ranks, plain on odd ones. A staged rank's replicas are
+// CPU:10, CPU:11, ... while its backend is made for CPU:0, CPU:1, ..., as a GPU replica's backend is
+// made for a CPU device of its own: the wrapper relabels what it hands over.
 StatusOr<std::unique_ptr<CrossDeviceOps>> make(const std::string& spec, int rank, int world,
                                                int local, const std::string& dir,
                                                std::shared_ptr<fakes::PlainStaging> staging) {
   TRIBUTARY_ASSIGN_OR_RETURN(BackendContext ctx, group_context(rank, world, local, dir));
   TRIBUTARY_ASSIGN_OR_RETURN(auto ops, builtin_backends().create(spec + ",timeout=60s", ctx));
   if (rank % 2 == 1) return ops;
-  return internal::make_host_staged_ops(ctx, std::move(ops), std::move(staging));
+  BackendContext outer = ctx;
+  for (int k = 0; k < local; ++k) outer.devices[static_cast<size_t>(k)] = Device::cpu(10 + k);
+  return internal::make_host_staged_ops(outer, std::move(ops), std::move(staging));
 }
 
 TEST_P(StagedHost, EveryCollectiveOnStagedAndPlainRanks) {
@@ -77,31 +81,40 @@ INSTANTIATE_TEST_SUITE_P(Backends, StagedHost,
                                            StagedParam{"ucx:tls=tcp", 2, 1}),
                          name_of);
 
-// A registration of staged buffers, used in place with changing inputs, then released: gloo binds
-// its registered instances to the twins on the staged ranks and to the buffers on the plain one.
-TEST(StagedHostRegistration, RegisteredBuffersOnGloo) {
+// A registration of staged buffers, used in place with changing inputs by all_reduce and by a
+// batch_reduce of one value (which gloo runs on its registered instance too), then released: gloo
+// binds its registered instances to the twins on the staged ranks and to the buffers on the plain
+// one, and the ranks must stay in step, with the fingerprint check (verify=true) and without it.
+class StagedHostRegistration : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StagedHostRegistration, RegisteredBuffersOnGloo) {
   constexpr int kWorld = 3;
+  const std::string spec = GetParam();
   const std::string dir = make_temp_dir("staged_registered");
   GroupResult g = run_group(kWorld, std::chrono::seconds(120), [&](int rank) {
     auto staging = std::make_shared<fakes::PlainStaging>();
-    auto ops = make("gloo:verify=false", rank, kWorld, 1, dir, staging);
+    auto ops = make(spec, rank, kWorld, 1, dir, staging);
     if (!ops.ok()) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, ops.status().to_string().c_str());
       return ops.status().code() == StatusCode::kNotFound ? kChildSkip : kChildFailed;
     }
+    const Device device = (*ops)->devices()[0];
     std::vector<float> data(40001);
-    const Tensor t(data.data(), DType::kFloat32, static_cast<int64_t>(data.size()), Device::cpu(0));
+    const Tensor t(data.data(), DType::kFloat32, static_cast<int64_t>(data.size()), device);
     auto reg = (*ops)->register_buffers({t});
     if (!reg.ok()) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, reg.status().to_string().c_str());
       return kChildFailed;
     }
-    for (int step = 0; step < 6; ++step) {
-      if (step == 4) reg->release();
+    for (int step = 0; step < 8; ++step) {
+      if (step == 6) reg->release();
       for (size_t i = 0; i < data.size(); ++i) {
         data[i] = static_cast<float>((rank + 1) * (step + 1) + static_cast<int>(i % 5));
       }
-      Status s = (*ops)->all_reduce(ReduceOp::kSum, {t}, {t}).wait();
+      // Odd steps: a batch_reduce of the one value into the registered buffer.
+      const std::vector<ReducePair> pair = {{{t}, {t}}};
+      Status s = step % 2 == 0 ? (*ops)->all_reduce(ReduceOp::kSum, {t}, {t}).wait()
+                               : (*ops)->batch_reduce(ReduceOp::kSum, pair).wait();
       if (!s.ok()) {
         std::fprintf(stderr, "[rank %d] step %d: %s\n", rank, step, s.to_string().c_str());
         return kChildFailed;
@@ -122,6 +135,13 @@ TEST(StagedHostRegistration, RegisteredBuffersOnGloo) {
   if (skipped) GTEST_SKIP() << "gloo is not built into this tributary";
   for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe();
 }
+
+INSTANTIATE_TEST_SUITE_P(Verify, StagedHostRegistration,
+                         ::testing::Values("gloo:verify=true", "gloo:verify=false"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "gloo:verify=true" ? std::string("verify")
+                                                                   : std::string("no_verify");
+                         });
 
 }  // namespace
 }  // namespace tributary::testing
