@@ -30,6 +30,12 @@ Status nccl_status(ncclResult_t r, ncclComm_t comm, const std::string& what) {
   std::string text = fmt::format("{} failed: {}", what, ncclGetErrorString(r));
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && *last != '\0') text += fmt::format(" ({})", last);
+  if (last != nullptr && std::strstr(last, "Duplicate GPU") != nullptr) {
+    text +=
+        "; NCCL needs a GPU of its own for each rank: give each process its own device "
+        "(CUDA_VISIBLE_DEVICES, or GPU:<local rank>), or use ring, gloo or ucx, which stage GPU "
+        "tensors through host memory and let processes share a GPU";
+  }
   switch (r) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:

@@ -106,6 +106,42 @@ TEST(StagedMultiProcessConformance, RegisteredGpuBuffersOnRing) {
   expect_registered("ring", 2, true);
 }
 
+// The contrast: NCCL refuses two ranks on one GPU. Two processes that both ask for nccl on GPU:0
+// must each get NCCL's own reason (found at setup, not at the timeout, whose error would not name
+// it) and what to do instead.
+TEST(StagedMultiProcessConformance, NcclRanksSharingAGpuFailWithAClearError) {
+  const std::string dir = make_temp_dir("nccl_shared_gpu");
+  GroupResult g = run_group(2, std::chrono::seconds(120), [&](int rank) {
+    if (cuda_device_count() < 1) return kChildSkip;
+    auto ctx = group_context(rank, 2, 1, dir);
+    if (!ctx.ok()) return kChildFailed;
+    ctx->devices = {Device::cuda(0)};
+    const BackendRegistry registry = builtin_backends();
+    if (registry.find("nccl") == nullptr) return kChildSkip;
+    auto ops = registry.create("nccl:timeout=30s", *ctx);
+    Status s = ops.status();
+    if (ops.ok()) {
+      auto b = conformance::DeviceBuffers(DType::kFloat32, 16, {Device::cuda(0)});
+      s = (*ops)->all_reduce(ReduceOp::kSum, b.views, b.views).wait();
+    }
+    if (s.ok()) {
+      std::fprintf(stderr, "[rank %d] two NCCL ranks on one GPU did not fail\n", rank);
+      return kChildFailed;
+    }
+    const bool clear = s.message().find("Duplicate GPU") != std::string::npos &&
+                       s.message().find("ring, gloo or ucx") != std::string::npos;
+    if (!clear) std::fprintf(stderr, "[rank %d] unclear: %s\n", rank, s.to_string().c_str());
+    return clear ? kChildOk : kChildFailed;
+  });
+  bool skipped = true;
+  for (const ChildResult& c : g.children) skipped = skipped && c.exit_code == kChildSkip;
+  if (skipped) {
+    GTEST_SKIP() << "needs a visible CUDA device and NCCL built in (" << gpu::visible_devices_text()
+                 << ")";
+  }
+  for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe();
+}
+
 }  // namespace
 }  // namespace tributary::testing
 
