@@ -10,7 +10,8 @@ exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude"
 grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo /.gpu/ >> "$exclude"
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 bins=(tests/gpu_test tests/gpu_conformance_test tests/device_kernels_test tests/core_test
-      bench/tributary-bench bench/tributary-device-kernels-bench tools/tributary-info)
+      bench/tributary-bench bench/tributary-device-kernels-bench tools/tributary-info
+      tools/tributary-run)  # tributary-bench --np N relaunches itself under tributary-run
 for b in "${bins[@]}"; do
   cp "$build/$b" .gpu/bin/
 done
