@@ -89,7 +89,8 @@ std::shared_ptr<StagingDevice> cuda_staging();
 // replicas, GPU ones included. The wrapper has inner's name and options; its capabilities are
 // inner's plus GPU devices. Each call on it is one call of the same kind on `inner`: the tensors
 // `device` stages are copied to host twins first, and the written ones back when inner's Work
-// completes, before the wrapper's does. Twins live in blocks kept for reuse; a registration
+// completes, before the wrapper's does. Twins live in blocks kept for reuse (up to 4 free blocks,
+// the largest kept: one call of 1 GiB keeps 1 GiB pinned while the backend lives); a registration
 // (register_buffers) gets twins of its own, registered with `inner`.
 std::unique_ptr<CrossDeviceOps> make_host_staged_ops(
     const BackendContext& context, std::unique_ptr<CrossDeviceOps> inner,
