@@ -14,8 +14,8 @@ constexpr int kRounds = 10;
 
 Status cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status();
-  return failed_precondition(std::string("--ceiling: ") + what + " failed: " +
-                             cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  return failed_precondition(std::string("--ceiling: ") + what + " failed: " + cudaGetErrorName(e) +
+                             ": " + cudaGetErrorString(e));
 }
 
 // Owns what the measurement allocates, whatever path it leaves by.
@@ -49,7 +49,8 @@ StatusOr<double> time_copies(Resources& r, void* dst, const void* src) {
   TRIBUTARY_RETURN_IF_ERROR(cuda(cudaEventRecord(r.stop, r.stream), "cudaEventRecord"));
   TRIBUTARY_RETURN_IF_ERROR(cuda(cudaEventSynchronize(r.stop), "cudaEventSynchronize"));
   float ms = 0;
-  TRIBUTARY_RETURN_IF_ERROR(cuda(cudaEventElapsedTime(&ms, r.start, r.stop), "cudaEventElapsedTime"));
+  TRIBUTARY_RETURN_IF_ERROR(
+      cuda(cudaEventElapsedTime(&ms, r.start, r.stop), "cudaEventElapsedTime"));
   if (ms <= 0) return internal_error("--ceiling: the copies took no measurable time");
   return static_cast<double>(ms) / 1e3;
 }
@@ -63,8 +64,8 @@ StatusOr<DeviceCeiling> measure_device_ceiling(int device) {
   TRIBUTARY_RETURN_IF_ERROR(cuda(cudaMalloc(&r.b, kBytes), "cudaMalloc"));
   TRIBUTARY_RETURN_IF_ERROR(cuda(cudaMallocHost(&r.host, kBytes), "cudaMallocHost"));
   TRIBUTARY_RETURN_IF_ERROR(cuda(cudaMemset(r.a, 1, kBytes), "cudaMemset"));
-  TRIBUTARY_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking),
-                                 "cudaStreamCreate"));
+  TRIBUTARY_RETURN_IF_ERROR(
+      cuda(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   TRIBUTARY_RETURN_IF_ERROR(cuda(cudaEventCreate(&r.start), "cudaEventCreate"));
   TRIBUTARY_RETURN_IF_ERROR(cuda(cudaEventCreate(&r.stop), "cudaEventCreate"));
   const double moved = static_cast<double>(kBytes) * kRounds / 1e9;

@@ -19,7 +19,9 @@ size_t StagingPlan::layout() {
   groups_.clear();
   reads_.clear();
   writes_.clear();
-  auto begin_of = [&](size_t i) { return static_cast<const std::byte*>(entries_[i].tensor.data()); };
+  auto begin_of = [&](size_t i) {
+    return static_cast<const std::byte*>(entries_[i].tensor.data());
+  };
   auto device_key = [&](size_t i) {
     const Device& d = entries_[i].tensor.device();
     return std::pair<int, int>(static_cast<int>(d.type()), d.index());
@@ -132,10 +134,9 @@ class CudaStaging final : public StagingDevice {
       }
       if (failed = gpu::set_device(device); !failed.ok()) break;
       std::byte* host = plan.host_data(slot, block);
-      failed = to_host ? gpu::copy_async(host, Device::cpu(), d.data(), d.device(), d.nbytes(),
-                                         *stream)
-                       : gpu::copy_async(d.data(), d.device(), host, Device::cpu(), d.nbytes(),
-                                         *stream);
+      failed =
+          to_host ? gpu::copy_async(host, Device::cpu(), d.data(), d.device(), d.nbytes(), *stream)
+                  : gpu::copy_async(d.data(), d.device(), host, Device::cpu(), d.nbytes(), *stream);
       if (std::find(used.begin(), used.end(), std::pair(*stream, device)) == used.end()) {
         used.emplace_back(*stream, device);
       }
@@ -235,10 +236,9 @@ class Staging : public std::enable_shared_from_this<Staging> {
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(b);
       if (free_.size() > kKeptBlocks) {
-        auto smallest = std::min_element(free_.begin(), free_.end(), [](const Block& x,
-                                                                         const Block& y) {
-          return x.capacity < y.capacity;
-        });
+        auto smallest = std::min_element(
+            free_.begin(), free_.end(),
+            [](const Block& x, const Block& y) { return x.capacity < y.capacity; });
         evicted = *smallest;
         free_.erase(smallest);
       }
@@ -307,7 +307,7 @@ class HostStagedOps final : public CrossDeviceOps {
   }
 
   ~HostStagedOps() override {
-    inner_.reset();  // completes what is in flight; the completions hold what they use
+    inner_.reset();       // completes what is in flight; the completions hold what they use
     registered_.clear();  // registration handles may outlive their backend
   }
 
@@ -442,6 +442,12 @@ class HostStagedOps final : public CrossDeviceOps {
     return nullptr;
   }
 
+  // Registration `reg`'s twin for tensor `i` of a call, when that tensor is its buffer `i`.
+  static std::shared_ptr<std::byte> twin_of(const Registered* reg, size_t i, const Tensor& t) {
+    if (reg == nullptr || i >= reg->buffers.size() || !same(reg->buffers[i], t)) return nullptr;
+    return reg->twins[i];
+  }
+
   // The host backend's device for `d`: the one of d's replica, else d itself when on the host.
   Device label_of(const Device& d) const {
     const auto& mine = devices();
@@ -454,11 +460,8 @@ class HostStagedOps final : public CrossDeviceOps {
                                    bool write, const Registered* reg = nullptr) {
     std::vector<size_t> items;
     for (size_t i = 0; i < values.size(); ++i) {
-      std::shared_ptr<std::byte> fixed;
-      if (reg != nullptr && i < reg->buffers.size() && same(reg->buffers[i], values[i])) {
-        fixed = reg->twins[i];
-      }
-      items.push_back(c.add(values[i], inner_->devices()[i], read, write, std::move(fixed)));
+      items.push_back(
+          c.add(values[i], inner_->devices()[i], read, write, twin_of(reg, i, values[i])));
     }
     return items;
   }
@@ -468,11 +471,8 @@ class HostStagedOps final : public CrossDeviceOps {
                                  const Registered* reg) {
     std::vector<size_t> items;
     for (size_t i = 0; i < values.size(); ++i) {
-      std::shared_ptr<std::byte> fixed;
-      if (reg != nullptr && i < reg->buffers.size() && same(reg->buffers[i], values[i])) {
-        fixed = reg->twins[i];
-      }
-      items.push_back(c.add(values[i], label_of(values[i].device()), false, true, std::move(fixed)));
+      items.push_back(
+          c.add(values[i], label_of(values[i].device()), false, true, twin_of(reg, i, values[i])));
     }
     return items;
   }

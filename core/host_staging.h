@@ -20,9 +20,10 @@
 namespace tributary::internal {
 
 // Where the GPU tensors of one call live in host memory. Bookkeeping only (no CUDA), so that it is
-// tested without a GPU. Tensors whose memory overlaps on one device share one host twin (an in-place
-// all_reduce's input and output, an in-place all_gather's input inside its output, a broadcast
-// source that is also a destination), so the host backend sees the same aliasing as the caller.
+// tested without a GPU. Tensors whose memory overlaps on one device share one host twin (an
+// in-place all_reduce's input and output, an in-place all_gather's input inside its output, a
+// broadcast source that is also a destination), so the host backend sees the same aliasing as the
+// caller.
 class StagingPlan {
  public:
   static constexpr size_t kAlignment = 256;

@@ -103,10 +103,10 @@ TEST_F(StagedInProcess, EveryCollectiveComputesThroughTheTwins) {
   EXPECT_EQ(g1[5], 5.0f);
   // reduce_scatter: replica i gets the sum of slice i.
   std::vector<float> s0(n / 2), s1(n / 2);
-  ASSERT_TRUE(ops_->reduce_scatter(ReduceOp::kSum, {view(a, 0), view(b, 1)},
-                                   {view(s0, 0), view(s1, 1)})
-                  .wait()
-                  .ok());
+  ASSERT_TRUE(
+      ops_->reduce_scatter(ReduceOp::kSum, {view(a, 0), view(b, 1)}, {view(s0, 0), view(s1, 1)})
+          .wait()
+          .ok());
   EXPECT_EQ(s0[1], 3.0f);
   EXPECT_EQ(s1[0], 1500.0f);
 }
@@ -125,10 +125,9 @@ TEST_F(StagedInProcess, ResultsReachTheCallersBuffersOnlyThroughTheCopyBack) {
 TEST_F(StagedInProcess, BlocksAreReusedAndFreedWithTheBackend) {
   std::vector<float> a(4096, 1.0f), b(4096, 1.0f);
   for (int i = 0; i < 10; ++i) {
-    ASSERT_TRUE(
-        ops_->all_reduce(ReduceOp::kSum, {view(a, 0), view(b, 1)}, {view(a, 0), view(b, 1)})
-            .wait()
-            .ok());
+    ASSERT_TRUE(ops_->all_reduce(ReduceOp::kSum, {view(a, 0), view(b, 1)}, {view(a, 0), view(b, 1)})
+                    .wait()
+                    .ok());
   }
   EXPECT_EQ(a[0], 1024.0f);
   EXPECT_EQ(staging_->live.load(), 1);  // one block, reused ten times
@@ -147,8 +146,8 @@ struct Spy {
 class SpyOps final : public fakes::RecordingOps {
  public:
   SpyOps(BackendContext ctx, Spy* spy)
-      : RecordingOps("spy", std::move(ctx), Options(), caps(), [](const CrossDeviceOps&,
-                                                                 const CallInfo&) {}),
+      : RecordingOps("spy", std::move(ctx), Options(), caps(),
+                     [](const CrossDeviceOps&, const CallInfo&) {}),
         spy_(spy) {}
   static Capabilities caps() {
     Capabilities c;
@@ -232,8 +231,8 @@ TEST_F(StagedSpy, OneBackendCallPerCallAliasingKeptAndCopiedBackOnlyAfterItCompl
 
   // An in-place all_gather: each input stays its slice of its output's twin.
   std::vector<float> g0(200), g1(200);
-  Work g = ops_->all_gather({view(g0, 0, 0, 100), view(g1, 1, 100, 100)},
-                            {view(g0, 0), view(g1, 1)});
+  Work g =
+      ops_->all_gather({view(g0, 0, 0, 100), view(g1, 1, 100, 100)}, {view(g0, 0), view(g1, 1)});
   ASSERT_EQ(spy_.inputs.size(), 2u);
   EXPECT_EQ(spy_.inputs[1][0].data(), spy_.outputs[1][0].data());
   EXPECT_EQ(spy_.inputs[1][1].data_as<float>(), spy_.outputs[1][1].data_as<float>() + 100);
@@ -271,7 +270,8 @@ TEST_F(StagedSpy, AFailedCopyInIssuesNothingAndBreaksTheBackend) {
 
 TEST_F(StagedSpy, AFailedCopyBackFailsTheCallAndGivesUpOnTheBackend) {
   std::vector<float> a(10, 1.0f), b(10, 1.0f);
-  staging_->fail_to_device = internal_error("cudaMemcpyAsync CPU:0 -> GPU:0 (40B) failed: injected");
+  staging_->fail_to_device =
+      internal_error("cudaMemcpyAsync CPU:0 -> GPU:0 (40B) failed: injected");
   Work w = ops_->all_reduce(ReduceOp::kSum, {view(a, 0), view(b, 1)}, {view(a, 0), view(b, 1)});
   ASSERT_EQ(spy_.pending.size(), 1u);
   EXPECT_TRUE(spy_ops_->broken().ok());

@@ -142,8 +142,8 @@ TEST(HostContext, GpuReplicasGetCpuDevicesOfTheirOwn) {
   mixed.rank = 3;
   mixed.world_size = 4;
   const BackendContext host = host_context(mixed);
-  EXPECT_EQ(host.devices, (std::vector<Device>{Device::cpu(1), Device::cpu(0), Device::cpu(3),
-                                               Device::cpu(2)}));
+  EXPECT_EQ(host.devices,
+            (std::vector<Device>{Device::cpu(1), Device::cpu(0), Device::cpu(3), Device::cpu(2)}));
   EXPECT_EQ(host.rank, 3);
   EXPECT_EQ(host.world_size, 4);
   // The instance counter is shared, so the host backend takes the next instance number as any.

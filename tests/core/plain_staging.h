@@ -1,6 +1,6 @@
 // A StagingDevice (core/host_staging.h) for tests of the host-staging layer without a GPU: it
-// stages CPU tensors through malloc'd twins, with plain copies, and counts what it does. It stands in
-// for CUDA's copies, below the layer under test; the backends under the wrapper are real.
+// stages CPU tensors through malloc'd twins, with plain copies, and counts what it does. It stands
+// in for CUDA's copies, below the layer under test; the backends under the wrapper are real.
 #pragma once
 
 #include <atomic>
@@ -24,8 +24,8 @@ class PlainStaging final : public internal::StagingDevice {
     --live;
     std::free(host);
   }
-  Status copy(const internal::StagingPlan& plan, const std::vector<size_t>& slots,
-              std::byte* block, bool to_host) override {
+  Status copy(const internal::StagingPlan& plan, const std::vector<size_t>& slots, std::byte* block,
+              bool to_host) override {
     if (to_host && !fail_to_host.ok()) return fail_to_host;
     if (!to_host && !fail_to_device.ok()) return fail_to_device;
     for (size_t slot : slots) {

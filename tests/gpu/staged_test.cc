@@ -1,7 +1,8 @@
 // Host backends (ring, gloo, ucx) on GPU tensors, staged through pinned host memory
 // (core/host_staging.h). Every case forks real ranks and needs a visible GPU; without one it is a
 // skip that says why. The bookkeeping that needs no GPU is tested in core_test (HostStaging*,
-// StagingPlan*), and the refusal without a GPU in Registry.GpuDevicesWithoutAVisibleGpuAreAClearError.
+// StagingPlan*), and the refusal without a GPU in
+// Registry.GpuDevicesWithoutAVisibleGpuAreAClearError.
 //
 // The suites' names contain "MultiProcessConformance" so that they run in gpu_test's forking entry
 // (gpu_multiprocess_conformance): CUDA must not be initialised in the process that forks the ranks.
@@ -72,7 +73,8 @@ int registered_rank(const std::string& spec, int rank, int world, bool mixed,
   };
   auto reg = (*ops)->register_buffers(buf.views);
   if (!reg.ok()) {
-    std::fprintf(stderr, "[rank %d] register_buffers: %s\n", rank, reg.status().to_string().c_str());
+    std::fprintf(stderr, "[rank %d] register_buffers: %s\n", rank,
+                 reg.status().to_string().c_str());
     return kChildFailed;
   }
   for (int step = 0; step < 4; ++step) failures += round(step, "registered") ? 0 : 1;

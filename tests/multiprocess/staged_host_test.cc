@@ -1,10 +1,10 @@
 // The host-staging layer (core/host_staging.h) over real host backends in real processes, without a
 // GPU: fakes::PlainStaging stages the CPU tensors of the even ranks through twins in other memory,
 // as CUDA's copies stage GPU tensors, while the odd ranks call their backend directly. Every
-// collective, op and dtype of the multi-process conformance suite must come out exact, on ranks that
-// stage and ranks that do not in one group, and a registration of staged buffers must work as one
-// of plain ones (gloo runs its registered instances on the twins). The same on GPU tensors, with
-// CUDA's copies, is tests/gpu/staged_test.cc.
+// collective, op and dtype of the multi-process conformance suite must come out exact, on ranks
+// that stage and ranks that do not in one group, and a registration of staged buffers must work as
+// one of plain ones (gloo runs its registered instances on the twins). The same on GPU tensors,
+// with CUDA's copies, is tests/gpu/staged_test.cc.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -25,8 +25,8 @@ using StagedParam = std::tuple<std::string, int, int>;
 class StagedHost : public ::testing::TestWithParam<StagedParam> {};
 
 // Rank `rank`'s backend: staged on even ranks, plain on odd ones. A staged rank's replicas are
-// CPU:10, CPU:11, ... while its backend is made for CPU:0, CPU:1, ..., as a GPU replica's backend is
-// made for a CPU device of its own: the wrapper relabels what it hands over.
+// CPU:10, CPU:11, ... while its backend is made for CPU:0, CPU:1, ..., as a GPU replica's backend
+// is made for a CPU device of its own: the wrapper relabels what it hands over.
 StatusOr<std::unique_ptr<CrossDeviceOps>> make(const std::string& spec, int rank, int world,
                                                int local, const std::string& dir,
                                                std::shared_ptr<fakes::PlainStaging> staging) {
