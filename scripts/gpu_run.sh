@@ -1,47 +1,84 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine, in the repository root, after scripts/gpu_bundle.sh here: the GPU tests
-# and benchmarks, logs under $OUT (or ./gpu-logs).
+# Runs on the GPU machine, in the repository root, after scripts/gpu_bundle.sh here: the GPU
+# benchmarks (first, on a quiet machine), then the GPU tests (several at once: the machine has many
+# cores). Every step has its own time limit, so one hang cannot eat the lease. Logs go to a folder
+# that is packed into $OUT/logs.tgz after every step (what is under $OUT comes back even when the
+# whole command is stopped); a summary goes to stdout.
+#   bash .gpu/gpu_run.sh [all|bench|tests]
 set -uo pipefail
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
+logs=$(mktemp -d)/logs
+mkdir -p "$logs"
+snap() { tar -C "$(dirname "$logs")" -czf "$out/logs.tgz" logs; }
 nccl_lib=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null)/lib
 export LD_LIBRARY_PATH=$PWD/.gpu/lib:$nccl_lib:${LD_LIBRARY_PATH:-}
-nvidia-smi -L | tee "$out/smi.txt"
-.gpu/bin/tributary-info --devices GPU:0 > "$out/info.txt" 2>&1; head -20 "$out/info.txt"
+export TRIBUTARY_TIMEOUT=60s
+bin=.gpu/bin
 what=${1:-all}
-if [[ $what == nccl ]]; then
-  timeout 150 .gpu/bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='NcclGpu/*_r1' 2>&1 |
-    tail -40 | tee "$out/gpu_conformance_nccl.txt"
-fi
-if [[ $what == all || $what == tests ]]; then
-  .gpu/bin/device_kernels_test --gtest_brief=1 2>&1 | tail -40 | tee "$out/device_kernels_test.txt"
-  .gpu/bin/gpu_test --gtest_filter='-*MultiProcessConformance*' 2>&1 | tail -60 | tee "$out/gpu_test.txt"
-  # nccl across processes (one GPU per rank): the cases that fit the visible GPUs run, the others
-  # skip saying how many they need. Its own run: CUDA must not be initialised before the fork.
-  timeout 300 .gpu/bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl/*MultiProcessConformance*' 2>&1 |
-    tail -40 | tee "$out/nccl_multiprocess_conformance.txt"
-  # ring, gloo and ucx on GPU tensors staged through pinned host memory: processes share the GPU, and
-  # two virtual GPUs per process give the two-replica cases.
-  TRIBUTARY_VIRTUAL_GPUS=2 timeout 400 .gpu/bin/gpu_test --gtest_brief=1 \
-    --gtest_filter='*Staged*' 2>&1 | tail -40 | tee "$out/staged_conformance.txt"
-  TRIBUTARY_VIRTUAL_GPUS=2 .gpu/bin/gpu_test --gtest_filter='*Virtual*' 2>&1 | tail -8 | tee -a "$out/gpu_test.txt"
-  # NCCL: one GPU is one rank (world size 1, one replica); the in-process backends get 8 virtual GPUs.
-  timeout 150 .gpu/bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='NcclGpu/*_r1' 2>&1 |
-    tail -40 | tee "$out/gpu_conformance_nccl.txt"
-  TRIBUTARY_VIRTUAL_GPUS=8 timeout 150 .gpu/bin/gpu_conformance_test --gtest_brief=1 \
-    --gtest_filter='*n1001_*:*n7_*-NcclGpu/*' 2>&1 | tail -40 | tee "$out/gpu_conformance_in_process.txt"
-fi
-if [[ $what == all || $what == bench || $what == nccl ]]; then
-  .gpu/bin/tributary-device-kernels-bench 2>&1 | tee "$out/device_kernels_bench.txt"
-  timeout 120 .gpu/bin/tributary-bench -g 1 -b 1M -e 1G -f 4 -n 50 -w 10 \
-      --json "$out/bench_g1.json" 2>&1 | tee "$out/bench_g1.txt"
-fi
+start=$SECONDS
+step() { echo "== [$((SECONDS - start))s] $*"; }
+
+step smi
+nvidia-smi -L | tee "$logs/smi.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >> "$logs/smi.txt"
+ls "$nccl_lib" >> "$logs/smi.txt" 2>&1
+$bin/tributary-info > "$logs/info.txt" 2>&1
+sed -n 1,30p "$logs/info.txt"
+snap
+
 if [[ $what == all || $what == bench ]]; then
-  # The host backends on GPU tensors (staged through pinned host memory), two ranks sharing GPU:0,
-  # beside the same backends on host buffers; --ceiling states the GPU's copy bandwidth.
-  timeout 150 .gpu/bin/tributary-bench --np 2 -g 1 --ceiling --backend ring --backend gloo \
-      --backend ucx -b 64K -e 256M -f 4 --time-per-size 200ms \
-      --json "$out/bench_staged_np2.json" 2>&1 | tee "$out/bench_staged_np2.txt"
-  timeout 150 .gpu/bin/tributary-bench --np 2 --backend ring --backend gloo --backend ucx \
-      -b 64K -e 256M -f 4 --time-per-size 200ms 2>&1 | tee "$out/bench_host_np2.txt"
+  step device kernels bench
+  timeout 60 $bin/tributary-device-kernels-bench 2>&1 | tee "$logs/device_kernels_bench.txt"; snap
+  step "nccl beside ncclAllReduce called directly, and the in-process backends, one GPU"
+  timeout 90 $bin/tributary-bench -g 1 -b 64K -e 1G -f 4 -n 50 -w 10 -T 30 \
+      --json "$logs/bench_g1.json" 2>&1 | tee "$logs/bench_g1.txt"; snap
+  step "the same, blocking (-z 1)"
+  timeout 60 $bin/tributary-bench -g 1 -z 1 -b 64K -e 256M -f 4 -n 50 -w 10 -T 30 \
+      --backend nccl --reference nccl 2>&1 | tee "$logs/bench_g1_z1.txt"; snap
+  step "in-process backends on 4 virtual GPUs (one H100)"
+  TRIBUTARY_VIRTUAL_GPUS=4 timeout 60 $bin/tributary-bench -g 4 -b 64K -e 256M -f 4 -T 30 \
+      --time-per-size 200ms --backend reduction_to_one_device --backend hierarchical_copy \
+      --reference none 2>&1 | tee "$logs/bench_g4_virtual.txt"; snap
+  step "host backends on GPU tensors (staged), two ranks sharing GPU:0, with the copy ceilings"
+  timeout 90 $bin/tributary-bench --np 2 -g 1 --ceiling --backend ring --backend gloo \
+      --backend ucx -b 64K -e 256M -f 4 --time-per-size 200ms -T 30 \
+      --json "$logs/bench_staged_np2.json" 2>&1 | tee "$logs/bench_staged_np2.txt"; snap
+  step "the same backends on host buffers"
+  timeout 60 $bin/tributary-bench --np 2 --backend ring --backend gloo --backend ucx \
+      -b 64K -e 256M -f 4 --time-per-size 200ms -T 30 2>&1 | tee "$logs/bench_host_np2.txt"; snap
 fi
+
+if [[ $what == all || $what == tests ]]; then
+  step "tests (in parallel)"
+  gt() {  # name timeout binary args...
+    local name=$1 limit=$2; shift 2
+    timeout "$limit" "$@" > "$logs/$name.txt" 2>&1
+    echo "rc=$?" >> "$logs/$name.txt"
+  }
+  gt device_kernels_test 60 $bin/device_kernels_test --gtest_brief=1 &
+  gt gpu_test 120 $bin/gpu_test --gtest_filter='-*MultiProcessConformance*' &
+  TRIBUTARY_VIRTUAL_GPUS=2 gt gpu_test_virtual 60 $bin/gpu_test --gtest_filter='*Virtual*' &
+  gt conformance_nccl 180 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='NcclGpu/*_r1' &
+  for s in 0 1 2 3; do
+    TRIBUTARY_VIRTUAL_GPUS=8 GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$s gt conformance_in_process_$s 200 \
+      $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='*n1001_*:*n7_*-NcclGpu/*' &
+  done
+  # Processes: nccl across processes (one GPU per rank: the cases that need more GPUs skip saying
+  # so), then ring, gloo and ucx on GPU tensors staged through pinned host memory (processes share
+  # the GPU; two virtual GPUs per process give the two-replica cases). CUDA must not be initialised
+  # before the fork, so each is its own run.
+  (gt nccl_multiprocess 90 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl/*MultiProcessConformance*'
+   TRIBUTARY_VIRTUAL_GPUS=2 gt staged_multiprocess 200 $bin/gpu_test --gtest_brief=1 \
+     --gtest_filter='*Staged*') &
+  while [[ -n $(jobs -r) ]]; do sleep 10; snap; done
+  wait
+  snap
+  step "test results"
+  for f in "$logs"/*test*.txt "$logs"/conformance_*.txt "$logs"/*multiprocess*.txt; do
+    echo "--- $(basename "$f")"
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests? ran|^rc=' "$f" | head -25
+  done
+fi
+step done
+snap
