@@ -1,8 +1,10 @@
 #include "tributary/work.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace tributary {
@@ -20,7 +22,17 @@ struct Work::State {
   Clock::time_point end{};
   std::vector<std::function<void(const Status&)>> callbacks;
   std::function<Status(void*)> stream_waiter;
+  std::function<bool()> probe;
 };
+
+namespace {
+Status wait_timed_out(std::chrono::milliseconds timeout) {
+  return deadline_exceeded("the collective did not complete within the " +
+                           std::to_string(timeout.count()) +
+                           " ms this wait allowed; it is still pending (its own timeout is the "
+                           "backend's timeout= option)");
+}
+}  // namespace
 
 Work::Work() : state_(std::make_shared<State>()) {}
 
@@ -48,11 +60,35 @@ Work Work::completed(Status status) {
 Status Work::wait(std::chrono::milliseconds timeout) const {
   if (state_->finished.load(std::memory_order_acquire)) return state_->status;
   std::unique_lock lock(state_->mu);
+  if (state_->probe && !state_->done) {
+    // A device-side collective: poll its probe on this thread, closely for the first millisecond
+    // (a collective on a GPU takes microseconds), then between short sleeps that the backend's own
+    // completion also ends.
+    std::function<bool()> probe = state_->probe;
+    lock.unlock();
+    const auto begin = Clock::now();
+    const auto deadline = begin + timeout;
+    for (;;) {
+      if (state_->finished.load(std::memory_order_acquire)) return state_->status;
+      if (probe()) {
+        complete(Status());  // ignored if the backend completed it first, with whatever status
+        return state_->status;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) return wait_timed_out(timeout);
+      if (now - begin < std::chrono::milliseconds(1)) {
+        std::this_thread::yield();
+      } else {
+        lock.lock();
+        state_->cv.wait_for(lock, std::min<Clock::duration>(std::chrono::microseconds(200),
+                                                            deadline - now),
+                            [&] { return state_->done; });
+        lock.unlock();
+      }
+    }
+  }
   if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
-    return deadline_exceeded("the collective did not complete within the " +
-                             std::to_string(timeout.count()) +
-                             " ms this wait allowed; it is still pending (its own timeout is the "
-                             "backend's timeout= option)");
+    return wait_timed_out(timeout);
   }
   return state_->status;
 }
@@ -84,6 +120,7 @@ void Work::complete(Status status) const {
     state_->end = Clock::now();
     callbacks.swap(state_->callbacks);
     state_->stream_waiter = nullptr;
+    state_->probe = nullptr;
     state_->finished.store(true, std::memory_order_release);
   }
   state_->cv.notify_all();
@@ -104,6 +141,11 @@ Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) c
 void Work::set_stream_waiter(std::function<Status(void* cuda_stream)> fn) const {
   std::lock_guard lock(state_->mu);
   if (!state_->done) state_->stream_waiter = std::move(fn);
+}
+
+void Work::set_completion_probe(std::function<bool()> probe) const {
+  std::lock_guard lock(state_->mu);
+  if (!state_->done) state_->probe = std::move(probe);
 }
 
 void Work::on_complete(std::function<void(const Status&)> fn) const {

@@ -4,7 +4,7 @@
 # cores). Every step has its own time limit, so one hang cannot eat the lease. Logs go to a folder
 # that is packed into $OUT/logs.tgz after every step (what is under $OUT comes back even when the
 # whole command is stopped); a summary goes to stdout.
-#   bash .gpu/gpu_run.sh [all|bench|tests]
+#   bash .gpu/gpu_run.sh [all|bench|tests|compare]
 set -uo pipefail
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
@@ -26,6 +26,31 @@ ls "$nccl_lib" >> "$logs/smi.txt" 2>&1
 $bin/tributary-info > "$logs/info.txt" 2>&1
 sed -n 1,30p "$logs/info.txt"
 snap
+
+if [[ $what == compare ]]; then
+  # Before and after a library change, in one run: .gpu/old/ holds the earlier libtributary.so.0
+  # (the bench binary is the new one; Work's state is private to the library). Interleaved.
+  for pass in 1 2; do
+    for lib in old new; do
+      step "nccl beside ncclAllReduce, library $lib, pass $pass"
+      libpath=$LD_LIBRARY_PATH
+      [[ $lib == old ]] && libpath=$PWD/.gpu/old:$libpath
+      LD_LIBRARY_PATH=$libpath timeout 60 $bin/tributary-bench -g 1 -b 64K -e 256M -f 4 -n 50 \
+          -w 10 -T 30 --backend nccl --reference nccl 2>&1 | tee "$logs/cmp_${lib}_z0_$pass.txt"
+      LD_LIBRARY_PATH=$libpath timeout 60 $bin/tributary-bench -g 1 -z 1 -b 64K -e 256M -f 4 \
+          -n 50 -w 10 -T 30 --backend nccl --reference nccl 2>&1 | tee "$logs/cmp_${lib}_z1_$pass.txt"
+      snap
+    done
+  done
+  step "nccl tests with the new library"
+  timeout 60 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl.*:GpuStrategies.*' 2>&1 |
+    tee "$logs/gpu_test_nccl.txt" | tail -5
+  timeout 60 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='NcclGpu/*_r1' 2>&1 |
+    tee "$logs/conformance_nccl.txt" | tail -5
+  timeout 60 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl/*MultiProcessConformance*' 2>&1 |
+    tee "$logs/nccl_multiprocess.txt" | tail -5
+  snap
+fi
 
 if [[ $what == all || $what == bench ]]; then
   step device kernels bench

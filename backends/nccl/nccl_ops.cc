@@ -178,6 +178,7 @@ class NcclOps final : public CrossDeviceOps {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     fail_pending(aborted("nccl: the backend was destroyed while this collective was in flight"));
+    failed_->store(true, std::memory_order_release);
     if (failure().ok()) destroy_communicators();
     abort_communicators();
   }
@@ -573,6 +574,17 @@ class NcclOps final : public CrossDeviceOps {
       for (const gpu::Event& e : *events) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
       return Status();
     });
+    // wait() polls the events on the waiting thread. fail_all() raises `failed_` before it aborts
+    // the communicators, so events that an abort completed never read as success here; errors and
+    // timeouts stay the watchdog's.
+    work.set_completion_probe([events, failed = failed_] {
+      if (failed->load(std::memory_order_acquire)) return false;
+      for (const gpu::Event& e : *events) {
+        StatusOr<bool> q = e.query();
+        if (!q.ok() || !*q) return false;
+      }
+      return !failed->load(std::memory_order_acquire);
+    });
     bool wake = false;
     {
       std::lock_guard lock(mu_);
@@ -637,7 +649,9 @@ class NcclOps final : public CrossDeviceOps {
         continue;
       }
       // In flight: poll closely for a while (a small collective takes microseconds), then back off.
-      if (Clock::now() - idle_since < std::chrono::milliseconds(2)) {
+      // Not for long: a host that waits polls the events itself (the Work's completion probe), and
+      // this thread's CUDA and NCCL queries contend with the thread that enqueues the next call.
+      if (Clock::now() - idle_since < std::chrono::microseconds(200)) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -671,6 +685,7 @@ class NcclOps final : public CrossDeviceOps {
       std::lock_guard lock(comm_mu_);
       if (failure_.ok()) failure_ = why;
     }
+    failed_->store(true, std::memory_order_release);
     abort_communicators();
     fail_pending(why);
   }
@@ -776,6 +791,9 @@ class NcclOps final : public CrossDeviceOps {
   mutable std::mutex comm_mu_;  // aborted_, failure_, and the communicators' teardown
   bool aborted_ = false;
   Status failure_;
+  // Raised before the communicators are aborted; read by the Works' completion probes, which may
+  // outlive this backend.
+  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   std::thread watchdog_;
 };
 

@@ -52,6 +52,13 @@ class Work {
   // For backends that complete on a device: how wait_stream makes a stream wait while the Work is
   // pending (e.g. cudaStreamWaitEvent on the collective's events).
   void set_stream_waiter(std::function<Status(void* cuda_stream)> fn) const;
+  // For backends that complete on a device: a cheap, thread-safe check that wait() runs on the
+  // waiting thread while the Work is pending, so that a host waiting for a GPU collective sees its
+  // end at once instead of being woken by the backend's own thread (as cudaStreamSynchronize polls
+  // on the caller's thread). It returns true once the results are in place and no failure is
+  // known; wait() then completes the Work with OK. Errors and timeouts still come from the backend,
+  // which completes the Work itself as before (a later complete() is ignored).
+  void set_completion_probe(std::function<bool()> probe) const;
 
  private:
   struct State;

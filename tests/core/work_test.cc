@@ -66,5 +66,54 @@ TEST(Work, CompletesFromAnotherThreadOnceAndRunsCallbacks) {
   EXPECT_GT(w.elapsed().count(), 0);
 }
 
+// A device-side Work: wait() polls the backend's probe on the waiting thread.
+TEST(Work, WaitPollsTheCompletionProbeAndCompletesOnceItSaysDone) {
+  Work w;
+  std::atomic<int> probes{0};
+  std::atomic<int> callbacks{0};
+  w.on_complete([&](const Status& s) {
+    EXPECT_TRUE(s.ok());
+    callbacks++;
+  });
+  w.set_completion_probe([&] { return ++probes >= 5; });
+  EXPECT_FALSE(w.test());  // test() does not run the probe
+  EXPECT_EQ(probes.load(), 0);
+  EXPECT_TRUE(w.wait(10s).ok());
+  EXPECT_EQ(probes.load(), 5);
+  EXPECT_TRUE(w.test());
+  EXPECT_EQ(callbacks.load(), 1);
+  w.complete(unavailable("late"));  // the backend's own completion afterwards is ignored
+  EXPECT_TRUE(w.error().ok());
+  EXPECT_EQ(probes.load(), 5);  // a completed Work never probes again
+}
+
+TEST(Work, ABackendErrorEndsAWaitWhoseProbeNeverSaysDone) {
+  Work w;
+  w.set_completion_probe([] { return false; });
+  std::thread t([w] {
+    std::this_thread::sleep_for(5ms);  // past the close polling, into the sleeps
+    w.complete(unavailable("peer died"));
+  });
+  EXPECT_EQ(w.wait(10s).code(), StatusCode::kUnavailable);
+  t.join();
+}
+
+TEST(Work, AProbedWaitStillTimesOut) {
+  Work w;
+  w.set_completion_probe([] { return false; });
+  EXPECT_EQ(w.wait(20ms).code(), StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(w.test());
+  EXPECT_TRUE(w.error().ok());
+}
+
+TEST(Work, AnErrorBeforeTheProbeSaysDoneWins) {
+  Work w;
+  std::atomic<bool> done{false};
+  w.set_completion_probe([&] { return done.load(); });
+  w.complete(aborted("aborted"));
+  done = true;
+  EXPECT_EQ(w.wait(10s).code(), StatusCode::kAborted);
+}
+
 }  // namespace
 }  // namespace tributary
