@@ -328,14 +328,16 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
     return not_found("unknown backend '" + resolved.name + "'; available backends: auto, " +
                      internal::join(names(), ", "));
   }
+  // The spec first: a misspelt option is reported as such wherever it is read, also on a machine
+  // that cannot serve the backend.
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      Options options, Options::resolve(info->name, options_of(*info), resolved.options,
+                                        context.config));
   Status usable = can_serve(*info, context);
   if (!usable.ok()) {
     return Status(usable.code(), "backend '" + info->name + "' cannot be used here: " +
                                      usable.message());
   }
-  TRIBUTARY_ASSIGN_OR_RETURN(
-      Options options, Options::resolve(info->name, options_of(*info), resolved.options,
-                                        context.config));
   if (const Options::Value* t = options.find("timeout"); t && t->i <= 0) {
     return invalid_argument("backend '" + info->name + "': timeout must be positive, not " +
                             t->text + " (from " + t->source + ")");
