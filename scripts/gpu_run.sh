@@ -5,6 +5,8 @@
 # that is packed into $OUT/logs.tgz after every step (what is under $OUT comes back even when the
 # whole command is stopped); a summary goes to stdout.
 #   bash .gpu/gpu_run.sh [all|bench|tests|compare]
+# compare: nccl's launch modes beside the direct line, then (when .gpu/old/libtributary.so.0 is
+# there) the earlier library against this one, then the nccl tests.
 set -uo pipefail
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
@@ -27,7 +29,22 @@ $bin/tributary-info > "$logs/info.txt" 2>&1
 sed -n 1,30p "$logs/info.txt"
 snap
 
-if [[ $what == compare ]]; then
+if [[ $what == compare || $what == all ]]; then
+  # nccl's two launch modes beside ncclAllReduce called directly, interleaved, out of place and in
+  # place, non-blocking issue (-z 0) and a wait per call (-z 1).
+  passes="1 2"; [[ $what == all ]] && passes=1
+  for pass in $passes; do
+    for z in 0 1; do
+      step "nccl launch=nonblocking and launch=blocking beside ncclAllReduce, -z $z, pass $pass"
+      timeout 90 $bin/tributary-bench -g 1 -z $z -b 64K -e 256M -f 4 -n 50 -w 10 -T 30 \
+          --backend nccl --backend nccl:launch=blocking --reference nccl 2>&1 |
+        tee "$logs/launch_z${z}_$pass.txt"
+      snap
+    done
+  done
+fi
+
+if [[ $what == compare && -f .gpu/old/libtributary.so.0 ]]; then
   # Before and after a library change, in one run: .gpu/old/ holds the earlier libtributary.so.0
   # (the bench binary is the new one; Work's state is private to the library). Interleaved.
   for pass in 1 2; do
@@ -42,12 +59,16 @@ if [[ $what == compare ]]; then
       snap
     done
   done
-  step "nccl tests with the new library"
+  snap
+fi
+
+if [[ $what == compare ]]; then
+  step "nccl tests (both launch modes)"
   timeout 60 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl.*:GpuStrategies.*' 2>&1 |
     tee "$logs/gpu_test_nccl.txt" | tail -5
-  timeout 60 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='NcclGpu/*_r1' 2>&1 |
+  timeout 120 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='Nccl*Gpu/*_r1' 2>&1 |
     tee "$logs/conformance_nccl.txt" | tail -5
-  timeout 60 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl/*MultiProcessConformance*' 2>&1 |
+  timeout 90 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl*/*MultiProcessConformance*' 2>&1 |
     tee "$logs/nccl_multiprocess.txt" | tail -5
   snap
 fi
@@ -84,16 +105,17 @@ if [[ $what == all || $what == tests ]]; then
   gt device_kernels_test 60 $bin/device_kernels_test --gtest_brief=1 &
   gt gpu_test 120 $bin/gpu_test --gtest_filter='-*MultiProcessConformance*' &
   TRIBUTARY_VIRTUAL_GPUS=2 gt gpu_test_virtual 60 $bin/gpu_test --gtest_filter='*Virtual*' &
-  gt conformance_nccl 180 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='NcclGpu/*_r1' &
+  gt conformance_nccl 240 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='Nccl*Gpu/*_r1' &
   for s in 0 1 2 3; do
     TRIBUTARY_VIRTUAL_GPUS=8 GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$s gt conformance_in_process_$s 200 \
-      $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='*n1001_*:*n7_*-NcclGpu/*' &
+      $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='*n1001_*:*n7_*-Nccl*Gpu/*' &
   done
   # Processes: nccl across processes (one GPU per rank: the cases that need more GPUs skip saying
   # so), then ring, gloo and ucx on GPU tensors staged through pinned host memory (processes share
   # the GPU; two virtual GPUs per process give the two-replica cases). CUDA must not be initialised
   # before the fork, so each is its own run.
-  (gt nccl_multiprocess 90 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl/*MultiProcessConformance*'
+  (gt nccl_multiprocess 120 $bin/gpu_test --gtest_brief=1 \
+     --gtest_filter='Nccl*/*MultiProcessConformance*'
    TRIBUTARY_VIRTUAL_GPUS=2 gt staged_multiprocess 200 $bin/gpu_test --gtest_brief=1 \
      --gtest_filter='*Staged*') &
   while [[ -n $(jobs -r) ]]; do sleep 10; snap; done

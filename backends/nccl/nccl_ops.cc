@@ -85,11 +85,14 @@ std::string nanos_text(std::chrono::nanoseconds d) {
   return fmt::format("{:.3g} s", std::chrono::duration<double>(d).count());
 }
 
-// One local GPU: its communicator and stream.
+// One local GPU: its communicators and stream.
 struct Local {
   Device device;
   gpu::Stream stream;
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // set up non-blocking, against a deadline
+  // What collectives are issued on: `comm` itself (launch=nonblocking), or a blocking communicator
+  // split from it (launch=blocking).
+  ncclComm_t data = nullptr;
 };
 
 // A collective in flight: the events that say it is done on each local GPU.
@@ -159,15 +162,20 @@ class Scratch {
 class NcclOps final : public CrossDeviceOps {
  public:
   NcclOps(BackendContext context, Options options, Capabilities caps)
-      : CrossDeviceOps("nccl", std::move(context), std::move(options), std::move(caps)) {}
+      : CrossDeviceOps("nccl", std::move(context), std::move(options), std::move(caps)),
+        blocking_launch_(this->options().get_string("launch") == "blocking") {}
 
   ~NcclOps() override {
-    // Let what is in flight finish (bounded), then stop the watchdog and free the communicators.
-    // ncclCommAbort, not ncclCommDestroy: it never waits for peers, and nothing is pending here.
-    const auto until = Clock::now() + std::min<std::chrono::nanoseconds>(timeout(), std::chrono::seconds(10));
+    // Let what is in flight finish (bounded), then stop the watchdog and free the communicators:
+    // healthy and idle, finalized (NCCL flushes what it still sends to peers) and destroyed;
+    // otherwise aborted (never waits for peers), so that no kernel runs on past the backend.
+    const auto until =
+        Clock::now() + std::min<std::chrono::nanoseconds>(timeout(), std::chrono::seconds(10));
+    bool drained = false;
     for (;;) {
       std::unique_lock lock(mu_);
-      if (pending_.empty() || Clock::now() > until) break;
+      drained = pending_.empty();
+      if (drained || Clock::now() > until) break;
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -177,13 +185,14 @@ class NcclOps final : public CrossDeviceOps {
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    fail_pending(aborted("nccl: the backend was destroyed while this collective was in flight"));
     failed_->store(true, std::memory_order_release);
-    if (failure().ok()) destroy_communicators();
+    if (failure().ok() && drained) destroy_communicators();
     abort_communicators();
+    fail_pending(aborted("nccl: the backend was destroyed while this collective was in flight"));
   }
 
   Status init(const std::shared_ptr<Store>& scope) {
+    if (blocking_launch_) TRIBUTARY_RETURN_IF_ERROR(blocking_launch_supported());
     const int G = num_local_replicas();
     const int nranks = num_replicas_in_sync();
     locals_.resize(static_cast<size_t>(G));
@@ -214,7 +223,11 @@ class NcclOps final : public CrossDeviceOps {
     }
     Status end = nccl_status(ncclGroupEnd(), nullptr, "ncclGroupEnd (communicator setup)");
     if (s.ok()) s = end;
-    if (s.ok()) s = settle(deadline, "the NCCL communicator setup");
+    if (s.ok()) s = settle(&Local::comm, deadline, "the NCCL communicator setup");
+    if (s.ok() && blocking_launch_) s = split_blocking(deadline);
+    for (Local& l : locals_) {
+      if (!blocking_launch_) l.data = l.comm;
+    }
     if (!s.ok()) {
       abort_communicators();
       return s.with_context(fmt::format(
@@ -235,8 +248,8 @@ class NcclOps final : public CrossDeviceOps {
       Status s = group([&](size_t i, Local& l) {
         return nccl_status(ncclAllReduce(inputs[i].data(), outputs[i].data(),
                                          static_cast<size_t>(call.count), nccl_type(call.dtype),
-                                         nop, l.comm, cuda(l.stream.get())),
-                           l.comm, "ncclAllReduce");
+                                         nop, l.data, cuda(l.stream.get())),
+                           l.data, "ncclAllReduce");
       });
       if (s.ok() && divide) {
         for (size_t i = 0; i < locals_.size() && s.ok(); ++i) s = divide_on(i, outputs[i], call.count);
@@ -253,8 +266,8 @@ class NcclOps final : public CrossDeviceOps {
       Status s = group([&](size_t i, Local& l) {
         return nccl_status(ncclReduceScatter(inputs[i].data(), outputs[i].data(),
                                              static_cast<size_t>(recv), nccl_type(call.dtype), nop,
-                                             l.comm, cuda(l.stream.get())),
-                           l.comm, "ncclReduceScatter");
+                                             l.data, cuda(l.stream.get())),
+                           l.data, "ncclReduceScatter");
       });
       if (s.ok() && divide) {
         for (size_t i = 0; i < locals_.size() && s.ok(); ++i) s = divide_on(i, outputs[i], recv);
@@ -269,8 +282,8 @@ class NcclOps final : public CrossDeviceOps {
       return group([&](size_t i, Local& l) {
         return nccl_status(ncclAllGather(inputs[i].data(), outputs[i].data(),
                                          static_cast<size_t>(call.count), nccl_type(call.dtype),
-                                         l.comm, cuda(l.stream.get())),
-                           l.comm, "ncclAllGather");
+                                         l.data, cuda(l.stream.get())),
+                           l.data, "ncclAllGather");
       });
     });
   }
@@ -305,8 +318,8 @@ class NcclOps final : public CrossDeviceOps {
         const bool is_root = rank() == root && i == 0;
         return nccl_status(ncclBroadcast(is_root ? send : recv[i], recv[i],
                                          static_cast<size_t>(call.count), nccl_type(call.dtype),
-                                         nccl_root, l.comm, cuda(l.stream.get())),
-                           l.comm, "ncclBroadcast");
+                                         nccl_root, l.data, cuda(l.stream.get())),
+                           l.data, "ncclBroadcast");
       }));
       return copy_out(destinations.values(), recv, bytes);
     });
@@ -354,8 +367,9 @@ class NcclOps final : public CrossDeviceOps {
  private:
   // --- enqueueing -----------------------------------------------------------------------------
 
-  // Runs `one` for every local GPU inside one NCCL group, then waits (bounded) for non-blocking
-  // enqueueing to settle.
+  // Runs `one` for every local GPU inside one NCCL group. On non-blocking communicators, then waits
+  // (bounded) for NCCL's helper thread to finish enqueueing; a blocking group has enqueued when
+  // ncclGroupEnd returns.
   template <typename Fn>
   Status group(Fn one) {
     Status s = nccl_status(ncclGroupStart(), nullptr, "ncclGroupStart");
@@ -365,21 +379,73 @@ class NcclOps final : public CrossDeviceOps {
     }
     Status end = nccl_status(ncclGroupEnd(), nullptr, "ncclGroupEnd");
     if (s.ok()) s = end;
-    if (s.ok()) s = settle(Clock::now() + timeout(), "enqueueing the collective");
+    if (s.ok() && !blocking_launch_) {
+      s = settle(&Local::data, Clock::now() + timeout(), "enqueueing the collective");
+    }
     return s;
   }
 
-  // Polls every communicator until non-blocking work is no longer in progress.
-  Status settle(Clock::time_point deadline, const std::string& what) {
+  // launch=blocking relies on ncclCommRevoke to end a call that waits inside NCCL.
+  static Status blocking_launch_supported() {
+#ifdef NCCL_REVOKE_DEFAULT
+    int v = 0;
+    if (ncclGetVersion(&v) == ncclSuccess && v >= 22800) return Status();
+    return failed_precondition(fmt::format(
+        "nccl: launch=blocking needs NCCL 2.28 or later at run time (ncclCommRevoke ends a call "
+        "that waits inside NCCL); the NCCL loaded is {}. Use launch=nonblocking",
+        nccl_runtime_version()));
+#else
+    return failed_precondition(
+        "nccl: launch=blocking needs NCCL 2.28 or later (ncclCommRevoke ends a call that waits "
+        "inside NCCL), and tributary was built against an older nccl.h. Use launch=nonblocking");
+#endif
+  }
+
+  // launch=blocking: one blocking communicator per local GPU, split from the setup one. The split
+  // runs as its parent is configured, non-blocking, so it is polled against the setup deadline (an
+  // abort of the parent also ends a split in progress); only the child is blocking. splitShare=0:
+  // the parent runs no collective, so it never connects to its peers (NCCL connects at first use).
+  Status split_blocking(Clock::time_point deadline) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    config.splitShare = 0;
+    const int G = num_local_replicas();
+    Status s = nccl_status(ncclGroupStart(), nullptr, "ncclGroupStart");
+    for (int i = 0; i < G && s.ok(); ++i) {
+      Local& l = locals_[static_cast<size_t>(i)];
+      s = gpu::set_device(l.device.index());
+      if (s.ok()) {
+        s = nccl_status(ncclCommSplit(l.comm, 0, rank() * G + i, &l.data, &config), l.comm,
+                        fmt::format("ncclCommSplit (the blocking communicator of {})",
+                                    l.device.to_string()));
+      }
+    }
+    Status end = nccl_status(ncclGroupEnd(), nullptr, "ncclGroupEnd (communicator split)");
+    if (s.ok()) s = end;
+    if (s.ok()) s = settle(&Local::comm, deadline, "splitting the blocking NCCL communicators");
+    for (size_t i = 0; i < locals_.size() && s.ok(); ++i) {
+      if (locals_[i].data == nullptr) {
+        s = internal_error(fmt::format("ncclCommSplit gave no communicator for {}",
+                                       locals_[i].device.to_string()));
+      }
+    }
+    return s;
+  }
+
+  // Polls every communicator (`which` of each Local) until non-blocking work is no longer in
+  // progress. Gives up at once when another thread has failed the backend.
+  Status settle(ncclComm_t Local::*which, Clock::time_point deadline, const std::string& what) {
     for (Local& l : locals_) {
+      ncclComm_t comm = l.*which;
       for (int spins = 0;; ++spins) {
         ncclResult_t state = ncclSuccess;
-        Status s = nccl_status(ncclCommGetAsyncError(l.comm, &state), l.comm, "ncclCommGetAsyncError");
+        Status s = nccl_status(ncclCommGetAsyncError(comm, &state), comm, "ncclCommGetAsyncError");
         if (!s.ok()) return s;
         if (state == ncclSuccess) break;
         if (state != ncclInProgress) {
-          return nccl_status(state, l.comm, what + " on " + l.device.to_string());
+          return nccl_status(state, comm, what + " on " + l.device.to_string());
         }
+        if (failed_->load(std::memory_order_acquire)) return failure();
         if (Clock::now() > deadline) {
           return deadline_exceeded(fmt::format(
               "{} on {} did not complete within {} (timeout=); rank {} of {} processes waited. Are "
@@ -446,8 +512,8 @@ class NcclOps final : public CrossDeviceOps {
       }
       TRIBUTARY_RETURN_IF_ERROR(group([&](size_t i, Local& l) {
         return nccl_status(ncclReduce(value[i].data(), i == root ? target : nullptr, count, type,
-                                      nop, static_cast<int>(root), l.comm, cuda(l.stream.get())),
-                           l.comm, "ncclReduce");
+                                      nop, static_cast<int>(root), l.data, cuda(l.stream.get())),
+                           l.data, "ncclReduce");
       }));
       if (divide) {
         TRIBUTARY_RETURN_IF_ERROR(divide_on(root, Tensor(target, call.dtype, call.count,
@@ -473,9 +539,9 @@ class NcclOps final : public CrossDeviceOps {
       }
     }
     TRIBUTARY_RETURN_IF_ERROR(group([&](size_t i, Local& l) {
-      return nccl_status(ncclAllReduce(value[i].data(), buffers[i], count, type, nop, l.comm,
+      return nccl_status(ncclAllReduce(value[i].data(), buffers[i], count, type, nop, l.data,
                                        cuda(l.stream.get())),
-                         l.comm, "ncclAllReduce");
+                         l.data, "ncclAllReduce");
     }));
     if (divide) {
       for (size_t i = 0; i < locals_.size(); ++i) {
@@ -517,9 +583,9 @@ class NcclOps final : public CrossDeviceOps {
         char* at = static_cast<char*>(flat[i]) + offset;
         if (n > 0) {
           TRIBUTARY_RETURN_IF_ERROR(nccl_status(
-              ncclAllReduce(at, at, static_cast<size_t>(n), nccl_type(dtype), nop, l.comm,
+              ncclAllReduce(at, at, static_cast<size_t>(n), nccl_type(dtype), nop, l.data,
                             cuda(l.stream.get())),
-              l.comm, "ncclAllReduce (pack)"));
+              l.data, "ncclAllReduce (pack)"));
         }
         offset += static_cast<size_t>(n) * esize;
       }
@@ -545,11 +611,28 @@ class NcclOps final : public CrossDeviceOps {
   // Enqueues with `body`, records an event per local GPU, and hands the Work to the watchdog.
   template <typename Body>
   Work launch(const CallInfo& call, Body body) {
-    if (Status b = failure(); !b.ok()) return Work::completed(b);
+    if (failed_->load(std::memory_order_acquire)) return Work::completed(failure());
     Status s;
+    bool failed = false;
     {
-      Scratch scratch;  // freed in stream order once everything is enqueued
-      s = body(scratch);
+      // While this thread may be inside NCCL, fail_all() on another thread leaves the abort to it
+      // (see there): `launching_` says so, and is set before `failed_` is read.
+      std::lock_guard hold(launch_mu_);
+      set_launching(&call);
+      if (!failed_->load(std::memory_order_acquire)) {
+        Scratch scratch;  // freed in stream order once everything is enqueued
+        s = body(scratch);
+      }
+      set_launching(nullptr);
+      failed = failed_->load(std::memory_order_acquire);
+      // Idempotent; a failure that found this thread inside NCCL left the abort to it.
+      if (failed) abort_communicators();
+    }
+    if (failed) {
+      // ... and failing what was pending, now that NCCL has stopped (outside launch_mu_: a Work's
+      // callbacks may issue collectives).
+      fail_pending(failure());
+      return Work::completed(failure());
     }
     std::shared_ptr<std::vector<gpu::Event>> events;
     if (s.ok()) {
@@ -588,6 +671,9 @@ class NcclOps final : public CrossDeviceOps {
     bool wake = false;
     {
       std::lock_guard lock(mu_);
+      // fail_all() raises `failed_` before it fails what is pending: a Work added after that must
+      // not wait for a watchdog that has already given up on the communicators.
+      if (failed_->load(std::memory_order_acquire)) return Work::completed(failure());
       pending_.push_back(Pending{call, work, std::move(events), call.start + call.timeout});
       wake = sleeping_;
     }
@@ -595,12 +681,39 @@ class NcclOps final : public CrossDeviceOps {
     return work;
   }
 
+  void set_launching(const CallInfo* call) {
+    std::lock_guard lock(launching_mu_);
+    launching_ = call;
+  }
+
+  // launch=blocking: the call being enqueued, when it is still inside NCCL past its deadline (NCCL
+  // waits there for peers while it connects, at the first collective of each kind).
+  Status overdue_launch() {
+    std::lock_guard lock(launching_mu_);
+    if (launching_ == nullptr || failed_->load(std::memory_order_acquire)) return Status();
+    if (Clock::now() <= launching_->start + launching_->timeout) return Status();
+    return deadline_exceeded(fmt::format(
+        "{} was still being handed to NCCL after {} (timeout=): with launch=blocking the call "
+        "waits inside NCCL while NCCL connects to its peers (at the first collective of each "
+        "kind), and a peer process is dead, stalled, or issued a different collective; rank {} "
+        "revoked its NCCL communicators",
+        launching_->describe(), nanos_text(timeout()), rank()));
+  }
+
   // --- the watchdog -----------------------------------------------------------------------------
 
   void watch() {
     auto idle_since = Clock::now();
+    auto next_launch_check = idle_since;
     std::unique_lock lock(mu_);
     while (!stop_) {
+      if (blocking_launch_ && Clock::now() >= next_launch_check) {
+        next_launch_check = Clock::now() + std::chrono::milliseconds(10);
+        lock.unlock();
+        if (Status late = overdue_launch(); !late.ok()) fail_all(late);
+        lock.lock();
+        if (stop_) break;
+      }
       if (pending_.empty()) {
         sleeping_ = true;
         cv_.wait_for(lock, std::chrono::milliseconds(100));
@@ -643,7 +756,8 @@ class NcclOps final : public CrossDeviceOps {
           pending_.pop_front();
         }
         lock.unlock();
-        head.work.complete(Status());
+        // Aborted kernels leave their events complete too: after a failure, not a success.
+        head.work.complete(failed_->load(std::memory_order_acquire) ? failure() : Status());
         idle_since = Clock::now();
         lock.lock();
         continue;
@@ -665,10 +779,11 @@ class NcclOps final : public CrossDeviceOps {
     if (aborted_) return Status();
     for (Local& l : locals_) {
       ncclResult_t state = ncclSuccess;
-      Status s = nccl_status(ncclCommGetAsyncError(l.comm, &state), l.comm, "ncclCommGetAsyncError");
+      Status s =
+          nccl_status(ncclCommGetAsyncError(l.data, &state), l.data, "ncclCommGetAsyncError");
       if (!s.ok()) return s;
       if (state != ncclSuccess && state != ncclInProgress) {
-        return nccl_status(state, l.comm, "NCCL on " + l.device.to_string());
+        return nccl_status(state, l.data, "NCCL on " + l.device.to_string());
       }
     }
     return Status();
@@ -679,15 +794,55 @@ class NcclOps final : public CrossDeviceOps {
     return failure_;
   }
 
-  // Aborts the communicators and fails every pending Work with `why`.
+  // Aborts the communicators and fails every pending Work with `why`. Never called by a thread
+  // that holds launch_mu_.
   void fail_all(const Status& why) {
     {
       std::lock_guard lock(comm_mu_);
       if (failure_.ok()) failure_ = why;
     }
     failed_->store(true, std::memory_order_release);
-    abort_communicators();
+    bool busy = false;
+    {
+      std::lock_guard lock(launching_mu_);
+      busy = launching_ != nullptr;
+    }
+    if (busy) {
+      // Another thread is inside NCCL, enqueueing: freeing the communicators under it would be a
+      // use after free. It aborts them itself when NCCL returns (it reads `failed_`, raised above,
+      // after it clears `launching_`), then fails what is pending. A non-blocking call returns at
+      // once (settle() sees `failed_`). Blocking communicators are revoked here: NCCL stops what
+      // is in flight, on the device too, so that a call waiting for a peer returns, and what is
+      // pending can fail now without kernels still writing into its buffers.
+      if (blocking_launch_ && revoke_communicators()) fail_pending(why);
+      return;
+    }
+    {
+      // A launch that starts now sees `failed_` and touches no communicator.
+      std::lock_guard hold(launch_mu_);
+      abort_communicators();
+    }
     fail_pending(why);
+  }
+
+  // launch=blocking: stops what NCCL has in flight on the blocking communicators without freeing
+  // them (ncclCommRevoke, NCCL 2.28 and later; init() refuses launch=blocking without it), for a
+  // thread that is inside NCCL. False when they were already aborted or revoked.
+  bool revoke_communicators() {
+#ifdef NCCL_REVOKE_DEFAULT
+    std::lock_guard lock(comm_mu_);
+    if (aborted_ || revoked_) return false;
+    revoked_ = true;
+    for (Local& l : locals_) {
+      if (l.data != nullptr) {
+        (void)gpu::set_device(l.device.index());
+        (void)ncclCommRevoke(l.data, NCCL_REVOKE_DEFAULT);
+      }
+    }
+    return true;
+#else
+    return false;
+#endif
   }
 
   void fail_pending(const Status& why) {
@@ -704,6 +859,7 @@ class NcclOps final : public CrossDeviceOps {
   void destroy_communicators() {
     std::lock_guard lock(comm_mu_);
     if (aborted_) return;
+    if (blocking_launch_) destroy_blocking(std::chrono::seconds(5));
     for (Local& l : locals_) {
       if (l.comm == nullptr) continue;
       (void)gpu::set_device(l.device.index());
@@ -720,20 +876,71 @@ class NcclOps final : public CrossDeviceOps {
       if (state == ncclSuccess) {
         (void)gpu::set_device(l.device.index());
         (void)ncclCommDestroy(l.comm);
+        if (l.data == l.comm) l.data = nullptr;
         l.comm = nullptr;
       }
     }
   }
 
+  // launch=blocking, healthy: the blocking communicators are finalized (NCCL flushes what it still
+  // sends to peers) and destroyed inside the call, so on a helper thread, waited for at most
+  // `bound`. Past it they are left to finish on their own, with a warning, rather than aborted
+  // under the helper; the setup communicators are torn down as usual.
+  void destroy_blocking(std::chrono::nanoseconds bound) {
+    std::vector<std::pair<ncclComm_t, int>> comms;
+    for (Local& l : locals_) {
+      if (l.data != nullptr && l.data != l.comm) comms.emplace_back(l.data, l.device.index());
+      l.data = nullptr;
+    }
+    if (comms.empty()) return;
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread helper([comms, done] {
+      (void)ncclGroupStart();  // one process's communicators finalize together
+      for (const auto& [comm, device] : comms) {
+        (void)gpu::set_device(device);
+        (void)ncclCommFinalize(comm);
+      }
+      (void)ncclGroupEnd();
+      for (const auto& [comm, device] : comms) {
+        (void)gpu::set_device(device);
+        (void)ncclCommDestroy(comm);
+      }
+      done->store(true, std::memory_order_release);
+    });
+    const auto until = Clock::now() + bound;
+    while (!done->load(std::memory_order_acquire) && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (done->load(std::memory_order_acquire)) {
+      helper.join();
+      return;
+    }
+    helper.detach();
+    log_warning(fmt::format(
+        "nccl: the blocking communicators did not finalize within {} (a peer may be gone); they "
+        "are left to finish in the background",
+        nanos_text(bound)));
+  }
+
+  // The setup communicators first: aborting one also ends a split in progress (and waits for it),
+  // so that `data` is final when it is read below.
   void abort_communicators() {
     std::lock_guard lock(comm_mu_);
     if (aborted_) return;
     aborted_ = true;
     for (Local& l : locals_) {
+      if (l.data == l.comm) l.data = nullptr;
       if (l.comm != nullptr) {
         (void)gpu::set_device(l.device.index());
         (void)ncclCommAbort(l.comm);
         l.comm = nullptr;
+      }
+    }
+    for (Local& l : locals_) {
+      if (l.data != nullptr) {
+        (void)gpu::set_device(l.device.index());
+        (void)ncclCommAbort(l.data);
+        l.data = nullptr;
       }
     }
   }
@@ -781,7 +988,13 @@ class NcclOps final : public CrossDeviceOps {
     return Status();
   }
 
+  const bool blocking_launch_;  // launch=blocking
   std::vector<Local> locals_;
+  // Held by a thread while it enqueues a collective (it may be inside NCCL): fail_all() on another
+  // thread does not free the communicators then. Taken before comm_mu_.
+  std::mutex launch_mu_;
+  std::mutex launching_mu_;
+  const CallInfo* launching_ = nullptr;  // the call being enqueued, under launching_mu_
   std::mutex mu_;  // pending_, stop_
   std::condition_variable cv_;
   std::deque<Pending> pending_;
@@ -790,6 +1003,7 @@ class NcclOps final : public CrossDeviceOps {
   std::shared_ptr<EventPool> events_;
   mutable std::mutex comm_mu_;  // aborted_, failure_, and the communicators' teardown
   bool aborted_ = false;
+  bool revoked_ = false;
   Status failure_;
   // Raised before the communicators are aborted; read by the Works' completion probes, which may
   // outlive this backend.

@@ -23,8 +23,17 @@
 // ncclCommGetAsyncError: a peer that died, NCCL's own errors, or a collective still running after
 // `timeout` abort every communicator (ncclCommAbort) and fail every pending Work with what
 // happened; the instance is then unusable, as NCCL's communicators are.
-// Setup uses NCCL's non-blocking initialisation and polls it against `timeout`, so a peer that never
-// joins is an error naming the wait, never a hang.
+// Setup uses NCCL's non-blocking initialisation and polls it against `timeout`, so a peer that
+// never joins is an error naming the wait, never a hang.
+// Launch (option `launch`): on a non-blocking communicator NCCL hands every group to a helper
+// thread it starts for the call (ncclGroupEnd returns ncclInProgress; we poll until it is
+// enqueued): the calling thread never waits inside NCCL, at the price of a thread start per call.
+// launch=blocking splits a blocking communicator from the setup one (the split is non-blocking and
+// polled like the setup) and issues collectives on it from the calling thread, as nccl-tests and
+// torch's default do. A call may then wait inside NCCL for its peers (NCCL connects at the first
+// collective of each kind); the watchdog fails such a call after its timeout and revokes the
+// communicators (ncclCommRevoke) so that NCCL returns, and the calling thread aborts them. A
+// failure never frees a communicator under a thread that is inside NCCL.
 #pragma once
 
 #include <memory>

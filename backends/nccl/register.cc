@@ -22,6 +22,17 @@ Status register_nccl(BackendRegistry& registry) {
        .default_value = "1",
        .help = "batch_reduce packs the values into this many pieces before all-reducing them "
                "(TF's NcclAllReduce(num_packs)); 0 reduces each value on its own"},
+      {.name = "launch",
+       .type = OptionType::kEnum,
+       .default_value = "nonblocking",
+       .help = "how collectives are handed to NCCL (setup is non-blocking with a deadline either "
+               "way): nonblocking (NCCL's non-blocking communicator: NCCL starts a helper thread "
+               "for every call, and the calling thread never waits inside NCCL) or blocking (a "
+               "blocking communicator split from the setup one, as nccl-tests and torch's default "
+               "use: no helper thread, microseconds less per call; a call that waits inside NCCL "
+               "for a peer, as at the first collective of each kind while NCCL connects, is ended "
+               "by the watchdog after `timeout`)",
+       .choices = {"nonblocking", "blocking"}},
   };
   Capabilities caps;
   caps.device_types = {DeviceType::kCuda};

@@ -4,6 +4,7 @@
 #include "tests/conformance/conformance.h"
 
 TRIBUTARY_CONFORMANCE_GPU(NcclGpu, "nccl");
+TRIBUTARY_CONFORMANCE_GPU(NcclBlockingLaunchGpu, "nccl:launch=blocking");
 TRIBUTARY_CONFORMANCE_GPU(ReductionToOneDeviceGpu, "reduction_to_one_device");
 TRIBUTARY_CONFORMANCE_GPU(HierarchicalCopyGpu, "hierarchical_copy");
 TRIBUTARY_CONFORMANCE_GPU(HierarchicalCopyPackedGpu, "hierarchical_copy:num_packs=3,group_size=3");

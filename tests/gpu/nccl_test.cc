@@ -76,6 +76,21 @@ TEST(Nccl, RefusesWhenNoGpuIsVisible) {
   EXPECT_NE(made.status().message().find("CUDA_VISIBLE_DEVICES"), std::string::npos);
 }
 
+TEST(Nccl, AnUnknownLaunchModeIsRefusedWithTheChoices) {
+  BackendRegistry r = builtin_backends();
+  SKIP_WITHOUT_NCCL(r);
+  BackendContext ctx;
+  ctx.devices = {Device::cuda(0)};
+  auto made = r.create("nccl:launch=eager", ctx);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument) << made.status().message();
+  EXPECT_NE(made.status().message().find("launch"), std::string::npos) << made.status().message();
+  EXPECT_NE(made.status().message().find("nonblocking"), std::string::npos)
+      << made.status().message();
+  EXPECT_NE(made.status().message().find("blocking"), std::string::npos)
+      << made.status().message();
+}
+
 TEST(Nccl, RefusesCpuDevicesNamingTheDeviceType) {
   BackendRegistry r = builtin_backends();
   SKIP_WITHOUT_NCCL(r);
@@ -205,13 +220,11 @@ TEST(Nccl, AMissingPeerIsNamedWhileWaitingInTheStore) {
 }
 
 #if defined(TRIBUTARY_HAVE_CUDA)
-TEST(Nccl, WorkCompletesOnTheDeviceAndAUserStreamCanWaitForIt) {
-  BackendRegistry r = builtin_backends();
-  SKIP_WITHOUT_NCCL(r);
-  SKIP_WITHOUT_GPUS(1);
+// Checks the Work of `spec` (an nccl spec) on GPU:0; the caller skips without a GPU.
+void check_work_completes_on_the_device(BackendRegistry& r, const std::string& spec) {
   BackendContext ctx;
   ctx.devices = {Device::cuda(0)};
-  auto ops = r.create("nccl", ctx);
+  auto ops = r.create(spec, ctx);
   ASSERT_TRUE(ops.ok()) << ops.status().message();
   const int64_t n = 1 << 20;
   auto in = Buffer::allocate(DType::kFloat32, Shape{n}, Device::cuda(0));
@@ -245,12 +258,27 @@ TEST(Nccl, WorkCompletesOnTheDeviceAndAUserStreamCanWaitForIt) {
   const auto t0 = std::chrono::steady_clock::now();
   ops->reset();
   const auto t1 = std::chrono::steady_clock::now();
-  auto again = r.create("nccl", ctx);
+  auto again = r.create(spec, ctx);
   const auto t2 = std::chrono::steady_clock::now();
   ASSERT_TRUE(again.ok()) << again.status().message();
-  std::printf("nccl backend: destroyed in %.1f ms, created in %.1f ms\n",
+  std::printf("%s: destroyed in %.1f ms, created in %.1f ms\n", spec.c_str(),
               std::chrono::duration<double, std::milli>(t1 - t0).count(),
               std::chrono::duration<double, std::milli>(t2 - t1).count());
+}
+
+TEST(Nccl, WorkCompletesOnTheDeviceAndAUserStreamCanWaitForIt) {
+  BackendRegistry r = builtin_backends();
+  SKIP_WITHOUT_NCCL(r);
+  SKIP_WITHOUT_GPUS(1);
+  check_work_completes_on_the_device(r, "nccl");
+}
+
+// launch=blocking: collectives on a blocking communicator split from the setup one.
+TEST(Nccl, BlockingLaunchWorkCompletesOnTheDevice) {
+  BackendRegistry r = builtin_backends();
+  SKIP_WITHOUT_NCCL(r);
+  SKIP_WITHOUT_GPUS(1);
+  check_work_completes_on_the_device(r, "nccl:launch=blocking");
 }
 #endif
 
@@ -281,3 +309,4 @@ TEST(GpuStrategies, MixedCpuAndGpuFallsBackToReductionToOneDevice) {
 // driving 1 or 2 GPUs (GPU:rank x local + k), so world x local GPUs per case; with fewer visible it
 // is a skip that says how many it needs.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE_GPU(Nccl, "nccl");
+TRIBUTARY_MULTIPROCESS_CONFORMANCE_GPU(NcclBlockingLaunch, "nccl:launch=blocking");
