@@ -42,6 +42,12 @@ if [[ $what == compare || $what == all ]]; then
       snap
     done
   done
+  # The same question asked of NCCL alone: NCCL_COMM_BLOCKING=1 makes every communicator blocking
+  # (setup included), so launch=nonblocking pays no helper thread either.
+  step "nccl with NCCL_COMM_BLOCKING=1 beside ncclAllReduce, -z 0"
+  NCCL_COMM_BLOCKING=1 timeout 60 $bin/tributary-bench -g 1 -b 64K -e 256M -f 4 -n 50 -w 10 \
+      -T 30 --backend nccl --reference nccl 2>&1 | tee "$logs/launch_env_blocking.txt"
+  snap
 fi
 
 if [[ $what == compare && -f .gpu/old/libtributary.so.0 ]]; then
