@@ -16,6 +16,7 @@
 #include "algorithms/device_reduce.h"
 #include "algorithms/packing.h"
 #include "core/gpu.h"
+#include "core/launch_gate.h"
 #include "core/rendezvous.h"
 #include "fmt/format.h"
 
@@ -163,7 +164,8 @@ class NcclOps final : public CrossDeviceOps {
  public:
   NcclOps(BackendContext context, Options options, Capabilities caps)
       : CrossDeviceOps("nccl", std::move(context), std::move(options), std::move(caps)),
-        blocking_launch_(this->options().get_string("launch") == "blocking") {}
+        blocking_launch_(this->options().get_string("launch") == "blocking"),
+        gate_([this] { abort_communicators(); }) {}
 
   ~NcclOps() override {
     // Let what is in flight finish (bounded), then stop the watchdog and free the communicators:
@@ -185,9 +187,9 @@ class NcclOps final : public CrossDeviceOps {
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    failed_->store(true, std::memory_order_release);
     if (failure().ok() && drained) destroy_communicators();
-    abort_communicators();
+    (void)gate_.fail();  // raises the flag the Works' probes read, and aborts what is left
+    gate_.tear_down();   // also after an earlier failure
     fail_pending(aborted("nccl: the backend was destroyed while this collective was in flight"));
   }
 
@@ -445,7 +447,7 @@ class NcclOps final : public CrossDeviceOps {
         if (state != ncclInProgress) {
           return nccl_status(state, comm, what + " on " + l.device.to_string());
         }
-        if (failed_->load(std::memory_order_acquire)) return failure();
+        if (gate_.failed()) return failure();
         if (Clock::now() > deadline) {
           return deadline_exceeded(fmt::format(
               "{} on {} did not complete within {} (timeout=); rank {} of {} processes waited. Are "
@@ -611,25 +613,21 @@ class NcclOps final : public CrossDeviceOps {
   // Enqueues with `body`, records an event per local GPU, and hands the Work to the watchdog.
   template <typename Body>
   Work launch(const CallInfo& call, Body body) {
-    if (failed_->load(std::memory_order_acquire)) return Work::completed(failure());
+    if (gate_.failed()) return Work::completed(failure());
     Status s;
     bool failed = false;
     {
-      // While this thread may be inside NCCL, fail_all() on another thread leaves the abort to it
-      // (see there): `launching_` says so, and is set before `failed_` is read.
-      std::lock_guard hold(launch_mu_);
-      set_launching(&call);
-      if (!failed_->load(std::memory_order_acquire)) {
+      // While this thread may be inside NCCL, a failure on another thread leaves the abort to it
+      // (core/launch_gate.h): finish() runs it.
+      internal::LaunchGate::Launch inside(gate_, &call);
+      if (inside.may_proceed()) {
         Scratch scratch;  // freed in stream order once everything is enqueued
         s = body(scratch);
       }
-      set_launching(nullptr);
-      failed = failed_->load(std::memory_order_acquire);
-      // Idempotent; a failure that found this thread inside NCCL left the abort to it.
-      if (failed) abort_communicators();
+      failed = inside.finish();
     }
     if (failed) {
-      // ... and failing what was pending, now that NCCL has stopped (outside launch_mu_: a Work's
+      // ... and fails what was pending, now that NCCL has stopped (outside the launch: a Work's
       // callbacks may issue collectives).
       fail_pending(failure());
       return Work::completed(failure());
@@ -657,10 +655,10 @@ class NcclOps final : public CrossDeviceOps {
       for (const gpu::Event& e : *events) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
       return Status();
     });
-    // wait() polls the events on the waiting thread. fail_all() raises `failed_` before it aborts
-    // the communicators, so events that an abort completed never read as success here; errors and
-    // timeouts stay the watchdog's.
-    work.set_completion_probe([events, failed = failed_] {
+    // wait() polls the events on the waiting thread. A failure raises the gate's flag before the
+    // communicators are aborted, so events that an abort completed never read as success here;
+    // errors and timeouts stay the watchdog's.
+    work.set_completion_probe([events, failed = gate_.flag()] {
       if (failed->load(std::memory_order_acquire)) return false;
       for (const gpu::Event& e : *events) {
         StatusOr<bool> q = e.query();
@@ -671,9 +669,9 @@ class NcclOps final : public CrossDeviceOps {
     bool wake = false;
     {
       std::lock_guard lock(mu_);
-      // fail_all() raises `failed_` before it fails what is pending: a Work added after that must
-      // not wait for a watchdog that has already given up on the communicators.
-      if (failed_->load(std::memory_order_acquire)) return Work::completed(failure());
+      // A failure raises the gate's flag before it fails what is pending: a Work added after that
+      // must not wait for a watchdog that has already given up on the communicators.
+      if (gate_.failed()) return Work::completed(failure());
       pending_.push_back(Pending{call, work, std::move(events), call.start + call.timeout});
       wake = sleeping_;
     }
@@ -681,23 +679,19 @@ class NcclOps final : public CrossDeviceOps {
     return work;
   }
 
-  void set_launching(const CallInfo* call) {
-    std::lock_guard lock(launching_mu_);
-    launching_ = call;
-  }
-
   // launch=blocking: the call being enqueued, when it is still inside NCCL past its deadline (NCCL
   // waits there for peers while it connects, at the first collective of each kind).
   Status overdue_launch() {
-    std::lock_guard lock(launching_mu_);
-    if (launching_ == nullptr || failed_->load(std::memory_order_acquire)) return Status();
-    if (Clock::now() <= launching_->start + launching_->timeout) return Status();
-    return deadline_exceeded(fmt::format(
-        "{} was still being handed to NCCL after {} (timeout=): with launch=blocking the call "
-        "waits inside NCCL while NCCL connects to its peers (at the first collective of each "
-        "kind), and a peer process is dead, stalled, or issued a different collective; rank {} "
-        "revoked its NCCL communicators",
-        launching_->describe(), nanos_text(timeout()), rank()));
+    return gate_.with_launching([&](const CallInfo* call) -> Status {
+      if (call == nullptr || gate_.failed()) return Status();
+      if (Clock::now() <= call->start + call->timeout) return Status();
+      return deadline_exceeded(fmt::format(
+          "{} was still being handed to NCCL after {} (timeout=): with launch=blocking the call "
+          "waits inside NCCL while NCCL connects to its peers (at the first collective of each "
+          "kind), and a peer process is dead, stalled, or issued a different collective; rank {} "
+          "revoked its NCCL communicators",
+          call->describe(), nanos_text(timeout()), rank()));
+    });
   }
 
   // --- the watchdog -----------------------------------------------------------------------------
@@ -757,7 +751,7 @@ class NcclOps final : public CrossDeviceOps {
         }
         lock.unlock();
         // Aborted kernels leave their events complete too: after a failure, not a success.
-        head.work.complete(failed_->load(std::memory_order_acquire) ? failure() : Status());
+        head.work.complete(gate_.failed() ? failure() : Status());
         idle_since = Clock::now();
         lock.lock();
         continue;
@@ -794,35 +788,28 @@ class NcclOps final : public CrossDeviceOps {
     return failure_;
   }
 
-  // Aborts the communicators and fails every pending Work with `why`. Never called by a thread
-  // that holds launch_mu_.
+  // Aborts the communicators and fails every pending Work with `why` (the first failure's). Never
+  // called by a thread inside a launch.
   void fail_all(const Status& why) {
     {
       std::lock_guard lock(comm_mu_);
       if (failure_.ok()) failure_ = why;
     }
-    failed_->store(true, std::memory_order_release);
-    bool busy = false;
-    {
-      std::lock_guard lock(launching_mu_);
-      busy = launching_ != nullptr;
+    switch (gate_.fail()) {
+      case internal::LaunchGate::Failed::kTornDown:
+        fail_pending(why);
+        break;
+      case internal::LaunchGate::Failed::kDeferred:
+        // Another thread is inside NCCL, enqueueing: it aborts the communicators when NCCL returns,
+        // then fails what is pending. A non-blocking call returns at once (settle() sees the
+        // flag). Blocking communicators are revoked here: NCCL stops what is in flight, on the
+        // device too, so that a call waiting for a peer returns, and what is pending can fail now
+        // without kernels still writing into its buffers.
+        if (blocking_launch_ && revoke_communicators()) fail_pending(why);
+        break;
+      case internal::LaunchGate::Failed::kAlreadyFailed:
+        break;  // the first failure ends what is pending
     }
-    if (busy) {
-      // Another thread is inside NCCL, enqueueing: freeing the communicators under it would be a
-      // use after free. It aborts them itself when NCCL returns (it reads `failed_`, raised above,
-      // after it clears `launching_`), then fails what is pending. A non-blocking call returns at
-      // once (settle() sees `failed_`). Blocking communicators are revoked here: NCCL stops what
-      // is in flight, on the device too, so that a call waiting for a peer returns, and what is
-      // pending can fail now without kernels still writing into its buffers.
-      if (blocking_launch_ && revoke_communicators()) fail_pending(why);
-      return;
-    }
-    {
-      // A launch that starts now sees `failed_` and touches no communicator.
-      std::lock_guard hold(launch_mu_);
-      abort_communicators();
-    }
-    fail_pending(why);
   }
 
   // launch=blocking: stops what NCCL has in flight on the blocking communicators without freeing
@@ -990,11 +977,10 @@ class NcclOps final : public CrossDeviceOps {
 
   const bool blocking_launch_;  // launch=blocking
   std::vector<Local> locals_;
-  // Held by a thread while it enqueues a collective (it may be inside NCCL): fail_all() on another
-  // thread does not free the communicators then. Taken before comm_mu_.
-  std::mutex launch_mu_;
-  std::mutex launching_mu_;
-  const CallInfo* launching_ = nullptr;  // the call being enqueued, under launching_mu_
+  // Keeps a failure from aborting the communicators under a thread that is inside NCCL; its flag,
+  // raised before the communicators are aborted, is read by the Works' completion probes (which
+  // may outlive this backend). Its lock is taken before comm_mu_.
+  internal::LaunchGate gate_;
   std::mutex mu_;  // pending_, stop_
   std::condition_variable cv_;
   std::deque<Pending> pending_;
@@ -1005,9 +991,6 @@ class NcclOps final : public CrossDeviceOps {
   bool aborted_ = false;
   bool revoked_ = false;
   Status failure_;
-  // Raised before the communicators are aborted; read by the Works' completion probes, which may
-  // outlive this backend.
-  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   std::thread watchdog_;
 };
 
