@@ -72,7 +72,7 @@ if [[ $what == compare ]]; then
   step "nccl tests (both launch modes)"
   timeout 60 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl.*:GpuStrategies.*' 2>&1 |
     tee "$logs/gpu_test_nccl.txt" | tail -5
-  timeout 120 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='Nccl*Gpu/*_r1' 2>&1 |
+  timeout 200 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='Nccl*Gpu/*_r1' 2>&1 |
     tee "$logs/conformance_nccl.txt" | tail -5
   timeout 90 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl*/*MultiProcessConformance*' 2>&1 |
     tee "$logs/nccl_multiprocess.txt" | tail -5
