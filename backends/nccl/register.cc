@@ -29,9 +29,10 @@ Status register_nccl(BackendRegistry& registry) {
                "way): nonblocking (NCCL's non-blocking communicator: NCCL starts a helper thread "
                "for every call, and the calling thread never waits inside NCCL) or blocking (a "
                "blocking communicator split from the setup one, as nccl-tests and torch's default "
-               "use: no helper thread, microseconds less per call; a call that waits inside NCCL "
-               "for a peer, as at the first collective of each kind while NCCL connects, is ended "
-               "by the watchdog after `timeout`)",
+               "use: no helper thread per call, which should cost less per call, not yet "
+               "measured on a GPU; a call that waits inside NCCL for a peer, as at the first "
+               "collective of each kind while NCCL connects, is ended by the watchdog after "
+               "`timeout`; needs NCCL 2.28 or later)",
        .choices = {"nonblocking", "blocking"}},
   };
   Capabilities caps;
