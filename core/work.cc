@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -22,7 +23,8 @@ struct Work::State {
   Clock::time_point end{};
   std::vector<std::function<void(const Status&)>> callbacks;
   std::function<Status(void*)> stream_waiter;
-  std::function<bool()> probe;
+  // Shared, so that wait() takes a reference without copying the callable (no allocation per wait).
+  std::shared_ptr<const std::function<bool()>> probe;
 };
 
 namespace {
@@ -64,13 +66,13 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
     // A device-side collective: poll its probe on this thread, closely for the first millisecond
     // (a collective on a GPU takes microseconds), then between short sleeps that the backend's own
     // completion also ends.
-    std::function<bool()> probe = state_->probe;
+    const std::shared_ptr<const std::function<bool()>> probe = state_->probe;
     lock.unlock();
     const auto begin = Clock::now();
     const auto deadline = begin + timeout;
     for (;;) {
       if (state_->finished.load(std::memory_order_acquire)) return state_->status;
-      if (probe()) {
+      if ((*probe)()) {
         complete(Status());  // ignored if the backend completed it first, with whatever status
         return state_->status;
       }
@@ -145,7 +147,9 @@ void Work::set_stream_waiter(std::function<Status(void* cuda_stream)> fn) const 
 
 void Work::set_completion_probe(std::function<bool()> probe) const {
   std::lock_guard lock(state_->mu);
-  if (!state_->done) state_->probe = std::move(probe);
+  if (!state_->done) {
+    state_->probe = std::make_shared<const std::function<bool()>>(std::move(probe));
+  }
 }
 
 void Work::on_complete(std::function<void(const Status&)> fn) const {
