@@ -4,7 +4,7 @@
 #include <thread>
 #include <vector>
 
-#include "algorithms/hierarchical_group.h"
+#include "algorithms/host_layout.h"
 #include "algorithms/process_group_ops.h"
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
@@ -19,49 +19,7 @@ namespace {
 
 using algorithms::parse_algorithm;
 
-// Where every rank runs: the host ids exchanged through the store, with every rank's intra_host
-// choice (which must agree: a rank on shared memory and its neighbour on TCP would never meet).
-struct HostLayout {
-  std::vector<int> host_of;               // host index (order of first appearance) per rank
-  std::vector<std::vector<int>> members;  // ranks per host, ascending
-  int hosts() const { return static_cast<int>(members.size()); }
-};
-
-StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
-                                 const std::string& intra_host, std::chrono::nanoseconds timeout) {
-  const std::string mine = intra_host + "|" + internal::host_id(context.config);
-  TRIBUTARY_RETURN_IF_ERROR(store.set("host/" + std::to_string(context.rank), mine));
-  HostLayout layout;
-  std::vector<std::string> ids;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int r = 0; r < context.world_size; ++r) {
-    const auto left = std::chrono::duration_cast<Store::Duration>(std::max(
-        std::chrono::steady_clock::duration::zero(), deadline - std::chrono::steady_clock::now()));
-    auto got = store.get("host/" + std::to_string(r), left);
-    if (!got.ok()) {
-      return got.status().with_context("backend 'ring' (rank " + std::to_string(context.rank) +
-                                        "): rank " + std::to_string(r) +
-                                        " did not join (is it running, with the same secret?)");
-    }
-    std::string theirs = std::move(got).value();
-    const std::string choice = theirs.substr(0, theirs.find('|'));
-    if (choice != intra_host) {
-      return invalid_argument("backend 'ring': rank " + std::to_string(r) + " uses " + choice +
-                              " but rank " + std::to_string(context.rank) + " " + intra_host +
-                              "; every process must use the same intra_host and hierarchy");
-    }
-    auto it = std::find(ids.begin(), ids.end(), theirs);
-    if (it == ids.end()) {
-      ids.push_back(theirs);
-      layout.members.emplace_back();
-      it = ids.end() - 1;
-    }
-    const int h = static_cast<int>(it - ids.begin());
-    layout.host_of.push_back(h);
-    layout.members[static_cast<size_t>(h)].push_back(r);
-  }
-  return layout;
-}
+using algorithms::HostLayout;
 
 // What every rank must agree on, as text (checked by the transports' handshakes).
 std::string layout_text(const BackendContext& context, const Options& options) {
@@ -133,57 +91,28 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   return std::unique_ptr<algorithms::ProcessGroup>(std::move(group));
 }
 
-// Several hosts with several processes each: shared memory (or TCP with intra_host=net) inside
-// each host, TCP across hosts among the processes of the same local rank (hierarchical_group.h).
-// Every subgroup meets under its own prefix of the instance's store.
-StatusOr<std::unique_ptr<algorithms::ProcessGroup>> hierarchical_group(
-    const std::shared_ptr<Store>& store, const BackendContext& context, const Options& options,
-    const HostLayout& hosts) {
-  const int h = hosts.host_of[static_cast<size_t>(context.rank)];
-  const std::vector<int>& mine = hosts.members[static_cast<size_t>(h)];
-  const int l = static_cast<int>(std::find(mine.begin(), mine.end(), context.rank) - mine.begin());
-  const int per_host = static_cast<int>(mine.size());
-  std::unique_ptr<algorithms::ProcessGroup> local, cross;
-  if (per_host > 1) {
-    PrefixStore scope("host" + std::to_string(h) + "/", store);
-    if (options.get_string("intra_host") == "shm") {
-      TRIBUTARY_ASSIGN_OR_RETURN(local, shm_group(scope, context, options, mine));
-    } else {
-      TRIBUTARY_ASSIGN_OR_RETURN(local, tcp_group(scope, l, per_host, context, options));
-    }
-  }
-  if (hosts.hosts() > 1) {
-    PrefixStore scope("cross" + std::to_string(l) + "/", store);
-    TRIBUTARY_ASSIGN_OR_RETURN(cross, tcp_group(scope, h, hosts.hosts(), context, options));
-  }
-  return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::HierarchicalGroup>(
-      context.rank, hosts.members, std::move(local), std::move(cross)));
-}
-
-// The composition for this layout: see the `hierarchy` option.
+// The composition for this layout (see the `hierarchy` option): shared memory (or TCP with
+// intra_host=net) inside each host and TCP across hosts among the processes of the same local rank
+// (host_layout.h); else one flat group, shared memory when every rank is on this host.
 StatusOr<std::unique_ptr<algorithms::ProcessGroup>> make_group(const std::shared_ptr<Store>& store,
                                                                const BackendContext& context,
                                                                const Options& options,
                                                                const HostLayout& hosts) {
-  const std::string hierarchy = options.get_string("hierarchy");
-  const size_t per_host = hosts.members[0].size();
-  bool uniform = true;
-  for (const auto& m : hosts.members) uniform = uniform && m.size() == per_host;
-  if (hierarchy == "on" && !uniform) {
-    std::string counts;
-    for (const auto& m : hosts.members)
-      counts += (counts.empty() ? "" : ", ") + std::to_string(m.size());
-    return invalid_argument(
-        "backend 'ring': hierarchy=on needs the same number of processes on "
-        "every host, but the hosts run " +
-        counts + "; use hierarchy=auto (flat TCP for such layouts)");
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      const bool hierarchical,
+      algorithms::use_hierarchy("ring", options.get_string("hierarchy"), hosts));
+  const bool shm = options.get_string("intra_host") == "shm";
+  if (hierarchical) {
+    auto local = [&](Store& scope, int index, const std::vector<int>& members) {
+      return shm ? shm_group(scope, context, options, members)
+                 : tcp_group(scope, index, static_cast<int>(members.size()), context, options);
+    };
+    auto cross = [&](Store& scope, int index, const std::vector<int>& members) {
+      return tcp_group(scope, index, static_cast<int>(members.size()), context, options);
+    };
+    return algorithms::hierarchical_group(store, context, hosts, local, cross);
   }
-  const bool hierarchical =
-      hierarchy == "on" || (hierarchy == "auto" && uniform && hosts.hosts() > 1 && per_host > 1);
-  if (hierarchical) return hierarchical_group(store, context, options, hosts);
-  if (options.get_string("intra_host") == "shm" && hosts.hosts() == 1) {
-    return shm_group(*store, context, options, hosts.members[0]);
-  }
+  if (shm && hosts.hosts() == 1) return shm_group(*store, context, options, hosts.members[0]);
   return tcp_group(*store, context.rank, context.world_size, context, options);
 }
 
@@ -193,7 +122,8 @@ Status register_ring(BackendRegistry& registry) {
   BackendInfo info;
   info.name = "ring";
   info.summary =
-      "across processes and hosts over TCP (Boost.Asio): ring and halving-doubling "
+      "across processes and hosts: shared memory inside a host, TCP (Boost.Asio) between "
+      "hosts, hierarchical with several processes on each; ring and halving-doubling "
       "all-reduce, tree broadcast, ring all-gather and reduce-scatter";
   info.options = algorithms::transport_group_options();
   info.options.insert(
@@ -215,16 +145,8 @@ Status register_ring(BackendRegistry& registry) {
                "apart by hostname, boot id and namespaces, or by TRIBUTARY_HOST_ID) or net (TCP "
                "like every other peer, for comparison); every process must use the same",
            .choices = {"shm", "net"}},
-          {.name = "hierarchy",
-           .type = OptionType::kEnum,
-           .default_value = "auto",
-           .help =
-               "hierarchical all-reduce (reduce-scatter inside each host, all-reduce across hosts "
-               "among the processes of the same local rank, all-gather inside each host): auto "
-               "(when there are several hosts with the same number of processes each, more than "
-               "one), on (always; hosts must run the same number of processes), off (one flat "
-               "group: shared memory on one host, else TCP between every pair)",
-           .choices = {"auto", "on", "off"}},
+          algorithms::hierarchy_option(
+              "one flat group: shared memory on one host, else TCP between every pair"),
           {.name = "shm_chunk_bytes",
            .type = OptionType::kSize,
            .default_value = "0",
@@ -266,9 +188,10 @@ Status register_ring(BackendRegistry& registry) {
       const std::string intra_host = options.get_string("intra_host");
       TRIBUTARY_ASSIGN_OR_RETURN(
           HostLayout hosts,
-          learn_hosts(*store, context,
-                      "intra_host=" + intra_host + ",hierarchy=" + options.get_string("hierarchy"),
-                      options.get_duration("timeout")));
+          algorithms::learn_hosts(
+              *store, context, "ring",
+              "intra_host=" + intra_host + ",hierarchy=" + options.get_string("hierarchy"),
+              options.get_duration("timeout")));
       TRIBUTARY_ASSIGN_OR_RETURN(group, make_group(store, context, options, hosts));
     }
     const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");

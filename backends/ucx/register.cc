@@ -1,9 +1,13 @@
 // The `ucx` backend: the algorithms of algorithms/collectives.h (ring, halving-doubling, tree
 // broadcast, ring all-gather and reduce-scatter) over UCX (ucx_transport.h), composed with the
-// local replicas by ProcessGroupOps like every multi-process backend.
+// local replicas by ProcessGroupOps like every multi-process backend. With several processes on
+// each of several hosts, the all-reduce is hierarchical (algorithms/host_layout.h): a UCX group
+// inside each host (UCX's shared memory) and one across hosts per local rank (UCX's network).
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "algorithms/host_layout.h"
 #include "algorithms/process_group_ops.h"
 #include "backends/ucx/ucx_transport.h"
 #include "core/rendezvous.h"
@@ -38,6 +42,8 @@ Status register_ucx(BackendRegistry& registry) {
                "only the hello, which is faster but lets a relay on the path change data; every "
                "process must use the same value"},
   };
+  info.options.push_back(algorithms::hierarchy_option(
+      "one flat group: UCX picks the transport between every pair, shared memory on one host"));
   for (OptionDef& d : algorithms::transport_group_options()) info.options.push_back(std::move(d));
   const Capabilities caps = algorithms::process_group_capabilities();
   info.capabilities = caps;
@@ -59,15 +65,37 @@ Status register_ucx(BackendRegistry& registry) {
       t.host_id = internal::host_id(context.config);
       t.authenticate_frames = options.get_bool("authenticate_frames");
       t.layout = algorithms::transport_group_layout(context, options) + ",tls=" + t.tls +
-                 ",authenticate_frames=" + options.find("authenticate_frames")->text;
+                 ",authenticate_frames=" + options.find("authenticate_frames")->text +
+                 ",hierarchy=" + options.get_string("hierarchy");
       t.timeout = options.get_duration("timeout");
       t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
       t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
-      TRIBUTARY_ASSIGN_OR_RETURN(auto transport, backends::UcxTransport::create(
-                                                     *store, context.rank, context.world_size, t));
-      group = std::make_unique<algorithms::TransportGroup>(
-          std::move(transport), algorithms::parse_algorithm(options.get_string("algorithm")),
-          options.get_size("segment_bytes"), "ucx");
+      // A UCX group among `members` (global ranks), this process being members[index].
+      auto ucx_group = [&](Store& at, int index, const std::vector<int>& members)
+          -> StatusOr<std::unique_ptr<algorithms::ProcessGroup>> {
+        TRIBUTARY_ASSIGN_OR_RETURN(
+            auto transport,
+            backends::UcxTransport::create(at, index, static_cast<int>(members.size()), t));
+        return std::unique_ptr<algorithms::ProcessGroup>(
+            std::make_unique<algorithms::TransportGroup>(
+                std::move(transport), algorithms::parse_algorithm(options.get_string("algorithm")),
+                options.get_size("segment_bytes"), "ucx"));
+      };
+      const std::string hierarchy = options.get_string("hierarchy");
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          const algorithms::HostLayout hosts,
+          algorithms::learn_hosts(*store, context, "ucx", "hierarchy=" + hierarchy,
+                                  options.get_duration("timeout")));
+      TRIBUTARY_ASSIGN_OR_RETURN(const bool hierarchical,
+                                 algorithms::use_hierarchy("ucx", hierarchy, hosts));
+      if (hierarchical) {
+        TRIBUTARY_ASSIGN_OR_RETURN(
+            group, algorithms::hierarchical_group(store, context, hosts, ucx_group, ucx_group));
+      } else {
+        std::vector<int> everyone(static_cast<size_t>(context.world_size));
+        for (int r = 0; r < context.world_size; ++r) everyone[static_cast<size_t>(r)] = r;
+        TRIBUTARY_ASSIGN_OR_RETURN(group, ucx_group(*store, context.rank, everyone));
+      }
     }
     const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");
     std::unique_ptr<CrossDeviceOps> ops = std::make_unique<algorithms::ProcessGroupOps>(

@@ -1,6 +1,7 @@
 // UcxTransport: the Transport of the `ucx` backend, over UCX's UCP tag-matching API (Debian's
 // libucx-dev). UCX picks the wire per peer from the transports it is allowed (`tls`): shared memory
-// (posix/sysv mappings, CMA single-copy reads) between processes of a host, TCP between hosts, and
+// (posix/sysv mappings; the single-copy transports cma, knem and xpmem are left out, see
+// without_single_copy in ucx_transport.cc) between processes of a host, TCP between hosts, and
 // RDMA verbs (rc, ud, dc) where the hosts have InfiniBand or RoCE adapters and UCX was built with
 // them. Only shared memory and TCP can be tested here; the RDMA paths are UCX's own.
 //

@@ -177,3 +177,12 @@ TEST(UcxSecurity, MismatchedSizesWithTheMacAreAMismatchOnBothPaths) {
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxSharedMemory, "ucx:tls=sm");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcp, "ucx:tls=tcp");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcpAuthenticated, "ucx:tls=tcp,authenticate_frames=true");
+
+// Several hosts (network namespaces joined by a bridge; a skip that says why where they cannot be
+// made): hierarchical by default where a host runs several processes (a UCX group inside each host,
+// one across hosts per local rank), flat where it is forced off or each host runs one. Peers on
+// other hosts are in UCX's peer error-handling mode, which no one-host case reaches.
+TRIBUTARY_MULTIHOST_CONFORMANCE(Ucx, HostsParam{"ucx", 2, 2, 1},
+                                HostsParam{"ucx:tls=tcp,algorithm=ring", 2, 2, 2},
+                                HostsParam{"ucx:hierarchy=off", 2, 2, 1},
+                                HostsParam{"ucx", 3, 1, 1});

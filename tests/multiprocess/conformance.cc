@@ -478,7 +478,9 @@ TEST_P(MultiHostConformance, EveryCollective) {
                              Config::from_map({{"TRIBUTARY_HOST_ID", net.name(h)}}));
     if (!ctx.ok()) return kChildFailed;
     ctx->coordinator_host = "10.77.0.254";  // a peer's subnet: each rank publishes its eth0
-    auto ops = builtin_backends().create(spec + ",timeout=60s", *ctx);
+    const std::string backend = spec.substr(0, spec.find(':'));
+    auto ops = builtin_backends().create(
+        spec + (spec.find(':') == std::string::npos ? ":" : ",") + "timeout=60s", *ctx);
     if (!ops.ok()) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, ops.status().to_string().c_str());
       return ops.status().code() == StatusCode::kNotFound ? kChildSkip : kChildFailed;
@@ -488,13 +490,15 @@ TEST_P(MultiHostConformance, EveryCollective) {
     const bool hierarchical = per_host > 1 && spec.find("hierarchy=off") == std::string::npos;
     const std::string want = hierarchical ? "hierarchical (" + std::to_string(hosts) + " hosts x " +
                                                 std::to_string(per_host) + " processes"
-                                          : "tcp (" + std::to_string(world) + " ranks";
+                                          : (backend == "ucx" ? "ucx (" : "tcp (") +
+                                                std::to_string(world) + " ranks";
     if (layout.find(want) == std::string::npos) {
       std::fprintf(stderr, "[rank %d] group is '%s', want '%s...'\n", rank, layout.c_str(),
                    want.c_str());
       return kChildFailed;
     }
-    if (hierarchical && spec.find("intra_host=net") == std::string::npos &&
+    // ring's local group is its own shared memory (ucx's is UCX's, which picks it by itself).
+    if (hierarchical && backend == "ring" && spec.find("intra_host=net") == std::string::npos &&
         layout.find("within a host: shared memory") == std::string::npos) {
       std::fprintf(stderr, "[rank %d] no shared memory inside the host: %s\n", rank,
                    layout.c_str());

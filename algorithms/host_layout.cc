@@ -1,0 +1,106 @@
+#include "algorithms/host_layout.h"
+
+#include <algorithm>
+
+#include "algorithms/hierarchical_group.h"
+#include "core/rendezvous.h"
+
+namespace tributary::algorithms {
+
+bool HostLayout::uniform() const {
+  for (const auto& m : members) {
+    if (m.size() != members.front().size()) return false;
+  }
+  return true;
+}
+
+StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
+                                 const std::string& backend, const std::string& agreement,
+                                 std::chrono::nanoseconds timeout) {
+  const std::string mine = agreement + "|" + internal::host_id(context.config);
+  TRIBUTARY_RETURN_IF_ERROR(store.set("host/" + std::to_string(context.rank), mine));
+  HostLayout layout;
+  std::vector<std::string> ids;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < context.world_size; ++r) {
+    const auto left = std::chrono::duration_cast<Store::Duration>(std::max(
+        std::chrono::steady_clock::duration::zero(), deadline - std::chrono::steady_clock::now()));
+    auto got = store.get("host/" + std::to_string(r), left);
+    if (!got.ok()) {
+      return got.status().with_context(
+          "backend '" + backend + "' (rank " + std::to_string(context.rank) + "): rank " +
+          std::to_string(r) + " did not join (is it running, with the same secret?)");
+    }
+    std::string theirs = std::move(got).value();
+    const std::string choice = theirs.substr(0, theirs.find('|'));
+    if (choice != agreement) {
+      return invalid_argument("backend '" + backend + "': rank " + std::to_string(r) + " uses " +
+                              choice + " but rank " + std::to_string(context.rank) + " " +
+                              agreement + "; every process must use the same");
+    }
+    auto it = std::find(ids.begin(), ids.end(), theirs);
+    if (it == ids.end()) {
+      ids.push_back(theirs);
+      layout.members.emplace_back();
+      it = ids.end() - 1;
+    }
+    const int h = static_cast<int>(it - ids.begin());
+    layout.host_of.push_back(h);
+    layout.members[static_cast<size_t>(h)].push_back(r);
+  }
+  return layout;
+}
+
+OptionDef hierarchy_option(const std::string& flat) {
+  return {.name = "hierarchy",
+          .type = OptionType::kEnum,
+          .default_value = "auto",
+          .help =
+              "hierarchical all-reduce (reduce-scatter inside each host, all-reduce across "
+              "hosts among the processes of the same local rank, all-gather inside each "
+              "host): auto (when there are several hosts with the same number of processes "
+              "each, more than one), on (always; hosts must run the same number of "
+              "processes), off (" +
+              flat + ")",
+          .choices = {"auto", "on", "off"}};
+}
+
+StatusOr<bool> use_hierarchy(const std::string& backend, const std::string& mode,
+                             const HostLayout& layout) {
+  if (mode == "on" && !layout.uniform()) {
+    std::string counts;
+    for (const auto& m : layout.members)
+      counts += (counts.empty() ? "" : ", ") + std::to_string(m.size());
+    return invalid_argument("backend '" + backend +
+                            "': hierarchy=on needs the same number of processes on every host, "
+                            "but the hosts run " +
+                            counts + "; use hierarchy=auto (a flat group for such layouts)");
+  }
+  return mode == "on" || (mode == "auto" && layout.uniform() && layout.hosts() > 1 &&
+                          layout.members.front().size() > 1);
+}
+
+StatusOr<std::unique_ptr<ProcessGroup>> hierarchical_group(const std::shared_ptr<Store>& store,
+                                                           const BackendContext& context,
+                                                           const HostLayout& layout,
+                                                           const GroupMaker& make_local,
+                                                           const GroupMaker& make_cross) {
+  const int h = layout.host_of[static_cast<size_t>(context.rank)];
+  const std::vector<int>& mine = layout.members[static_cast<size_t>(h)];
+  const int l = static_cast<int>(std::find(mine.begin(), mine.end(), context.rank) - mine.begin());
+  std::unique_ptr<ProcessGroup> local, cross;
+  if (mine.size() > 1) {
+    PrefixStore scope("host" + std::to_string(h) + "/", store);
+    TRIBUTARY_ASSIGN_OR_RETURN(local, make_local(scope, l, mine));
+  }
+  if (layout.hosts() > 1) {
+    std::vector<int> peers;  // local rank l of every host
+    for (const auto& m : layout.members) peers.push_back(m[static_cast<size_t>(l)]);
+    PrefixStore scope("cross" + std::to_string(l) + "/", store);
+    TRIBUTARY_ASSIGN_OR_RETURN(cross, make_cross(scope, h, peers));
+  }
+  return std::unique_ptr<ProcessGroup>(std::make_unique<HierarchicalGroup>(
+      context.rank, layout.members, std::move(local), std::move(cross)));
+}
+
+}  // namespace tributary::algorithms

@@ -1,0 +1,68 @@
+// Where the processes of a group run, and the hierarchical composition built on it, shared by every
+// multi-process backend whose groups are ProcessGroups (ring, ucx).
+//
+//  - learn_hosts(): every rank publishes its host id (core/rendezvous.h: hostname, boot id and
+//    namespaces, or TRIBUTARY_HOST_ID) with the settings every rank must share (`agreement`, e.g.
+//    "intra_host=shm,hierarchy=auto") under "host/<rank>" of the backend instance's store, and
+//    reads every rank's. Hosts are numbered in the order of their lowest rank; a rank whose
+//    agreement differs fails the setup on every rank that reads it, naming both.
+//  - use_hierarchy(): the `hierarchy` option's rule. auto takes the hierarchy when there are
+//    several hosts and every host runs the same number of processes, more than one. That is what
+//    the alpha-beta cost model gives at every size: against a flat ring over all H x L ranks, the
+//    hierarchy moves 1/L of the bytes across hosts per process, and its H-host steps are fewer
+//    than the flat ring's H x L, so both terms are smaller (the same-host stages are on shared
+//    memory or the host's loopback, cheaper than the network in both). on forces it (an uneven
+//    layout is an error naming the counts); off never takes it.
+//  - hierarchical_group(): the HierarchicalGroup (hierarchical_group.h) of this layout, its local
+//    group among this host's processes (under the store prefix "host<h>/") and its cross group
+//    among the processes of this local rank, one per host (under "cross<l>/"), each made by the
+//    backend's own maker. A group of one rank is not made.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/process_group.h"
+#include "tributary/options.h"
+#include "tributary/registry.h"
+#include "tributary/store.h"
+
+namespace tributary::algorithms {
+
+struct HostLayout {
+  std::vector<int> host_of;  // host index per rank (hosts in order of their lowest rank)
+  std::vector<std::vector<int>> members;  // ranks per host, ascending
+  int hosts() const { return static_cast<int>(members.size()); }
+  // Every host runs the same number of processes.
+  bool uniform() const;
+};
+
+StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
+                                 const std::string& backend, const std::string& agreement,
+                                 std::chrono::nanoseconds timeout);
+
+// The `hierarchy` option (auto, on, off), for a backend's option list.
+// `flat`: what off means for this backend, e.g. "one flat group: shared memory on one host, else
+// TCP between every pair".
+OptionDef hierarchy_option(const std::string& flat);
+
+// Whether `layout` takes the hierarchy under the option's `mode`; an error for on with an uneven
+// layout.
+StatusOr<bool> use_hierarchy(const std::string& backend, const std::string& mode,
+                             const HostLayout& layout);
+
+// Makes the group of the processes `members` (global ranks, in group-rank order), this process
+// being members[index], meeting under `store`.
+using GroupMaker = std::function<StatusOr<std::unique_ptr<ProcessGroup>>(
+    Store& store, int index, const std::vector<int>& members)>;
+
+StatusOr<std::unique_ptr<ProcessGroup>> hierarchical_group(const std::shared_ptr<Store>& store,
+                                                           const BackendContext& context,
+                                                           const HostLayout& layout,
+                                                           const GroupMaker& make_local,
+                                                           const GroupMaker& make_cross);
+
+}  // namespace tributary::algorithms

@@ -1,0 +1,118 @@
+// Host layout and the hierarchy rule (algorithms/host_layout.h): ranks as threads meeting on a
+// MemoryStore, each told its host by TRIBUTARY_HOST_ID. The compositions themselves run on real
+// processes and network namespaces in the backends' multi-host conformance cases.
+#include "algorithms/host_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tributary::algorithms {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Every rank's learn_hosts() result, rank r on host hosts[r] with agreement agreements[r].
+std::vector<StatusOr<HostLayout>> learn_all(const std::vector<std::string>& hosts,
+                                            const std::vector<std::string>& agreements,
+                                            std::chrono::nanoseconds timeout = 5s) {
+  auto store = std::make_shared<MemoryStore>();
+  const int world = static_cast<int>(hosts.size());
+  std::vector<StatusOr<HostLayout>> out(static_cast<size_t>(world),
+                                        StatusOr<HostLayout>(internal_error("not run")));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      BackendContext ctx;
+      ctx.rank = r;
+      ctx.world_size = world;
+      ctx.config.set("TRIBUTARY_HOST_ID", hosts[static_cast<size_t>(r)]);
+      out[static_cast<size_t>(r)] =
+          learn_hosts(*store, ctx, "test", agreements[static_cast<size_t>(r)], timeout);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+HostLayout layout_of(std::vector<std::vector<int>> members) {
+  HostLayout l;
+  l.members = std::move(members);
+  int world = 0;
+  for (const auto& m : l.members) world += static_cast<int>(m.size());
+  l.host_of.resize(static_cast<size_t>(world));
+  for (size_t h = 0; h < l.members.size(); ++h) {
+    for (int r : l.members[h]) l.host_of[static_cast<size_t>(r)] = static_cast<int>(h);
+  }
+  return l;
+}
+
+TEST(HostLayout, HostsAreNumberedByTheirLowestRankAndListTheirRanks) {
+  const auto got = learn_all({"b", "a", "b", "c", "a"}, std::vector<std::string>(5, "x"));
+  for (const auto& g : got) {
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    EXPECT_EQ(g->host_of, (std::vector<int>{0, 1, 0, 2, 1}));
+    EXPECT_EQ(g->members, (std::vector<std::vector<int>>{{0, 2}, {1, 4}, {3}}));
+    EXPECT_FALSE(g->uniform());
+  }
+}
+
+TEST(HostLayout, ARankThatDisagreesFailsEveryRankThatReadsItNamingBoth) {
+  const auto got =
+      learn_all({"a", "a", "b"}, {"hierarchy=auto", "hierarchy=off", "hierarchy=auto"});
+  for (int r : {0, 2}) {
+    const auto& g = got[static_cast<size_t>(r)];
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("rank 1 uses hierarchy=off but rank " + std::to_string(r) +
+                                        " hierarchy=auto"),
+              std::string::npos)
+        << g.status().message();
+  }
+  ASSERT_FALSE(got[1].ok());  // it reads ranks 0 and 2
+}
+
+TEST(HostLayout, ARankThatNeverJoinsIsNamedAtTheDeadline) {
+  auto store = std::make_shared<MemoryStore>();
+  BackendContext ctx;
+  ctx.rank = 0;
+  ctx.world_size = 2;
+  ctx.config.set("TRIBUTARY_HOST_ID", "a");
+  const auto got = learn_hosts(*store, ctx, "test", "x", 200ms);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("rank 1 did not join"), std::string::npos)
+      << got.status().message();
+}
+
+TEST(HostLayout, AutoTakesTheHierarchyOnlyForSeveralHostsOfSeveralProcessesEach) {
+  auto use = [](const std::string& mode, std::vector<std::vector<int>> members) {
+    auto r = use_hierarchy("test", mode, layout_of(std::move(members)));
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() && *r;
+  };
+  EXPECT_TRUE(use("auto", {{0, 1}, {2, 3}}));
+  EXPECT_TRUE(use("auto", {{0, 2, 4}, {1, 3, 5}, {6, 7, 8}}));
+  EXPECT_FALSE(use("auto", {{0, 1, 2, 3}}));       // one host
+  EXPECT_FALSE(use("auto", {{0}, {1}, {2}}));      // one process per host
+  EXPECT_FALSE(use("auto", {{0, 1}, {2, 3, 4}}));  // uneven
+  EXPECT_FALSE(use("off", {{0, 1}, {2, 3}}));
+  EXPECT_TRUE(use("on", {{0, 1, 2, 3}}));
+  EXPECT_TRUE(use("on", {{0}, {1}}));
+}
+
+TEST(HostLayout, OnWithUnevenHostsIsRefusedNamingTheCounts) {
+  const auto r = use_hierarchy("ucx", "on", layout_of({{0, 1}, {2, 3, 4}}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("backend 'ucx': hierarchy=on needs the same number of "
+                                      "processes on every host, but the hosts run 2, 3"),
+            std::string::npos)
+      << r.status().message();
+}
+
+}  // namespace
+}  // namespace tributary::algorithms
