@@ -14,8 +14,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -51,6 +53,89 @@ std::string read_note(const std::string& dir, int rank) {
   return read_file(dir + "/note" + std::to_string(rank));
 }
 
+void append_note(const std::string& dir, int rank, const std::string& text) {
+  std::ofstream(dir + "/note" + std::to_string(rank), std::ios::app) << text;
+}
+
+// ---- What a failed group may leave behind ----------------------------------------------------
+// Shared-memory segments mapped by this process: ring's memfds ("tributary-shm"), POSIX segments
+// (/dev/shm, UCX's posix transport) and SysV ones ("/SYSV", UCX's sysv transport).
+size_t segment_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("tributary-shm") != std::string::npos ||
+         line.find("/dev/shm/") != std::string::npos || line.find("/SYSV") != std::string::npos;
+  }
+  return n;
+}
+
+// Notes the segments this process maps while it holds the instance ("mapped_during=N"), then
+// drops the instance and notes what is still mapped ("mapped_after=N").
+void drop_and_note_mappings(std::unique_ptr<CrossDeviceOps>& ops, const std::string& dir,
+                            int rank) {
+  const size_t during = segment_mappings();
+  ops.reset();
+  append_note(dir, rank,
+              "\nmapped_during=" + std::to_string(during) +
+                  "\nmapped_after=" + std::to_string(segment_mappings()));
+}
+
+std::vector<std::string> dev_shm_entries() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Whether any process maps /dev/shm/<name> or holds it open (a segment of a test running beside
+// this one, not a leak).
+bool held_by_some_process(const std::string& name) {
+  const std::string path = "/dev/shm/" + name;
+  std::error_code ec;
+  for (const auto& proc : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string pid = proc.path().filename().string();
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream maps(proc.path() / "maps");
+    for (std::string line; std::getline(maps, line);) {
+      if (line.find(path) != std::string::npos) return true;
+    }
+    std::error_code ec2;
+    for (const auto& fd : std::filesystem::directory_iterator(proc.path() / "fd", ec2)) {
+      std::error_code ec3;
+      if (std::filesystem::read_symlink(fd.path(), ec3).string().rfind(path, 0) == 0) return true;
+    }
+  }
+  return false;
+}
+
+// What the processes of `g` left behind once they are all gone, "" if nothing: entries of /dev/shm
+// that were not there `before` and that no process holds, and SysV segments that one of them
+// created (/proc/sysvipc/shm's cpid), which nothing removes once their creator is gone.
+std::string segments_left(const std::vector<std::string>& before, const GroupResult& g) {
+  std::string left;
+  for (const std::string& name : dev_shm_entries()) {
+    if (!std::binary_search(before.begin(), before.end(), name) && !held_by_some_process(name))
+      left += " /dev/shm/" + name;
+  }
+  std::ifstream sysv("/proc/sysvipc/shm");
+  std::string line;
+  std::getline(sysv, line);  // the header
+  while (std::getline(sysv, line)) {
+    std::istringstream in(line);
+    long long key = 0, id = 0, perms = 0, size = 0;
+    int cpid = 0;
+    if (!(in >> key >> id >> perms >> size >> cpid)) continue;
+    for (const ChildResult& c : g.children) {
+      if (c.pid == cpid) left += " SysV segment " + std::to_string(id) + " of rank pid " +
+                                 std::to_string(cpid);
+    }
+  }
+  return left;
+}
+
 // Runs all-reduces until one fails; notes the error and the time it took, checks that the instance
 // then refuses more collectives, and returns kChildSawError (kChildOk if none failed).
 int all_reduce_until_error(CrossDeviceOps& ops, const std::string& dir, int iterations,
@@ -83,15 +168,21 @@ double seconds_in(const std::string& note) {
 
 class RingFaults : public ::testing::TestWithParam<std::string> {};
 
+// After each fault case, nothing is left behind: no survivor still maps a segment once it drops
+// the instance, and no segment outlives the group (segments_left).
 TEST_P(RingFaults, KilledWorkerFailsEverySurvivorWithinTheTimeout) {
   const std::string spec = GetParam() + ",timeout=8s";
   for (int die_at : {0, 3}) {
     const std::string dir = make_temp_dir("kill");
+    const std::vector<std::string> before = dev_shm_entries();
     GroupResult g = run_group(4, 60s, [&](int rank) {
       auto ctx = group_context(rank, 4, 1, dir);
       auto ops = builtin_backends().create(spec, *ctx);
       if (!ops.ok()) return kChildFailed;
-      return all_reduce_until_error(**ops, dir, 1000, 1 << 18, rank == 1 ? die_at : -1);
+      const int result =
+          all_reduce_until_error(**ops, dir, 1000, 1 << 18, rank == 1 ? die_at : -1);
+      drop_and_note_mappings(*ops, dir, rank);
+      return result;
     });
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
     EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
@@ -102,7 +193,13 @@ TEST_P(RingFaults, KilledWorkerFailsEverySurvivorWithinTheTimeout) {
       EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
       EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
       EXPECT_NE(note.find("again=failed_precondition"), std::string::npos) << note;
+      EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
+      // On shared memory the check above has something to find.
+      if (GetParam().find("shm") != std::string::npos || GetParam() == "ucx:tls=sm") {
+        EXPECT_EQ(note.find("mapped_during=0"), std::string::npos) << note;
+      }
     }
+    EXPECT_EQ(segments_left(before, g), "") << "die_at " << die_at;
   }
 }
 
@@ -147,6 +244,7 @@ TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
         Variant{"count", ReduceOp::kSum, DType::kFloat32, 65},
         Variant{"large count", ReduceOp::kSum, DType::kFloat32, (1 << 18) + 16, 1 << 18}}) {
     const std::string dir = make_temp_dir("mismatch");
+    const std::vector<std::string> before = dev_shm_entries();
     GroupResult g = run_group(3, 60s, [&](int rank) {
       auto ctx = group_context(rank, 3, 1, dir);
       auto ops = builtin_backends().create(spec, *ctx);
@@ -159,6 +257,7 @@ TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
       PerReplica<Tensor> x{buf->tensor()};
       Status s = (*ops)->all_reduce(odd ? v.op : ReduceOp::kSum, x, x).wait(30s);
       write_note(dir, rank, s.to_string());
+      drop_and_note_mappings(*ops, dir, rank);
       return s.ok() ? kChildOk : kChildSawError;
     });
     ASSERT_FALSE(g.watchdog_fired) << v.name << ": " << g.describe();
@@ -178,6 +277,11 @@ TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
     }
     EXPECT_GE(named, 1) << v.name << ": " << read_note(dir, 0) << read_note(dir, 1)
                         << read_note(dir, 2);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_NE(read_note(dir, r).find("mapped_after=0"), std::string::npos)
+          << v.name << " rank " << r << ": " << read_note(dir, r);
+    }
+    EXPECT_EQ(segments_left(before, g), "") << v.name;
   }
 }
 
@@ -248,24 +352,6 @@ TEST_P(RingFaults, CallRefusedOnOneRankFailsThePeersQuickly) {
 // survivor within the timeout, naming it, and leaves nothing behind: no file in /dev/shm (the
 // segments are anonymous memfds) and, once the survivors drop the instance, no mapping of any
 // segment in their address space.
-size_t shm_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  size_t n = 0;
-  for (std::string line; std::getline(maps, line);)
-    n += line.find("tributary-shm") != std::string::npos;
-  return n;
-}
-
-std::vector<std::string> dev_shm_entries() {
-  std::vector<std::string> names;
-  if (FILE* p = popen("ls -A /dev/shm 2>/dev/null", "r")) {
-    char buf[512];
-    while (fgets(buf, sizeof buf, p)) names.emplace_back(buf);
-    pclose(p);
-  }
-  return names;
-}
-
 TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
   const std::vector<std::string> before = dev_shm_entries();
   const std::string dir = make_temp_dir("shmkill");
@@ -273,13 +359,13 @@ TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
     auto ctx = group_context(rank, 3, 1, dir);
     auto ops = builtin_backends().create("ring:intra_host=shm,timeout=8s", *ctx);
     if (!ops.ok()) return kChildFailed;
-    const size_t mapped = shm_mappings();
+    const size_t mapped = segment_mappings();
     const int result = all_reduce_until_error(**ops, dir, 1000, 1 << 20, rank == 1 ? 5 : -1);
     const std::string note = read_note(dir, rank);
     ops->reset();
     write_note(dir, rank,
                note + "\nmapped_during=" + std::to_string(mapped) +
-                   "\nmapped_after=" + std::to_string(shm_mappings()));
+                   "\nmapped_after=" + std::to_string(segment_mappings()));
     return result;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
@@ -293,7 +379,7 @@ TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
     EXPECT_NE(note.find("mapped_during=3"), std::string::npos) << note;  // its own and 2 peers'
     EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
   }
-  EXPECT_EQ(dev_shm_entries(), before);
+  EXPECT_EQ(segments_left(before, g), "");
 }
 
 // Root cause to every rank: the group meets through a real TcpStore (make_backend_context), rank
@@ -332,7 +418,10 @@ GroupResult run_job_signalling_one(const std::string& spec, int world, int victi
         _exit(0);
       }
     }
-    return all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1, sig);
+    const int result =
+        all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1, sig);
+    drop_and_note_mappings(*ops, dir, rank);
+    return result;
   });
 }
 
@@ -365,6 +454,7 @@ TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
   const int victim = std::get<1>(GetParam());
   constexpr int kWorld = 4;
   const std::string dir = make_temp_dir("lost");
+  const std::vector<std::string> before = dev_shm_entries();
   GroupResult g = run_job_signalling_one(spec, kWorld, victim, SIGKILL, dir);
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   if (g.children[static_cast<size_t>((victim + 1) % kWorld)].exit_code == kChildSkip) {
@@ -375,6 +465,11 @@ TEST_P(LostRank, EverySurvivorNamesTheKilledRank) {
                         victim == 0 ? "rank 0, which hosts the job's store, is unreachable"
                                     : "rank " + std::to_string(victim) + " (pid ",
                         10.0 + 5.0);
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == victim) continue;
+    EXPECT_NE(read_note(dir, r).find("mapped_after=0"), std::string::npos) << read_note(dir, r);
+  }
+  EXPECT_EQ(segments_left(before, g), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -53,6 +53,7 @@ GroupResult run_group(int world, std::chrono::seconds watchdog, const std::funct
       _exit(code);
     }
     pids.push_back(pid);
+    result.children[static_cast<size_t>(r)].pid = pid;
   }
   size_t remaining = pids.size();
   while (remaining > 0) {

@@ -18,6 +18,7 @@ namespace tributary::testing {
 struct ChildResult {
   int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;
+  int pid = 0;  // the process it ran in (reaped by the time run_group returns)
 };
 
 struct GroupResult {
