@@ -1155,7 +1155,7 @@ class UcxSetup {
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-    s = ucx_status(ucp_init(&params, config, &impl_.context), who() + ": ucp_init");
+    s = ucx_status(ucp_init(&params, config, &impl_.context), who() + ": ucp_init" + tls_hint());
     ucp_config_release(config);
     TRIBUTARY_RETURN_IF_ERROR(s);
     ucp_worker_params_t wp{};
@@ -1167,10 +1167,16 @@ class UcxSetup {
     return Status();
   }
 
+  // What the user asked UCX for, when UCX found nothing usable in it.
   std::string tls_hint() const {
-    return impl_.options.tls.empty() ? std::string()
-                                     : " with tls=" + impl_.options.tls +
-                                           " (check the transport names: ucx_info -d lists them)";
+    std::string asked;
+    if (!impl_.options.tls.empty()) asked = "tls=" + impl_.options.tls;
+    if (!impl_.options.net_devices.empty())
+      asked += (asked.empty() ? "" : ", ") + std::string("net_devices=") + impl_.options.net_devices;
+    return asked.empty() ? std::string()
+                         : " with " + asked +
+                               " (check the names: `ucx_info -d` lists the transports and devices "
+                               "this UCX has, and UCX's warning in the log names them too)";
   }
 
   Status publish() {

@@ -168,6 +168,28 @@ TEST(UcxSecurity, MismatchedSizesWithTheMacAreAMismatchOnBothPaths) {
   }
 }
 
+// A transport or device UCX does not have is an error at setup that keeps UCX's text and names
+// what was asked for, never a hang waiting for peers (UCX fails before any exchange).
+TEST(UcxSetup, UnknownTransportsAndDevicesAreErrorsNamingThem) {
+  for (const auto& [tls, devices] : {std::pair<std::string, std::string>{"bogus", ""},
+                                     std::pair<std::string, std::string>{"tcp", "nosuchnic0"}}) {
+    MemoryStore store;
+    backends::UcxTransportOptions o = options(false);
+    o.tls = tls;
+    o.net_devices = devices;
+    o.timeout = 5s;
+    const auto start = std::chrono::steady_clock::now();
+    auto t = backends::UcxTransport::create(store, 0, 2, o);
+    ASSERT_FALSE(t.ok()) << tls << " " << devices;
+    const std::string m = t.status().message();
+    EXPECT_NE(m.find("(UCX)"), std::string::npos) << m;  // UCX's own status text
+    EXPECT_NE(m.find(devices.empty() ? "tls=bogus" : "net_devices=nosuchnic0"), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("ucx_info -d"), std::string::npos) << m;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s) << m;
+  }
+}
+
 }  // namespace
 }  // namespace tributary::testing
 

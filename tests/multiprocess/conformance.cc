@@ -450,6 +450,17 @@ TEST_P(MultiProcessConformance, EveryCollective) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, ops.status().to_string().c_str());
       return ops.status().code() == StatusCode::kNotFound ? kChildSkip : kChildFailed;
     }
+    // ring's default on one host is its shared memory, never TCP behind the user's back.
+    if (kind == DeviceKind::kCpu && world > 1 && spec.rfind("ring", 0) == 0 &&
+        spec.find("intra_host=net") == std::string::npos) {
+      const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
+      const std::string group = pg && pg->group() ? pg->group()->describe() : "";
+      if (group.rfind("shared memory", 0) != 0) {
+        std::fprintf(stderr, "[rank %d] '%s' on one host runs over '%s', not shared memory\n", rank,
+                     spec.c_str(), group.c_str());
+        return kChildFailed;
+      }
+    }
     Matrix m(**ops, counts_for(spec));
     m.run();
     return m.failures() == 0 ? kChildOk : kChildFailed;
