@@ -1,6 +1,7 @@
 #include "algorithms/packing.h"
 
 #include <cstring>
+#include <map>
 #include <string>
 
 namespace tributary::algorithms {
@@ -61,6 +62,56 @@ void unpack(const void* src, std::span<const Tensor> tensors) {
     std::memcpy(t.data(), in, n);
     in += n;
   }
+}
+
+Status packed_batch_reduce(const CallInfo& call, std::span<const ReducePair> pairs,
+                           std::span<const Device> devices,
+                           std::vector<std::vector<std::byte>>& packs,
+                           const PackedBatchReduce& how) {
+  std::map<DType, std::vector<size_t>> by_dtype;
+  for (size_t i = 0; i < pairs.size(); ++i) by_dtype[pairs[i].value[0].dtype()].push_back(i);
+  const size_t replicas = devices.size();
+  for (const auto& [dtype, members] : by_dtype) {
+    std::vector<uint64_t> sizes;
+    for (size_t i : members) sizes.push_back(pairs[i].value[0].nbytes());
+    for (const std::vector<size_t>& group : group_by_size(sizes, how.bytes_per_pack)) {
+      int64_t total = 0;
+      for (size_t g : group) total += pairs[members[g]].value[0].num_elements();
+      CallInfo pack_call = call;
+      pack_call.collective = how.collective;
+      pack_call.dtype = dtype;
+      pack_call.count = total;
+      if (group.size() == 1) {
+        TRIBUTARY_RETURN_IF_ERROR(how.reduce_one(pack_call, pairs[members[group[0]]]));
+        continue;
+      }
+      const size_t bytes = static_cast<size_t>(total) * dtype_size(dtype);
+      std::vector<Tensor> views;
+      if (total > 0) {
+        if (packs.size() < replicas) packs.resize(replicas);
+        views.resize(replicas);
+        for (size_t r = 0; r < replicas; ++r) {
+          if (packs[r].size() < bytes) packs[r].resize(bytes);
+          views[r] = Tensor(packs[r].data(), dtype, Shape{total}, devices[r]);
+          std::vector<Tensor> parts;
+          for (size_t g : group) parts.push_back(pairs[members[g]].value[r]);
+          pack(parts, packs[r].data());
+        }
+      }
+      TRIBUTARY_ASSIGN_OR_RETURN(const std::byte* result, how.reduce_pack(pack_call, views));
+      if (total == 0) continue;
+      size_t offset = 0;
+      for (size_t g : group) {
+        const ReducePair& p = pairs[members[g]];
+        const size_t nbytes = p.value[0].nbytes();
+        for (const Tensor& d : p.destinations) {
+          if (nbytes) std::memcpy(d.data(), result + offset, nbytes);
+        }
+        offset += nbytes;
+      }
+    }
+  }
+  return Status();
 }
 
 }  // namespace tributary::algorithms

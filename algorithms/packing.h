@@ -17,9 +17,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
+#include "tributary/cross_device_ops.h"
 #include "tributary/status.h"
 #include "tributary/tensor.h"
 
@@ -44,5 +46,27 @@ size_t packed_nbytes(std::span<const Tensor> tensors);
 void pack(std::span<const Tensor> tensors, void* dst);
 // The inverse of pack: copies consecutive slices of src back into the tensors.
 void unpack(const void* src, std::span<const Tensor> tensors);
+
+// TF's packed batch_reduce (CollectiveAllReduce with bytes_per_pack), as every multi-process
+// backend runs it: the pairs are grouped by dtype (a pack holds one element type), then by
+// group_by_size. A group of one pair is reduced as it is (`reduce_one`: no copies in or out). A
+// larger group is concatenated, per local replica, into `packs` (the caller keeps them across
+// calls: a fresh allocation of a large pack faults in every page on every call), reduced by
+// `reduce_pack`, which returns the buffer holding the reduced pack, and unpacked from it into every
+// destination of every pair. Each callback gets `call` with the pack's collective (`collective`),
+// dtype and count. Packs of no elements reach the callbacks too (views empty), for backends that
+// exchange something per pack; the others return at once. Every rank packs alike, so the packs of
+// the ranks match. The first error ends the call.
+struct PackedBatchReduce {
+  Collective collective = Collective::kBatchReduce;
+  uint64_t bytes_per_pack = 0;
+  std::function<Status(const CallInfo& pack, const ReducePair& pair)> reduce_one;
+  std::function<StatusOr<const std::byte*>(const CallInfo& pack, std::span<const Tensor> views)>
+      reduce_pack;
+};
+Status packed_batch_reduce(const CallInfo& call, std::span<const ReducePair> pairs,
+                           std::span<const Device> devices,
+                           std::vector<std::vector<std::byte>>& packs,
+                           const PackedBatchReduce& how);
 
 }  // namespace tributary::algorithms

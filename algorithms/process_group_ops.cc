@@ -156,57 +156,21 @@ Work ProcessGroupOps::reduce_impl(const CallInfo& call, ReduceOp op,
 
 Status ProcessGroupOps::batch_reduce_packs(const CallInfo& call, ReduceOp op,
                                            std::span<const ReducePair> pairs) {
-  // Pack by dtype (concatenation needs one element type) and by TF's bytes_per_pack rule.
-  std::map<DType, std::vector<size_t>> by_dtype;
-  for (size_t i = 0; i < pairs.size(); ++i) by_dtype[pairs[i].value[0].dtype()].push_back(i);
-  const size_t replicas = devices().size();
-  for (const auto& [dtype, members] : by_dtype) {
-    std::vector<uint64_t> sizes;
-    for (size_t i : members) sizes.push_back(pairs[i].value[0].nbytes());
-    for (const std::vector<size_t>& group : group_by_size(sizes, bytes_per_pack_)) {
-      int64_t total = 0;
-      for (size_t g : group) total += pairs[members[g]].value[0].num_elements();
-      if (total == 0) continue;
-      const size_t bytes = static_cast<size_t>(total) * dtype_size(dtype);
-      CallInfo pack_call = call;
-      pack_call.collective = Collective::kBatchReduce;
-      pack_call.dtype = dtype;
-      pack_call.count = total;
-      if (group.size() == 1) {
-        // A pack of one value is a reduce: no packing, no copies in or out.
-        const ReducePair& p = pairs[members[group[0]]];
-        TRIBUTARY_RETURN_IF_ERROR(
-            reduce_to_all(pack_call, op, p.value.values(), p.destinations.values()));
-        continue;
-      }
-      // Packed into buffers kept across calls: a fresh allocation of a large pack faults in every
-      // page on every call (a single 64 MiB value through batch_reduce took 3.5x an all_reduce
-      // over shared memory here, most of it that).
-      if (packs_.size() < replicas) packs_.resize(replicas);
-      std::vector<Tensor> views(replicas);
-      for (size_t r = 0; r < replicas; ++r) {
-        if (packs_[r].size() < bytes) packs_[r].resize(bytes);
-        views[r] = Tensor(packs_[r].data(), dtype, Shape{total}, devices()[r]);
-        std::vector<Tensor> parts;
-        for (size_t g : group) parts.push_back(pairs[members[g]].value[r]);
-        pack(parts, packs_[r].data());
-      }
-      Tensor result(staging(bytes), dtype, Shape{total}, devices()[0]);
-      TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, result));
-      // Unpack into every destination of every pair of the group.
-      size_t offset = 0;
-      for (size_t g : group) {
-        const ReducePair& p = pairs[members[g]];
-        const size_t nbytes = p.value[0].nbytes();
-        for (const Tensor& d : p.destinations) {
-          if (nbytes)
-            std::memcpy(d.data(), static_cast<std::byte*>(result.data()) + offset, nbytes);
-        }
-        offset += nbytes;
-      }
-    }
-  }
-  return Status();
+  PackedBatchReduce how;
+  how.bytes_per_pack = bytes_per_pack_;
+  how.reduce_one = [&](const CallInfo& pack_call, const ReducePair& p) -> Status {
+    if (pack_call.count == 0) return Status();
+    return reduce_to_all(pack_call, op, p.value.values(), p.destinations.values());
+  };
+  how.reduce_pack = [&](const CallInfo& pack_call,
+                        std::span<const Tensor> views) -> StatusOr<const std::byte*> {
+    if (pack_call.count == 0) return nullptr;
+    const Tensor result(staging(static_cast<size_t>(pack_call.count) * dtype_size(pack_call.dtype)),
+                        pack_call.dtype, Shape{pack_call.count}, devices()[0]);
+    TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, result));
+    return static_cast<const std::byte*>(result.data());
+  };
+  return packed_batch_reduce(call, pairs, devices(), packs_, how);
 }
 
 Work ProcessGroupOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,

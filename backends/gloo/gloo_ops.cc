@@ -494,59 +494,28 @@ Work GlooOps::reduce_impl(const CallInfo& call, ReduceOp op, const PerReplica<Te
 
 Work GlooOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
                                 std::span<const ReducePair> pairs) {
-  // Pack by dtype and by TF's bytes_per_pack rule, then one all-reduce per pack; every rank packs
-  // the same way, so the packs match (and verify checks each one).
+  // Packed as every multi-process backend packs (algorithms/packing.h), one all-reduce per pack;
+  // verify checks each pack, the empty ones included.
   return finish(guarded(call, [&]() -> Status {
-    std::map<DType, std::vector<size_t>> by_dtype;
-    for (size_t i = 0; i < pairs.size(); ++i) by_dtype[pairs[i].value[0].dtype()].push_back(i);
-    const size_t replicas = devices().size();
-    for (const auto& [dtype, members] : by_dtype) {
-      std::vector<uint64_t> sizes;
-      for (size_t i : members) sizes.push_back(pairs[i].value[0].nbytes());
-      for (const std::vector<size_t>& group : algorithms::group_by_size(sizes, bytes_per_pack_)) {
-        int64_t total = 0;
-        for (size_t g : group) total += pairs[members[g]].value[0].num_elements();
-        CallInfo pack_call = call;
-        pack_call.collective = Collective::kAllReduce;
-        pack_call.dtype = dtype;
-        pack_call.count = total;
-        if (group.size() == 1) {
-          // A pack of one value is a reduce: no packing, no copies in or out, and a registered
-          // destination is used as such.
-          const ReducePair& p = pairs[members[group[0]]];
-          Binding binding = plan_binding(pack_call, op, p.value.values(), p.destinations.values());
-          TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1, &binding));
-          TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, p.value.values(),
-                                                      p.destinations.values(), &binding));
-          continue;
-        }
-        TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1));
-        if (total == 0) continue;
-        const size_t bytes = static_cast<size_t>(total) * dtype_size(dtype);
-        // Packed into buffers kept across calls (a fresh allocation faults in every page).
-        if (packs_.size() < replicas) packs_.resize(replicas);
-        std::vector<Tensor> views(replicas);
-        for (size_t r = 0; r < replicas; ++r) {
-          if (packs_[r].size() < bytes) packs_[r].resize(bytes);
-          views[r] = Tensor(packs_[r].data(), dtype, Shape{total}, devices()[r]);
-          std::vector<Tensor> parts;
-          for (size_t g : group) parts.push_back(pairs[members[g]].value[r]);
-          algorithms::pack(parts, packs_[r].data());
-        }
-        const Tensor result(staging(bytes), dtype, Shape{total}, devices()[0]);
-        TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, one(result)));
-        size_t offset = 0;
-        for (size_t g : group) {
-          const ReducePair& p = pairs[members[g]];
-          const size_t nbytes = p.value[0].nbytes();
-          for (const Tensor& d : p.destinations) {
-            if (nbytes) std::memcpy(d.data(), staging_.data() + offset, nbytes);
-          }
-          offset += nbytes;
-        }
-      }
-    }
-    return Status();
+    algorithms::PackedBatchReduce how;
+    how.collective = Collective::kAllReduce;
+    how.bytes_per_pack = bytes_per_pack_;
+    how.reduce_one = [&](const CallInfo& pack_call, const ReducePair& p) -> Status {
+      // A pack of one value is a reduce: a registered destination is used as such.
+      Binding binding = plan_binding(pack_call, op, p.value.values(), p.destinations.values());
+      TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1, &binding));
+      return reduce_everywhere(pack_call, op, p.value.values(), p.destinations.values(), &binding);
+    };
+    how.reduce_pack = [&](const CallInfo& pack_call,
+                          std::span<const Tensor> views) -> StatusOr<const std::byte*> {
+      TRIBUTARY_RETURN_IF_ERROR(verify_order(pack_call, -1));
+      if (pack_call.count == 0) return nullptr;
+      const size_t bytes = static_cast<size_t>(pack_call.count) * dtype_size(pack_call.dtype);
+      const Tensor result(staging(bytes), pack_call.dtype, Shape{pack_call.count}, devices()[0]);
+      TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, one(result)));
+      return static_cast<const std::byte*>(result.data());
+    };
+    return algorithms::packed_batch_reduce(call, pairs, devices(), packs_, how);
   }));
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tributary/cross_device_ops.h"
 #include "tributary/dtype.h"
 #include "tributary/status.h"
 #include "tributary/tensor.h"
@@ -194,6 +195,97 @@ TEST(PackTest, NoTensors) {
   EXPECT_EQ(packed_nbytes({}), 0u);
   pack({}, nullptr);  // nothing to copy, nothing dereferenced
   unpack(nullptr, {});
+}
+
+// ---- packed_batch_reduce --------------------------------------------------------------------
+// The orchestration every multi-process backend shares, with a "reduction" that sums the local
+// replicas' views (what the backends' callbacks do across processes): values are grouped by dtype,
+// then by bytes_per_pack; a group of one goes to reduce_one; a larger one is packed, reduced and
+// unpacked into every destination.
+TEST(PackedBatchReduce, PacksByDtypeThenSizeAndUnpacksIntoEveryDestination) {
+  const std::vector<Device> devices = {Device::cpu(0), Device::cpu(1)};
+  // Per replica: a float32 (3), an int32 (2), a float32 (4), a float32 (1000: its own pack).
+  std::vector<std::vector<float>> a = {{1, 2, 3}, {10, 20, 30}};
+  std::vector<std::vector<int32_t>> b = {{1, 2}, {3, 4}};
+  std::vector<std::vector<float>> c = {{4, 5, 6, 7}, {40, 50, 60, 70}};
+  std::vector<std::vector<float>> big = {std::vector<float>(1000, 1.0f),
+                                         std::vector<float>(1000, 2.0f)};
+  std::vector<float> a_out(3), c_out0(4), c_out1(4);
+  auto per_replica = [&](auto& v, DType t) {
+    return PerReplica<Tensor>{
+        Tensor(v[0].data(), t, static_cast<int64_t>(v[0].size()), devices[0]),
+        Tensor(v[1].data(), t, static_cast<int64_t>(v[1].size()), devices[1])};
+  };
+  std::vector<ReducePair> pairs = {
+      {per_replica(a, DType::kFloat32), Mirrored<Tensor>{Tensor(a_out.data(), DType::kFloat32, 3)}},
+      {per_replica(b, DType::kInt32), Mirrored<Tensor>{}},
+      {per_replica(c, DType::kFloat32),
+       Mirrored<Tensor>{Tensor(c_out0.data(), DType::kFloat32, 4),
+                        Tensor(c_out1.data(), DType::kFloat32, 4)}},
+      {per_replica(big, DType::kFloat32), Mirrored<Tensor>{}}};
+  std::vector<std::string> log;
+  std::vector<float> result;
+  PackedBatchReduce how;
+  how.collective = Collective::kAllReduce;
+  how.bytes_per_pack = 16;  // a (12 bytes) and c join; then big stands alone
+  how.reduce_one = [&](const CallInfo& call, const ReducePair& p) -> Status {
+    log.push_back("one " + std::string(dtype_name(call.dtype)) + " x" + std::to_string(call.count) +
+                  " " + std::to_string(p.value[0].num_elements()));
+    EXPECT_EQ(call.collective, Collective::kAllReduce);
+    return Status();
+  };
+  how.reduce_pack = [&](const CallInfo& call,
+                        std::span<const Tensor> views) -> StatusOr<const std::byte*> {
+    log.push_back("pack " + std::string(dtype_name(call.dtype)) + " x" +
+                  std::to_string(call.count));
+    EXPECT_EQ(views.size(), 2u);
+    result.assign(static_cast<size_t>(call.count), 0.0f);
+    for (const Tensor& v : views) {
+      EXPECT_EQ(v.num_elements(), call.count);
+      for (int64_t i = 0; i < call.count; ++i)
+        result[static_cast<size_t>(i)] += v.data_as<float>()[i];
+    }
+    return reinterpret_cast<const std::byte*>(result.data());
+  };
+  std::vector<std::vector<std::byte>> packs;
+  CallInfo call;
+  call.collective = Collective::kBatchReduce;
+  ASSERT_TRUE(packed_batch_reduce(call, pairs, devices, packs, how).ok());
+  // float32 first (std::map order of DType), then int32.
+  EXPECT_EQ(log, (std::vector<std::string>{"pack float32 x7", "one float32 x1000 1000",
+                                           "one int32 x2 2"}));
+  EXPECT_EQ(a_out, (std::vector<float>{11, 22, 33}));
+  EXPECT_EQ(c_out0, (std::vector<float>{44, 55, 66, 77}));
+  EXPECT_EQ(c_out1, c_out0);
+  EXPECT_EQ(packs.size(), 2u);  // kept for the next call
+}
+
+TEST(PackedBatchReduce, EmptyPacksReachTheCallbacksAndTheFirstErrorEndsTheCall) {
+  const std::vector<Device> devices = {Device::cpu(0)};
+  std::vector<float> e1, e2, x(2, 1.0f);
+  std::vector<ReducePair> pairs = {
+      {PerReplica<Tensor>{Tensor(e1.data(), DType::kFloat32, 0)}, Mirrored<Tensor>{}},
+      {PerReplica<Tensor>{Tensor(e2.data(), DType::kFloat32, 0)}, Mirrored<Tensor>{}},
+      {PerReplica<Tensor>{Tensor(x.data(), DType::kInt32, 2)}, Mirrored<Tensor>{}}};
+  int packs_seen = 0, ones_seen = 0;
+  PackedBatchReduce how;
+  how.reduce_one = [&](const CallInfo&, const ReducePair&) -> Status {
+    ++ones_seen;
+    return aborted("peer gone");
+  };
+  how.reduce_pack = [&](const CallInfo& call,
+                        std::span<const Tensor> views) -> StatusOr<const std::byte*> {
+    ++packs_seen;
+    EXPECT_EQ(call.count, 0);
+    EXPECT_TRUE(views.empty());
+    return nullptr;
+  };
+  std::vector<std::vector<std::byte>> packs;
+  const Status s = packed_batch_reduce(CallInfo{}, pairs, devices, packs, how);
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_EQ(packs_seen, 1);  // the two empty float32 values, one pack
+  EXPECT_EQ(ones_seen, 1);
+  EXPECT_TRUE(packs.empty());  // nothing to pack, nothing allocated
 }
 
 }  // namespace
