@@ -24,3 +24,6 @@ TRIBUTARY_MULTIHOST_CONFORMANCE(Ring, HostsParam{"ring:algorithm=auto", 2, 2, 1}
                                 HostsParam{"ring:algorithm=ring", 3, 2, 1},
                                 HostsParam{"ring:hierarchy=off", 2, 2, 1},
                                 HostsParam{"ring:algorithm=auto", 2, 1, 1});
+
+// A rank killed on another "host", flat and hierarchical.
+TRIBUTARY_MULTIHOST_FAULTS(Ring, "ring", "ring:hierarchy=off");

@@ -208,3 +208,6 @@ TRIBUTARY_MULTIHOST_CONFORMANCE(Ucx, HostsParam{"ucx", 2, 2, 1},
                                 HostsParam{"ucx:tls=tcp,algorithm=ring", 2, 2, 2},
                                 HostsParam{"ucx:hierarchy=off", 2, 2, 1},
                                 HostsParam{"ucx", 3, 1, 1});
+// A rank killed on another "host": UCX's peer error-handling mode (keepalive) is what tells the
+// survivors across hosts, flat and hierarchical.
+TRIBUTARY_MULTIHOST_FAULTS(Ucx, "ucx", "ucx:hierarchy=off");

@@ -3,6 +3,7 @@
 #include "tests/multiprocess/conformance.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -398,6 +400,9 @@ int run_conformance_matrix(CrossDeviceOps& ops, const std::string& spec) {
 // A test file may instantiate one of the two suites only.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiProcessConformance);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiHostConformance);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiHostFaults);
+
+std::string identifier_for_test(const std::string& spec) { return identifier(spec); }
 
 std::string multiprocess_param_name(const ::testing::TestParamInfo<MultiProcessParam>& info) {
   const auto& [spec, kind, world, local] = info.param;
@@ -521,6 +526,60 @@ TEST_P(MultiHostConformance, EveryCollective) {
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe();
+}
+
+TEST_P(MultiHostFaults, KilledRankOnAnotherHostFailsEverySurvivorNamingIt) {
+  const std::string spec = GetParam();
+  constexpr int kHosts = 2, kPerHost = 2, kWorld = kHosts * kPerHost, kVictim = 3;
+  Hosts net(kHosts);
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  const std::string dir = make_temp_dir("hostkill");
+  GroupResult g = run_group(kWorld, std::chrono::seconds(90), [&](int rank) {
+    const int h = rank % kHosts;  // ranks 0 and 2 on host 0, 1 and 3 on host 1
+    if (!net.enter(h)) return kChildFailed;
+    auto ctx = group_context(rank, kWorld, 1, dir,
+                             Config::from_map({{"TRIBUTARY_HOST_ID", net.name(h)}}));
+    if (!ctx.ok()) return kChildFailed;
+    ctx->coordinator_host = "10.77.0.254";
+    auto ops = builtin_backends().create(
+        spec + (spec.find(':') == std::string::npos ? ":" : ",") + "timeout=6s", *ctx);
+    if (!ops.ok()) {
+      std::fprintf(stderr, "[rank %d] %s\n", rank, ops.status().to_string().c_str());
+      return ops.status().code() == StatusCode::kNotFound ? kChildSkip : kChildFailed;
+    }
+    std::vector<float> data(1 << 16, 1.0f);
+    PerReplica<Tensor> v{Tensor(data.data(), DType::kFloat32, static_cast<int64_t>(data.size()),
+                                (*ops)->devices()[0])};
+    for (int i = 0; i < 100000; ++i) {
+      if (rank == kVictim && i == 5) ::raise(SIGKILL);
+      const auto start = std::chrono::steady_clock::now();
+      const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(std::chrono::seconds(60));
+      if (!s.ok()) {
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::ofstream(dir + "/note" + std::to_string(rank))
+            << s.to_string() << "\nseconds=" << took;
+        return 3;
+      }
+    }
+    return kChildOk;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  if (g.children[0].exit_code == kChildSkip) GTEST_SKIP() << spec << " is not built in";
+  EXPECT_EQ(g.children[kVictim].signal, SIGKILL) << g.describe();
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kVictim) continue;
+    std::ifstream in(dir + "/note" + std::to_string(r));
+    std::stringstream note;
+    note << in.rdbuf();
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, 3) << g.describe();
+    const std::string text = note.str();
+    const auto at = text.find("seconds=");
+    ASSERT_NE(at, std::string::npos) << "rank " << r << ": " << text;
+    EXPECT_LT(std::stod(text.substr(at + 8)), 6.0 + 5.0) << "rank " << r << ": " << text;
+    EXPECT_NE(text.find("rank " + std::to_string(kVictim)), std::string::npos)
+        << "rank " << r << ": " << text;
+  }
 }
 
 }  // namespace tributary::testing

@@ -58,6 +58,13 @@ std::string multiprocess_param_name(const ::testing::TestParamInfo<MultiProcessP
 using HostsParam = std::tuple<std::string, int, int, int>;
 class MultiHostConformance : public ::testing::TestWithParam<HostsParam> {};
 std::string multihost_param_name(const ::testing::TestParamInfo<HostsParam>& info);
+// A spec as a test name: "ucx:hierarchy=off" -> "ucx_hierarchy_off".
+std::string identifier_for_test(const std::string& spec);
+
+// Several hosts, a rank killed (SIGKILL) in the middle of all-reduces on another host than some
+// survivors: every survivor fails within the timeout, naming the killed rank by its global number.
+// The parameter is the spec; the layout is 2 hosts x 2 processes.
+class MultiHostFaults : public ::testing::TestWithParam<std::string> {};
 
 // The whole matrix on one rank's backend, for tests that make their backend by hand (a wrapper);
 // every rank of the group calls it. Returns the number of failed checks (printed to stderr).
@@ -100,5 +107,13 @@ int run_conformance_matrix(CrossDeviceOps& ops, const std::string& spec);
   namespace tributary::testing {                                                           \
   INSTANTIATE_TEST_SUITE_P(name, MultiHostConformance, ::testing::Values(__VA_ARGS__),     \
                            multihost_param_name);                                          \
+  }                                                                                        \
+  static_assert(true, "")
+
+// Several hosts, a killed rank: one case per spec given.
+#define TRIBUTARY_MULTIHOST_FAULTS(name, ...)                                                 \
+  namespace tributary::testing {                                                           \
+  INSTANTIATE_TEST_SUITE_P(name, MultiHostFaults, ::testing::Values(__VA_ARGS__),          \
+                           [](const auto& info) { return identifier_for_test(info.param); }); \
   }                                                                                        \
   static_assert(true, "")
