@@ -42,8 +42,8 @@ void HierarchicalGroup::abort(const Status& why) {
 }
 
 Status HierarchicalGroup::error() const {
-  if (local_group_) TRIBUTARY_RETURN_IF_ERROR(local_group_->error());
-  if (cross_group_) TRIBUTARY_RETURN_IF_ERROR(cross_group_->error());
+  if (local_group_) TRIBUTARY_RETURN_IF_ERROR(in_local(local_group_->error()));
+  if (cross_group_) TRIBUTARY_RETURN_IF_ERROR(in_cross(cross_group_->error()));
   return Status();
 }
 
@@ -53,6 +53,34 @@ Status HierarchicalGroup::guarded(Body&& body) {
   Status s = body();
   if (!s.ok()) abort(s);
   return s;
+}
+
+namespace {
+
+// "ranks 0, 1 are ranks 1, 3 of the job"
+std::string rank_key(const std::vector<int>& global) {
+  std::string here, there;
+  for (size_t i = 0; i < global.size(); ++i) {
+    here += (i ? ", " : "") + std::to_string(i);
+    there += (i ? ", " : "") + std::to_string(global[i]);
+  }
+  return "its ranks " + here + " are ranks " + there + " of the job";
+}
+
+}  // namespace
+
+Status HierarchicalGroup::in_local(Status s) const {
+  if (s.ok() || local_group_->names_global_ranks()) return s;
+  return s.with_context("within host " + std::to_string(host_) + " (" +
+                        rank_key(members_[static_cast<size_t>(host_)]) + ")");
+}
+
+Status HierarchicalGroup::in_cross(Status s) const {
+  if (s.ok() || cross_group_->names_global_ranks()) return s;
+  std::vector<int> peers;
+  for (const auto& m : members_) peers.push_back(m[static_cast<size_t>(local_)]);
+  return s.with_context("across hosts (the group of local rank " + std::to_string(local_) + ": " +
+                        rank_key(peers) + ")");
 }
 
 std::byte* HierarchicalGroup::scratch(std::vector<std::byte>& buffer, size_t bytes) {
@@ -69,10 +97,10 @@ Status HierarchicalGroup::all_reduce(const GroupCall& call, void* data, int64_t 
       return Status();
     }
     if (!local_group_) {
-      return cross_group_->all_reduce(call, data, count, dtype, op, mean_divisor, source);
+      return in_cross(cross_group_->all_reduce(call, data, count, dtype, op, mean_divisor, source));
     }
     if (!cross_group_) {
-      return local_group_->all_reduce(call, data, count, dtype, op, mean_divisor, source);
+      return in_local(local_group_->all_reduce(call, data, count, dtype, op, mean_divisor, source));
     }
     // L equal blocks of b elements; the last ones are padding when L does not divide count.
     const int64_t L = per_host_;
@@ -87,11 +115,11 @@ Status HierarchicalGroup::all_reduce(const GroupCall& call, void* data, int64_t 
     }
     std::byte* mine = scratch(b_, block);
     TRIBUTARY_RETURN_IF_ERROR(
-        local_group_->reduce_scatter(call, all, mine, b, dtype, partial_op(op), 1));
+        in_local(local_group_->reduce_scatter(call, all, mine, b, dtype, partial_op(op), 1)));
     TRIBUTARY_RETURN_IF_ERROR(
-        cross_group_->all_reduce(call, mine, b, dtype, op, mean_divisor, nullptr));
+        in_cross(cross_group_->all_reduce(call, mine, b, dtype, op, mean_divisor, nullptr)));
     std::memcpy(all + static_cast<size_t>(local_) * block, mine, block);
-    TRIBUTARY_RETURN_IF_ERROR(local_group_->all_gather(call, all, block));
+    TRIBUTARY_RETURN_IF_ERROR(in_local(local_group_->all_gather(call, all, block)));
     if (all != data) std::memcpy(data, all, bytes);
     return Status();
   });
@@ -109,10 +137,10 @@ Status HierarchicalGroup::broadcast(const GroupCall& call, void* data, size_t by
       }
     }
     if (cross_group_ && local_ == root_local) {
-      TRIBUTARY_RETURN_IF_ERROR(cross_group_->broadcast(call, data, bytes, root_host));
+      TRIBUTARY_RETURN_IF_ERROR(in_cross(cross_group_->broadcast(call, data, bytes, root_host)));
     }
     if (local_group_) {
-      TRIBUTARY_RETURN_IF_ERROR(local_group_->broadcast(call, data, bytes, root_local));
+      TRIBUTARY_RETURN_IF_ERROR(in_local(local_group_->broadcast(call, data, bytes, root_local)));
     }
     return Status();
   });
@@ -127,12 +155,12 @@ Status HierarchicalGroup::all_gather(const GroupCall& call, void* data, size_t b
     std::memcpy(row + static_cast<size_t>(host_) * bytes_per_rank,
                 out + static_cast<size_t>(rank_) * bytes_per_rank, bytes_per_rank);
     if (cross_group_)
-      TRIBUTARY_RETURN_IF_ERROR(cross_group_->all_gather(call, row, bytes_per_rank));
+      TRIBUTARY_RETURN_IF_ERROR(in_cross(cross_group_->all_gather(call, row, bytes_per_rank)));
     // Every local rank's row: grid[l][h] is the block of members[h][l].
     std::byte* grid = scratch(b_, L * H * bytes_per_rank);
     std::memcpy(grid + static_cast<size_t>(local_) * H * bytes_per_rank, row, H * bytes_per_rank);
     if (local_group_) {
-      TRIBUTARY_RETURN_IF_ERROR(local_group_->all_gather(call, grid, H * bytes_per_rank));
+      TRIBUTARY_RETURN_IF_ERROR(in_local(local_group_->all_gather(call, grid, H * bytes_per_rank)));
     }
     for (size_t l = 0; l < L; ++l) {
       for (size_t h = 0; h < H; ++h) {
@@ -164,15 +192,17 @@ Status HierarchicalGroup::reduce_scatter(const GroupCall& call, void* data, void
       return Status();
     }
     if (!local_group_) {  // one process per host: the rows are the cross group's blocks
-      return cross_group_->reduce_scatter(call, grid, out, count, dtype, op, mean_divisor);
+      return in_cross(
+          cross_group_->reduce_scatter(call, grid, out, count, dtype, op, mean_divisor));
     }
     if (!cross_group_) {
-      return local_group_->reduce_scatter(call, grid, out, count, dtype, op, mean_divisor);
+      return in_local(
+          local_group_->reduce_scatter(call, grid, out, count, dtype, op, mean_divisor));
     }
     std::byte* row = scratch(b_, H * block);
-    TRIBUTARY_RETURN_IF_ERROR(local_group_->reduce_scatter(
-        call, grid, row, count * static_cast<int64_t>(H), dtype, partial_op(op), 1));
-    return cross_group_->reduce_scatter(call, row, out, count, dtype, op, mean_divisor);
+    TRIBUTARY_RETURN_IF_ERROR(in_local(local_group_->reduce_scatter(
+        call, grid, row, count * static_cast<int64_t>(H), dtype, partial_op(op), 1)));
+    return in_cross(cross_group_->reduce_scatter(call, row, out, count, dtype, op, mean_divisor));
   });
 }
 

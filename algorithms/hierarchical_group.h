@@ -52,6 +52,11 @@ class HierarchicalGroup final : public ProcessGroup {
   template <typename Body>
   Status guarded(Body&& body);
   std::byte* scratch(std::vector<std::byte>& buffer, size_t bytes);
+  // An error of the local or the cross group, with the key to its rank numbers when the group
+  // names ranks by their place in it ("across hosts (the group of local rank 1: its ranks 0, 1
+  // are ranks 1, 3 of the job)").
+  Status in_local(Status s) const;
+  Status in_cross(Status s) const;
 
   int rank_;
   std::vector<std::vector<int>> members_;

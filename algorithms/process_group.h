@@ -36,6 +36,9 @@ class ProcessGroup {
   virtual int size() const = 0;
   // For logs and `tributary-info`: "tcp (4 ranks)", "shared memory (2 ranks)", ...
   virtual std::string describe() const = 0;
+  // Whether its errors name ranks by their number in the whole job (else by their number in this
+  // group, which a group made of some of the job's ranks must then translate: HierarchicalGroup).
+  virtual bool names_global_ranks() const { return false; }
 
   // `data` (count elements) = op over every rank's data; with `source` (not overlapping `data`),
   // out of place: `source` is the input, `data` only the output. MEAN divides by `mean_divisor`.

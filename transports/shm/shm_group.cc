@@ -487,6 +487,10 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
 int ShmGroup::rank() const { return impl_->rank; }
 int ShmGroup::size() const { return impl_->size; }
 
+bool ShmGroup::names_global_ranks() const {
+  return impl_->options.global_ranks.size() == static_cast<size_t>(impl_->size);
+}
+
 std::string ShmGroup::describe() const {
   return "shared memory (" + std::to_string(impl_->size) + " ranks, " +
          std::to_string(impl_->options.slots) + " slots of " +

@@ -67,6 +67,7 @@ class ShmGroup final : public algorithms::ProcessGroup {
   int rank() const override;
   int size() const override;
   std::string describe() const override;
+  bool names_global_ranks() const override;
   Status all_reduce(const algorithms::GroupCall& call, void* data, int64_t count, DType dtype,
                     ReduceOp op, int64_t mean_divisor, const void* source) override;
   Status broadcast(const algorithms::GroupCall& call, void* data, size_t bytes, int root) override;
