@@ -22,7 +22,9 @@ namespace {
 constexpr const char* kTool = "tributary-tune";
 
 // The default candidates: every backend serving the layout, plus the algorithm variants of the
-// one the cost model picks (the choice the file is most likely to refine). Not ring's when every
+// one the cost model picks (the choice the file is most likely to refine), plus, where the layout
+// is hierarchical (several hosts, several processes on each), the flat `hierarchy=off` variant of
+// every backend that has the option (the rule takes the hierarchy; a measurement may not). Not ring's when every
 // process is on this host: ring then moves everything through shared memory, and `algorithm`
 // (the TCP algorithm) changes nothing, so its variants would differ only by noise and split the
 // file into ranges for nothing; `note` says so. `launched_here`: this tool started every rank
@@ -35,9 +37,17 @@ std::vector<std::string> default_candidates(const BackendContext& ctx, bool laun
   const bool one_host =
       ctx.world_size > 1 &&
       (launched_here || tuning_layout_of(ctx).processes_per_host == ctx.world_size);
+  const int per_host = tuning_layout_of(ctx).processes_per_host;
+  const bool hierarchical = !launched_here && per_host > 1 && per_host < ctx.world_size;
   for (const BackendInfo& b : registry.backends()) {
     if (b.capabilities.multi_process != (ctx.world_size > 1)) continue;
     out.push_back(b.name);
+    const auto options = registry.options_of(b);
+    if (hierarchical && std::any_of(options.begin(), options.end(), [](const OptionDef& d) {
+          return d.name == "hierarchy";
+        })) {
+      out.push_back(b.name + ":hierarchy=off");
+    }
     if (!chosen.ok() || *chosen != b.name) continue;
     if (b.name == "ring" && one_host) {
       *note = "ring's algorithm variants left out: every process is on this host, where ring uses "
@@ -110,6 +120,9 @@ int run(int argc, char** argv) {
                 std::string(version()).c_str(),
                 tuning_layout_of(runner.context()).to_string().c_str(), candidates.size(),
                 sizes->size(), passes);
+    std::string list;
+    for (const std::string& c : candidates) list += (list.empty() ? "" : ", ") + c;
+    std::printf("# candidates: %s\n", list.c_str());
     if (!candidates_note.empty()) std::printf("# %s\n", candidates_note.c_str());
     for (const BackendResult& b : report.results) {
       if (!b.skipped.empty())
