@@ -1,4 +1,5 @@
-// TcpTransport: an algorithms::Transport over TCP with Boost.Asio (the ring backend's data path).
+// TcpTransport: an algorithms::Transport over TCP (the ring backend's data path); Boost.Asio runs the
+// setup, the data path is plain non-blocking sockets.
 //
 // Setup: every rank listens on an ephemeral port, publishes "host:port" in the store, connects to
 // every lower rank and accepts every higher one (a full mesh), each connection opened by a
@@ -24,13 +25,16 @@
 // fingerprint, step, stripe, frame and message length) and the payload, written with TCP_NODELAY.
 // With K > 1 sockets per peer, a message of 64 KiB or more is cut into K contiguous stripes, stripe
 // k a frame on socket k (tcp_wire.h); smaller ones go whole on socket 0, so latency is as with one.
-// A receive reads a frame only when one has been posted, straight into the caller's buffer, and
-// checks every header (tag, message size, stripe index and length) against what was posted first:
-// a peer can never make us allocate or write beyond what we posted, and a mismatched collective is
-// reported naming both sides.
+// A receive reads a frame only when one has been posted, straight into the caller's buffer: one
+// non-blocking recvmsg() fills the header, the posted buffer and the tag at once (a small frame is
+// one system call), and the header is checked (tag, message size, stripe index and length) before
+// the frame is accepted: a peer can never make us allocate or write beyond what we posted, and a
+// mismatched collective is reported naming both sides.
 //
-// Progress: the transport's io_context is driven by the thread that waits (no extra thread, no
-// hand-off latency); sends run on a writer thread (tcp_writer.h); every wait has a deadline. Any
+// Progress: reads are driven by the thread that waits (no extra thread, no hand-off latency): it
+// polls the sockets with receives posted, then (more ranks than cores) polls with sched_yield(),
+// then sleeps in poll() on them and on an eventfd that the writer thread signals when a send
+// completes; sends run on that writer thread (tcp_writer.h); every wait has a deadline. Any
 // error on any socket (a peer closing, a reset, a deadline, a mismatch) fails the whole transport
 // and closes every socket, so that the other ranks notice at once rather than at their own
 // deadline. Frames are in host byte order: all ranks must share one endianness (every platform
@@ -59,7 +63,7 @@ struct TcpTransportOptions {
   // ranks whose layout differs refuse each other at setup with a message naming both.
   std::string layout;
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
-  // How long a wait polls before sleeping in epoll: a message is often microseconds away and
+  // How long a wait polls before sleeping in poll(): a message is often microseconds away and
   // waking costs more, but polling steals the CPU from peers when ranks outnumber cores.
   std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
   // Then how long it polls with sched_yield() before sleeping (more ranks than cores).
