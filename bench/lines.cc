@@ -36,7 +36,8 @@ class BackendLine final : public Line {
     if (!completes_on_device_) return all_reduce(op, inputs, outputs, timeout);
     // On GPUs the Work completes on the device: keep issuing, wait once (drain).
     Work w = ops_->all_reduce(op, inputs, outputs);
-    if (w.test()) return w.error();
+    // A refusal or an error found at issue (error() reads no device state, unlike test()).
+    if (Status s = w.error(); !s.ok()) return s;
     in_flight_.push_back(std::move(w));
     return Status();
   }

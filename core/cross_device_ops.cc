@@ -639,7 +639,7 @@ CallInfo CrossDeviceOps::begin(Collective c, ReduceOp op, DType dtype, int64_t c
 
 Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
   // A collective that failed after validation leaves the group in an unknown state.
-  if (work.test()) {
+  if (work.completed_on_host()) {
     // Already complete (synchronous backends): no callback to allocate.
     Status s = work.error();
     if (!s.ok()) {

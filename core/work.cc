@@ -22,9 +22,9 @@ struct Work::State {
   Clock::time_point start = Clock::now();
   Clock::time_point end{};
   std::vector<std::function<void(const Status&)>> callbacks;
-  std::function<Status(void*)> stream_waiter;
-  // Shared, so that wait() takes a reference without copying the callable (no allocation per wait).
-  std::shared_ptr<const std::function<bool()>> probe;
+  // A collective that completes on a device: checked by wait() and test(), and what wait_stream()
+  // makes a stream wait for. Null once complete.
+  std::shared_ptr<const DeviceCompletion> device;
 };
 
 namespace {
@@ -62,17 +62,17 @@ Work Work::completed(Status status) {
 Status Work::wait(std::chrono::milliseconds timeout) const {
   if (state_->finished.load(std::memory_order_acquire)) return state_->status;
   std::unique_lock lock(state_->mu);
-  if (state_->probe && !state_->done) {
-    // A device-side collective: poll its probe on this thread, closely for the first millisecond
-    // (a collective on a GPU takes microseconds), then between short sleeps that the backend's own
+  if (state_->device && !state_->done) {
+    // A device-side collective: poll it on this thread, closely for the first millisecond (a
+    // collective on a GPU takes microseconds), then between short sleeps that the backend's own
     // completion also ends.
-    const std::shared_ptr<const std::function<bool()>> probe = state_->probe;
+    const std::shared_ptr<const DeviceCompletion> device = state_->device;
     lock.unlock();
     const auto begin = Clock::now();
     const auto deadline = begin + timeout;
     for (;;) {
       if (state_->finished.load(std::memory_order_acquire)) return state_->status;
-      if ((*probe)()) {
+      if (device->done()) {
         complete(Status());  // ignored if the backend completed it first, with whatever status
         return state_->status;
       }
@@ -96,6 +96,21 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
 }
 
 bool Work::test() const {
+  if (state_->finished.load(std::memory_order_acquire)) return true;
+  std::shared_ptr<const DeviceCompletion> device;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->done) return true;
+    device = state_->device;
+  }
+  if (device && device->done()) {
+    complete(Status());  // ignored if the backend completed it first
+    return true;
+  }
+  return false;
+}
+
+bool Work::completed_on_host() const {
   if (state_->finished.load(std::memory_order_acquire)) return true;
   std::lock_guard lock(state_->mu);
   return state_->done;
@@ -121,8 +136,7 @@ void Work::complete(Status status) const {
     state_->status = std::move(status);
     state_->end = Clock::now();
     callbacks.swap(state_->callbacks);
-    state_->stream_waiter = nullptr;
-    state_->probe = nullptr;
+    state_->device = nullptr;
     state_->finished.store(true, std::memory_order_release);
   }
   state_->cv.notify_all();
@@ -130,26 +144,19 @@ void Work::complete(Status status) const {
 }
 
 Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) const {
-  std::function<Status(void*)> waiter;
+  std::shared_ptr<const DeviceCompletion> device;
   {
     std::lock_guard lock(state_->mu);
     if (state_->done) return state_->status;
-    waiter = state_->stream_waiter;
+    device = state_->device;
   }
-  if (!waiter) return wait(timeout);
-  return waiter(cuda_stream);
+  if (!device) return wait(timeout);
+  return device->block_stream(cuda_stream);
 }
 
-void Work::set_stream_waiter(std::function<Status(void* cuda_stream)> fn) const {
+void Work::set_device_completion(std::shared_ptr<const DeviceCompletion> completion) const {
   std::lock_guard lock(state_->mu);
-  if (!state_->done) state_->stream_waiter = std::move(fn);
-}
-
-void Work::set_completion_probe(std::function<bool()> probe) const {
-  std::lock_guard lock(state_->mu);
-  if (!state_->done) {
-    state_->probe = std::make_shared<const std::function<bool()>>(std::move(probe));
-  }
+  if (!state_->done) state_->device = std::move(completion);
 }
 
 void Work::on_complete(std::function<void(const Status&)> fn) const {

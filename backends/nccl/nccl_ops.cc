@@ -96,47 +96,75 @@ struct Local {
   ncclComm_t data = nullptr;
 };
 
+// The events of one collective, one per local GPU: its Work's device completion. A failure
+// raises the gate's flag before the communicators are aborted, so events that an abort completed
+// never read as success.
+class EventSet final : public Work::DeviceCompletion {
+ public:
+  EventSet(std::vector<gpu::Event> events, std::shared_ptr<const std::atomic<bool>> failed)
+      : events_(std::move(events)), failed_(std::move(failed)) {}
+  const std::vector<gpu::Event>& events() const { return events_; }
+  bool done() const override {
+    if (failed_->load(std::memory_order_acquire)) return false;
+    for (const gpu::Event& e : events_) {
+      StatusOr<bool> q = e.query();
+      if (!q.ok() || !*q) return false;
+    }
+    return !failed_->load(std::memory_order_acquire);
+  }
+  Status block_stream(void* stream) const override {
+    for (const gpu::Event& e : events_) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
+    return Status();
+  }
+
+ private:
+  std::vector<gpu::Event> events_;
+  std::shared_ptr<const std::atomic<bool>> failed_;
+};
+
 // A collective in flight: the events that say it is done on each local GPU.
 struct Pending {
   CallInfo call;  // described only when it fails
   Work work;
-  std::shared_ptr<std::vector<gpu::Event>> events;
+  std::shared_ptr<const EventSet> events;
   Clock::time_point deadline;
 };
 
-// Recycled CUDA events, one set per collective: creating events costs microseconds per call. A
-// set returns to the pool when the last holder (the watchdog, a Work's stream waiter) lets go.
-class EventPool : public std::enable_shared_from_this<EventPool> {
+// Recycled event sets, one per collective in flight: creating events costs microseconds per call,
+// and so would a fresh allocation. A set is free again when the pool holds its only reference (the
+// Work and the watchdog have let go), so taking one allocates nothing once the pool has grown to
+// the number of collectives in flight.
+class EventPool {
  public:
-  explicit EventPool(std::vector<int> devices) : devices_(std::move(devices)) {}
-  StatusOr<std::shared_ptr<std::vector<gpu::Event>>> take() {
-    std::vector<gpu::Event>* set = nullptr;
-    {
-      std::lock_guard lock(mu_);
-      if (!free_.empty()) {
-        set = free_.back().release();
-        free_.pop_back();
+  EventPool(std::vector<int> devices, std::shared_ptr<const std::atomic<bool>> failed)
+      : devices_(std::move(devices)), failed_(std::move(failed)) {}
+  StatusOr<std::shared_ptr<const EventSet>> take() {
+    std::lock_guard lock(mu_);
+    // Round robin from where the last search stopped: collectives complete in order, so the
+    // next set is usually free.
+    for (size_t tried = 0; tried < sets_.size(); ++tried) {
+      next_ = next_ + 1 < sets_.size() ? next_ + 1 : 0;
+      if (sets_[next_].use_count() == 1) {
+        std::atomic_thread_fence(std::memory_order_acquire);  // after the last holder's release
+        return sets_[next_];
       }
     }
-    if (set == nullptr) {
-      auto fresh = std::make_unique<std::vector<gpu::Event>>();
-      for (int d : devices_) {
-        TRIBUTARY_ASSIGN_OR_RETURN(gpu::Event e, gpu::Event::create(d));
-        fresh->push_back(std::move(e));
-      }
-      set = fresh.release();
+    std::vector<gpu::Event> events;
+    for (int d : devices_) {
+      TRIBUTARY_ASSIGN_OR_RETURN(gpu::Event e, gpu::Event::create(d));
+      events.push_back(std::move(e));
     }
-    return std::shared_ptr<std::vector<gpu::Event>>(
-        set, [pool = shared_from_this()](std::vector<gpu::Event>* e) {
-          std::lock_guard lock(pool->mu_);
-          pool->free_.emplace_back(e);
-        });
+    sets_.push_back(std::make_shared<const EventSet>(std::move(events), failed_));
+    next_ = sets_.size() - 1;
+    return sets_.back();
   }
 
  private:
-  std::vector<int> devices_;
+  const std::vector<int> devices_;
+  const std::shared_ptr<const std::atomic<bool>> failed_;
   std::mutex mu_;
-  std::vector<std::unique_ptr<std::vector<gpu::Event>>> free_;
+  std::vector<std::shared_ptr<const EventSet>> sets_;
+  size_t next_ = 0;
 };
 
 // Device scratch on one GPU, freed (stream-ordered) when the call's enqueueing is over.
@@ -237,7 +265,7 @@ class NcclOps final : public CrossDeviceOps {
     }
     std::vector<int> event_devices;
     for (const Local& l : locals_) event_devices.push_back(l.device.index());
-    events_ = std::make_shared<EventPool>(std::move(event_devices));
+    events_ = std::make_unique<EventPool>(std::move(event_devices), gate_.flag());
     watchdog_ = std::thread([this] { watch(); });
     return Status();
   }
@@ -632,7 +660,7 @@ class NcclOps final : public CrossDeviceOps {
       fail_pending(failure());
       return Work::completed(failure());
     }
-    std::shared_ptr<std::vector<gpu::Event>> events;
+    std::shared_ptr<const EventSet> events;
     if (s.ok()) {
       auto taken = events_->take();
       if (taken.ok()) {
@@ -642,7 +670,7 @@ class NcclOps final : public CrossDeviceOps {
       }
     }
     for (size_t i = 0; i < locals_.size() && s.ok(); ++i) {
-      s = (*events)[i].record(locals_[i].stream.get());
+      s = events->events()[i].record(locals_[i].stream.get());
     }
     if (!s.ok()) {
       // Half-enqueued: the group is in an unknown state. Abort so that the peers fail too.
@@ -650,22 +678,10 @@ class NcclOps final : public CrossDeviceOps {
       fail_all(failed);
       return Work::completed(failed);
     }
+    // wait() and test() poll the events on the calling thread, wait_stream() makes a stream wait
+    // for them; errors and timeouts stay the watchdog's.
     Work work;
-    work.set_stream_waiter([events](void* stream) -> Status {
-      for (const gpu::Event& e : *events) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
-      return Status();
-    });
-    // wait() polls the events on the waiting thread. A failure raises the gate's flag before the
-    // communicators are aborted, so events that an abort completed never read as success here;
-    // errors and timeouts stay the watchdog's.
-    work.set_completion_probe([events, failed = gate_.flag()] {
-      if (failed->load(std::memory_order_acquire)) return false;
-      for (const gpu::Event& e : *events) {
-        StatusOr<bool> q = e.query();
-        if (!q.ok() || !*q) return false;
-      }
-      return !failed->load(std::memory_order_acquire);
-    });
+    work.set_device_completion(events);
     bool wake = false;
     {
       std::lock_guard lock(mu_);
@@ -709,17 +725,23 @@ class NcclOps final : public CrossDeviceOps {
         if (stop_) break;
       }
       if (pending_.empty()) {
-        sleeping_ = true;
-        cv_.wait_for(lock, std::chrono::milliseconds(100));
-        sleeping_ = false;
-        idle_since = Clock::now();
+        // Idle. Short naps first, which a launch does not end: it would cost the launching thread
+        // a futex call (several microseconds on a VM) for every collective of a busy loop. After
+        // a while, a long sleep that the next launch ends with a signal.
+        if (Clock::now() - idle_since < std::chrono::milliseconds(10)) {
+          cv_.wait_for(lock, std::chrono::milliseconds(1));
+        } else {
+          sleeping_ = true;
+          cv_.wait_for(lock, std::chrono::milliseconds(100));
+          sleeping_ = false;
+        }
         continue;
       }
       Pending head = pending_.front();
       lock.unlock();
       bool done = true;
       Status s;
-      for (const gpu::Event& e : *head.events) {
+      for (const gpu::Event& e : head.events->events()) {
         StatusOr<bool> q = e.query();
         if (!q.ok()) {
           s = q.status();
@@ -756,14 +778,12 @@ class NcclOps final : public CrossDeviceOps {
         lock.lock();
         continue;
       }
-      // In flight: poll closely for a while (a small collective takes microseconds), then back off.
-      // Not for long: a host that waits polls the events itself (the Work's completion probe), and
-      // this thread's CUDA and NCCL queries contend with the thread that enqueues the next call.
-      if (Clock::now() - idle_since < std::chrono::microseconds(200)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      // In flight: look again shortly. Not closely: a host that waits polls the events itself
+      // (wait() and test()), and this thread's CUDA and NCCL queries contend with the thread that
+      // enqueues the next call (a yielding loop here cost the launching thread a microsecond a
+      // call). So what this thread does (callbacks, timeouts, NCCL's asynchronous errors) lags the
+      // device by about 50 us.
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
       lock.lock();
     }
   }
@@ -986,7 +1006,7 @@ class NcclOps final : public CrossDeviceOps {
   std::deque<Pending> pending_;
   bool stop_ = false;
   bool sleeping_ = false;  // the watchdog waits on cv_ (nothing pending)
-  std::shared_ptr<EventPool> events_;
+  std::unique_ptr<EventPool> events_;
   mutable std::mutex comm_mu_;  // aborted_, failure_, and the communicators' teardown
   bool aborted_ = false;
   bool revoked_ = false;

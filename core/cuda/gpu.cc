@@ -39,6 +39,14 @@ Status cuda_status(cudaError_t err, const std::string& what) {
   }
 }
 
+// The same, with the description formatted only on failure: the calls on a collective's path
+// (events, copies, the current device) cost no formatting or allocation when they succeed.
+template <typename... Args>
+Status cuda_check(cudaError_t err, fmt::format_string<Args...> what, Args&&... args) {
+  if (err == cudaSuccess) [[likely]] return Status();
+  return cuda_status(err, fmt::format(what, std::forward<Args>(args)...));
+}
+
 struct Count {
   int n = 0;
   cudaError_t err = cudaSuccess;
@@ -139,10 +147,11 @@ Status check_visible(const Device& device) {
 
 Status set_device(int device) {
   const int physical = physical_device(device);
-  return cuda_status(cudaSetDevice(physical),
-                     physical == device ? fmt::format("cudaSetDevice({})", device)
-                                        : fmt::format("cudaSetDevice({}) for virtual GPU:{}",
-                                                      physical, device));
+  const cudaError_t err = cudaSetDevice(physical);
+  if (err == cudaSuccess) [[likely]] return Status();
+  return physical == device
+             ? cuda_check(err, "cudaSetDevice({})", device)
+             : cuda_check(err, "cudaSetDevice({}) for virtual GPU:{}", physical, device);
 }
 
 CurrentDeviceGuard::CurrentDeviceGuard() {
@@ -163,7 +172,7 @@ StatusOr<Stream> Stream::create(int device) {
   TRIBUTARY_RETURN_IF_ERROR(set_device(device));
   cudaStream_t s = nullptr;
   TRIBUTARY_RETURN_IF_ERROR(
-      cuda_status(cudaStreamCreate(&s), fmt::format("cudaStreamCreate on GPU:{}", device)));
+      cuda_check(cudaStreamCreate(&s), "cudaStreamCreate on GPU:{}", device));
   Stream out;
   out.stream_ = s;
   out.device_ = device;
@@ -190,13 +199,13 @@ Stream& Stream::operator=(Stream&& other) noexcept {
 }
 
 Status Stream::synchronize() const {
-  return cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
-                     fmt::format("cudaStreamSynchronize on GPU:{}", device_));
+  return cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+                     "cudaStreamSynchronize on GPU:{}", device_);
 }
 
 Status synchronize(void* stream, int device) {
-  return cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
-                     fmt::format("cudaStreamSynchronize on GPU:{}", device));
+  return cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+                     "cudaStreamSynchronize on GPU:{}", device);
 }
 
 // --- Event -----------------------------------------------------------------------------------------
@@ -204,9 +213,9 @@ Status synchronize(void* stream, int device) {
 StatusOr<Event> Event::create(int device, bool timing) {
   TRIBUTARY_RETURN_IF_ERROR(set_device(device));
   cudaEvent_t e = nullptr;
-  TRIBUTARY_RETURN_IF_ERROR(cuda_status(
+  TRIBUTARY_RETURN_IF_ERROR(cuda_check(
       cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
-      fmt::format("cudaEventCreate on GPU:{}", device)));
+      "cudaEventCreate on GPU:{}", device));
   Event out;
   out.event_ = e;
   out.device_ = device;
@@ -230,27 +239,27 @@ Event& Event::operator=(Event&& other) noexcept {
 }
 
 Status Event::record(void* stream) const {
-  return cuda_status(
+  return cuda_check(
       cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)),
-      fmt::format("cudaEventRecord on GPU:{}", device_));
+      "cudaEventRecord on GPU:{}", device_);
 }
 
 StatusOr<bool> Event::query() const {
   cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event_));
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) return false;
-  return cuda_status(err, fmt::format("cudaEventQuery on GPU:{}", device_));
+  return cuda_check(err, "cudaEventQuery on GPU:{}", device_);
 }
 
 Status Event::synchronize() const {
-  return cuda_status(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)),
-                     fmt::format("cudaEventSynchronize on GPU:{}", device_));
+  return cuda_check(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)),
+                     "cudaEventSynchronize on GPU:{}", device_);
 }
 
 Status Event::block_stream(void* stream) const {
-  return cuda_status(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+  return cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
                                          static_cast<cudaEvent_t>(event_), 0),
-                     fmt::format("cudaStreamWaitEvent (an event of GPU:{})", device_));
+                     "cudaStreamWaitEvent (an event of GPU:{})", device_);
 }
 
 StatusOr<float> Event::elapsed_ms_since(const Event& start) const {
@@ -270,30 +279,34 @@ Status copy_async(void* dst, const Device& dst_device, const void* src, const De
   auto s = static_cast<cudaStream_t>(stream);
   if (dst_device.is_cuda() && src_device.is_cuda() &&
       physical_device(dst_device.index()) != physical_device(src_device.index())) {
-    return cuda_status(cudaMemcpyPeerAsync(dst, physical_device(dst_device.index()), src,
-                                           physical_device(src_device.index()), bytes, s),
-        fmt::format("cudaMemcpyPeerAsync {} -> {} ({})", src_device.to_string(),
-                    dst_device.to_string(), bytes_text(bytes)));
+    const cudaError_t err = cudaMemcpyPeerAsync(dst, physical_device(dst_device.index()), src,
+                                                physical_device(src_device.index()), bytes, s);
+    if (err == cudaSuccess) [[likely]] return Status();
+    return cuda_status(err, fmt::format("cudaMemcpyPeerAsync {} -> {} ({})", src_device.to_string(),
+                                        dst_device.to_string(), bytes_text(bytes)));
   }
-  return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
-                     fmt::format("cudaMemcpyAsync {} -> {} ({})", src_device.to_string(),
-                                 dst_device.to_string(), bytes_text(bytes)));
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
+  if (err == cudaSuccess) [[likely]] return Status();
+  return cuda_status(err, fmt::format("cudaMemcpyAsync {} -> {} ({})", src_device.to_string(),
+                                      dst_device.to_string(), bytes_text(bytes)));
 }
 
 StatusOr<void*> allocate_async(size_t bytes, int device, void* stream) {
   TRIBUTARY_RETURN_IF_ERROR(set_device(device));
   void* p = nullptr;
-  TRIBUTARY_RETURN_IF_ERROR(
-      cuda_status(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(stream)),
-                  fmt::format("cudaMallocAsync of {} on GPU:{}", bytes_text(bytes), device)));
+  const cudaError_t err =
+      cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) {
+    return cuda_status(err, fmt::format("cudaMallocAsync of {} on GPU:{}", bytes_text(bytes), device));
+  }
   return p;
 }
 
 Status free_async(void* ptr, int device, void* stream) {
   if (ptr == nullptr) return Status();
   TRIBUTARY_RETURN_IF_ERROR(set_device(device));
-  return cuda_status(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)),
-                     fmt::format("cudaFreeAsync on GPU:{}", device));
+  return cuda_check(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)),
+                     "cudaFreeAsync on GPU:{}", device);
 }
 
 StatusOr<void*> allocate_pinned(size_t bytes) {
@@ -317,8 +330,8 @@ StatusOr<PeerLink> peer_link(int from, int to) {
     return link;
   }
   int access = 0;
-  TRIBUTARY_RETURN_IF_ERROR(cuda_status(cudaDeviceCanAccessPeer(&access, from, to),
-                                        fmt::format("cudaDeviceCanAccessPeer({}, {})", from, to)));
+  TRIBUTARY_RETURN_IF_ERROR(cuda_check(cudaDeviceCanAccessPeer(&access, from, to),
+                                        "cudaDeviceCanAccessPeer({}, {})", from, to));
   link.access = access != 0;
   if (link.access) {
     int rank = -1;
@@ -338,7 +351,7 @@ Status enable_peer_access(int from, int to) {
     (void)cudaGetLastError();
     return Status();
   }
-  return cuda_status(err, fmt::format("cudaDeviceEnablePeerAccess GPU:{} -> GPU:{}", from, to));
+  return cuda_check(err, "cudaDeviceEnablePeerAccess GPU:{} -> GPU:{}", from, to);
 }
 
 Status last_error(const std::string& what) { return cuda_status(cudaGetLastError(), what); }

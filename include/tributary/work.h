@@ -28,7 +28,8 @@ class Work {
   // Blocks until complete or until `timeout` passes. Returns the collective's Status, or
   // kDeadlineExceeded when the wait timed out first.
   Status wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) const;
-  // True once the collective has completed (successfully or not).
+  // True once the collective has completed (successfully or not). A GPU collective is checked on
+  // the device (its events) by this call.
   bool test() const;
   // The error of a completed Work; OK while pending or after success.
   Status error() const;
@@ -49,18 +50,31 @@ class Work {
   void complete(Status status) const;
   // For the front door: runs `fn` on completion (at once when already complete).
   void on_complete(std::function<void(const Status&)> fn) const;
-  // For backends that complete on a device: how wait_stream makes a stream wait while the Work is
-  // pending (e.g. cudaStreamWaitEvent on the collective's events).
-  void set_stream_waiter(std::function<Status(void* cuda_stream)> fn) const;
-  // For backends that complete on a device: a cheap, thread-safe check that wait() runs on the
-  // waiting thread while the Work is pending, so that a host waiting for a GPU collective sees its
-  // end at once instead of being woken by the backend's own thread (as cudaStreamSynchronize polls
-  // on the caller's thread). It returns true once the results are in place and no failure is
-  // known; wait() then completes the Work with OK. Errors and timeouts still come from the backend,
-  // which completes the Work itself as before (a later complete() is ignored).
-  void set_completion_probe(std::function<bool()> probe) const;
+  // For backends that complete on a device (a GPU collective's CUDA events): what wait(), test()
+  // and wait_stream() consult while the Work is pending.
+  class DeviceCompletion {
+   public:
+    virtual ~DeviceCompletion() = default;
+    // A cheap, thread-safe check, run by wait() and test() on the calling thread, so that a host
+    // waiting for a GPU collective sees its end at once instead of being woken by the backend's
+    // own thread (as cudaStreamSynchronize polls on the caller's thread). True once the results
+    // are in place and no failure is known; the Work then completes with OK. Errors and timeouts
+    // still come from the backend, which completes the Work itself (a later complete() is
+    // ignored).
+    virtual bool done() const = 0;
+    // Makes `cuda_stream` wait on the device until the results are written (e.g.
+    // cudaStreamWaitEvent on the collective's events).
+    virtual Status block_stream(void* cuda_stream) const = 0;
+  };
+  // One object per Work, which the backend may recycle once the Work lets go of it (use_count).
+  void set_device_completion(std::shared_ptr<const DeviceCompletion> completion) const;
 
  private:
+  friend class CrossDeviceOps;
+  // Complete as far as the host knows, without checking the device (test() does): the front door
+  // asks this of every Work it hands out.
+  bool completed_on_host() const;
+
   struct State;
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <thread>
 
 namespace tributary {
@@ -66,30 +68,81 @@ TEST(Work, CompletesFromAnotherThreadOnceAndRunsCallbacks) {
   EXPECT_GT(w.elapsed().count(), 0);
 }
 
-// A device-side Work: wait() polls the backend's probe on the waiting thread.
-TEST(Work, WaitPollsTheCompletionProbeAndCompletesOnceItSaysDone) {
+// A stand-in for a backend's device completion (CUDA events): done() says what `ready` says.
+class FakeDevice : public Work::DeviceCompletion {
+ public:
+  explicit FakeDevice(std::function<bool()> ready) : ready_(std::move(ready)) {}
+  bool done() const override {
+    ++checks;
+    return ready_();
+  }
+  Status block_stream(void* stream) const override {
+    blocked = stream;
+    return Status();
+  }
+  mutable std::atomic<int> checks{0};
+  mutable void* blocked = nullptr;
+
+ private:
+  std::function<bool()> ready_;
+};
+
+// A device-side Work: wait() polls the device on the waiting thread.
+TEST(Work, WaitPollsTheDeviceAndCompletesOnceItSaysDone) {
   Work w;
-  std::atomic<int> probes{0};
   std::atomic<int> callbacks{0};
   w.on_complete([&](const Status& s) {
     EXPECT_TRUE(s.ok());
     callbacks++;
   });
-  w.set_completion_probe([&] { return ++probes >= 5; });
-  EXPECT_FALSE(w.test());  // test() does not run the probe
-  EXPECT_EQ(probes.load(), 0);
+  auto counted = std::make_shared<std::atomic<int>>(0);
+  auto dev = std::make_shared<FakeDevice>([counted] { return ++*counted >= 5; });
+  w.set_device_completion(dev);
   EXPECT_TRUE(w.wait(10s).ok());
-  EXPECT_EQ(probes.load(), 5);
+  EXPECT_EQ(counted->load(), 5);
   EXPECT_TRUE(w.test());
   EXPECT_EQ(callbacks.load(), 1);
   w.complete(unavailable("late"));  // the backend's own completion afterwards is ignored
   EXPECT_TRUE(w.error().ok());
-  EXPECT_EQ(probes.load(), 5);  // a completed Work never probes again
+  EXPECT_EQ(counted->load(), 5);  // a completed Work never checks the device again
+  EXPECT_EQ(dev.use_count(), 1);  // and has let go of it (the backend may recycle it)
 }
 
-TEST(Work, ABackendErrorEndsAWaitWhoseProbeNeverSaysDone) {
+// test() checks the device too (as torch's Work.is_completed() queries the CUDA events): a Work
+// nobody waits for is seen complete without the backend's own thread.
+TEST(Work, TestChecksTheDevice) {
   Work w;
-  w.set_completion_probe([] { return false; });
+  std::atomic<bool> ready{false};
+  std::atomic<int> callbacks{0};
+  w.on_complete([&](const Status&) { callbacks++; });
+  auto dev = std::make_shared<FakeDevice>([&] { return ready.load(); });
+  w.set_device_completion(dev);
+  EXPECT_FALSE(w.test());
+  EXPECT_EQ(dev->checks.load(), 1);
+  ready = true;
+  EXPECT_TRUE(w.test());
+  EXPECT_EQ(callbacks.load(), 1);
+  EXPECT_TRUE(w.error().ok());
+  EXPECT_TRUE(w.test());
+  EXPECT_EQ(dev->checks.load(), 2);
+}
+
+TEST(Work, WaitStreamBlocksTheStreamWhilePendingAndNotAfter) {
+  Work w;
+  auto dev = std::make_shared<FakeDevice>([] { return false; });
+  w.set_device_completion(dev);
+  int stream_stand_in = 0;
+  EXPECT_TRUE(w.wait_stream(&stream_stand_in, 10ms).ok());
+  EXPECT_EQ(dev->blocked, &stream_stand_in);
+  dev->blocked = nullptr;
+  w.complete(aborted("aborted"));
+  EXPECT_EQ(w.wait_stream(&stream_stand_in, 10ms).code(), StatusCode::kAborted);
+  EXPECT_EQ(dev->blocked, nullptr);
+}
+
+TEST(Work, ABackendErrorEndsAWaitWhoseDeviceNeverSaysDone) {
+  Work w;
+  w.set_device_completion(std::make_shared<FakeDevice>([] { return false; }));
   std::thread t([w] {
     std::this_thread::sleep_for(5ms);  // past the close polling, into the sleeps
     w.complete(unavailable("peer died"));
@@ -98,21 +151,22 @@ TEST(Work, ABackendErrorEndsAWaitWhoseProbeNeverSaysDone) {
   t.join();
 }
 
-TEST(Work, AProbedWaitStillTimesOut) {
+TEST(Work, ADeviceWaitStillTimesOut) {
   Work w;
-  w.set_completion_probe([] { return false; });
+  w.set_device_completion(std::make_shared<FakeDevice>([] { return false; }));
   EXPECT_EQ(w.wait(20ms).code(), StatusCode::kDeadlineExceeded);
   EXPECT_FALSE(w.test());
   EXPECT_TRUE(w.error().ok());
 }
 
-TEST(Work, AnErrorBeforeTheProbeSaysDoneWins) {
+TEST(Work, AnErrorBeforeTheDeviceSaysDoneWins) {
   Work w;
   std::atomic<bool> done{false};
-  w.set_completion_probe([&] { return done.load(); });
+  w.set_device_completion(std::make_shared<FakeDevice>([&] { return done.load(); }));
   w.complete(aborted("aborted"));
   done = true;
   EXPECT_EQ(w.wait(10s).code(), StatusCode::kAborted);
+  EXPECT_TRUE(w.test());
 }
 
 }  // namespace
