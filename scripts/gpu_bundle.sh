@@ -23,4 +23,6 @@ done | sort -u | grep -vE 'libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libcuda\.
 cp -L "$build"/libtributary.so.0 .gpu/lib/
 strip --strip-debug .gpu/bin/* .gpu/lib/* 2>/dev/null || true
 cp scripts/gpu_run.sh .gpu/
+# The sampling profiler for `gpu_run.sh profile` (the GPU machine has no perf).
+g++ -O2 -shared -fPIC scripts/host_profile/sampler.cc -o .gpu/sampler.so
 du -sh .gpu

@@ -4,9 +4,12 @@
 # cores). Every step has its own time limit, so one hang cannot eat the lease. Logs go to a folder
 # that is packed into $OUT/logs.tgz after every step (what is under $OUT comes back even when the
 # whole command is stopped); a summary goes to stdout.
-#   bash .gpu/gpu_run.sh [all|bench|tests|compare]
+#   bash .gpu/gpu_run.sh [all|bench|tests|compare|profile]
 # compare: nccl's launch modes beside the direct line, then (when .gpu/old/libtributary.so.0 is
 # there) the earlier library against this one, then the nccl tests.
+# profile: the nccl line at 1 MiB under .gpu/sampler.so (scripts/host_profile), into $OUT with the
+# machine's libc; read it here with scripts/host_profile/symbolize.py against build-test's
+# unstripped libtributary.so.0.1.0 and tributary-bench.
 set -uo pipefail
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
@@ -77,6 +80,13 @@ if [[ $what == compare ]]; then
   timeout 90 $bin/gpu_test --gtest_brief=1 --gtest_filter='Nccl*/*MultiProcessConformance*' 2>&1 |
     tee "$logs/nccl_multiprocess.txt" | tail -5
   snap
+fi
+
+if [[ $what == profile ]]; then
+  step "nccl at 1 MiB under the sampling profiler"
+  SAMPLER_OUT=$out/prof LD_PRELOAD=$PWD/.gpu/sampler.so timeout 120 $bin/tributary-bench -g 1 \
+      -b 1M -e 1M -n 300000 -w 100 -T 30 --backend nccl --reference none 2>&1 | tail -3
+  cp -L /lib/x86_64-linux-gnu/libc.so.6 "$out/libc.so.6"
 fi
 
 if [[ $what == all || $what == bench ]]; then
