@@ -104,13 +104,18 @@ class EventSet final : public Work::DeviceCompletion {
   EventSet(std::vector<gpu::Event> events, std::shared_ptr<const std::atomic<bool>> failed)
       : events_(std::move(events)), failed_(std::move(failed)) {}
   const std::vector<gpu::Event>& events() const { return events_; }
+  // True once every event has fired; an error the device reported, as such.
+  StatusOr<bool> query() const {
+    for (const gpu::Event& e : events_) {
+      TRIBUTARY_ASSIGN_OR_RETURN(const bool fired, e.query());
+      if (!fired) return false;
+    }
+    return true;
+  }
   bool done() const override {
     if (failed_->load(std::memory_order_acquire)) return false;
-    for (const gpu::Event& e : events_) {
-      StatusOr<bool> q = e.query();
-      if (!q.ok() || !*q) return false;
-    }
-    return !failed_->load(std::memory_order_acquire);
+    const StatusOr<bool> fired = query();
+    return fired.ok() && *fired && !failed_->load(std::memory_order_acquire);
   }
   Status block_stream(void* stream) const override {
     for (const gpu::Event& e : events_) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
@@ -739,19 +744,9 @@ class NcclOps final : public CrossDeviceOps {
       }
       Pending head = pending_.front();
       lock.unlock();
-      bool done = true;
-      Status s;
-      for (const gpu::Event& e : head.events->events()) {
-        StatusOr<bool> q = e.query();
-        if (!q.ok()) {
-          s = q.status();
-          break;
-        }
-        if (!*q) {
-          done = false;
-          break;
-        }
-      }
+      const StatusOr<bool> fired = head.events->query();
+      Status s = fired.status();
+      const bool done = fired.ok() && *fired;
       if (s.ok()) s = async_errors();
       if (s.ok() && !done && Clock::now() > head.deadline) {
         s = deadline_exceeded(fmt::format(

@@ -200,12 +200,12 @@ Stream& Stream::operator=(Stream&& other) noexcept {
 
 Status Stream::synchronize() const {
   return cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
-                     "cudaStreamSynchronize on GPU:{}", device_);
+                    "cudaStreamSynchronize on GPU:{}", device_);
 }
 
 Status synchronize(void* stream, int device) {
   return cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
-                     "cudaStreamSynchronize on GPU:{}", device);
+                    "cudaStreamSynchronize on GPU:{}", device);
 }
 
 // --- Event -----------------------------------------------------------------------------------------
@@ -253,13 +253,13 @@ StatusOr<bool> Event::query() const {
 
 Status Event::synchronize() const {
   return cuda_check(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)),
-                     "cudaEventSynchronize on GPU:{}", device_);
+                    "cudaEventSynchronize on GPU:{}", device_);
 }
 
 Status Event::block_stream(void* stream) const {
   return cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                         static_cast<cudaEvent_t>(event_), 0),
-                     "cudaStreamWaitEvent (an event of GPU:{})", device_);
+                                        static_cast<cudaEvent_t>(event_), 0),
+                    "cudaStreamWaitEvent (an event of GPU:{})", device_);
 }
 
 StatusOr<float> Event::elapsed_ms_since(const Event& start) const {
@@ -282,8 +282,9 @@ Status copy_async(void* dst, const Device& dst_device, const void* src, const De
     const cudaError_t err = cudaMemcpyPeerAsync(dst, physical_device(dst_device.index()), src,
                                                 physical_device(src_device.index()), bytes, s);
     if (err == cudaSuccess) [[likely]] return Status();
-    return cuda_status(err, fmt::format("cudaMemcpyPeerAsync {} -> {} ({})", src_device.to_string(),
-                                        dst_device.to_string(), bytes_text(bytes)));
+    return cuda_status(err, fmt::format("cudaMemcpyPeerAsync {} -> {} ({})",
+                                        src_device.to_string(), dst_device.to_string(),
+                                        bytes_text(bytes)));
   }
   const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
   if (err == cudaSuccess) [[likely]] return Status();
@@ -297,7 +298,8 @@ StatusOr<void*> allocate_async(size_t bytes, int device, void* stream) {
   const cudaError_t err =
       cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {
-    return cuda_status(err, fmt::format("cudaMallocAsync of {} on GPU:{}", bytes_text(bytes), device));
+    return cuda_status(
+        err, fmt::format("cudaMallocAsync of {} on GPU:{}", bytes_text(bytes), device));
   }
   return p;
 }
@@ -306,7 +308,7 @@ Status free_async(void* ptr, int device, void* stream) {
   if (ptr == nullptr) return Status();
   TRIBUTARY_RETURN_IF_ERROR(set_device(device));
   return cuda_check(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)),
-                     "cudaFreeAsync on GPU:{}", device);
+                    "cudaFreeAsync on GPU:{}", device);
 }
 
 StatusOr<void*> allocate_pinned(size_t bytes) {
@@ -331,7 +333,7 @@ StatusOr<PeerLink> peer_link(int from, int to) {
   }
   int access = 0;
   TRIBUTARY_RETURN_IF_ERROR(cuda_check(cudaDeviceCanAccessPeer(&access, from, to),
-                                        "cudaDeviceCanAccessPeer({}, {})", from, to));
+                                       "cudaDeviceCanAccessPeer({}, {})", from, to));
   link.access = access != 0;
   if (link.access) {
     int rank = -1;
