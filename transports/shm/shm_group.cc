@@ -285,13 +285,21 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
       continue;
     }
     // This rank's piece, reduced (its own part read straight from `in`, sources in rank order as
-    // every reducer uses) into its own slot for the others and into its output.
+    // every reducer uses) into its output, then copied from there into its own slot for the
+    // others. Not reduced into both at once: vector stores to slot lines that a peer core has
+    // read are slow where that core is far away (an invalidation round trip each), while
+    // memcpy's string copy is not. Measured with 2 processes on 2 vCPUs of an AMD EPYC VM,
+    // float32 sum in place: 1 MiB 5.7-6.1 -> 13.4-14.2 GB/s, 256 MiB 4.7 -> 8.2-8.6; no change
+    // where the cores are close (13-14 GB/s at 16 MiB either way).
     if (e > b) {
       const size_t pb = static_cast<size_t>(b) * elem;
+      const size_t piece_bytes = static_cast<size_t>(e - b) * elem;
       for (int r = 0; r < size; ++r) srcs[static_cast<size_t>(r)] = slot(r, g) + pb;
       srcs[static_cast<size_t>(rank)] = in + at + pb;
-      void* dsts[2] = {slot(rank, g) + pb, out + at + pb};
-      algorithms::reduce(op, dtype, srcs, dsts, static_cast<size_t>(e - b), mean_divisor);
+      void* dst = out + at + pb;
+      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1),
+                         static_cast<size_t>(e - b), mean_divisor);
+      std::memcpy(slot(rank, g) + pb, dst, piece_bytes);
     }
     publish(Field::kReduced, g + 1);
     TRIBUTARY_RETURN_IF_ERROR(wait_all(Field::kReduced, g + 1, call));

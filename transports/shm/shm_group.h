@@ -7,8 +7,8 @@
 //   2. waits until every rank has staged the chunk, checks every header (a rank that issued another
 //      collective is a mismatch error, naming both, on every rank), and does its share:
 //        all-reduce      reduces piece `rank` (1/n of the chunk) from its own input and every
-//                        peer's slot (so a rank stages only the pieces its peers reduce), writing
-//                        it both to its output and into its own slot; publishes `reduced`, waits
+//                        peer's slot (so a rank stages only the pieces its peers reduce) into its
+//                        output, and copies it into its own slot; publishes `reduced`, waits
 //                        for every rank's, then copies the other pieces from their owners' slots;
 //                        a chunk of at most `small_bytes` is reduced whole by every rank instead
 //                        (one synchronisation instead of two: the latency path);
@@ -18,7 +18,9 @@
 //   3. publishes `consumed`: a slot is reused only once every rank has consumed what it held.
 // So each byte of user data is read once from and written once to memory that is not shared (the
 // slot traffic stays in the caches), the floor that an in-process all-reduce has; with `slots` > 1
-// a rank stages the next chunk while slower peers finish this one.
+// a rank stages the next chunk while slower peers finish this one. Slots are only ever written by
+// memcpy: on a VM whose two vCPUs sat far apart, reduction kernels storing into slot lines that the
+// peer had read ran at a third of the speed (see all_reduce in the .cc).
 //
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
