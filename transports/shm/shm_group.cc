@@ -288,9 +288,10 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
     // every reducer uses) into its output, then copied from there into its own slot for the
     // others. Not reduced into both at once: vector stores to slot lines that a peer core has
     // read are slow where that core is far away (an invalidation round trip each), while
-    // memcpy's string copy is not. Measured with 2 processes on 2 vCPUs of an AMD EPYC VM,
-    // float32 sum in place: 1 MiB 5.7-6.1 -> 13.4-14.2 GB/s, 256 MiB 4.7 -> 8.2-8.6; no change
-    // where the cores are close (13-14 GB/s at 16 MiB either way).
+    // memcpy's string copy is not. tributary-bench, 2 processes on the 2 vCPUs of an AMD EPYC
+    // VM, float32 sum in place, before -> after, interleaved: 1 MiB 5.9-7.1 -> 12.6-14.0 GB/s,
+    // 16 MiB 5.6-6.2 -> 8.6-12.5, 256 MiB 5.5-5.8 -> 6.5-10.0. A two-thread copy of this loop
+    // showed no change in the VM's other mode, where the cores are close (13-14 GB/s at 16 MiB).
     if (e > b) {
       const size_t pb = static_cast<size_t>(b) * elem;
       const size_t piece_bytes = static_cast<size_t>(e - b) * elem;
