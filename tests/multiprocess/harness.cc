@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "tributary/store.h"
@@ -122,19 +124,28 @@ StatusOr<BackendContext> tcp_group_context(int rank, int world, int local, std::
 }
 
 std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  std::uint16_t port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
+  // The kernel may hand the same ephemeral port to two binds in a row once the first socket is
+  // closed, and a caller that asks for several ports (a cluster spec) must get distinct ones: a
+  // port given out before by this process is never given again.
+  static std::mutex mu;
+  static std::set<std::uint16_t> given;
+  const std::lock_guard<std::mutex> lock(mu);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    std::uint16_t port = 0;
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port = ntohs(a.sin_port);
+    }
+    if (fd >= 0) ::close(fd);
+    if (port != 0 && given.insert(port).second) return port;
   }
-  if (fd >= 0) ::close(fd);
-  if (port == 0) ADD_FAILURE() << "no free port on 127.0.0.1";
-  return port;
+  ADD_FAILURE() << "no free port on 127.0.0.1 that this process has not used already";
+  return 0;
 }
 
 }  // namespace tributary::testing

@@ -50,7 +50,8 @@ StatusOr<BackendContext> group_context(int rank, int world, int local, const std
 StatusOr<BackendContext> tcp_group_context(int rank, int world, int local, std::uint16_t port,
                                            std::map<std::string, std::string> config = {});
 
-// A TCP port that was free a moment ago on 127.0.0.1.
+// A TCP port that was free a moment ago on 127.0.0.1, and never one this process was given before
+// (so the ports of one cluster spec differ).
 std::uint16_t free_port();
 
 }  // namespace tributary::testing
