@@ -14,7 +14,7 @@
 // --store picks how the reduced piece reaches the slot:
 //   memcpy   reduce into the buffer, then memcpy it into the slot (what ShmGroup does);
 //   reduce   the kernel writes both the buffer and the slot (what ShmGroup did until it was
-//            measured: a third of the speed where the two cores were far apart on an EPYC VM).
+//            measured: half the speed where the two cores were far apart on an EPYC VM).
 //
 //   tributary-shm-slots-bench [--sizes 1M,16M,256M] [--chunk 512K] [--slots 4]
 //                             [--store memcpy|reduce] [--rounds 3] [--cores 0,1]
@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,7 +99,7 @@ void pin_to(int core) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(core, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // checked allowed in main_impl
 }
 
 // Rank `r` (0 or 1) of the model; `me` and `peer` are the two ranks' state.
@@ -191,6 +192,18 @@ int main_impl(int argc, char** argv) {
   std::array<int, 2> cores{0, 1};
   if (std::sscanf(cores_text.c_str(), "%d,%d", &cores[0], &cores[1]) != 2) {
     std::fprintf(stderr, "--cores: two core numbers, e.g. 0,1\n");
+    return 2;
+  }
+  // The ranks spin while they wait: on one core each wait would last a scheduler time slice.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || cores[0] == cores[1] ||
+      std::min(cores[0], cores[1]) < 0 || std::max(cores[0], cores[1]) >= CPU_SETSIZE ||
+      !CPU_ISSET(cores[0], &allowed) || !CPU_ISSET(cores[1], &allowed)) {
+    std::fprintf(stderr,
+                 "--cores %s: two different cores this process may run on are needed (the model's "
+                 "ranks spin while they wait)\n",
+                 cores_text.c_str());
     return 2;
   }
   std::vector<size_t> sizes;

@@ -294,13 +294,12 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
     // showed no change in the VM's other mode, where the cores are close (13-14 GB/s at 16 MiB).
     if (e > b) {
       const size_t pb = static_cast<size_t>(b) * elem;
-      const size_t piece_bytes = static_cast<size_t>(e - b) * elem;
+      const size_t n = static_cast<size_t>(e - b);
       for (int r = 0; r < size; ++r) srcs[static_cast<size_t>(r)] = slot(r, g) + pb;
       srcs[static_cast<size_t>(rank)] = in + at + pb;
       void* dst = out + at + pb;
-      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1),
-                         static_cast<size_t>(e - b), mean_divisor);
-      std::memcpy(slot(rank, g) + pb, dst, piece_bytes);
+      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), n, mean_divisor);
+      std::memcpy(slot(rank, g) + pb, dst, n * elem);
     }
     publish(Field::kReduced, g + 1);
     TRIBUTARY_RETURN_IF_ERROR(wait_all(Field::kReduced, g + 1, call));

@@ -20,7 +20,7 @@
 // slot traffic stays in the caches), the floor that an in-process all-reduce has; with `slots` > 1
 // a rank stages the next chunk while slower peers finish this one. Slots are only ever written by
 // memcpy: on a VM whose two vCPUs sat far apart, reduction kernels storing into slot lines that the
-// peer had read ran at a third of the speed (see all_reduce in the .cc).
+// peer had read ran at half the speed (see all_reduce in the .cc).
 //
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
