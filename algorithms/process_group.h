@@ -4,7 +4,9 @@
 //  - TransportGroup (here): the algorithms of collectives.h over a point-to-point Transport (TCP,
 //    UCX, loopback);
 //  - ShmGroup (transports/shm): processes of one host, through shared memory;
-//  - HierarchicalGroup (hierarchical.h): a group within each host and one across hosts, composed.
+//  - HierarchicalGroup (hierarchical_group.h): a group within each host and one across hosts,
+//    composed;
+//  - GlooGroup (backends/gloo): Gloo's own algorithms and TCP transport.
 //
 // Contract (every method): called by every rank of the group with the same arguments, in the same
 // order, from one thread at a time; `call.tag` names the collective (sequence and fingerprint), so
@@ -15,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +42,10 @@ class ProcessGroup {
   // Whether its errors name ranks by their number in the whole job (else by their number in this
   // group, which a group made of some of the job's ranks must then translate: HierarchicalGroup).
   virtual bool names_global_ranks() const { return false; }
+  // Whether the group itself fails every rank when they name different broadcast roots (gloo's
+  // fingerprint exchange carries call.tag.root); otherwise ProcessGroupOps agrees on the root
+  // first, with a small all-reduce.
+  virtual bool checks_roots() const { return false; }
 
   // `data` (count elements) = op over every rank's data; with `source` (not overlapping `data`),
   // out of place: `source` is the input, `data` only the output. MEAN divides by `mean_divisor`.
@@ -54,10 +61,38 @@ class ProcessGroup {
   virtual Status reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count,
                                 DType dtype, ReduceOp op, int64_t mean_divisor) = 0;
 
+  // register_buffers (cross_device_ops.h): later all-reduces on exactly `data` (count elements
+  // of dtype) may use what the group prepares for it, until release_buffer(id). Collective, like
+  // the others. Default: nothing to prepare.
+  virtual Status register_buffer(const GroupCall& call, uint64_t id, void* data, int64_t count,
+                                 DType dtype) {
+    (void)call, (void)id, (void)data, (void)count, (void)dtype;
+    return Status();
+  }
+  // Local: drops what register_buffer(id) prepared.
+  virtual void release_buffer(uint64_t id) { (void)id; }
+
   // Breaks the group with `why` (if not broken already) and tells the peers.
   virtual void abort(const Status& why) = 0;
   // The first error, or OK.
   virtual Status error() const = 0;
+
+  // Set by ProcessGroupOps: publishes why this rank fails, in the job's store, where peers look
+  // for the root cause of their own failure (CrossDeviceOps::publish_refusal).
+  void set_refusal_publisher(std::function<void(const Status&)> publish) {
+    publish_ = std::move(publish);
+  }
+
+ protected:
+  // For a failure every rank detects alike (a mismatch found by an exchange of the group's own):
+  // called before the group closes its connections, so that peers which notice the closed
+  // connection first can still say why.
+  void publish_refusal(const Status& why) const {
+    if (publish_) publish_(why);
+  }
+
+ private:
+  std::function<void(const Status&)> publish_;
 };
 
 // The algorithms of collectives.h over a Transport. `algorithm` picks the all-reduce (kAuto: the

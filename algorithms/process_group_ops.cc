@@ -87,7 +87,9 @@ ProcessGroupOps::ProcessGroupOps(std::string name, BackendContext context, Optio
                                  uint64_t bytes_per_pack)
     : CrossDeviceOps(std::move(name), std::move(context), std::move(options), std::move(caps)),
       group_(std::move(group)),
-      bytes_per_pack_(bytes_per_pack) {}
+      bytes_per_pack_(bytes_per_pack) {
+  if (group_) group_->set_refusal_publisher([this](const Status& why) { publish_refusal(why); });
+}
 
 GroupCall ProcessGroupOps::group_call(const CallInfo& call) const {
   // Saturate: a huge timeout must not overflow the clock.
@@ -184,26 +186,45 @@ Work ProcessGroupOps::broadcast_impl(const CallInfo& call, const Tensor& source,
   const Tensor& first = destinations[0];
   if (s.ok() && rank() == root) s = local_copy(source, one(first));
   if (s.ok() && group_ && world_size() > 1) {
-    // Every rank must name the same root. Data flows one way in a broadcast, so a leaf naming
-    // another root could only notice it alone while the others succeed; a small all-reduce of the
-    // root first makes every rank see a difference (the root also rides in every tag, so over TCP
-    // and UCX the mismatch is reported by the transport, naming both sides).
     GroupCall gc = group_call(call);
     gc.tag.root = root;
-    int64_t roots[2] = {root, -root};  // max, and -min
-    s = group_->all_reduce(gc, roots, 2, DType::kInt64, ReduceOp::kMax, 1, nullptr);
-    if (s.ok() && roots[0] != -roots[1]) {
-      s = aborted("collective mismatch: broadcast " + call.describe() + ": rank " +
-                  std::to_string(rank()) + " named root " + std::to_string(root) +
-                  " but other ranks named roots from " + std::to_string(-roots[1]) + " to " +
-                  std::to_string(roots[0]) + "; every rank must name the same root");
-    }
+    if (!group_->checks_roots()) s = agree_on_root(call, gc, root);
     if (s.ok()) s = group_->broadcast(gc, first.data(), first.nbytes(), root);
   }
   if (s.ok() && destinations.size() > 1) {
     s = local_copy(first, std::span<const Tensor>(destinations.values()).subspan(1));
   }
   return finish(std::move(s));
+}
+
+Status ProcessGroupOps::agree_on_root(const CallInfo& call, const GroupCall& gc, int root) {
+  // Every rank must name the same root. Data flows one way in a broadcast, so a leaf naming
+  // another root could only notice it alone while the others succeed; a small all-reduce of the
+  // root first makes every rank see a difference (the root also rides in every tag, so over TCP
+  // and UCX the mismatch is reported by the transport, naming both sides).
+  int64_t roots[2] = {root, -root};  // max, and -min
+  TRIBUTARY_RETURN_IF_ERROR(
+      group_->all_reduce(gc, roots, 2, DType::kInt64, ReduceOp::kMax, 1, nullptr));
+  if (roots[0] != -roots[1]) {
+    return aborted("collective mismatch: " + call.describe() + ": rank " +
+                   std::to_string(rank()) + " named root " + std::to_string(root) +
+                   " but other ranks named roots from " + std::to_string(-roots[1]) + " to " +
+                   std::to_string(roots[0]) + "; every rank must name the same root");
+  }
+  return Status();
+}
+
+Status ProcessGroupOps::register_buffers_impl(const CallInfo& call, uint64_t id,
+                                              const PerReplica<Tensor>& buffers) {
+  if (!group_ || world_size() <= 1) return Status();
+  const Tensor& t = buffers[0];
+  Status s = group_->register_buffer(group_call(call), id, t.data(), t.num_elements(), t.dtype());
+  if (!s.ok() && group_->error().ok()) group_->abort(s);
+  return s;
+}
+
+void ProcessGroupOps::release_buffers_impl(uint64_t id) {
+  if (group_) group_->release_buffer(id);
 }
 
 Work ProcessGroupOps::all_gather_impl(const CallInfo& call, const PerReplica<Tensor>& inputs,

@@ -63,6 +63,11 @@ class ProcessGroupOps final : public CrossDeviceOps {
   Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
                            const PerReplica<Tensor>& outputs) override;
   void abandon(const Status& why) override;
+  // The group's register_buffer on the first buffer (the one every all-reduce's result lands in
+  // before it crosses processes).
+  Status register_buffers_impl(const CallInfo& call, uint64_t id,
+                               const PerReplica<Tensor>& buffers) override;
+  void release_buffers_impl(uint64_t id) override;
 
  private:
   GroupCall group_call(const CallInfo& call) const;
@@ -73,6 +78,8 @@ class ProcessGroupOps final : public CrossDeviceOps {
   // reduce_everywhere into outputs[0], then a copy to every other output.
   Status reduce_to_all(const CallInfo& call, ReduceOp op, std::span<const Tensor> inputs,
                        std::span<const Tensor> outputs);
+  // Fails every rank unless all name the same broadcast root (groups that do not check it).
+  Status agree_on_root(const CallInfo& call, const GroupCall& gc, int root);
   Status batch_reduce_packs(const CallInfo& call, ReduceOp op, std::span<const ReducePair> pairs);
   // The group's first error stays the answer to every later collective.
   Work finish(Status s);

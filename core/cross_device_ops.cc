@@ -484,8 +484,11 @@ Status CrossDeviceOps::find_root_cause(Status failure, uint64_t sequence) const 
                             std::to_string(rank()) + " saw: " + failure.message());
   }
   // A peer that refused its part said why in the store before it broke the connections. Backends
-  // that pass the reason on their own connections (ring, ucx) have it in the message already.
-  if (scope_ && failure.message().find(" refused its part: ") == std::string::npos) {
+  // that pass the reason on their own connections (ring, ucx, gloo's control channel) have it in
+  // the message already: that is the root cause, and no roll call follows (the refusing rank
+  // issued no collective, so it would be named as silent).
+  if (failure.message().find(" refused its part: ") != std::string::npos) return failure;
+  if (scope_) {
     // One quick look per peer, within 1 s in all (a store that stopped answering costs no more).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     for (int r = 0; r < world_size() && std::chrono::steady_clock::now() < until; ++r) {

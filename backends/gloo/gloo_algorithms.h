@@ -29,7 +29,7 @@
 // steps), ReduceScatterHalvingDoubling; and gloo::broadcast / gloo::allgather (unbound).
 //
 // Every function here may throw Gloo's exceptions (gloo::IoException, gloo::EnforceNotMet, ...)
-// or std::bad_alloc; the backend's boundary (GlooOps::guarded) converts them to Status.
+// or std::bad_alloc; the backend's boundary (GlooGroup::guarded) converts them to Status.
 // Threading: an AlgorithmCache is used by one thread at a time (its backend's calling thread).
 #pragma once
 
@@ -164,7 +164,7 @@ class AlgorithmCache {
   // agreed outcomes only, so it is the same on every rank.
   bool binding_pays(ClassicKind kind, DType dtype, ReduceOp op, int64_t count) const;
   // An all-reduce instance over the caller's buffer `user` that the cache neither holds, counts
-  // nor evicts (a registered buffer's: GlooOps::register_buffers_impl). Built like the cache's,
+  // nor evicts (a registered buffer's: GlooGroup::register_buffer). Built like the cache's,
   // so every rank must build it at the same call; its footprint is Gloo's own buffers
   // (1-2x the buffer, gloo_overhead_factor).
   std::unique_ptr<BoundAlgorithm> build_detached(ClassicKind kind, DType dtype, ReduceOp op,

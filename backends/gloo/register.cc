@@ -2,7 +2,8 @@
 #include <string>
 
 #include "algorithms/process_group.h"
-#include "backends/gloo/gloo_ops.h"
+#include "algorithms/process_group_ops.h"
+#include "backends/gloo/gloo_group.h"
 #include "core/rendezvous.h"
 #include "transports/tcp/tcp_transport.h"
 #include "tributary/registry.h"
@@ -123,8 +124,7 @@ Status register_gloo(BackendRegistry& registry) {
                               " turns off; use mode=async, or a classic algorithm (ring, "
                               "ring_chunked, halving_doubling, bcube, auto)");
     }
-    backends::GlooConnection gloo;
-    std::unique_ptr<algorithms::ProcessGroup> control;
+    std::unique_ptr<algorithms::ProcessGroup> group;
     std::shared_ptr<Store> scope;
     if (context.world_size > 1) {
       backends::GlooConnectOptions c;
@@ -150,8 +150,7 @@ Status register_gloo(BackendRegistry& registry) {
       scope = store;
       auto made = backends::connect_gloo(context.rank, context.world_size, store, c);
       if (!made.ok()) return made.status();
-      gloo = std::move(made).value();
-      // The control channel (gloo_ops.h): fingerprints only, over tributary's TCP transport.
+      // The control channel (gloo_group.h): fingerprints only, over tributary's TCP transport.
       transports::TcpTransportOptions t;
       t.host = c.host;
       t.coordinator = context.coordinator_host;
@@ -170,12 +169,29 @@ Status register_gloo(BackendRegistry& registry) {
       if (!transport.ok()) {
         return transport.status().with_context("backend 'gloo': its control channel (TCP)");
       }
-      control = std::make_unique<algorithms::TransportGroup>(
+      auto control = std::make_unique<algorithms::TransportGroup>(
           std::move(transport).value(), algorithms::AllReduceAlgorithm::kRecursiveDoubling, 0,
           "tcp (control)");
+      backends::GlooGroupSettings g;
+      g.algorithm = backends::parse_gloo_algorithm(algorithm);
+      const std::string& rs = options.get_string("reduce_scatter");
+      g.reduce_scatter = rs == "halving_doubling" ? backends::GlooReduceScatter::kHalvingDoubling
+                         : rs == "all_reduce"     ? backends::GlooReduceScatter::kAllReduce
+                                                  : backends::GlooReduceScatter::kAuto;
+      g.auto_threshold = options.get_size("auto_threshold");
+      g.cache_bytes = options.get_size("cache_bytes");
+      g.verify = options.get_bool("verify");
+      g.sync = mode != "async";
+      g.local_replicas = static_cast<int>(context.devices.size());
+      g.timeout = c.timeout;
+      group = std::make_unique<backends::GlooGroup>(std::move(made).value(), std::move(control),
+                                                    g);
     }
-    std::unique_ptr<CrossDeviceOps> ops = std::make_unique<backends::GlooOps>(
-        context, std::move(options), caps, std::move(gloo), std::move(control));
+    // Everything around Gloo (local replicas, packing, copies, failure) is ProcessGroupOps', as
+    // for ring and ucx (gloo_group.h).
+    const uint64_t bytes_per_pack = options.get_size("bytes_per_pack");
+    std::unique_ptr<CrossDeviceOps> ops = std::make_unique<algorithms::ProcessGroupOps>(
+        "gloo", context, std::move(options), caps, std::move(group), bytes_per_pack);
     internal::attach_progress_store(*ops, std::move(scope));
     return ops;
   };

@@ -459,7 +459,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorld, ::testing::ValuesIn(world_params()),
                          });
 
 // Classic instances run on the caller's buffer once the ranks agree which cached one is bound to
-// it (GlooOps::Binding). Six buffers of one size (more than the four places a key has) are reduced
+// it (GlooGroup::Binding). Six buffers of one size (more than the four places a key has) are reduced
 // in place in an order that differs between ranks, so that ranks agree, disagree, reuse, replace
 // and, when buffers change every call, give binding up; every result must still be right.
 TEST(Gloo, BoundToCallersBuffersAcrossReuseAndReplacement) {
@@ -1011,8 +1011,9 @@ TEST(GlooFailure, CallRefusedOnOneRankFailsThePeersWithItsReason) {
         const double took = std::chrono::duration<double>(Clock::now() - start).count();
         if (me.rank == 1) {
           if (s.code() != StatusCode::kInvalidArgument) check.fail("got %s", s.to_string().c_str());
-        } else if (s.message().find("rank 1 refused its part: all_reduce: outputs[0] has 63") !=
-                       0 ||
+        } else if (s.message().find("rank 1 refused its part: all_reduce: outputs[0] has 63") ==
+                       std::string::npos ||
+                   s.message().find("did not fail with the others") != std::string::npos ||
                    took > 10.0) {
           check.fail("want rank 1's reason first, well within the timeout; got after %.1f s: %s",
                      took, s.to_string().c_str());
@@ -1070,6 +1071,42 @@ TEST(GlooFailure, DifferentCollectivesAreAMismatchNotATimeout) {
                        1 - me.rank, peer_call.c_str(), took, s.to_string().c_str());
           } else {
             fprintf(stderr, "[rank %d] expected error: %s\n", me.rank, s.to_string().c_str());
+          }
+          return check.ok() ? 0 : 1;
+        },
+        30);
+    expect_all_zero(codes);
+  }
+}
+
+// Ranks naming different broadcast roots: with verify the fingerprint carries the root; without it
+// ProcessGroupOps agrees on the root first (GlooGroup::checks_roots is false then). Either way
+// every rank fails with a mismatch naming the roots, and no rank returns data from another root.
+TEST(GlooFailure, DifferentBroadcastRootsFailEveryRankWithOrWithoutVerify) {
+  for (const char* verify : {"true", "false"}) {
+    const std::string spec = std::string("gloo:timeout=10s,verify=") + verify;
+    const std::vector<int> codes = run_world(
+        3, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          auto made = create(spec, me);
+          if (!made.ok()) {
+            check.fail("%s", made.status().to_string().c_str());
+            return 1;
+          }
+          std::vector<float> data(16, static_cast<float>(me.rank));
+          Tensor x(data.data(), DType::kFloat32, Shape{16});
+          const int root = me.rank == 2 ? 1 : 0;  // rank 2 names another root
+          const auto start = Clock::now();
+          Status s = (*made)->broadcast(x, Mirrored<Tensor>({x}), root).wait();
+          const double took = std::chrono::duration<double>(Clock::now() - start).count();
+          if (s.ok() || s.message().find("mismatch") == std::string::npos ||
+              s.message().find("root") == std::string::npos || took > 5.0) {
+            check.fail("%s: want a root mismatch well within the 10 s timeout, got after %.1f s: %s",
+                       spec.c_str(), took, s.to_string().c_str());
+          } else {
+            fprintf(stderr, "[rank %d] expected error (%s): %s\n", me.rank, spec.c_str(),
+                    s.to_string().c_str());
           }
           return check.ok() ? 0 : 1;
         },
