@@ -269,7 +269,7 @@ Work ProcessGroupOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
     if (across) {
       s = group_->reduce_scatter(group_call(call), full.data(), mine.data(), local * count, dtype,
                                  op, n);
-    } else {
+    } else if (mine.nbytes() > 0) {  // staging of 0 bytes is null: no memcpy from it
       std::memcpy(mine.data(), full.data(), mine.nbytes());
     }
   }
