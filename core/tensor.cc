@@ -6,6 +6,8 @@
 #include <new>
 #include <string>
 
+#include <sys/mman.h>
+
 namespace tributary {
 
 int64_t shape_num_elements(const Shape& shape) {
@@ -51,22 +53,30 @@ std::string Tensor::to_string() const {
 namespace {
 
 constexpr size_t kCpuAlignment = 64;
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+constexpr size_t kHugePageMinBytes = size_t{4} << 20;
+
+size_t alignment(size_t bytes) {
+  return bytes >= kHugePageMinBytes ? kHugePageBytes : kCpuAlignment;
+}
 
 class CpuAllocator final : public Allocator {
  public:
   StatusOr<void*> allocate(const Device& device, size_t bytes) override {
     if (!device.is_cpu()) return invalid_argument("CPU allocator asked for " + device.to_string());
-    size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    if (rounded == 0) rounded = kCpuAlignment;
-    void* p = ::operator new(rounded, std::align_val_t(kCpuAlignment), std::nothrow);
+    const size_t align = alignment(bytes);
+    size_t rounded = (bytes + align - 1) / align * align;
+    if (rounded == 0) rounded = align;
+    void* p = ::operator new(rounded, std::align_val_t(align), std::nothrow);
     if (p == nullptr) {
       return resource_exhausted("could not allocate " + std::to_string(bytes) + " bytes on " +
                                 device.to_string());
     }
+    if (align == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
     return p;
   }
-  void deallocate(const Device&, void* ptr, size_t) noexcept override {
-    ::operator delete(ptr, std::align_val_t(kCpuAlignment));
+  void deallocate(const Device&, void* ptr, size_t bytes) noexcept override {
+    ::operator delete(ptr, std::align_val_t(alignment(bytes)));
   }
   Status copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
               size_t bytes) override {

@@ -4,7 +4,9 @@
 //
 // Per size: `warmup` untimed calls, then `iters` timed back to back; the time is the slowest rank's
 // total over iters (as tributary-bench), algbw = bytes / time, busbw = algbw * 2(n-1)/n (the
-// nccl-tests convention), out of place and in place (MPI_IN_PLACE). Every result is checked.
+// nccl-tests convention), out of place and in place (MPI_IN_PLACE). Every result is checked. The
+// buffers come from tributary's allocator (Buffer::allocate), as tributary-bench's do, so that both
+// benches run on the same kind of memory (transparent huge pages from 4 MiB).
 //
 //   mpirun -np 2 mpi-allreduce-bench --sizes 4K,64K,1M [-n 20] [-w 5]
 // Prints one line per size: "size count oop_us oop_busbw ip_us ip_busbw wrong".
@@ -17,8 +19,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "tributary/tensor.h"
 
 namespace {
 
@@ -73,7 +78,16 @@ int main(int argc, char** argv) {
   for (const std::string& t : size_texts) sizes.push_back(parse_size(t));
   for (size_t bytes : sizes) {
     const int count = static_cast<int>(bytes / sizeof(float));
-    std::vector<float> in(static_cast<size_t>(count)), out(static_cast<size_t>(count));
+    auto in_buffer = tributary::Buffer::allocate(tributary::DType::kFloat32,
+                                                 tributary::Shape{static_cast<int64_t>(count)});
+    auto out_buffer = tributary::Buffer::allocate(tributary::DType::kFloat32,
+                                                  tributary::Shape{static_cast<int64_t>(count)});
+    if (!in_buffer.ok() || !out_buffer.ok()) {
+      std::fprintf(stderr, "cannot allocate %zu bytes\n", bytes);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    const std::span<float> in(static_cast<float*>(in_buffer->data()), static_cast<size_t>(count));
+    const std::span<float> out(static_cast<float*>(out_buffer->data()), static_cast<size_t>(count));
     double t[2] = {0, 0};
     long wrong = 0;
     for (int k = 0; k < 2; ++k) {
