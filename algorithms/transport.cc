@@ -18,14 +18,18 @@ bool MessageTag::same_collective(const MessageTag& o) const {
          count == o.count && root == o.root;
 }
 
-std::string MessageTag::describe() const {
+std::string MessageTag::describe_call() const {
   CallInfo c;
   c.sequence = sequence;
   c.collective = collective;
   c.op = op;
   c.dtype = dtype;
   c.count = count;
-  std::string s = c.describe();
+  return c.describe();
+}
+
+std::string MessageTag::describe() const {
+  std::string s = describe_call();
   if (root >= 0) s += " from root " + std::to_string(root);
   return s + " step " + std::to_string(step);
 }

@@ -51,6 +51,7 @@ struct MessageTag {
   // Same collective (sequence and fingerprint)?
   bool same_collective(const MessageTag& o) const;
   std::string describe() const;  // "all_reduce #5 (4KiB float32, sum) step 3"
+  std::string describe_call() const;  // the collective alone: "all_reduce #5 (4KiB float32, sum)"
 };
 
 class Transport {

@@ -52,17 +52,6 @@ std::optional<ClassicKind> classic_kind(GlooAlgorithm a) {
   }
 }
 
-// The collective a tag names, without its step: for messages.
-std::string describe_call(const MessageTag& tag) {
-  CallInfo c;
-  c.sequence = tag.sequence;
-  c.collective = tag.collective;
-  c.op = tag.op;
-  c.dtype = tag.dtype;
-  c.count = tag.count;
-  return c.describe();
-}
-
 // What every rank sends before a group call when verify is on. Fixed layout: it crosses hosts.
 struct Fingerprint {
   uint64_t sequence = 0;
@@ -116,7 +105,7 @@ std::string describe_fingerprint(const Fingerprint& f) {
   t.collective = static_cast<Collective>(f.collective);
   t.op = static_cast<ReduceOp>(f.op);
   t.dtype = static_cast<DType>(f.dtype);
-  std::string s = describe_call(t);
+  std::string s = t.describe_call();
   if (t.collective == Collective::kBroadcast) s += " from root " + std::to_string(f.root);
   if (f.registered) s += " on the buffer of registration #" + std::to_string(f.registered);
   return s + " with " + std::to_string(f.local_replicas) + " local replica(s)";
@@ -212,7 +201,7 @@ Status GlooGroup::guarded(const GroupCall& call, Body&& body) {
   TRIBUTARY_RETURN_IF_ERROR(error());
   // Formatted only when something failed: this runs on every collective.
   const auto where = [&] {
-    return describe_call(call.tag) + " on rank " + std::to_string(rank_) + " of " +
+    return call.tag.describe_call() + " on rank " + std::to_string(rank_) + " of " +
            std::to_string(size_);
   };
   const auto timeout = time_left(call);
