@@ -24,8 +24,9 @@
 // Rendezvous: Gloo's TCP addresses are exchanged through the context's store (GlooStore), under
 // "gloo/<instance>/", the instance numbered by creation order as every multi-process backend is.
 //
-// Every blocking step honours the call's deadline (Gloo's timeouts are set from what is left of
-// it). Failure: every exception Gloo throws is caught here and becomes a Status naming the
+// Every blocking step is bounded by the backend's `timeout`: the context's timeout for the classic
+// instances, what is left of the call's deadline for gloo::allreduce / broadcast / allgather and
+// the control channel. Failure: every exception Gloo throws is caught here and becomes a Status naming the
 // collective, this rank and, where it can be told, the peer's rank; an I/O error says that the
 // peer may have died. After one, this rank closes its connections (so that peers waiting for it
 // fail at once) and every later call returns that first error.
