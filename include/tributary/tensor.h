@@ -69,7 +69,8 @@ class Tensor {
   Device device_;
 };
 
-// Allocates and frees memory on one kind of device. Implementations are thread-safe.
+// Allocates and frees memory on one kind of device. Implementations are thread-safe. deallocate
+// must be given the `bytes` that allocate was given (the CPU allocator's alignment depends on it).
 class Allocator {
  public:
   virtual ~Allocator() = default;
