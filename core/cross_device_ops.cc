@@ -288,11 +288,18 @@ std::string CallInfo::describe() const {
   return s + ")";
 }
 
-// Shared with Work callbacks, which may run after the instance is gone.
-struct CrossDeviceOps::Health {
+// The instance's first failure, and what the front door does when a collective ends: the observer
+// of every asynchronous Work (no allocation per call), so shared with Works that may complete after
+// the instance is gone. `recorder` is set before the first call and then only read.
+struct CrossDeviceOps::Health final : Work::Observer {
   mutable std::mutex mu;
   Status first_failure;
   std::atomic<bool> failed{false};  // read without the lock on every call
+  std::shared_ptr<internal::FlightRecorder> recorder;
+  void ended(uint64_t sequence, const Status& s) override {
+    if (!s.ok()) record(s);
+    if (recorder) recorder->ended(sequence, s);
+  }
   void record(const Status& s) {
     std::lock_guard lock(mu);
     if (first_failure.ok()) {
@@ -363,6 +370,7 @@ CrossDeviceOps::CrossDeviceOps(std::string name, BackendContext context, Options
   log_prefix_ = "rank " + std::to_string(context_.rank) + "/" + name_;
   health_ = std::make_shared<Health>();
   recorder_ = internal::make_recorder(name_, context_.rank, context_.world_size, context_.config);
+  health_->recorder = recorder_;
 }
 
 CrossDeviceOps::~CrossDeviceOps() {
@@ -377,6 +385,7 @@ CrossDeviceOps::~CrossDeviceOps() {
 void CrossDeviceOps::leave_recording_to_members() {
   internal::release_recorder(recorder_);
   recorder_.reset();
+  health_->recorder.reset();
 }
 
 namespace internal {
@@ -658,11 +667,7 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
     }
     if (recorder_) recorder_->ended(call.sequence, s);
   } else {
-    work.on_complete(
-        [health = health_, recorder = recorder_, seq = call.sequence](const Status& s) {
-          if (!s.ok()) health->record(s);
-          if (recorder) recorder->ended(seq, s);
-        });
+    work.observe(health_, call.sequence);
   }
   if (log_level_ <= static_cast<int>(internal::LogLevel::kDebug)) {
     std::string what = call.describe();

@@ -22,6 +22,9 @@ struct Work::State {
   Clock::time_point start = Clock::now();
   Clock::time_point end{};
   std::vector<std::function<void(const Status&)>> callbacks;
+  // The front door's bookkeeping (observe()), run before the callbacks.
+  std::shared_ptr<Observer> observer;
+  uint64_t observed_sequence = 0;
   // A collective that completes on a device: checked by wait() and test(), and what wait_stream()
   // makes a stream wait for. Null once complete.
   std::shared_ptr<const DeviceCompletion> device;
@@ -129,6 +132,7 @@ std::chrono::nanoseconds Work::elapsed() const {
 
 void Work::complete(Status status) const {
   std::vector<std::function<void(const Status&)>> callbacks;
+  std::shared_ptr<Observer> observer;
   {
     std::lock_guard lock(state_->mu);
     if (state_->done) return;
@@ -136,11 +140,25 @@ void Work::complete(Status status) const {
     state_->status = std::move(status);
     state_->end = Clock::now();
     callbacks.swap(state_->callbacks);
+    observer.swap(state_->observer);
     state_->device = nullptr;
     state_->finished.store(true, std::memory_order_release);
   }
   state_->cv.notify_all();
+  if (observer) observer->ended(state_->observed_sequence, state_->status);
   for (auto& fn : callbacks) fn(state_->status);
+}
+
+void Work::observe(std::shared_ptr<Observer> observer, uint64_t sequence) const {
+  {
+    std::lock_guard lock(state_->mu);
+    if (!state_->done) {
+      state_->observer = std::move(observer);
+      state_->observed_sequence = sequence;
+      return;
+    }
+  }
+  observer->ended(sequence, state_->status);
 }
 
 Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) const {

@@ -74,6 +74,15 @@ class Work {
   // Complete as far as the host knows, without checking the device (test() does): the front door
   // asks this of every Work it hands out.
   bool completed_on_host() const;
+  // The front door's own bookkeeping at completion (its record of the first failure, the flight
+  // recorder): one slot in the Work's state, run before the callbacks, so that an asynchronous
+  // collective pays no allocation for it (a callback would allocate twice per call).
+  class Observer {
+   public:
+    virtual ~Observer() = default;
+    virtual void ended(uint64_t sequence, const Status& status) = 0;
+  };
+  void observe(std::shared_ptr<Observer> observer, uint64_t sequence) const;
 
   struct State;
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
