@@ -7,8 +7,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,6 +133,37 @@ struct Pending {
   Work work;
   std::shared_ptr<const EventSet> events;
   Clock::time_point deadline;
+};
+
+// The collectives in flight, oldest first: a ring that allocates only when it grows (std::deque
+// allocates a block every few entries, and frees it on the watchdog thread, where a free of memory
+// from the launching thread's arena contends for that arena's lock).
+class PendingQueue {
+ public:
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  Pending& front() { return *ring_[head_]; }
+  Pending& back() { return *ring_[(head_ + size_ - 1) % ring_.size()]; }
+  void push_back(Pending p) {
+    if (size_ == ring_.size()) {
+      std::vector<std::optional<Pending>> bigger(std::max<size_t>(16, 2 * ring_.size()));
+      for (size_t i = 0; i < size_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
+      ring_.swap(bigger);
+      head_ = 0;
+    }
+    ring_[(head_ + size_) % ring_.size()].emplace(std::move(p));
+    ++size_;
+  }
+  void pop_front() {
+    ring_[head_].reset();  // lets go of the Work and its events
+    head_ = (head_ + 1) % ring_.size();
+    --size_;
+  }
+
+ private:
+  std::vector<std::optional<Pending>> ring_;  // empty slots hold nothing (a Work would allocate)
+  size_t head_ = 0;
+  size_t size_ = 0;
 };
 
 // Recycled event sets, one per collective in flight: creating events costs microseconds per call,
@@ -402,9 +433,10 @@ class NcclOps final : public CrossDeviceOps {
  private:
   // --- enqueueing -----------------------------------------------------------------------------
 
-  // Runs `one` for every local GPU inside one NCCL group. On non-blocking communicators, then waits
-  // (bounded) for NCCL's helper thread to finish enqueueing; a blocking group has enqueued when
-  // ncclGroupEnd returns.
+  // Runs `one` for every local GPU inside one NCCL group. On non-blocking communicators, when
+  // ncclGroupEnd says ncclInProgress (NCCL's helper thread is still enqueueing, as while it
+  // connects), then waits for it (bounded); ncclSuccess means that everything is enqueued, as
+  // after a blocking group.
   template <typename Fn>
   Status group(Fn one) {
     Status s = nccl_status(ncclGroupStart(), nullptr, "ncclGroupStart");
@@ -412,9 +444,10 @@ class NcclOps final : public CrossDeviceOps {
       s = gpu::set_device(locals_[i].device.index());
       if (s.ok()) s = one(i, locals_[i]);
     }
-    Status end = nccl_status(ncclGroupEnd(), nullptr, "ncclGroupEnd");
+    const ncclResult_t ended = ncclGroupEnd();
+    Status end = nccl_status(ended, nullptr, "ncclGroupEnd");
     if (s.ok()) s = end;
-    if (s.ok() && !blocking_launch_) {
+    if (s.ok() && !blocking_launch_ && ended == ncclInProgress) {
       s = settle(&Local::data, Clock::now() + timeout(), "enqueueing the collective");
     }
     return s;
@@ -720,6 +753,7 @@ class NcclOps final : public CrossDeviceOps {
   void watch() {
     auto idle_since = Clock::now();
     auto next_launch_check = idle_since;
+    std::vector<Work> ended;  // a burst of collectives found done, completed outside the lock
     std::unique_lock lock(mu_);
     while (!stop_) {
       if (blocking_launch_ && Clock::now() >= next_launch_check) {
@@ -743,7 +777,34 @@ class NcclOps final : public CrossDeviceOps {
         continue;
       }
       Pending head = pending_.front();
+      // Collectives complete in issue order (one thread issues at a time, each GPU's on one
+      // stream), so once the newest is done, all are: one query then ends a whole burst of calls.
+      std::shared_ptr<const EventSet> newest;
+      uint64_t newest_sequence = 0;
+      if (pending_.size() > 1) {
+        newest = pending_.back().events;
+        newest_sequence = pending_.back().call.sequence;
+      }
       lock.unlock();
+      if (newest) {
+        const StatusOr<bool> all = newest->query();
+        if (all.ok() && *all && async_errors().ok()) {
+          lock.lock();
+          while (!pending_.empty() && pending_.front().call.sequence <= newest_sequence) {
+            ended.push_back(std::move(pending_.front().work));
+            pending_.pop_front();
+          }
+          lock.unlock();
+          // Aborted kernels leave their events complete too: after a failure, not a success.
+          const Status result = gate_.failed() ? failure() : Status();
+          for (Work& w : ended) w.complete(result);
+          ended.clear();
+          idle_since = Clock::now();
+          lock.lock();
+          continue;
+        }
+        // Not all done (or an error, which the oldest's query below reports).
+      }
       const StatusOr<bool> fired = head.events->query();
       Status s = fired.status();
       const bool done = fired.ok() && *fired;
@@ -848,12 +909,16 @@ class NcclOps final : public CrossDeviceOps {
   }
 
   void fail_pending(const Status& why) {
-    std::deque<Pending> failed;
+    std::vector<Work> failed;
     {
       std::lock_guard lock(mu_);
-      failed.swap(pending_);
+      failed.reserve(pending_.size());
+      while (!pending_.empty()) {
+        failed.push_back(std::move(pending_.front().work));
+        pending_.pop_front();
+      }
     }
-    for (Pending& p : failed) p.work.complete(why);
+    for (Work& w : failed) w.complete(why);
   }
 
   // A healthy communicator: ncclCommFinalize (non-blocking, bounded) then ncclCommDestroy. Any
@@ -998,7 +1063,7 @@ class NcclOps final : public CrossDeviceOps {
   internal::LaunchGate gate_;
   std::mutex mu_;  // pending_, stop_
   std::condition_variable cv_;
-  std::deque<Pending> pending_;
+  PendingQueue pending_;
   bool stop_ = false;
   bool sleeping_ = false;  // the watchdog waits on cv_ (nothing pending)
   std::unique_ptr<EventPool> events_;

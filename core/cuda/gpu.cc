@@ -147,6 +147,11 @@ Status check_visible(const Device& device) {
 
 Status set_device(int device) {
   const int physical = physical_device(device);
+  // cudaSetDevice enters the driver (an ioctl) even when the device does not change: 6-7% of the
+  // thread that issues nccl collectives in a profile on an H100 host. Asking first is cheaper, as
+  // torch's c10::cuda::SetDevice does.
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == physical) return Status();
   const cudaError_t err = cudaSetDevice(physical);
   if (err == cudaSuccess) [[likely]] return Status();
   return physical == device
