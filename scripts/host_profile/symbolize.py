@@ -2,6 +2,7 @@
 """Per-thread profiles from sampler.cc's output (see there).
 
   scripts/host_profile/symbolize.py PROFILE [--binary NAME=PATH ...] [--libc PATH] [--top N]
+                                    [--callers REGEX]
 
 PROFILE is a $SAMPLER_OUT.<pid> file. Frames in a binary named with --binary (its file name as the
 process mapped it, e.g. libtributary.so.0=build-test/libtributary.so.0.1.0) are named with
@@ -57,6 +58,9 @@ def main():
     ap.add_argument('--binary', action='append', default=[])
     ap.add_argument('--libc')
     ap.add_argument('--top', type=int, default=30)
+    ap.add_argument('--callers', metavar='REGEX',
+                    help='also, per thread: for the samples with a frame matching REGEX, the '
+                         'nearest frame below it in a --binary (which of our calls led there)')
     args = ap.parse_args()
     local = dict(b.split('=', 1) for b in args.binary)
     samples, maps = load(args.profile)
@@ -121,6 +125,19 @@ def main():
             print(f'  leaf {100 * c / count:5.1f}%  {n}')
         for n, c in incl.most_common(args.top):
             print(f'  incl {100 * c / count:5.1f}%  {n}')
+        if args.callers:
+            pattern = re.compile(args.callers)
+            via = collections.Counter()
+            for t, frames in stacks:
+                if t != tid:
+                    continue
+                hit = next((k for k, f in enumerate(frames) if pattern.search(name(f))), None)
+                if hit is None:
+                    continue
+                ours = next((f for f in frames[hit + 1:] if f in names), None)
+                via[name(ours) if ours else '(none of ours)'] += 1
+            for n, c in via.most_common(args.top // 2):
+                print(f'  via  {100 * c / count:5.1f}%  {n}  (reached {args.callers})')
 
 
 if __name__ == '__main__':
