@@ -26,13 +26,13 @@ Status register_nccl(BackendRegistry& registry) {
        .type = OptionType::kEnum,
        .default_value = "nonblocking",
        .help = "how collectives are handed to NCCL (setup is non-blocking with a deadline either "
-               "way): nonblocking (NCCL's non-blocking communicator: NCCL starts a helper thread "
-               "for every call, and the calling thread never waits inside NCCL) or blocking (a "
-               "blocking communicator split from the setup one, as nccl-tests and torch's default "
-               "use: no helper thread per call, which should cost less per call, not yet "
-               "measured on a GPU; a call that waits inside NCCL for a peer, as at the first "
-               "collective of each kind while NCCL connects, is ended by the watchdog after "
-               "`timeout`; needs NCCL 2.28 or later)",
+               "way): nonblocking (NCCL's non-blocking communicator: across ranks NCCL starts a "
+               "helper thread for every call, and the calling thread never waits inside NCCL) or "
+               "blocking (a blocking communicator split from the setup one, as nccl-tests and "
+               "torch's default use: no helper thread per call; a call that waits inside NCCL for "
+               "a peer, as at the first collective of each kind while NCCL connects, is ended by "
+               "the watchdog after `timeout`; needs NCCL 2.28 or later). Measured only at one "
+               "rank, where NCCL starts no thread either way: the same speed",
        .choices = {"nonblocking", "blocking"}},
   };
   Capabilities caps;
