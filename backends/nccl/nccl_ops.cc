@@ -434,9 +434,9 @@ class NcclOps final : public CrossDeviceOps {
   // --- enqueueing -----------------------------------------------------------------------------
 
   // Runs `one` for every local GPU inside one NCCL group. On non-blocking communicators, when
-  // ncclGroupEnd says ncclInProgress (NCCL's helper thread is still enqueueing, as while it
-  // connects), then waits for it (bounded); ncclSuccess means that everything is enqueued, as
-  // after a blocking group.
+  // ncclGroupEnd says ncclInProgress (across ranks NCCL enqueues on a helper thread it starts for
+  // the group), then waits for it (bounded); ncclSuccess means that everything is enqueued, as
+  // after a blocking group (a communicator of one rank enqueues at once).
   template <typename Fn>
   Status group(Fn one) {
     Status s = nccl_status(ncclGroupStart(), nullptr, "ncclGroupStart");
