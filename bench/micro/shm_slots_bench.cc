@@ -15,11 +15,21 @@
 //   memcpy   reduce into the buffer, then memcpy it into the slot (what ShmGroup does);
 //   reduce   the kernel writes both the buffer and the slot (what ShmGroup did until it was
 //            measured: half the speed where the two cores were far apart on an EPYC VM).
+//   cma      no slots: single-copy reads of the peer's buffer with process_vm_readv (cross-memory
+//            attach, what Open MPI's vader and UCX's cma transport use for large messages). A rank
+//            reads the peer's copy of its own piece block by block (--chunk) into a scratch
+//            block and reduces it into its buffer ("reduce"); once both have, it reads the peer's
+//            reduced piece straight into its buffer ("copy"). The threads read their own process
+//            (the kernel pins and copies the pages as it does for another process's).
+// Buffers of 4 MiB or more are 2 MiB aligned and advised MADV_HUGEPAGE, as Buffer::allocate does.
 //
 //   tributary-shm-slots-bench [--sizes 1M,16M,256M] [--chunk 512K] [--slots 4]
-//                             [--store memcpy|reduce] [--rounds 3] [--cores 0,1]
+//                             [--store memcpy|reduce|cma|both|all] [--rounds 3] [--cores 0,1]
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -55,8 +65,10 @@ struct alignas(128) Counter {
 class Buffer {
  public:
   explicit Buffer(size_t bytes) : bytes_(bytes) {
-    data_ = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    const size_t align = bytes >= (size_t{4} << 20) ? size_t{2} << 20 : 4096;
+    data_ = static_cast<std::byte*>(std::aligned_alloc(align, (bytes + align - 1) / align * align));
     if (data_ == nullptr) throw std::bad_alloc();
+    if (align > 4096) (void)madvise(data_, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
     std::memset(data_, 0, bytes);
   }
   ~Buffer() { std::free(data_); }
@@ -79,11 +91,14 @@ struct Rank {
   std::array<double, kPhases> seconds{};
 };
 
+enum class Store { kMemcpy, kReduce, kCma };
+constexpr std::array<const char*, 3> kStoreNames = {"memcpy", "reduce", "cma"};
+
 struct Setup {
   size_t bytes = 0;
   size_t chunk = 0;
   size_t slots = 4;
-  bool store_with_memcpy = true;
+  Store store = Store::kMemcpy;
   int iterations = 1;
 };
 
@@ -126,7 +141,7 @@ void run_rank(int r, int core, const Setup& s, Rank& me, Rank& peer) {
       srcs[r] = data + mine;
       srcs[1 - r] = peer_slot + mine;
       const size_t count = piece / sizeof(float);
-      if (s.store_with_memcpy) {
+      if (s.store == Store::kMemcpy) {
         void* dst = data + mine;
         reduce(ReduceOp::kSum, DType::kFloat32, srcs, std::span<void* const>(&dst, 1), count);
         std::memcpy(slot + mine, data + mine, piece);
@@ -147,13 +162,69 @@ void run_rank(int r, int core, const Setup& s, Rank& me, Rank& peer) {
   }
 }
 
+// Reads `bytes` at `remote` (this process's memory, as a peer process's would be read) into
+// `local` with process_vm_readv, which may return short.
+void cma_read(std::byte* local, const std::byte* remote, size_t bytes) {
+  static const pid_t pid = getpid();
+  while (bytes > 0) {
+    iovec to{local, bytes};
+    iovec from{const_cast<std::byte*>(remote), bytes};
+    const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
+    if (got <= 0) {
+      std::perror("process_vm_readv");
+      std::exit(1);
+    }
+    local += got;
+    remote += got;
+    bytes -= static_cast<size_t>(got);
+  }
+}
+
+// The cma path of rank `r` (see the top): the whole buffer in one pass, no slots; `me.ring`'s
+// first chunk is the scratch block.
+void run_rank_cma(int r, int core, const Setup& s, Rank& me, Rank& peer) {
+  pin_to(core);
+  const size_t half = s.bytes / 2 / 64 * 64;
+  const size_t mine = r == 0 ? 0 : half, mine_end = r == 0 ? half : s.bytes;
+  const size_t theirs = r == 0 ? half : 0, theirs_end = r == 0 ? s.bytes : half;
+  std::byte* data = me.buffer.data();
+  std::byte* scratch = me.ring.data();
+  for (int it = 0; it < s.iterations; ++it) {
+    auto t0 = Clock::now();
+    // The peer has read this rank's piece of the last call before it is written again.
+    if (it > 0) wait_for(peer.consumed, static_cast<uint64_t>(it));
+    auto t1 = Clock::now();
+    for (size_t off = mine; off < mine_end; off += s.chunk) {
+      const size_t len = std::min(s.chunk, mine_end - off);
+      cma_read(scratch, peer.buffer.data() + off, len);
+      const void* srcs[2];
+      srcs[r] = data + off;
+      srcs[1 - r] = scratch;
+      void* dst = data + off;
+      reduce(ReduceOp::kSum, DType::kFloat32, srcs, std::span<void* const>(&dst, 1),
+             len / sizeof(float));
+    }
+    me.reduced.value.store(static_cast<uint64_t>(it) + 1, std::memory_order_release);
+    auto t2 = Clock::now();
+    wait_for(peer.reduced, static_cast<uint64_t>(it) + 1);
+    cma_read(data + theirs, peer.buffer.data() + theirs, theirs_end - theirs);
+    me.consumed.value.store(static_cast<uint64_t>(it) + 1, std::memory_order_release);
+    auto t3 = Clock::now();
+    me.seconds[kFill] += std::chrono::duration<double>(t1 - t0).count();
+    me.seconds[kReduce] += std::chrono::duration<double>(t2 - t1).count();
+    me.seconds[kCopy] += std::chrono::duration<double>(t3 - t2).count();
+  }
+  wait_for(peer.consumed, static_cast<uint64_t>(s.iterations));  // before the buffers go
+}
+
 // busbw in GB/s of one size, and rank 0's phase shares.
 void measure(const Setup& setup, const std::array<int, 2>& cores) {
   Rank a(setup.bytes, setup.chunk, setup.slots);
   Rank b(setup.bytes, setup.chunk, setup.slots);
   const auto start = Clock::now();
-  std::thread t0(run_rank, 0, cores[0], std::cref(setup), std::ref(a), std::ref(b));
-  std::thread t1(run_rank, 1, cores[1], std::cref(setup), std::ref(b), std::ref(a));
+  auto* body = setup.store == Store::kCma ? &run_rank_cma : &run_rank;
+  std::thread t0(body, 0, cores[0], std::cref(setup), std::ref(a), std::ref(b));
+  std::thread t1(body, 1, cores[1], std::cref(setup), std::ref(b), std::ref(a));
   t0.join();
   t1.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -161,7 +232,7 @@ void measure(const Setup& setup, const std::array<int, 2>& cores) {
   double total = 0;
   for (double v : a.seconds) total += v;
   std::printf("%12zu %8zu %-7s %8.2f", setup.bytes, setup.chunk >> 10,
-              setup.store_with_memcpy ? "memcpy" : "reduce",
+              kStoreNames[static_cast<size_t>(setup.store)],
               static_cast<double>(setup.bytes) / per_call / 1e9);
   for (size_t p = 0; p < kPhases; ++p) {
     std::printf(" %6.0f%%", total > 0 ? 100.0 * a.seconds[p] / total : 0.0);
@@ -177,8 +248,10 @@ int main_impl(int argc, char** argv) {
   app.add_option("--sizes", sizes_text, "message sizes (bytes per rank; K/M/G)");
   app.add_option("--chunk", chunk_text, "chunk (slot) size, as shm_chunk_bytes");
   app.add_option("--slots", slots, "slots per rank")->check(CLI::Range(2, 64));
-  app.add_option("--store", store, "how the reduced piece reaches the slot")
-      ->check(CLI::IsMember({"memcpy", "reduce", "both"}));
+  app.add_option("--store", store,
+                 "how the reduced piece reaches the slot (memcpy, reduce, both), or cma (no "
+                 "slots: single-copy reads), or all")
+      ->check(CLI::IsMember({"memcpy", "reduce", "both", "cma", "all"}));
   app.add_option("--rounds", rounds, "measure every size this many times")
       ->check(CLI::Range(1, 100));
   app.add_option("--cores", cores_text, "the two cores to pin the ranks to");
@@ -216,9 +289,10 @@ int main_impl(int argc, char** argv) {
     }
     sizes.push_back(*v / *chunk * *chunk);  // whole chunks only
   }
-  std::vector<bool> stores;
-  if (store != "reduce") stores.push_back(true);
-  if (store != "memcpy") stores.push_back(false);
+  std::vector<Store> stores;
+  if (store == "memcpy" || store == "both" || store == "all") stores.push_back(Store::kMemcpy);
+  if (store == "reduce" || store == "both" || store == "all") stores.push_back(Store::kReduce);
+  if (store == "cma" || store == "all") stores.push_back(Store::kCma);
 
   std::printf("# two threads on cores %d and %d, float32 sum in place, %zu slots\n", cores[0],
               cores[1], slots);
@@ -226,12 +300,12 @@ int main_impl(int argc, char** argv) {
               "reduce", "copy");
   for (int round = 0; round < rounds; ++round) {
     for (size_t bytes : sizes) {
-      for (bool with_memcpy : stores) {  // interleaved: the machine's mood hits both alike
+      for (Store st : stores) {  // interleaved: the machine's mood hits them alike
         Setup s;
         s.bytes = bytes;
         s.chunk = *chunk;
         s.slots = slots;
-        s.store_with_memcpy = with_memcpy;
+        s.store = st;
         // About 2 GiB moved per measurement, at least 3 calls.
         s.iterations = static_cast<int>(std::max<size_t>(3, (size_t{2} << 30) / bytes));
         measure(s, cores);
