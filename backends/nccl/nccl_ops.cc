@@ -8,13 +8,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "algorithms/device_reduce.h"
 #include "algorithms/packing.h"
+#include "core/fifo_ring.h"
 #include "core/gpu.h"
 #include "core/launch_gate.h"
 #include "core/rendezvous.h"
@@ -133,37 +133,6 @@ struct Pending {
   Work work;
   std::shared_ptr<const EventSet> events;
   Clock::time_point deadline;
-};
-
-// The collectives in flight, oldest first: a ring that allocates only when it grows (std::deque
-// allocates a block every few entries, and frees it on the watchdog thread, where a free of memory
-// from the launching thread's arena contends for that arena's lock).
-class PendingQueue {
- public:
-  bool empty() const { return size_ == 0; }
-  size_t size() const { return size_; }
-  Pending& front() { return *ring_[head_]; }
-  Pending& back() { return *ring_[(head_ + size_ - 1) % ring_.size()]; }
-  void push_back(Pending p) {
-    if (size_ == ring_.size()) {
-      std::vector<std::optional<Pending>> bigger(std::max<size_t>(16, 2 * ring_.size()));
-      for (size_t i = 0; i < size_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
-      ring_.swap(bigger);
-      head_ = 0;
-    }
-    ring_[(head_ + size_) % ring_.size()].emplace(std::move(p));
-    ++size_;
-  }
-  void pop_front() {
-    ring_[head_].reset();  // lets go of the Work and its events
-    head_ = (head_ + 1) % ring_.size();
-    --size_;
-  }
-
- private:
-  std::vector<std::optional<Pending>> ring_;  // empty slots hold nothing (a Work would allocate)
-  size_t head_ = 0;
-  size_t size_ = 0;
 };
 
 // Recycled event sets, one per collective in flight: creating events costs microseconds per call,
@@ -1063,7 +1032,7 @@ class NcclOps final : public CrossDeviceOps {
   internal::LaunchGate gate_;
   std::mutex mu_;  // pending_, stop_
   std::condition_variable cv_;
-  PendingQueue pending_;
+  internal::FifoRing<Pending> pending_;  // oldest first; allocates only as it grows
   bool stop_ = false;
   bool sleeping_ = false;  // the watchdog waits on cv_ (nothing pending)
   std::unique_ptr<EventPool> events_;
