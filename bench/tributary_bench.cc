@@ -18,6 +18,7 @@
 #include "bench/device_ceiling.h"
 #include "bench/report.h"
 #include "bench/runner.h"
+#include "transports/tcp/congestion.h"
 #include "tributary/tributary.h"
 
 namespace tributary::bench {
@@ -72,6 +73,9 @@ double measure_loopback_tcp_gbps() {
   }
   int b = accept(listener, nullptr, nullptr);
   close(listener);
+  // The congestion control ring's connections between ranks of one host get (congestion.h).
+  (void)transports::apply_congestion_control(a, "auto");
+  (void)transports::apply_congestion_control(b, "auto");
   const size_t total = size_t{512} << 20, chunk = size_t{1} << 20;
   auto sender = [&](int fd) {
     std::vector<char> buf(chunk, 1);

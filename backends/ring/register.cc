@@ -10,6 +10,7 @@
 #include "core/rendezvous.h"
 #include "core/strings.h"
 #include "transports/shm/shm_group.h"
+#include "transports/tcp/congestion.h"
 #include "transports/tcp/tcp_transport.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
@@ -48,6 +49,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   t.authenticate_frames = options.get_bool("authenticate_frames");
+  t.congestion = options.get_string("tcp_congestion");
   TRIBUTARY_ASSIGN_OR_RETURN(auto transport, transports::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
@@ -165,6 +167,15 @@ Status register_ring(BackendRegistry& registry) {
            .default_value = "",
            .help = "address this process listens on and publishes (default: the interface that "
                    "reaches the coordinator)"},
+          {.name = "tcp_congestion",
+           .type = OptionType::kString,
+           .default_value = "auto",
+           .help = "TCP congestion control of the data connections: auto (a connection between "
+                   "two addresses of this host that would use bbr uses reno instead: BBR paces "
+                   "it to its estimate of the path, which held 2 processes at half speed on "
+                   "loopback; every other connection keeps the system's choice) or an "
+                   "algorithm's name (reno, cubic, bbr, ...: one of "
+                   "/proc/sys/net/ipv4/tcp_allowed_congestion_control without CAP_NET_ADMIN)"},
       });
   const Capabilities caps = algorithms::process_group_capabilities();
   info.capabilities = caps;
@@ -174,6 +185,12 @@ Status register_ring(BackendRegistry& registry) {
     TRIBUTARY_RETURN_IF_ERROR(algorithms::check_transport_group_options("ring", options));
     TRIBUTARY_RETURN_IF_ERROR(
         internal::check_listen_address(options.get_string("host"), "backend 'ring'"));
+    if (const std::string why =
+            transports::check_congestion_control(options.get_string("tcp_congestion"));
+        !why.empty()) {
+      return invalid_argument("backend 'ring': tcp_congestion=" +
+                              options.get_string("tcp_congestion") + ": " + why);
+    }
     if (const uint64_t c = options.get_size("shm_chunk_bytes"); c != 0 && c < 4096) {
       return invalid_argument(
           "backend 'ring': shm_chunk_bytes must be 0 (auto) or at least 4KiB, "

@@ -22,6 +22,7 @@
 
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
+#include "transports/tcp/congestion.h"
 #include "transports/tcp/tcp_wire.h"
 #include "transports/tcp/tcp_writer.h"
 
@@ -593,9 +594,12 @@ Status write_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, co
   return Status();
 }
 
-void tune(tcp::socket& s) {
+// TCP_NODELAY, and the congestion control (congestion.h): `congestion` was checked when the
+// backend was made, so a refusal here (a connection of another family) keeps the kernel's choice.
+void tune(tcp::socket& s, const std::string& congestion) {
   boost::system::error_code ignored;
   s.set_option(tcp::no_delay(true), ignored);
+  (void)apply_congestion_control(s.native_handle(), congestion);
 }
 
 // The steps of TcpTransport::create, each its own function: listen and publish, connect to every
@@ -725,7 +729,7 @@ class TcpSetup {
       return unavailable(who_ + ": connecting to rank " + std::to_string(peer) + " at " + text +
                          " failed: " + cec.message() + "; is it running and reachable?");
     }
-    tune(*socket);
+    tune(*socket, options_.congestion);
     wire::Hello hello;
     hello.cluster = cluster_;
     hello.layout = layout_;
@@ -830,7 +834,7 @@ class TcpSetup {
         fatal_ = unavailable(who_ + ": accept failed: " + ec.message());
         return;
       }
-      tune(*s);
+      tune(*s, options_.congestion);
       auto h = std::make_shared<Pending>(impl_.io);
       h->socket = std::make_unique<tcp::socket>(std::move(*s));
       boost::system::error_code pec;
