@@ -299,10 +299,14 @@ struct TcpTransport::Impl {
   // is in; a frame that is not the one posted (a mismatch, an abort) fails the transport, so bytes
   // read past it do not matter, except an abort's reason, gathered from where it landed.
   static constexpr size_t kHeader = sizeof(FrameHeader);
-  // The most payload one recvmsg() takes. Larger reads copy longer before the kernel updates the
-  // window, and the sender stalls meanwhile: measured at N=2 over loopback (busbw, medians of 6
-  // interleaved passes at 1, 2, 8 MiB), unbounded reads 1.73/1.67/1.78 GB/s, 64 KiB 2.0/1.97/2.1.
-  static constexpr size_t kMaxRead = size_t{64} << 10;
+  // The most payload one recvmsg() takes: a bound on how long one copy runs before the kernel
+  // updates the window. Under BBR (which used to pace same-host connections, congestion.h) 64 KiB
+  // was best at N=2 over loopback (busbw, medians of 6 interleaved passes at 1, 2, 8 MiB: unbounded
+  // 1.73/1.67/1.78 GB/s, 64 KiB 2.0/1.97/2.1). Under reno, 1 MiB reads: three interleaved passes,
+  // in place, 1 MiB 7.58/7.45/4.42 against 64 KiB's 6.21/6.53/3.78, 4 MiB 7.69/7.60/4.50 against
+  // 4.50/6.56/3.80, 16 MiB 5.2/5.2/4.3 against 4.6/4.4/3.2, 256 MiB 3.3/3.8/2.3 against
+  // 2.8/2.9/2.8; unbounded reads were no better than 1 MiB.
+  static constexpr size_t kMaxRead = size_t{1} << 20;
 
   Status peer_closed(int c, const RecvPart& part, int err) {
     if (err == 0 || err == ECONNRESET) {
