@@ -1,15 +1,25 @@
 // The TCP congestion-control rule of the TCP transport (transports/tcp/congestion.h), on real
-// loopback connections, and ring's tcp_congestion option.
+// loopback connections and on a TcpTransport's own connections, and ring's tcp_congestion option.
 #include "transports/tcp/congestion.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "transports/tcp/tcp_transport.h"
 #include "tributary/registry.h"
+#include "tributary/store.h"
 
 namespace tributary::transports {
 namespace {
@@ -97,6 +107,81 @@ TEST(TcpCongestion, AnExplicitChoiceIsSetOrRefused) {
   EXPECT_NE(why.find("'no_such_algorithm'"), std::string::npos) << why;
   EXPECT_NE(why.find("available: "), std::string::npos) << why;
   EXPECT_NE(why.find("reno"), std::string::npos) << why;  // the lists name what there is
+}
+
+// The algorithm of every connected TCP socket of this process (the store below is in memory, so
+// they are the transports' connections).
+std::vector<std::string> algorithms_of_connections() {
+  std::vector<std::string> out;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return out;
+  while (dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2 || fd == ::dirfd(dir)) continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    if (const std::string cc = congestion_control(fd); !cc.empty()) out.push_back(cc);
+  }
+  ::closedir(dir);
+  return out;
+}
+
+// Two TcpTransports (ranks as threads) over 127.0.0.1 with `congestion`; returns the algorithms
+// their connections run while both are alive.
+std::vector<std::string> connect_two(const std::string& congestion) {
+  MemoryStore store;
+  TcpTransportOptions o;
+  o.host = "127.0.0.1";
+  o.timeout = std::chrono::seconds(20);
+  o.congestion = congestion;
+  std::unique_ptr<TcpTransport> t[2];
+  std::thread other([&] {
+    auto made = TcpTransport::create(store, 1, 2, o);
+    if (made.ok()) t[1] = std::move(*made);
+  });
+  auto made = TcpTransport::create(store, 0, 2, o);
+  other.join();
+  EXPECT_TRUE(made.ok()) << made.status().message();
+  EXPECT_TRUE(t[1] != nullptr);
+  if (!made.ok() || t[1] == nullptr) return {};
+  t[0] = std::move(*made);
+  return algorithms_of_connections();
+}
+
+std::string system_default() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+TEST(TcpCongestion, TransportConnectionsBetweenRanksOfOneHostLeaveBbrByDefault) {
+  if (system_default() != "bbr") {
+    GTEST_SKIP() << "the system's TCP congestion control is '" << system_default()
+                 << "', not bbr: auto changes nothing here";
+  }
+  const std::vector<std::string> seen = connect_two("auto");
+  ASSERT_FALSE(seen.empty()) << "no connected TCP socket found";
+  for (const std::string& cc : seen) EXPECT_EQ(cc, "reno");
+}
+
+TEST(TcpCongestion, TransportConnectionsTakeANamedAlgorithm) {
+  // An algorithm other than the system's, so that only the option can have set it.
+  std::string want;
+  for (const char* c : {"reno", "cubic", "bbr"}) {
+    if (c != system_default() && check_congestion_control(c).empty()) {
+      want = c;
+      break;
+    }
+  }
+  if (want.empty()) {
+    GTEST_SKIP() << "no algorithm other than the system's '" << system_default()
+                 << "' may be chosen here";
+  }
+  const std::vector<std::string> seen = connect_two(want);
+  ASSERT_FALSE(seen.empty()) << "no connected TCP socket found";
+  for (const std::string& cc : seen) EXPECT_EQ(cc, want);
 }
 
 TEST(TcpCongestion, RingRefusesAnAlgorithmTheKernelRefuses) {
