@@ -82,6 +82,15 @@ TEST(TcpCongestion, AutoTurnsBbrIntoRenoBetweenRanksOfOneHost) {
   EXPECT_EQ(congestion_control(p.b()), "reno");
 }
 
+// The names auto replaces: the BBR family only (bbr2 and bbr3 cannot be set on this kernel, so
+// the rule itself is checked).
+TEST(TcpCongestion, AutoReplacesTheBbrFamilyOnly) {
+  for (const char* name : {"bbr", "bbr2", "bbr3"}) EXPECT_TRUE(paces(name)) << name;
+  for (const char* name : {"reno", "cubic", "dctcp", "vegas", "htcp", "", "xbbr"}) {
+    EXPECT_FALSE(paces(name)) << name;
+  }
+}
+
 TEST(TcpCongestion, AutoLeavesAlgorithmsThatDoNotPace) {
   LoopbackPair p;
   ASSERT_TRUE(p.ok()) << "no loopback TCP connection";

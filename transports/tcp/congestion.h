@@ -4,7 +4,7 @@
 //
 // "auto" (the default): a connection whose two ends are addresses of this host (loopback, or a
 // rank of this host reached at its own address, as with ring:intra_host=net) and whose algorithm
-// paces its sending (bbr) switches to reno; every other connection keeps the system's choice
+// paces its sending (bbr, and its successors bbr2 and bbr3 where a kernel has them) switches to reno; every other connection keeps the system's choice
 // (net.ipv4.tcp_congestion_control), which is the administrator's for the real network. BBR paces
 // each connection to its estimate of the path's bandwidth, and between two ranks of one host,
 // whose traffic comes in bursts with idle gaps, that estimate held them to about the loopback
@@ -71,11 +71,15 @@ inline bool same_host_connection(int fd) {
   return false;
 }
 
+// Whether `algorithm` is one that auto replaces between ranks of one host: the BBR family, which
+// paces (bbr; bbr2 and bbr3 in kernels that carry them, e.g. Google's and some distributions').
+inline bool paces(const std::string& algorithm) { return algorithm.rfind("bbr", 0) == 0; }
+
 // Applies `choice` ("auto", "" = auto, or an algorithm) to connected socket `fd`: 0, or the errno of
 // an explicit choice the kernel refused (auto never fails: a refused switch keeps the algorithm).
 inline int apply_congestion_control(int fd, const std::string& choice) {
   if (!choice.empty() && choice != "auto") return set_congestion_control(fd, choice);
-  if (same_host_connection(fd) && congestion_control(fd) == "bbr") {
+  if (same_host_connection(fd) && paces(congestion_control(fd))) {
     (void)set_congestion_control(fd, "reno");
   }
   return 0;
