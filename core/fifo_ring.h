@@ -22,8 +22,6 @@ class FifoRing {
   // Both need a non-empty ring.
   T& front() { return *ring_[head_]; }
   T& back() { return *ring_[(head_ + size_ - 1) % ring_.size()]; }
-  // The i-th element from the front; i < size().
-  T& operator[](size_t i) { return *ring_[(head_ + i) % ring_.size()]; }
   void push_back(T value) {
     if (size_ == ring_.size()) {
       std::vector<std::optional<T>> bigger(std::max<size_t>(16, 2 * ring_.size()));

@@ -28,7 +28,6 @@ struct Work::State {
   // A collective that completes on a device: checked by wait() and test(), and what wait_stream()
   // makes a stream wait for. Null once complete.
   std::shared_ptr<const DeviceCompletion> device;
-  uint64_t ticket = 0;  // what `device` is asked about
 };
 
 namespace {
@@ -71,13 +70,12 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
     // collective on a GPU takes microseconds), then between short sleeps that the backend's own
     // completion also ends.
     const std::shared_ptr<const DeviceCompletion> device = state_->device;
-    const uint64_t ticket = state_->ticket;
     lock.unlock();
     const auto begin = Clock::now();
     const auto deadline = begin + timeout;
     for (;;) {
       if (state_->finished.load(std::memory_order_acquire)) return state_->status;
-      if (device->done(ticket)) {
+      if (device->done()) {
         complete(Status());  // ignored if the backend completed it first, with whatever status
         return state_->status;
       }
@@ -103,14 +101,12 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
 bool Work::test() const {
   if (state_->finished.load(std::memory_order_acquire)) return true;
   std::shared_ptr<const DeviceCompletion> device;
-  uint64_t ticket = 0;
   {
     std::lock_guard lock(state_->mu);
     if (state_->done) return true;
     device = state_->device;
-    ticket = state_->ticket;
   }
-  if (device && device->done(ticket)) {
+  if (device && device->done()) {
     complete(Status());  // ignored if the backend completed it first
     return true;
   }
@@ -167,24 +163,18 @@ void Work::observe(std::shared_ptr<Observer> observer, uint64_t sequence) const 
 
 Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) const {
   std::shared_ptr<const DeviceCompletion> device;
-  uint64_t ticket = 0;
   {
     std::lock_guard lock(state_->mu);
     if (state_->done) return state_->status;
     device = state_->device;
-    ticket = state_->ticket;
   }
   if (!device) return wait(timeout);
-  return device->block_stream(cuda_stream, ticket);
+  return device->block_stream(cuda_stream);
 }
 
-void Work::set_device_completion(std::shared_ptr<const DeviceCompletion> completion,
-                                 uint64_t ticket) const {
+void Work::set_device_completion(std::shared_ptr<const DeviceCompletion> completion) const {
   std::lock_guard lock(state_->mu);
-  if (!state_->done) {
-    state_->device = std::move(completion);
-    state_->ticket = ticket;
-  }
+  if (!state_->done) state_->device = std::move(completion);
 }
 
 void Work::on_complete(std::function<void(const Status&)> fn) const {

@@ -18,7 +18,6 @@
 #include "core/gpu.h"
 #include "core/launch_gate.h"
 #include "core/rendezvous.h"
-#include "core/stream_progress.h"
 #include "fmt/format.h"
 
 namespace tributary::backends {
@@ -97,17 +96,15 @@ struct Local {
   ncclComm_t data = nullptr;
 };
 
-// A completion marker on every local GPU: one CUDA event per stream (core/stream_progress.h).
-class StreamMarker {
+// The events of one collective, one per local GPU: its Work's device completion. A failure
+// raises the gate's flag before the communicators are aborted, so events that an abort completed
+// never read as success.
+class EventSet final : public Work::DeviceCompletion {
  public:
-  StreamMarker(std::vector<gpu::Event> events, std::vector<void*> streams)
-      : events_(std::move(events)), streams_(std::move(streams)) {}
-  Status record() {
-    for (size_t i = 0; i < events_.size(); ++i) {
-      TRIBUTARY_RETURN_IF_ERROR(events_[i].record(streams_[i]));
-    }
-    return Status();
-  }
+  EventSet(std::vector<gpu::Event> events, std::shared_ptr<const std::atomic<bool>> failed)
+      : events_(std::move(events)), failed_(std::move(failed)) {}
+  const std::vector<gpu::Event>& events() const { return events_; }
+  // True once every event has fired; an error the device reported, as such.
   StatusOr<bool> query() const {
     for (const gpu::Event& e : events_) {
       TRIBUTARY_ASSIGN_OR_RETURN(const bool fired, e.query());
@@ -115,46 +112,64 @@ class StreamMarker {
     }
     return true;
   }
-  Status block(void* stream) const {
+  bool done() const override {
+    if (failed_->load(std::memory_order_acquire)) return false;
+    const StatusOr<bool> fired = query();
+    return fired.ok() && *fired && !failed_->load(std::memory_order_acquire);
+  }
+  Status block_stream(void* stream) const override {
     for (const gpu::Event& e : events_) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
     return Status();
   }
 
  private:
   std::vector<gpu::Event> events_;
-  std::vector<void*> streams_;  // the backend's; no marker is recorded once it is gone (close())
-};
-
-// The device completion of every Work this backend hands out, asked by the call's sequence number:
-// markers are recorded when a question needs one (the watchdog, a caller's wait, test or
-// wait_stream), not one per call. A failure raises the gate's flag before the communicators are
-// aborted, so markers that an abort completed never read as success. Outlives the backend when a
-// Work does.
-class Completion final : public Work::DeviceCompletion {
- public:
-  Completion(std::function<StatusOr<StreamMarker>()> make,
-             std::shared_ptr<const std::atomic<bool>> failed)
-      : progress_(std::move(make)), failed_(std::move(failed)) {}
-  internal::StreamProgress<StreamMarker>& progress() const { return progress_; }
-  bool done(uint64_t sequence) const override {
-    if (failed_->load(std::memory_order_acquire)) return false;
-    const StatusOr<bool> fired = progress_.reached(sequence);
-    return fired.ok() && *fired && !failed_->load(std::memory_order_acquire);
-  }
-  Status block_stream(void* stream, uint64_t sequence) const override {
-    return progress_.block(sequence, stream);
-  }
-
- private:
-  mutable internal::StreamProgress<StreamMarker> progress_;
   std::shared_ptr<const std::atomic<bool>> failed_;
 };
 
-// A collective in flight, until the device has finished it.
+// A collective in flight: the events that say it is done on each local GPU.
 struct Pending {
   CallInfo call;  // described only when it fails
   Work work;
+  std::shared_ptr<const EventSet> events;
   Clock::time_point deadline;
+};
+
+// Recycled event sets, one per collective in flight: creating events costs microseconds per call,
+// and so would a fresh allocation. A set is free again when the pool holds its only reference (the
+// Work and the watchdog have let go), so taking one allocates nothing once the pool has grown to
+// the number of collectives in flight.
+class EventPool {
+ public:
+  EventPool(std::vector<int> devices, std::shared_ptr<const std::atomic<bool>> failed)
+      : devices_(std::move(devices)), failed_(std::move(failed)) {}
+  StatusOr<std::shared_ptr<const EventSet>> take() {
+    std::lock_guard lock(mu_);
+    // Round robin from where the last search stopped: collectives complete in order, so the
+    // next set is usually free.
+    for (size_t tried = 0; tried < sets_.size(); ++tried) {
+      next_ = next_ + 1 < sets_.size() ? next_ + 1 : 0;
+      if (sets_[next_].use_count() == 1) {
+        std::atomic_thread_fence(std::memory_order_acquire);  // after the last holder's release
+        return sets_[next_];
+      }
+    }
+    std::vector<gpu::Event> events;
+    for (int d : devices_) {
+      TRIBUTARY_ASSIGN_OR_RETURN(gpu::Event e, gpu::Event::create(d));
+      events.push_back(std::move(e));
+    }
+    sets_.push_back(std::make_shared<const EventSet>(std::move(events), failed_));
+    next_ = sets_.size() - 1;
+    return sets_.back();
+  }
+
+ private:
+  const std::vector<int> devices_;
+  const std::shared_ptr<const std::atomic<bool>> failed_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<const EventSet>> sets_;
+  size_t next_ = 0;
 };
 
 // Device scratch on one GPU, freed (stream-ordered) when the call's enqueueing is over.
@@ -209,8 +224,6 @@ class NcclOps final : public CrossDeviceOps {
     (void)gate_.fail();  // raises the flag the Works' probes read, and aborts what is left
     gate_.tear_down();   // also after an earlier failure
     fail_pending(aborted("nccl: the backend was destroyed while this collective was in flight"));
-    // Works may outlive the backend: their completion records no marker on streams about to go.
-    if (completion_) completion_->progress().close();
   }
 
   Status init(const std::shared_ptr<Store>& scope) {
@@ -255,23 +268,9 @@ class NcclOps final : public CrossDeviceOps {
       return s.with_context(fmt::format(
           "backend 'nccl' (rank {} of {} processes, {} GPU(s) each)", rank(), world_size(), G));
     }
-    std::vector<int> devices;
-    std::vector<void*> streams;
-    for (const Local& l : locals_) {
-      devices.push_back(l.device.index());
-      streams.push_back(l.stream.get());
-    }
-    completion_ = std::make_shared<Completion>(
-        [devices, streams]() -> StatusOr<StreamMarker> {
-          gpu::CurrentDeviceGuard keep;  // made on whichever thread asks first: leave its device
-          std::vector<gpu::Event> events;
-          for (int d : devices) {
-            TRIBUTARY_ASSIGN_OR_RETURN(gpu::Event e, gpu::Event::create(d));
-            events.push_back(std::move(e));
-          }
-          return StreamMarker(std::move(events), streams);
-        },
-        gate_.flag());
+    std::vector<int> event_devices;
+    for (const Local& l : locals_) event_devices.push_back(l.device.index());
+    events_ = std::make_unique<EventPool>(std::move(event_devices), gate_.flag());
     watchdog_ = std::thread([this] { watch(); });
     return Status();
   }
@@ -646,7 +645,7 @@ class NcclOps final : public CrossDeviceOps {
     return Status();
   }
 
-  // Enqueues with `body`, publishes the call as enqueued, and hands the Work to the watchdog.
+  // Enqueues with `body`, records an event per local GPU, and hands the Work to the watchdog.
   template <typename Body>
   Work launch(const CallInfo& call, Body body) {
     if (gate_.failed()) return Work::completed(failure());
@@ -668,26 +667,35 @@ class NcclOps final : public CrossDeviceOps {
       fail_pending(failure());
       return Work::completed(failure());
     }
+    std::shared_ptr<const EventSet> events;
+    if (s.ok()) {
+      auto taken = events_->take();
+      if (taken.ok()) {
+        events = std::move(taken).value();
+      } else {
+        s = taken.status();
+      }
+    }
+    for (size_t i = 0; i < locals_.size() && s.ok(); ++i) {
+      s = events->events()[i].record(locals_[i].stream.get());
+    }
     if (!s.ok()) {
       // Half-enqueued: the group is in an unknown state. Abort so that the peers fail too.
       Status failed = s.with_context("nccl: " + call.describe());
       fail_all(failed);
       return Work::completed(failed);
     }
-    // No event per call: a marker is recorded on the streams when a question needs one
-    // (core/stream_progress.h).
-    completion_->progress().enqueued(call.sequence);
-    // wait() and test() ask the device on the calling thread, wait_stream() makes a stream wait;
-    // errors and timeouts stay the watchdog's.
+    // wait() and test() poll the events on the calling thread, wait_stream() makes a stream wait
+    // for them; errors and timeouts stay the watchdog's.
     Work work;
-    work.set_device_completion(completion_, call.sequence);
+    work.set_device_completion(events);
     bool wake = false;
     {
       std::lock_guard lock(mu_);
       // A failure raises the gate's flag before it fails what is pending: a Work added after that
       // must not wait for a watchdog that has already given up on the communicators.
       if (gate_.failed()) return Work::completed(failure());
-      pending_.push_back(Pending{call, work, call.start + call.timeout});
+      pending_.push_back(Pending{call, work, std::move(events), call.start + call.timeout});
       wake = sleeping_;
     }
     if (wake) cv_.notify_one();  // a futex call only when the watchdog sleeps
@@ -737,50 +745,65 @@ class NcclOps final : public CrossDeviceOps {
         }
         continue;
       }
-      const CallInfo head = pending_.front().call;
-      const Clock::time_point head_deadline = pending_.front().deadline;
-      const uint64_t newest = pending_.back().call.sequence;
-      lock.unlock();
+      Pending head = pending_.front();
       // Collectives complete in issue order (one thread issues at a time, each GPU's on one
-      // stream): one marker after the newest pending call answers for all of them, and a marker
-      // recorded earlier (here or by a waiting caller) for those it covers. So one query ends a
-      // whole burst of calls, and this thread records at most one marker per look. (Recording
-      // them on the issuing thread instead, at this thread's request, spares the contention for
-      // the driver's locks, yet measured slower in separate H100 runs: 1 MiB in place, 1.8-1.9 us
-      // a call against 1.5.)
-      const StatusOr<bool> all = completion_->progress().reached(newest);
-      Status s = all.status();
-      const uint64_t done_up_to = completion_->progress().completed();
+      // stream), so once the newest is done, all are: one query then ends a whole burst of calls.
+      std::shared_ptr<const EventSet> newest;
+      uint64_t newest_sequence = 0;
+      if (pending_.size() > 1) {
+        newest = pending_.back().events;
+        newest_sequence = pending_.back().call.sequence;
+      }
+      lock.unlock();
+      if (newest) {
+        const StatusOr<bool> all = newest->query();
+        if (all.ok() && *all && async_errors().ok()) {
+          lock.lock();
+          while (!pending_.empty() && pending_.front().call.sequence <= newest_sequence) {
+            ended.push_back(std::move(pending_.front().work));
+            pending_.pop_front();
+          }
+          lock.unlock();
+          // Aborted kernels leave their events complete too: after a failure, not a success.
+          const Status result = gate_.failed() ? failure() : Status();
+          for (Work& w : ended) w.complete(result);
+          ended.clear();
+          idle_since = Clock::now();
+          lock.lock();
+          continue;
+        }
+        // Not all done (or an error, which the oldest's query below reports).
+      }
+      const StatusOr<bool> fired = head.events->query();
+      Status s = fired.status();
+      const bool done = fired.ok() && *fired;
       if (s.ok()) s = async_errors();
-      if (s.ok() && done_up_to < head.sequence && Clock::now() > head_deadline) {
+      if (s.ok() && !done && Clock::now() > head.deadline) {
         s = deadline_exceeded(fmt::format(
             "{} did not complete within {} (timeout=): a peer process is dead, stalled, or issued "
             "a different collective; rank {} aborted its NCCL communicators",
-            head.describe(), nanos_text(timeout()), rank()));
+            head.call.describe(), nanos_text(timeout()), rank()));
       }
       if (!s.ok()) {
-        const std::string what = head.describe();
+        const std::string what = head.call.describe();
         fail_all(s.message().find(what) == std::string::npos ? s.with_context("nccl: " + what)
                                                              : s);
         lock.lock();
         continue;
       }
-      if (done_up_to >= head.sequence) {
+      if (done) {
         lock.lock();
-        while (!pending_.empty() && pending_.front().call.sequence <= done_up_to) {
-          ended.push_back(std::move(pending_.front().work));
+        if (!pending_.empty() && pending_.front().call.sequence == head.call.sequence) {
           pending_.pop_front();
         }
         lock.unlock();
         // Aborted kernels leave their events complete too: after a failure, not a success.
-        const Status result = gate_.failed() ? failure() : Status();
-        for (Work& w : ended) w.complete(result);
-        ended.clear();
+        head.work.complete(gate_.failed() ? failure() : Status());
         idle_since = Clock::now();
         lock.lock();
         continue;
       }
-      // In flight: look again shortly. Not closely: a host that waits asks the device itself
+      // In flight: look again shortly. Not closely: a host that waits polls the events itself
       // (wait() and test()), and this thread's CUDA and NCCL queries contend with the thread that
       // enqueues the next call (a yielding loop here cost the launching thread a microsecond a
       // call). So what this thread does (callbacks, timeouts, NCCL's asynchronous errors) lags the
@@ -1012,7 +1035,7 @@ class NcclOps final : public CrossDeviceOps {
   internal::FifoRing<Pending> pending_;  // oldest first; allocates only as it grows
   bool stop_ = false;
   bool sleeping_ = false;  // the watchdog waits on cv_ (nothing pending)
-  std::shared_ptr<Completion> completion_;  // shared with every Work handed out
+  std::unique_ptr<EventPool> events_;
   mutable std::mutex comm_mu_;  // aborted_, failure_, and the communicators' teardown
   bool aborted_ = false;
   bool revoked_ = false;

@@ -51,10 +51,8 @@ class Work {
   void complete(Status status) const;
   // For the front door: runs `fn` on completion (at once when already complete).
   void on_complete(std::function<void(const Status&)> fn) const;
-  // For backends that complete on a device (a GPU collective on CUDA streams): what wait(), test()
-  // and wait_stream() consult while the Work is pending. One object may serve many Works, each
-  // with its own `ticket` (the nccl backend: one per backend, the ticket being the call's
-  // sequence number), so that handing out a Work allocates nothing for it.
+  // For backends that complete on a device (a GPU collective's CUDA events): what wait(), test()
+  // and wait_stream() consult while the Work is pending.
   class DeviceCompletion {
    public:
     virtual ~DeviceCompletion() = default;
@@ -64,13 +62,13 @@ class Work {
     // are in place and no failure is known; the Work then completes with OK. Errors and timeouts
     // still come from the backend, which completes the Work itself (a later complete() is
     // ignored).
-    virtual bool done(uint64_t ticket) const = 0;
+    virtual bool done() const = 0;
     // Makes `cuda_stream` wait on the device until the results are written (e.g.
-    // cudaStreamWaitEvent on an event recorded after the collective).
-    virtual Status block_stream(void* cuda_stream, uint64_t ticket) const = 0;
+    // cudaStreamWaitEvent on the collective's events).
+    virtual Status block_stream(void* cuda_stream) const = 0;
   };
-  void set_device_completion(std::shared_ptr<const DeviceCompletion> completion,
-                             uint64_t ticket = 0) const;
+  // One object per Work, which the backend may recycle once the Work lets go of it (use_count).
+  void set_device_completion(std::shared_ptr<const DeviceCompletion> completion) const;
 
  private:
   friend class CrossDeviceOps;

@@ -72,19 +72,16 @@ TEST(Work, CompletesFromAnotherThreadOnceAndRunsCallbacks) {
 class FakeDevice : public Work::DeviceCompletion {
  public:
   explicit FakeDevice(std::function<bool()> ready) : ready_(std::move(ready)) {}
-  bool done(uint64_t ticket) const override {
+  bool done() const override {
     ++checks;
-    asked = ticket;
     return ready_();
   }
-  Status block_stream(void* stream, uint64_t ticket) const override {
+  Status block_stream(void* stream) const override {
     blocked = stream;
-    asked = ticket;
     return Status();
   }
   mutable std::atomic<int> checks{0};
   mutable void* blocked = nullptr;
-  mutable std::atomic<uint64_t> asked{0};  // the ticket of the last question
 
  private:
   std::function<bool()> ready_;
@@ -133,39 +130,14 @@ TEST(Work, TestChecksTheDevice) {
 TEST(Work, WaitStreamBlocksTheStreamWhilePendingAndNotAfter) {
   Work w;
   auto dev = std::make_shared<FakeDevice>([] { return false; });
-  w.set_device_completion(dev, 41);
+  w.set_device_completion(dev);
   int stream_stand_in = 0;
   EXPECT_TRUE(w.wait_stream(&stream_stand_in, 10ms).ok());
   EXPECT_EQ(dev->blocked, &stream_stand_in);
-  EXPECT_EQ(dev->asked.load(), 41u);  // the Work's own ticket
   dev->blocked = nullptr;
   w.complete(aborted("aborted"));
   EXPECT_EQ(w.wait_stream(&stream_stand_in, 10ms).code(), StatusCode::kAborted);
   EXPECT_EQ(dev->blocked, nullptr);
-}
-
-// One completion object serves many Works: each asks about its own ticket.
-TEST(Work, OneDeviceCompletionServesManyWorksByTicket) {
-  auto finished_up_to = std::make_shared<std::atomic<uint64_t>>(0);
-  class Frontier : public Work::DeviceCompletion {
-   public:
-    explicit Frontier(std::shared_ptr<std::atomic<uint64_t>> f) : f_(std::move(f)) {}
-    bool done(uint64_t ticket) const override { return f_->load() >= ticket; }
-    Status block_stream(void*, uint64_t) const override { return Status(); }
-
-   private:
-    std::shared_ptr<std::atomic<uint64_t>> f_;
-  };
-  auto dev = std::make_shared<Frontier>(finished_up_to);
-  Work first, second;
-  first.set_device_completion(dev, 1);
-  second.set_device_completion(dev, 2);
-  EXPECT_FALSE(first.test());
-  *finished_up_to = 1;
-  EXPECT_TRUE(first.test());
-  EXPECT_FALSE(second.test());
-  *finished_up_to = 2;
-  EXPECT_TRUE(second.wait(10s).ok());
 }
 
 TEST(Work, ABackendErrorEndsAWaitWhoseDeviceNeverSaysDone) {
