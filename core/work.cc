@@ -169,7 +169,14 @@ Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) c
     device = state_->device;
   }
   if (!device) return wait(timeout);
-  return device->block_stream(cuda_stream);
+  Status blocked = device->block_stream(cuda_stream);
+  if (!blocked.ok()) {
+    // The device completion refuses when its backend has failed (its events may have been ended
+    // by an abort); the Work's own error, once the backend has set it, says what happened.
+    std::lock_guard lock(state_->mu);
+    if (state_->done && !state_->status.ok()) return state_->status;
+  }
+  return blocked;
 }
 
 void Work::set_device_completion(std::shared_ptr<const DeviceCompletion> completion) const {

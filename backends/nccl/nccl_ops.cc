@@ -96,6 +96,12 @@ struct Local {
   ncclComm_t data = nullptr;
 };
 
+Status failed_before_the_stream_waited() {
+  return aborted(
+      "nccl: the backend failed before the stream could be made to wait for this collective, "
+      "whose results may not have been written; Work::wait() or error() gives the first error");
+}
+
 // The events of one collective, one per local GPU: its Work's device completion. A failure
 // raises the gate's flag before the communicators are aborted, so events that an abort completed
 // never read as success.
@@ -117,8 +123,12 @@ class EventSet final : public Work::DeviceCompletion {
     const StatusOr<bool> fired = query();
     return fired.ok() && *fired && !failed_->load(std::memory_order_acquire);
   }
+  // Refuses once the backend has failed: an event that an abort ended would let the stream run on
+  // with results that were never written.
   Status block_stream(void* stream) const override {
+    if (failed_->load(std::memory_order_acquire)) return failed_before_the_stream_waited();
     for (const gpu::Event& e : events_) TRIBUTARY_RETURN_IF_ERROR(e.block_stream(stream));
+    if (failed_->load(std::memory_order_acquire)) return failed_before_the_stream_waited();
     return Status();
   }
 

@@ -64,7 +64,9 @@ class Work {
     // ignored).
     virtual bool done() const = 0;
     // Makes `cuda_stream` wait on the device until the results are written (e.g.
-    // cudaStreamWaitEvent on the collective's events).
+    // cudaStreamWaitEvent on the collective's events). An error when that cannot be promised,
+    // e.g. the backend has failed and its events may have been ended by an abort; wait_stream()
+    // then returns the Work's own error when the backend has set it, else this one.
     virtual Status block_stream(void* cuda_stream) const = 0;
   };
   // One object per Work, which the backend may recycle once the Work lets go of it (use_count).

@@ -77,11 +77,13 @@ class FakeDevice : public Work::DeviceCompletion {
     return ready_();
   }
   Status block_stream(void* stream) const override {
+    if (refuse) return refuse();
     blocked = stream;
     return Status();
   }
   mutable std::atomic<int> checks{0};
   mutable void* blocked = nullptr;
+  std::function<Status()> refuse;  // set: block_stream() runs it and returns its error
 
  private:
   std::function<bool()> ready_;
@@ -137,6 +139,27 @@ TEST(Work, WaitStreamBlocksTheStreamWhilePendingAndNotAfter) {
   dev->blocked = nullptr;
   w.complete(aborted("aborted"));
   EXPECT_EQ(w.wait_stream(&stream_stand_in, 10ms).code(), StatusCode::kAborted);
+  EXPECT_EQ(dev->blocked, nullptr);
+}
+
+// A device completion that refuses to block a stream (its backend failed, as nccl's events do
+// once the communicators are aborted): wait_stream() reports the Work's own error when the backend
+// set it meanwhile, else the refusal; never OK.
+TEST(Work, WaitStreamReportsARefusalWithTheWorksOwnError) {
+  Work w;
+  auto dev = std::make_shared<FakeDevice>([] { return false; });
+  w.set_device_completion(dev);
+  int stream_stand_in = 0;
+  dev->refuse = [] { return aborted("the backend failed"); };
+  EXPECT_EQ(w.wait_stream(&stream_stand_in, 10ms).message(), "the backend failed");
+  Work* const work = &w;  // the backend fails the Work while the stream was being blocked
+  dev->refuse = [work] {
+    work->complete(unavailable("rank 1 died"));
+    return aborted("the backend failed");
+  };
+  const Status s = w.wait_stream(&stream_stand_in, 10ms);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "rank 1 died");
   EXPECT_EQ(dev->blocked, nullptr);
 }
 
