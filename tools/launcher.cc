@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #if defined(__linux__)
+#include <sched.h>
 #include <sys/prctl.h>
 #endif
 
@@ -27,6 +28,8 @@
 #include <cstdio>
 #include <cstring>
 #include <utility>
+
+#include "tools/cpu_binding.h"
 
 #include "tools/fd.h"
 #include "tools/node_join.h"
@@ -162,6 +165,7 @@ struct Worker {
   int rank = 0;
   pid_t pid = -1;  // also the process group id
   std::string prefix;
+  std::vector<int> cpus;  // its affinity (--bind-to core); empty: the launcher's
   Stream out, err;
   bool exited = false;
   bool abandoned = false;
@@ -279,6 +283,13 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   std::string exec_error = "tributary-run: cannot run '" + opt_.command[0] + "': ";
+#if defined(__linux__)
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : w.cpus) CPU_SET(c, &cpus);
+  std::string bind_error = "tributary-run: cannot bind rank " + std::to_string(w.rank) +
+                           " to CPUs " + cpu_list_text(w.cpus) + ": ";
+#endif
 
   sigset_t blocked;
   sigprocmask(SIG_BLOCK, &handled_, &blocked);  // no handler of ours may run in the child
@@ -297,6 +308,14 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
         ::dup2(err_write.get(), 2) < 0) {
       ::_exit(126);
     }
+#if defined(__linux__)
+    if (!w.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+      bind_error += std::strerror(errno);
+      bind_error += '\n';
+      [[maybe_unused]] ssize_t n = ::write(2, bind_error.data(), bind_error.size());
+      ::_exit(126);
+    }
+#endif
     environ = envp.data();
     ::execvp(argv[0], argv.data());
     int code = errno == ENOENT ? 127 : 126;
@@ -385,6 +404,22 @@ int Launcher::run() {
   for (const char* k : {"MASTER_ADDR=", "TRIBUTARY_MASTER_ADDR="}) base.push_back(k + master_addr);
   for (const char* k : {"MASTER_PORT=", "TRIBUTARY_MASTER_PORT="}) base.push_back(k + mp);
 
+  std::vector<std::vector<int>> binding;
+  if (opt_.bind_to_core) {
+    const std::vector<std::vector<int>> cores = group_cores(allowed_cpus(error));
+    if (cores.empty()) {
+      std::fprintf(stderr, "tributary-run: --bind-to core: %s\n", error.c_str());
+      return 1;
+    }
+    if (static_cast<size_t>(n) > cores.size()) {
+      std::fprintf(stderr,
+                   "tributary-run: warning: --bind-to core with %d workers on %zu cores: some "
+                   "workers share a core (--bind-to none lets the kernel place them)\n",
+                   n, cores.size());
+    }
+    binding = plan_core_binding(cores, n);
+  }
+
   start_ = Clock::now();
   workers_.resize(n);
   for (int i = 0; i < n; ++i) {
@@ -392,6 +427,11 @@ int Launcher::run() {
     w.rank = first_rank + i;
     const std::string r = std::to_string(w.rank), local = std::to_string(i);
     w.prefix = opt_.prefix ? "[rank " + r + "] " : "";
+    if (!binding.empty()) w.cpus = binding[static_cast<size_t>(i)];
+    if (opt_.report_bindings) {
+      std::fprintf(stderr, "tributary-run: rank %s bound to CPUs %s\n", r.c_str(),
+                   w.cpus.empty() ? "(not bound: the launcher's)" : cpu_list_text(w.cpus).c_str());
+    }
     std::vector<std::string> env = base;
     for (const char* k : {"RANK=", "TRIBUTARY_RANK="}) env.push_back(k + r);
     for (const char* k : {"LOCAL_RANK=", "TRIBUTARY_LOCAL_RANK="}) env.push_back(k + local);

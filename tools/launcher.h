@@ -19,7 +19,9 @@
 //    launcher cannot know the ports of the others;
 //  - the launcher's environment plus LaunchOptions::env otherwise; stdin from /dev/null;
 //  - its own process group (so signals reach what it starts) and, on Linux, PR_SET_PDEATHSIG, so
-//    it dies with a launcher that was SIGKILLed.
+//    it dies with a launcher that was SIGKILLed;
+//  - with LaunchOptions::bind_to_core, the CPUs of one core as its affinity (tools/cpu_binding.h);
+//    otherwise the launcher's.
 //
 // Output: each line a worker writes to stdout (stderr) goes whole to our stdout (stderr) after
 // the prefix "[rank r] " (the global rank); a last line without '\n' is completed with one. The
@@ -63,6 +65,8 @@ struct LaunchOptions {
   std::chrono::milliseconds join_timeout{std::chrono::minutes(5)};  // for the nodes to meet
   std::string join_timeout_text = "5m";
   bool prefix = true;              // "[rank i] " before each line
+  bool bind_to_core = false;       // --bind-to core: each worker on one core (cpu_binding.h)
+  bool report_bindings = false;    // a line on stderr per worker: the CPUs it is bound to
   std::optional<std::chrono::milliseconds> timeout;
   std::string timeout_text;  // as the user wrote it, for messages
   std::chrono::milliseconds grace{5000};

@@ -112,6 +112,8 @@ struct Flags {
   std::string timeout, grace = "5s", join_timeout = "5m";
   std::vector<std::string> env, exports;
   bool no_prefix = false;
+  std::string bind_to = "none";
+  bool report_bindings = false;
 };
 
 void define(CLI::App& app, Flags& f) {
@@ -149,6 +151,14 @@ void define(CLI::App& app, Flags& f) {
                  "as mpirun: pass VAR from this environment, or set VAR=VALUE (repeatable)")
       ->type_name("VAR[=VALUE]");
   app.add_flag("--no-prefix", f.no_prefix, "copy output lines without the \"[rank r] \" prefix")
+      ->disable_flag_override();
+  app.add_option("--bind-to", f.bind_to,
+                 "none (default): workers run on any of this launcher's CPUs; core: worker i on "
+                 "the i-th core, as mpirun (helps single-threaded ranks, hurts ring's shared "
+                 "memory)")
+      ->type_name("none|core");
+  app.add_flag("--report-bindings", f.report_bindings,
+               "say on stderr which CPUs each worker is bound to, as mpirun")
       ->disable_flag_override();
 }
 
@@ -259,6 +269,11 @@ std::string finish(const Flags& f, LaunchOptions& o) {
     }
   }
   o.prefix = !f.no_prefix;
+  if (f.bind_to != "none" && f.bind_to != "core") {
+    return "bad value '" + f.bind_to + "' for --bind-to; expected none or core";
+  }
+  o.bind_to_core = f.bind_to == "core";
+  o.report_bindings = f.report_bindings;
   for (const std::string& e : f.env) {
     const size_t eq = e.find('=');
     if (eq == 0 || eq == std::string::npos) {

@@ -401,7 +401,8 @@ test_missing_program() {
 
 test_bad_options() {
   for args in "--bogus" "-n 0" "-n x" "-n 2000" "--timeout 5x" "--timeout 0" "--grace -1s" \
-    "--master-port 70000" "--env NOEQUALS" "--env =x" "--no-prefix=1" "-n 2" "-n 2 --" "--timeout"; do
+    "--master-port 70000" "--env NOEQUALS" "--env =x" "--no-prefix=1" "-n 2" "-n 2 --" "--timeout" \
+    "--bind-to socket -- true" "--report-bindings=1 -- true"; do
     # shellcheck disable=SC2086  # split on purpose
     launch $args
     expect_rc 2
@@ -418,6 +419,44 @@ test_bad_options() {
   has_text out "usage: tributary-run"
   launch -h
   expect_rc 0
+}
+
+# cpus_of FILE RANK: the Cpus_allowed_list that rank's worker printed ("[rank R] cpus=...").
+cpus_of() { sed -n "s/^\[rank $2\] cpus=//p" "$TMP/$1"; }
+
+test_bind_to() {
+  [ -r /proc/self/status ] || skip "no /proc/self/status to read a worker's CPUs from"
+  mine=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+  show='echo "cpus=$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status)"'
+  # The default (none): every worker keeps the launcher's CPUs.
+  launch -n 2 --report-bindings -- sh -c "$show"
+  expect_rc 0
+  [ "$(cpus_of out 0)" = "$mine" ] && [ "$(cpus_of out 1)" = "$mine" ] ||
+    fail "without --bind-to the workers run on $(cpus_of out 0) / $(cpus_of out 1), not $mine"
+  has_line err "tributary-run: rank 0 bound to CPUs (not bound: the launcher's)"
+  # core: each worker runs on what the launcher reports for it, and that is one core: a strict
+  # part of the launcher's CPUs unless they are all one core's hardware threads; two workers on
+  # different cores when there are two.
+  launch -n 2 --bind-to core --report-bindings -- sh -c "$show"
+  expect_rc 0
+  for r in 0 1; do
+    got=$(cpus_of out $r)
+    reported=$(sed -n "s/^tributary-run: rank $r bound to CPUs //p" "$TMP/err")
+    [ -n "$got" ] && [ "$got" = "$reported" ] ||
+      fail "rank $r runs on '$got' but the launcher reported '$reported'"
+  done
+  first=$(cpus_of out 0 | sed 's/[-,].*//')
+  siblings=$(cat "/sys/devices/system/cpu/cpu$first/topology/thread_siblings_list" 2>/dev/null)
+  if [ "$siblings" != "$mine" ]; then
+    [ "$(cpus_of out 0)" != "$mine" ] || fail "rank 0 is bound to all of the launcher's CPUs ($mine)"
+    [ "$(cpus_of out 0)" != "$(cpus_of out 1)" ] ||
+      fail "both workers are bound to the same CPUs $(cpus_of out 0) of $mine"
+  fi
+  # More workers than cores share cores, with a warning.
+  n=$(($(nproc) + 1))
+  launch -n "$n" --bind-to core -- true
+  expect_rc 0
+  has_text err "tributary-run: warning: --bind-to core with $n workers on"
 }
 
 test_np_spellings() {
@@ -563,7 +602,7 @@ test_nodes_disagree() {
 ALL="environment env_option master_port prefix lines_whole last_words failure_stops_siblings
   first_failure_wins killed_by_signal stopped_rank start_failure timeout sigkill_after_grace sigterm_forwarded
   sigint_forwarded sighup_forwarded sigusr1_passed_on ignored_signal_stays_ignored second_signal_kills leftover_processes success missing_program bad_options
-  np_spellings x_option torchrun_spellings two_nodes node_never_comes master_never_comes nodes_disagree"
+  bind_to np_spellings x_option torchrun_spellings two_nodes node_never_comes master_never_comes nodes_disagree"
 
 failed=0
 passed=0

@@ -1,0 +1,86 @@
+#include "tools/cpu_binding.h"
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <utility>
+
+namespace tributary::tools {
+
+std::vector<std::vector<int>> group_cores(const std::vector<CpuInfo>& cpus) {
+  std::map<std::pair<int, int>, std::vector<int>> by_core;
+  for (const CpuInfo& c : cpus) by_core[{c.package, c.core}].push_back(c.cpu);
+  std::vector<std::vector<int>> cores;
+  cores.reserve(by_core.size());
+  for (auto& [key, list] : by_core) {
+    std::sort(list.begin(), list.end());
+    list.erase(std::unique(list.begin(), list.end()), list.end());
+    cores.push_back(std::move(list));
+  }
+  std::sort(cores.begin(), cores.end(),
+            [](const std::vector<int>& a, const std::vector<int>& b) { return a[0] < b[0]; });
+  return cores;
+}
+
+std::vector<std::vector<int>> plan_core_binding(const std::vector<std::vector<int>>& cores,
+                                                int workers) {
+  std::vector<std::vector<int>> plan;
+  if (cores.empty()) return plan;
+  for (int i = 0; i < workers; ++i) plan.push_back(cores[static_cast<size_t>(i) % cores.size()]);
+  return plan;
+}
+
+namespace {
+
+// The integer in a sysfs file, or `fallback`.
+int read_int(const std::string& path, int fallback) {
+  std::ifstream in(path);
+  int v = 0;
+  return (in >> v) ? v : fallback;
+}
+
+}  // namespace
+
+std::vector<CpuInfo> allowed_cpus(std::string& error) {
+  std::vector<CpuInfo> found;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    error = std::string("cannot read this process's CPU affinity: ") + std::strerror(errno);
+    return found;
+  }
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    const int core = read_int(dir + "core_id", -1);
+    // Unreadable topology: the CPU is a core of its own (package -1 - cpu keeps it apart).
+    found.push_back(core < 0 ? CpuInfo{cpu, -1 - cpu, 0}
+                             : CpuInfo{cpu, read_int(dir + "physical_package_id", 0), core});
+  }
+#else
+  error = "CPU binding is supported on Linux only";
+#endif
+  return found;
+}
+
+std::string cpu_list_text(const std::vector<int>& cpus) {
+  std::string text;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!text.empty()) text += ',';
+    text += std::to_string(cpus[i]);
+    if (j > i) text += '-' + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+}  // namespace tributary::tools

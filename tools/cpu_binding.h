@@ -1,0 +1,44 @@
+// tributary-run --bind-to: which CPUs each worker of this node may run on (mpirun's --bind-to).
+//
+//   none  (the default, as torchrun): workers inherit the launcher's CPUs.
+//   core: local worker i runs on the hardware threads of one core, the (i mod C)-th of the C cores
+//         among the launcher's allowed CPUs, cores ordered by their lowest CPU number. More workers
+//         than cores share cores round robin; the launcher warns (mpirun refuses unless told to
+//         overload).
+//
+// Why it is not the default: a rank that spends its time in one thread (UCX over TCP at 1-4 MiB)
+// gains from staying on its core, as Open MPI's ranks do; ranks that reduce on several threads
+// (`ring` over shared memory) lose, since each is then confined to one core (README, "Where
+// tributary is behind").
+//
+// Linux only (sched_setaffinity and sysfs); elsewhere --bind-to core is refused.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tributary::tools {
+
+// One CPU as sysfs describes it.
+struct CpuInfo {
+  int cpu = 0;
+  int package = 0;  // topology/physical_package_id
+  int core = 0;     // topology/core_id (unique within its package)
+};
+
+// The cores of `cpus` (those sharing package and core id), each its CPUs in increasing order, the
+// cores ordered by their lowest CPU.
+std::vector<std::vector<int>> group_cores(const std::vector<CpuInfo>& cpus);
+
+// For each of `workers` local workers, the CPUs of its core (round robin over `cores`).
+std::vector<std::vector<int>> plan_core_binding(const std::vector<std::vector<int>>& cores,
+                                                int workers);
+
+// The CPUs this process may run on, with their sysfs topology (a CPU whose topology cannot be read
+// counts as a core of its own). Empty with `error` set when the affinity cannot be read.
+std::vector<CpuInfo> allowed_cpus(std::string& error);
+
+// "0-3,8" style, as /proc/self/status's Cpus_allowed_list.
+std::string cpu_list_text(const std::vector<int>& cpus);
+
+}  // namespace tributary::tools
