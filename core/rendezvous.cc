@@ -144,6 +144,7 @@ std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendCon
   const std::chrono::nanoseconds on = std::chrono::microseconds(50);
   if (mode == "on") return on;
   if (mode == "off") return std::chrono::nanoseconds(0);
+  if (mode == "always") return kPollAlways;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return local_ranks(context) <= cores ? on : std::chrono::nanoseconds(0);
 }

@@ -70,7 +70,8 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   const std::string poll = options.get_string("poll");
   const auto cores = static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
   const bool oversubscribed = members.size() > cores;
-  o.spin = poll == "off" || (poll == "auto" && oversubscribed)
+  o.spin = poll == "always" ? internal::kPollAlways
+           : poll == "off" || (poll == "auto" && oversubscribed)
                ? std::chrono::nanoseconds(0)
                : std::chrono::nanoseconds(std::chrono::microseconds(50));
   // More ranks than cores: no busy polling, but yield the core for up to a millisecond before

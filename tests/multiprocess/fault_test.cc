@@ -523,6 +523,58 @@ INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
                                       : "Ring";
                          });
 
+// poll=always (Open MPI's way: a wait polls until it ends, never sleeping): the results are right,
+// and a peer that stays connected but silent still ends in a deadline naming it, within the
+// timeout. Two ranks, so that the polling rank has a core of its own.
+class PollAlways : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PollAlways, ResultsAreRightAndASilentPeerIsStillADeadline) {
+  const std::string spec = GetParam() + ",poll=always,timeout=2s";
+  if (!builtin_backends().find(spec.substr(0, spec.find(':')))) {
+    GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
+  }
+  const std::string dir = make_temp_dir("poll_always");
+  GroupResult g = run_group(2, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 2, 1, dir);
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok()) return kChildFailed;
+    for (int call = 0; call < 20; ++call) {
+      const int64_t count = call % 2 ? 4096 : (1 << 18) + 3;
+      std::vector<float> x(static_cast<size_t>(count), static_cast<float>(rank + 1 + call));
+      PerReplica<Tensor> v{Tensor(x.data(), DType::kFloat32, Shape{count})};
+      const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      const float want = static_cast<float>(3 + 2 * call);
+      if (!s.ok() || x.front() != want || x.back() != want) {
+        write_note(dir, rank, "call " + std::to_string(call) + ": " + s.to_string() +
+                                  ", got " + std::to_string(x.front()));
+        return kChildFailed;
+      }
+    }
+    if (rank == 1) {
+      std::this_thread::sleep_for(5s);  // alive, connected, but never joins the next collective
+      return kChildOk;
+    }
+    return all_reduce_until_error(**ops, dir, 1, 1024);
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[1].exit_code, kChildOk) << g.describe() << read_note(dir, 1);
+  ASSERT_EQ(g.children[0].exit_code, kChildSawError) << g.describe() << read_note(dir, 0);
+  const std::string note = read_note(dir, 0);
+  EXPECT_NE(note.find("deadline_exceeded"), std::string::npos) << note;
+  EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
+  EXPECT_LT(seconds_in(note), 2.0 + 3.0) << note;
+  EXPECT_NE(note.find("again=failed_precondition"), std::string::npos) << note;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PollAlways,
+                         ::testing::Values("ring:intra_host=net", "ring:intra_host=shm",
+                                           "ucx:tls=tcp"),
+                         [](const auto& info) -> std::string {
+                           if (info.param == "ucx:tls=tcp") return "UcxTcp";
+                           return info.param.find("shm") != std::string::npos ? "SharedMemory"
+                                                                              : "Tcp";
+                         });
+
 // The connected TCP sockets of this process, lowest descriptor first (with a FileStore, the ring's
 // connections are the only ones: to each peer in socket order).
 std::vector<int> connected_sockets() {

@@ -152,13 +152,24 @@ struct ShmGroup::Impl {
     std::atomic<uint64_t>& a = field(r, f);
     if (a.load(std::memory_order_acquire) >= value) return Status();
     if (options.spin.count() > 0) {
-      const auto spin_until = Clock::now() + options.spin;
-      do {
+      // A long spin (poll=always) looks at the peers and the deadline every millisecond, as the
+      // sleeping loop below does; the default 50 us never gets there.
+      const auto start = Clock::now();
+      const auto spin_until = start + options.spin;
+      auto next_look = start + std::chrono::milliseconds(1);
+      for (;;) {
         for (int i = 0; i < 32; ++i) {
           if (a.load(std::memory_order_acquire) >= value) return Status();
           TRIBUTARY_CPU_RELAX();
         }
-      } while (Clock::now() < spin_until);
+        const auto now = Clock::now();
+        if (now >= spin_until) break;
+        if (now >= next_look) {
+          if (Status s = peer_trouble(call.tag); !s.ok()) return s;
+          if (now >= call.deadline) break;  // the loop below says so
+          next_look = now + std::chrono::milliseconds(1);
+        }
+      }
     }
     if (options.yield.count() > 0) {
       // More ranks than cores: give the core away at once, so that the rank this one waits for

@@ -1,0 +1,50 @@
+// The `poll` option of the multi-process backends (ring, ucx): how long a wait polls before
+// sleeping, for each mode, on a host with a core per rank and on an oversubscribed one.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+
+#include "core/rendezvous.h"
+#include "tributary/cross_device_ops.h"
+
+namespace tributary::internal {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+BackendContext with_local_ranks(int n) {
+  BackendContext c;
+  c.world_size = n;
+  c.config = Config::from_map({{"TRIBUTARY_LOCAL_WORLD_SIZE", std::to_string(n)}});
+  return c;
+}
+
+TEST(Poll, EachModeOnAHostWithACorePerRank) {
+  const BackendContext one = with_local_ranks(1);
+  EXPECT_EQ(poll_duration("on", one), microseconds(50));
+  EXPECT_EQ(poll_duration("off", one), nanoseconds(0));
+  EXPECT_EQ(poll_duration("auto", one), microseconds(50));
+  EXPECT_EQ(poll_duration("always", one), kPollAlways);
+  EXPECT_GE(kPollAlways, std::chrono::hours(24));  // longer than any timeout a user sets
+  for (const char* mode : {"on", "off", "auto", "always"}) {
+    EXPECT_EQ(yield_duration(mode, one), nanoseconds(0)) << mode;
+  }
+}
+
+// More ranks than cores: auto stops polling and yields the core for up to 1 ms instead; the
+// explicit modes do what they say.
+TEST(Poll, EachModeOnAnOversubscribedHost) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const BackendContext many = with_local_ranks(cores + 1);
+  EXPECT_EQ(poll_duration("auto", many), nanoseconds(0));
+  EXPECT_EQ(yield_duration("auto", many), milliseconds(1));
+  EXPECT_EQ(poll_duration("on", many), microseconds(50));
+  EXPECT_EQ(poll_duration("always", many), kPollAlways);
+  EXPECT_EQ(yield_duration("always", many), nanoseconds(0));
+}
+
+}  // namespace
+}  // namespace tributary::internal
