@@ -237,6 +237,9 @@ class Parser {
           "default reference nccl (direct)");
     value("--replicas", "N", "local CPU replicas per process (default 2; the same as -t N)");
     value("--np", "N", "run as N local processes under tributary-run (multi-process backends)");
+    value("--bind-to", "none|core",
+          "with --np: none (default) or core, each rank on a core of its own (tributary-run "
+          "--bind-to, as mpirun binds its ranks)");
   }
 
   void add_sizes() {
@@ -424,6 +427,12 @@ class Parser {
                                       "for a time per size use --time-per-size"));
     TRIBUTARY_RETURN_IF_ERROR(set_int("--ngpus", &o_.gpus, 1, kMax));
     TRIBUTARY_RETURN_IF_ERROR(set_int("--np", &o_.np, 1, kMax));
+    if (given("--bind-to")) {
+      o_.bind_to = text("--bind-to");
+      if (o_.bind_to != "none" && o_.bind_to != "core") {
+        return flag_error("--bind-to", o_.bind_to, "expected none or core");
+      }
+    }
     if (given("--replicas")) {
       if (given("--nthreads") || given("--ngpus")) {
         return invalid_argument(

@@ -39,6 +39,7 @@ struct BenchOptions {
   int threads = 1;  // -t, as nccl-tests' threads per process (each one replica, or -g GPUs)
   int gpus = 0;     // -g N: N GPU replicas per thread (GPU:0..) instead of CPU ones
   int np = 1;
+  std::string bind_to = "none";  // --bind-to, passed to tributary-run with --np (none or core)
   int check = 1;  // -c: checked all-reduces per size and placement; 0 = no check
   int root = 0;   // -r: accepted as nccl-tests does; all_reduce has none (-1 in the table)
   bool root_given = false;

@@ -491,7 +491,7 @@ bool first_rank() {
 }
 
 // Runs this benchmark again as `np` ranks under tributary-run (found next to this binary).
-int relaunch(const char* tool, int np, int argc, char** argv) {
+int relaunch(const char* tool, int np, const std::string& bind_to, int argc, char** argv) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0)
@@ -511,14 +511,15 @@ int relaunch(const char* tool, int np, int argc, char** argv) {
                     " (" + dir + "); or start the ranks yourself with any launcher or TF_CONFIG",
                 2);
   }
-  std::vector<std::string> args = {launcher, "-n", std::to_string(np), "--no-prefix", "--", self};
+  std::vector<std::string> args = {launcher,    "-n",    std::to_string(np), "--no-prefix",
+                                   "--bind-to", bind_to, "--",               self};
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
-    if (a == "--np") {
+    if (a == "--np" || a == "--bind-to") {
       ++i;  // and its value
       continue;
     }
-    if (a.starts_with("--np=")) continue;
+    if (a.starts_with("--np=") || a.starts_with("--bind-to=")) continue;
     args.emplace_back(a);
   }
   std::vector<char*> cargs;

@@ -38,7 +38,7 @@ bool launched_as_rank();
 bool first_rank();
 // Runs `tool` (this executable) again as `np` ranks under tributary-run, found next to it; returns
 // only on failure, with the exit code after printing why.
-int relaunch(const char* tool, int np, int argc, char** argv);
+int relaunch(const char* tool, int np, const std::string& bind_to, int argc, char** argv);
 // Prints "<tool>: message" on stderr and returns `code`.
 int fail(const char* tool, const std::string& message, int code);
 

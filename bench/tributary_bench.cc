@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   if (first_rank()) {
     if (Status s = check_output_paths(o); !s.ok()) return fail(kTool, s.message(), 2);
   }
-  if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, argc, argv);
+  if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, o.bind_to, argc, argv);
 
   Report report;
   report.options = o;

@@ -93,7 +93,7 @@ int run(int argc, char** argv) {
     if (Status s = check_output_path("--out", out_path); !s.ok())
       return fail(kTool, s.message(), 2);
   }
-  if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, argc, argv);
+  if (o.np > 1 && !launched_as_rank()) return relaunch(kTool, o.np, o.bind_to, argc, argv);
 
   // The default candidates need the layout; a first runner with no lines would join the cluster
   // twice, so ask the cluster spec directly.
