@@ -13,6 +13,9 @@ namespace tributary {
 struct Work::State {
   mutable std::mutex mu;
   std::condition_variable cv;
+  // complete() claims the Work (and sets `status` and `end`), runs the observer, then marks it done:
+  // no waiter sees it done before the front door has recorded how it ended.
+  bool claimed = false;
   bool done = false;
   // Set (release) after `status` and `end`, which never change again: a completed Work is read
   // without the lock, so a synchronous collective's test(), error() and wait() cost no lock and no
@@ -49,6 +52,7 @@ Work Work::completed(Status status) {
     // static destruction.
     static const std::shared_ptr<State>* const kDone = [] {
       auto state = std::make_shared<State>();
+      state->claimed = true;
       state->done = true;
       state->end = state->start;
       state->finished.store(true, std::memory_order_release);
@@ -77,7 +81,7 @@ Status Work::wait(std::chrono::milliseconds timeout) const {
       if (state_->finished.load(std::memory_order_acquire)) return state_->status;
       if (device->done()) {
         complete(Status());  // ignored if the backend completed it first, with whatever status
-        return state_->status;
+        return finish_completing();
       }
       const auto now = Clock::now();
       if (now >= deadline) return wait_timed_out(timeout);
@@ -108,9 +112,18 @@ bool Work::test() const {
   }
   if (device && device->done()) {
     complete(Status());  // ignored if the backend completed it first
+    (void)finish_completing();
     return true;
   }
   return false;
+}
+
+Status Work::finish_completing() const {
+  if (state_->finished.load(std::memory_order_acquire)) return state_->status;
+  // Claimed by another thread (the backend's), whose observer is running: it is done in moments.
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  return state_->status;
 }
 
 bool Work::completed_on_host() const {
@@ -131,34 +144,43 @@ std::chrono::nanoseconds Work::elapsed() const {
 }
 
 void Work::complete(Status status) const {
-  std::vector<std::function<void(const Status&)>> callbacks;
   std::shared_ptr<Observer> observer;
+  uint64_t sequence = 0;
   {
     std::lock_guard lock(state_->mu);
-    if (state_->done) return;
-    state_->done = true;
-    state_->status = std::move(status);
+    if (state_->claimed) return;  // completed, or being completed, already
+    state_->claimed = true;
+    state_->status = std::move(status);  // final: written by this thread only, now
     state_->end = Clock::now();
-    callbacks.swap(state_->callbacks);
     observer.swap(state_->observer);
+    sequence = state_->observed_sequence;
+  }
+  // The front door's bookkeeping (the instance's first failure, the flight recorder) runs before
+  // any waiter can see the Work complete: a caller whose wait() returned an error finds the
+  // instance refusing its next call with that error, whichever thread completed the Work.
+  if (observer) observer->ended(sequence, state_->status);
+  std::vector<std::function<void(const Status&)>> callbacks;
+  {
+    std::lock_guard lock(state_->mu);
+    state_->done = true;
+    callbacks.swap(state_->callbacks);
     state_->device = nullptr;
     state_->finished.store(true, std::memory_order_release);
   }
   state_->cv.notify_all();
-  if (observer) observer->ended(state_->observed_sequence, state_->status);
   for (auto& fn : callbacks) fn(state_->status);
 }
 
 void Work::observe(std::shared_ptr<Observer> observer, uint64_t sequence) const {
   {
     std::lock_guard lock(state_->mu);
-    if (!state_->done) {
+    if (!state_->claimed) {
       state_->observer = std::move(observer);
       state_->observed_sequence = sequence;
       return;
     }
   }
-  observer->ended(sequence, state_->status);
+  observer->ended(sequence, state_->status);  // claimed: the status is final
 }
 
 Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) const {

@@ -77,6 +77,9 @@ class Work {
   // Complete as far as the host knows, without checking the device (test() does): the front door
   // asks this of every Work it hands out.
   bool completed_on_host() const;
+  // After a complete() that may have been ignored: waits until the Work is done (another thread
+  // that claimed it first is running the front door's observer) and returns its status.
+  Status finish_completing() const;
   // The front door's own bookkeeping at completion (its record of the first failure, the flight
   // recorder): one slot in the Work's state, run before the callbacks, so that an asynchronous
   // collective pays no allocation for it (a callback would allocate twice per call).

@@ -3,8 +3,14 @@
 // the end, and a Work that outlives its backend still completes safely.
 #include <gtest/gtest.h>
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "recording_ops.h"
@@ -60,6 +66,49 @@ TEST_F(AsyncCompletion, SuccessLeavesTheBackendUsable) {
   EXPECT_TRUE(w.wait(std::chrono::seconds(1)).ok());
   EXPECT_TRUE(ops_->broken().ok());
   EXPECT_FALSE(call().test()) << "a second call should reach the backend";
+}
+
+// A waiter that a backend thread wakes with an error finds the backend already refusing its next
+// call with that error: the front door records the failure before the Work reads as complete.
+// (The backend's fault tests saw the next call reach the backend now and then under load.) To make
+// the old order lose every time, the completing thread runs on the waiter's CPU at the lowest
+// priority (SCHED_IDLE), so the woken waiter runs before it can go on.
+TEST_F(AsyncCompletion, AWaiterWokenByAFailureFindsTheBackendRefusing) {
+#if defined(__linux__)
+  cpu_set_t original;
+  ASSERT_EQ(sched_getaffinity(0, sizeof original, &original), 0);
+#endif
+  for (int round = 0; round < 20; ++round) {
+    SetUp();
+    Work w = call();
+    ASSERT_EQ(ops_->issued.size(), 1u);
+#if defined(__linux__)
+    cpu_set_t here;
+    CPU_ZERO(&here);
+    CPU_SET(sched_getcpu(), &here);
+    ASSERT_EQ(sched_setaffinity(0, sizeof here, &here), 0);  // this thread
+#endif
+    const Work issued = ops_->issued[0];  // a copy: a call that reaches the backend adds to `issued`
+    std::thread completer([issued] {
+#if defined(__linux__)
+      sched_param lowest{};
+      (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &lowest);
+#endif
+      issued.complete(unavailable("peer 1 is gone"));
+    });
+    const Status first = w.wait(std::chrono::seconds(10));
+    const Status again = ops_->broken();
+    Work next = call();
+    completer.join();
+    EXPECT_EQ(first.code(), StatusCode::kUnavailable);
+    EXPECT_EQ(again.code(), StatusCode::kUnavailable) << "round " << round;
+    EXPECT_TRUE(next.test()) << "round " << round << ": the next call reached the backend";
+    EXPECT_EQ(next.error().code(), StatusCode::kFailedPrecondition) << next.error().to_string();
+    EXPECT_NE(next.error().message().find("peer 1 is gone"), std::string::npos);
+  }
+#if defined(__linux__)
+  EXPECT_EQ(sched_setaffinity(0, sizeof original, &original), 0);  // the other tests run unpinned
+#endif
 }
 
 TEST_F(AsyncCompletion, ALateFailureBreaksTheBackendBeforeTheCallersCallbacksRun) {
