@@ -50,25 +50,46 @@ int read_int(const std::string& path, int fallback) {
 std::vector<CpuInfo> allowed_cpus(std::string& error) {
   std::vector<CpuInfo> found;
 #if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) {
-    error = std::string("cannot read this process's CPU affinity: ") + std::strerror(errno);
+  // The kernel refuses (EINVAL) a mask smaller than its own CPU count: grow until it fits.
+  for (int size = CPU_SETSIZE;; size *= 2) {
+    CpuMask mask{CpuMask::Set(CPU_ALLOC(size)), CPU_ALLOC_SIZE(size)};
+    if (!mask.set) {
+      error = "cannot read this process's CPU affinity: out of memory";
+      return found;
+    }
+    CPU_ZERO_S(mask.bytes, mask.set.get());
+    if (sched_getaffinity(0, mask.bytes, mask.set.get()) != 0) {
+      if (errno == EINVAL && size < (1 << 22)) continue;
+      error = std::string("cannot read this process's CPU affinity: ") + std::strerror(errno);
+      return found;
+    }
+    for (int cpu = 0; cpu < size; ++cpu) {
+      if (!CPU_ISSET_S(cpu, mask.bytes, mask.set.get())) continue;
+      const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+      const int core = read_int(dir + "core_id", -1);
+      found.push_back(core < 0 ? CpuInfo{cpu, kUnknownPackage, cpu}
+                               : CpuInfo{cpu, read_int(dir + "physical_package_id", 0), core});
+    }
     return found;
-  }
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &set)) continue;
-    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-    const int core = read_int(dir + "core_id", -1);
-    // Unreadable topology: the CPU is a core of its own (package -1 - cpu keeps it apart).
-    found.push_back(core < 0 ? CpuInfo{cpu, -1 - cpu, 0}
-                             : CpuInfo{cpu, read_int(dir + "physical_package_id", 0), core});
   }
 #else
   error = "CPU binding is supported on Linux only";
 #endif
   return found;
 }
+
+#if defined(__linux__)
+CpuMask cpu_mask(const std::vector<int>& cpus) {
+  int size = 1;
+  for (int c : cpus) size = std::max(size, c + 1);
+  CpuMask mask{CpuMask::Set(CPU_ALLOC(size)), CPU_ALLOC_SIZE(size)};
+  if (mask.set) {
+    CPU_ZERO_S(mask.bytes, mask.set.get());
+    for (int c : cpus) CPU_SET_S(c, mask.bytes, mask.set.get());
+  }
+  return mask;
+}
+#endif
 
 std::string cpu_list_text(const std::vector<int>& cpus) {
   std::string text;

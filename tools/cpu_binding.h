@@ -14,17 +14,27 @@
 // Linux only (sched_setaffinity and sysfs); elsewhere --bind-to core is refused.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 namespace tributary::tools {
 
 // One CPU as sysfs describes it.
 struct CpuInfo {
   int cpu = 0;
-  int package = 0;  // topology/physical_package_id
+  int package = 0;  // topology/physical_package_id (-1 on some virtual machines)
   int core = 0;     // topology/core_id (unique within its package)
 };
+
+// The package of a CPU whose topology cannot be read: below every real id, so that such a CPU,
+// with its own number as core id, is a core of its own.
+inline constexpr int kUnknownPackage = -(1 << 30);
 
 // The cores of `cpus` (those sharing package and core id), each its CPUs in increasing order, the
 // cores ordered by their lowest CPU.
@@ -37,6 +47,20 @@ std::vector<std::vector<int>> plan_core_binding(const std::vector<std::vector<in
 // The CPUs this process may run on, with their sysfs topology (a CPU whose topology cannot be read
 // counts as a core of its own). Empty with `error` set when the affinity cannot be read.
 std::vector<CpuInfo> allowed_cpus(std::string& error);
+
+#if defined(__linux__)
+// An affinity mask sized for its largest CPU (glibc's fixed cpu_set_t stops at 1024 CPUs), for
+// sched_setaffinity(0, mask.bytes, mask.set.get()).
+struct CpuMask {
+  struct Free {
+    void operator()(cpu_set_t* set) const { CPU_FREE(set); }
+  };
+  using Set = std::unique_ptr<cpu_set_t, Free>;
+  Set set;
+  size_t bytes = 0;
+};
+CpuMask cpu_mask(const std::vector<int>& cpus);
+#endif
 
 // "0-3,8" style, as /proc/self/status's Cpus_allowed_list.
 std::string cpu_list_text(const std::vector<int>& cpus);

@@ -284,9 +284,7 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
   envp.push_back(nullptr);
   std::string exec_error = "tributary-run: cannot run '" + opt_.command[0] + "': ";
 #if defined(__linux__)
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  for (int c : w.cpus) CPU_SET(c, &cpus);
+  const CpuMask cpus = cpu_mask(w.cpus);  // made before fork: the child only calls the kernel
   std::string bind_error = "tributary-run: cannot bind rank " + std::to_string(w.rank) +
                            " to CPUs " + cpu_list_text(w.cpus) + ": ";
 #endif
@@ -309,7 +307,8 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
       ::_exit(126);
     }
 #if defined(__linux__)
-    if (!w.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+    if (!w.cpus.empty() &&
+        (cpus.set ? ::sched_setaffinity(0, cpus.bytes, cpus.set.get()) : (errno = ENOMEM, -1)) != 0) {
       bind_error += std::strerror(errno);
       bind_error += '\n';
       [[maybe_unused]] ssize_t n = ::write(2, bind_error.data(), bind_error.size());

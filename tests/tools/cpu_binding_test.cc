@@ -22,6 +22,10 @@ TEST(CpuBinding, GroupsHardwareThreadsByPackageAndCore) {
   // An allowed set that holds only some CPUs (taskset): only those.
   EXPECT_EQ(group_cores({{5, 0, 1}, {1, 0, 1}, {2, 1, 0}}), (Cpus{{1, 5}, {2}}));
   EXPECT_TRUE(group_cores({}).empty());
+  // A CPU whose topology cannot be read (allowed_cpus: kUnknownPackage, its number as core id) is
+  // a core of its own, even beside a real package -1 (some virtual machines report one).
+  EXPECT_EQ(group_cores({{0, -1, 3}, {3, kUnknownPackage, 3}, {4, kUnknownPackage, 4}}),
+            (Cpus{{0}, {3}, {4}}));
 }
 
 TEST(CpuBinding, WorkersTakeCoresInOrderAndShareThemRoundRobin) {
@@ -37,6 +41,18 @@ TEST(CpuBinding, ListsCpusAsTheKernelDoes) {
   EXPECT_EQ(cpu_list_text({7}), "7");
   EXPECT_EQ(cpu_list_text({}), "");
 }
+
+#if defined(__linux__)
+// A worker's mask holds CPUs past glibc's fixed cpu_set_t (1024), and only the CPUs asked for.
+TEST(CpuBinding, MaskHoldsCpusBeyondTheFixedSetSize) {
+  const CpuMask mask = cpu_mask({1, 2000});
+  ASSERT_TRUE(mask.set);
+  EXPECT_GE(mask.bytes * 8, 2001u);
+  EXPECT_TRUE(CPU_ISSET_S(1, mask.bytes, mask.set.get()));
+  EXPECT_TRUE(CPU_ISSET_S(2000, mask.bytes, mask.set.get()));
+  EXPECT_EQ(CPU_COUNT_S(mask.bytes, mask.set.get()), 2);
+}
+#endif
 
 // This process's own CPUs: at least one, each listed once.
 TEST(CpuBinding, ReadsThisProcesssCpus) {
