@@ -296,9 +296,12 @@ struct CrossDeviceOps::Health final : Work::Observer {
   Status first_failure;
   std::atomic<bool> failed{false};  // read without the lock on every call
   std::shared_ptr<internal::FlightRecorder> recorder;
-  void ended(uint64_t sequence, const Status& s) override {
+  void ending(uint64_t sequence, const Status& s) override {
     if (!s.ok()) record(s);
-    if (recorder) recorder->ended(sequence, s);
+    if (recorder) recorder->record_end(sequence, s);
+  }
+  void ended(uint64_t sequence, const Status& s) override {
+    if (recorder) recorder->report_end(sequence, s);
   }
   void record(const Status& s) {
     std::lock_guard lock(mu);

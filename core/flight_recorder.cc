@@ -461,42 +461,53 @@ bool FlightRecorder::read_slot(size_t index, Entry* out) const {
 }
 
 void FlightRecorder::ended(uint64_t sequence, const Status& status) {
+  record_end(sequence, status);
+  report_end(sequence, status);
+}
+
+void FlightRecorder::record_end(uint64_t sequence, const Status& status) {
   const size_t index = sequence % capacity_;
   Slot& slot = slots_[index];
   if (slot.sequence.load(std::memory_order_acquire) != sequence) return;  // left the ring
   const uint64_t meta = slot.meta.load(std::memory_order_relaxed);
   if (((meta & kStateMask) >> 24) != static_cast<uint64_t>(State::kIssued)) return;
   const State state = status.ok() ? State::kCompleted : State::kFailed;
-  bool dump_now = false;
   if (!status.ok()) {
     std::lock_guard lock(mu_);
     errors_[index] = excerpt(status.to_string(), kMaxErrorBytes);
-    dump_now = !dumped_on_failure_.exchange(true);
   }
   slot.ended_ns.store(ns_of(Clock::now()), std::memory_order_relaxed);
   slot.meta.store((meta & ~kStateMask) | static_cast<uint64_t>(state) << 24,
                   std::memory_order_release);
-  if (timeline_ != nullptr) {
-    Entry copy;
-    if (read_slot(index, &copy)) {
-      const CallInfo c = call_of(copy);
-      Json args = {{"sequence", copy.sequence},
-                   {"bytes", static_cast<uint64_t>(copy.count) * dtype_size(copy.dtype)},
-                   {"dtype", dtype_name(copy.dtype)},
-                   {"status", status.ok() ? std::string("ok") : copy.error}};
-      if (has_op(copy.collective)) args["op"] = reduce_op_name(copy.op);
-      timeline_->add(Json{{"name", collective_name(c.collective)},
-                          {"cat", backend_},
-                          {"ph", "X"},
-                          {"pid", rank_},
-                          {"tid", id_},
-                          {"ts", epoch_wall_us_ + micros(copy.issued - epoch_steady_)},
-                          {"dur", micros(copy.ended - copy.issued)},
-                          {"args", std::move(args)}}
-                         .dump());
-    }
+}
+
+void FlightRecorder::report_end(uint64_t sequence, const Status& status) {
+  Entry copy;
+  // Only an entry record_end() marked (one that left the ring since is not reported).
+  if (!read_slot(sequence % capacity_, &copy) || copy.sequence != sequence ||
+      copy.state == State::kIssued) {
+    return;
   }
-  if (dump_now) dump("the first failed collective of this instance");
+  if (timeline_ != nullptr) {
+    const CallInfo c = call_of(copy);
+    Json args = {{"sequence", copy.sequence},
+                 {"bytes", static_cast<uint64_t>(copy.count) * dtype_size(copy.dtype)},
+                 {"dtype", dtype_name(copy.dtype)},
+                 {"status", status.ok() ? std::string("ok") : copy.error}};
+    if (has_op(copy.collective)) args["op"] = reduce_op_name(copy.op);
+    timeline_->add(Json{{"name", collective_name(c.collective)},
+                        {"cat", backend_},
+                        {"ph", "X"},
+                        {"pid", rank_},
+                        {"tid", id_},
+                        {"ts", epoch_wall_us_ + micros(copy.issued - epoch_steady_)},
+                        {"dur", micros(copy.ended - copy.issued)},
+                        {"args", std::move(args)}}
+                       .dump());
+  }
+  if (!status.ok() && !dumped_on_failure_.exchange(true)) {
+    dump("the first failed collective of this instance");
+  }
 }
 
 std::vector<FlightRecorder::Entry> FlightRecorder::snapshot() const {

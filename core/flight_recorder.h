@@ -78,6 +78,12 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   // already left the ring is ignored. The first failure dumps the recorder.
   void issued(const CallInfo& call);
   void ended(uint64_t sequence, const Status& status);
+  // ended() in its two halves, for a Work completed on another thread: record_end() only marks the
+  // entry (cheap, no I/O, run before the Work's waiters wake); report_end() writes the timeline
+  // event and the first failure's dump (log sink, files: run after they woke, so that a waiter
+  // never waits on user code).
+  void record_end(uint64_t sequence, const Status& status);
+  void report_end(uint64_t sequence, const Status& status);
 
   // Oldest first.
   std::vector<Entry> snapshot() const;

@@ -13,8 +13,8 @@ namespace tributary {
 struct Work::State {
   mutable std::mutex mu;
   std::condition_variable cv;
-  // complete() claims the Work (and sets `status` and `end`), runs the observer, then marks it done:
-  // no waiter sees it done before the front door has recorded how it ended.
+  // complete() claims the Work (and sets `status` and `end`), runs the observer's ending(), then
+  // marks it done: no waiter sees it done before the front door has recorded how it ended.
   bool claimed = false;
   bool done = false;
   // Set (release) after `status` and `end`, which never change again: a completed Work is read
@@ -155,10 +155,11 @@ void Work::complete(Status status) const {
     observer.swap(state_->observer);
     sequence = state_->observed_sequence;
   }
-  // The front door's bookkeeping (the instance's first failure, the flight recorder) runs before
-  // any waiter can see the Work complete: a caller whose wait() returned an error finds the
-  // instance refusing its next call with that error, whichever thread completed the Work.
-  if (observer) observer->ended(sequence, state_->status);
+  // The front door's bookkeeping (the instance's first failure, the flight recorder's entry) runs
+  // before any waiter can see the Work complete: a caller whose wait() returned an error finds the
+  // instance refusing its next call with that error, whichever thread completed the Work. What
+  // may call user code (the recorder's dump) runs after the waiters woke.
+  if (observer) observer->ending(sequence, state_->status);
   std::vector<std::function<void(const Status&)>> callbacks;
   {
     std::lock_guard lock(state_->mu);
@@ -168,6 +169,7 @@ void Work::complete(Status status) const {
     state_->finished.store(true, std::memory_order_release);
   }
   state_->cv.notify_all();
+  if (observer) observer->ended(sequence, state_->status);
   for (auto& fn : callbacks) fn(state_->status);
 }
 
@@ -180,23 +182,30 @@ void Work::observe(std::shared_ptr<Observer> observer, uint64_t sequence) const 
       return;
     }
   }
-  observer->ended(sequence, state_->status);  // claimed: the status is final
+  // Claimed: the status is final (and the completing thread, which found no observer, does not
+  // run it).
+  observer->ending(sequence, state_->status);
+  observer->ended(sequence, state_->status);
 }
 
 Status Work::wait_stream(void* cuda_stream, std::chrono::milliseconds timeout) const {
   std::shared_ptr<const DeviceCompletion> device;
   {
     std::lock_guard lock(state_->mu);
-    if (state_->done) return state_->status;
     device = state_->device;
+    if (state_->claimed) device = nullptr;  // its status is final: wait() returns it in moments
   }
   if (!device) return wait(timeout);
   Status blocked = device->block_stream(cuda_stream);
   if (!blocked.ok()) {
     // The device completion refuses when its backend has failed (its events may have been ended
     // by an abort); the Work's own error, once the backend has set it, says what happened.
-    std::lock_guard lock(state_->mu);
-    if (state_->done && !state_->status.ok()) return state_->status;
+    bool failed = false;
+    {
+      std::lock_guard lock(state_->mu);
+      failed = state_->claimed && !state_->status.ok();
+    }
+    if (failed) return finish_completing();
   }
   return blocked;
 }

@@ -78,14 +78,20 @@ class Work {
   // asks this of every Work it hands out.
   bool completed_on_host() const;
   // After a complete() that may have been ignored: waits until the Work is done (another thread
-  // that claimed it first is running the front door's observer) and returns its status.
+  // that claimed it first is running the observer's ending(), a few lock-free stores and one
+  // short lock) and returns its status.
   Status finish_completing() const;
-  // The front door's own bookkeeping at completion (its record of the first failure, the flight
-  // recorder): one slot in the Work's state, run before the callbacks, so that an asynchronous
-  // collective pays no allocation for it (a callback would allocate twice per call).
+  // The front door's own bookkeeping at completion: one slot in the Work's state, so that an
+  // asynchronous collective pays no allocation for it (a callback would allocate twice per call).
   class Observer {
    public:
     virtual ~Observer() = default;
+    // Before any waiter can see the Work complete, so that a caller woken by an error finds the
+    // instance already refusing its next call with it: bookkeeping only, no I/O and no user code
+    // (a waiter may hold a lock such code wants, e.g. Python's GIL).
+    virtual void ending(uint64_t sequence, const Status& status) = 0;
+    // After the waiters are woken and before the callbacks: what may take time or call user code
+    // (the flight recorder's dump on the first failure, the timeline).
     virtual void ended(uint64_t sequence, const Status& status) = 0;
   };
   void observe(std::shared_ptr<Observer> observer, uint64_t sequence) const;

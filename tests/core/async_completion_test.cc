@@ -8,11 +8,14 @@
 #include <sched.h>
 #endif
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/logging.h"
 #include "recording_ops.h"
 #include "tributary/cross_device_ops.h"
 
@@ -73,20 +76,39 @@ TEST_F(AsyncCompletion, SuccessLeavesTheBackendUsable) {
 // (The backend's fault tests saw the next call reach the backend now and then under load.) To make
 // the old order lose every time, the completing thread runs on the waiter's CPU at the lowest
 // priority (SCHED_IDLE), so the woken waiter runs before it can go on.
-TEST_F(AsyncCompletion, AWaiterWokenByAFailureFindsTheBackendRefusing) {
 #if defined(__linux__)
-  cpu_set_t original;
-  ASSERT_EQ(sched_getaffinity(0, sizeof original, &original), 0);
+// Pins the calling thread to the CPU it is on, and gives it back its CPUs when it goes (also when
+// an ASSERT returns early).
+class PinnedHere {
+ public:
+  PinnedHere() {
+    pinned_ = sched_getaffinity(0, sizeof original_, &original_) == 0;
+    cpu_set_t here;
+    CPU_ZERO(&here);
+    CPU_SET(sched_getcpu(), &here);
+    pinned_ = pinned_ && sched_setaffinity(0, sizeof here, &here) == 0;
+  }
+  ~PinnedHere() {
+    if (pinned_) (void)sched_setaffinity(0, sizeof original_, &original_);
+  }
+  PinnedHere(const PinnedHere&) = delete;
+  PinnedHere& operator=(const PinnedHere&) = delete;
+  bool pinned() const { return pinned_; }
+
+ private:
+  cpu_set_t original_;
+  bool pinned_ = false;
+};
 #endif
+
+TEST_F(AsyncCompletion, AWaiterWokenByAFailureFindsTheBackendRefusing) {
   for (int round = 0; round < 20; ++round) {
     SetUp();
     Work w = call();
     ASSERT_EQ(ops_->issued.size(), 1u);
 #if defined(__linux__)
-    cpu_set_t here;
-    CPU_ZERO(&here);
-    CPU_SET(sched_getcpu(), &here);
-    ASSERT_EQ(sched_setaffinity(0, sizeof here, &here), 0);  // this thread
+    PinnedHere pin;  // this thread, for the round
+    ASSERT_TRUE(pin.pinned());
 #endif
     const Work issued = ops_->issued[0];  // a copy: a call that reaches the backend adds to `issued`
     std::thread completer([issued] {
@@ -106,9 +128,34 @@ TEST_F(AsyncCompletion, AWaiterWokenByAFailureFindsTheBackendRefusing) {
     EXPECT_EQ(next.error().code(), StatusCode::kFailedPrecondition) << next.error().to_string();
     EXPECT_NE(next.error().message().find("peer 1 is gone"), std::string::npos);
   }
-#if defined(__linux__)
-  EXPECT_EQ(sched_setaffinity(0, sizeof original, &original), 0);  // the other tests run unpinned
-#endif
+}
+
+// The first failure's flight-recorder dump goes to the log sink, which is user code (the C API's
+// log callback; a Python one takes the GIL): it runs after the waiters woke, so a waiter holding
+// what the sink wants cannot deadlock with it. Here the sink holds the completing thread until the
+// waiter has returned; were the dump run before the Work reads as complete, the wait would time out.
+TEST_F(AsyncCompletion, TheFirstFailuresDumpDoesNotHoldTheWaiter) {
+  std::atomic<bool> waiter_returned{false};
+  std::atomic<bool> sink_called{false};
+  internal::set_log_sink([&](internal::LogLevel, std::string_view, std::string_view) {
+    sink_called.store(true);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!waiter_returned.load() && std::chrono::steady_clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  Work w = call();
+  ASSERT_EQ(ops_->issued.size(), 1u);
+  const Work issued = ops_->issued[0];
+  std::thread completer([issued] { issued.complete(unavailable("peer 1 is gone")); });
+  const Status got = w.wait(std::chrono::seconds(3));
+  waiter_returned.store(true);
+  completer.join();
+  internal::set_log_sink(nullptr);
+  EXPECT_EQ(got.code(), StatusCode::kUnavailable) << got.to_string();
+  EXPECT_TRUE(sink_called.load()) << "the failure was not dumped to the log sink";
+  // And the failure was recorded before the waiter woke.
+  EXPECT_EQ(call().error().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST_F(AsyncCompletion, ALateFailureBreaksTheBackendBeforeTheCallersCallbacksRun) {
