@@ -117,6 +117,15 @@ std::optional<std::vector<int>> free_ports(int count, int avoid, std::string& er
   return ports;
 }
 
+// In a forked child before exec: writes `prefix`, the text of `err` and a newline to standard
+// error with write() alone, allocating nothing (the text was built before fork()).
+void child_failed(const std::string& prefix, int err) {
+  const char* text = std::strerror(err);
+  [[maybe_unused]] ssize_t n = ::write(2, prefix.data(), prefix.size());
+  n = ::write(2, text, std::strlen(text));
+  n = ::write(2, "\n", 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Signals: the handler only records the signal and wakes poll() through a pipe.
 
@@ -282,10 +291,10 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
   argv.push_back(nullptr);
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  std::string exec_error = "tributary-run: cannot run '" + opt_.command[0] + "': ";
+  const std::string exec_error = "tributary-run: cannot run '" + opt_.command[0] + "': ";
 #if defined(__linux__)
   const CpuMask cpus = cpu_mask(w.cpus);  // made before fork: the child only calls the kernel
-  std::string bind_error = "tributary-run: cannot bind rank " + std::to_string(w.rank) +
+  const std::string bind_error = "tributary-run: cannot bind rank " + std::to_string(w.rank) +
                            " to CPUs " + cpu_list_text(w.cpus) + ": ";
 #endif
 
@@ -309,18 +318,14 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
 #if defined(__linux__)
     if (!w.cpus.empty() &&
         (cpus.set ? ::sched_setaffinity(0, cpus.bytes, cpus.set.get()) : (errno = ENOMEM, -1)) != 0) {
-      bind_error += std::strerror(errno);
-      bind_error += '\n';
-      [[maybe_unused]] ssize_t n = ::write(2, bind_error.data(), bind_error.size());
+      child_failed(bind_error, errno);
       ::_exit(126);
     }
 #endif
     environ = envp.data();
     ::execvp(argv[0], argv.data());
-    int code = errno == ENOENT ? 127 : 126;
-    exec_error += std::strerror(errno);
-    exec_error += '\n';
-    [[maybe_unused]] ssize_t n = ::write(2, exec_error.data(), exec_error.size());
+    const int code = errno == ENOENT ? 127 : 126;
+    child_failed(exec_error, errno);
     ::_exit(code);
   }
   int fork_errno = errno;
