@@ -116,16 +116,33 @@ Status write_all(int fd, std::string_view data) {
   return Status();
 }
 
-// Holds the store's writer lock (flock on <dir>/lock) for its lifetime.
+// Holds the store's writer lock (flock on <dir>/lock) for its lifetime. Waits for it at most
+// `timeout`: a process that holds it and has been stopped (SIGSTOP, a debugger, a frozen cgroup) or
+// hangs in a write to a dead NFS server never releases it (a process that dies does: the kernel
+// drops its locks), and every other rank's writes would wait for it forever.
 class WriterLock {
  public:
-  static StatusOr<WriterLock> acquire(const std::string& dir) {
+  static StatusOr<WriterLock> acquire(const std::string& dir, std::chrono::milliseconds timeout) {
     std::string path = dir + "/lock";
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     if (!fd.valid())
       return unavailable("cannot open the lock file " + path + ": " + errno_text(errno));
-    while (::flock(fd.get(), LOCK_EX) != 0) {
-      if (errno != EINTR) return unavailable("cannot lock " + path + ": " + errno_text(errno));
+    const auto deadline = internal::store_deadline(timeout);
+    auto backoff = std::chrono::duration_cast<std::chrono::microseconds>(kInitialPoll);
+    while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK) {
+        return unavailable("cannot lock " + path + ": " + errno_text(errno));
+      }
+      if (internal::StoreClock::now() >= deadline) {
+        return deadline_exceeded(
+            "the file store's lock " + path + " was held by another process for the store's " +
+            "whole timeout (" + std::to_string(timeout.count()) +
+            " ms); the process holding it may be stopped or hung (a stopped rank, or a write to "
+            "a file server that stopped answering): find it with 'fuser " + path +
+            "', or raise the store's timeout if writers are only slow");
+      }
+      internal::sleep_with_backoff(&backoff, kMaxPoll, deadline);
     }
     WriterLock lock;
     lock.fd_ = std::move(fd);
@@ -154,7 +171,7 @@ StatusOr<std::unique_ptr<FileStore>> FileStore::open(const std::string& path,
                        "; check that the path is on a filesystem every process can write");
   }
   // Take and release the lock once so that a read-only or lock-less filesystem fails here, early.
-  auto lock = WriterLock::acquire(path);
+  auto lock = WriterLock::acquire(path, options.timeout);
   if (!lock.ok()) return lock.status().with_context("FileStore::open(" + path + ")");
   return std::unique_ptr<FileStore>(new FileStore(path, options));
 }
@@ -258,7 +275,7 @@ Status write_value(const std::string& dir, std::string_view key, std::string_vie
 }  // namespace
 
 Status FileStore::set_impl(std::string_view key, std::string_view value) {
-  TRIBUTARY_ASSIGN_OR_RETURN(WriterLock lock, WriterLock::acquire(path_));
+  TRIBUTARY_ASSIGN_OR_RETURN(WriterLock lock, WriterLock::acquire(path_, options().timeout));
   return write_value(path_, key, value);
 }
 
@@ -274,7 +291,7 @@ StatusOr<std::optional<std::string>> FileStore::get_impl(std::string_view key, D
 }
 
 StatusOr<std::int64_t> FileStore::add_impl(std::string_view key, std::int64_t delta) {
-  TRIBUTARY_ASSIGN_OR_RETURN(WriterLock lock, WriterLock::acquire(path_));
+  TRIBUTARY_ASSIGN_OR_RETURN(WriterLock lock, WriterLock::acquire(path_, options().timeout));
   TRIBUTARY_ASSIGN_OR_RETURN(std::optional<std::string> current, read_value(path_, key));
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::int64_t result,
@@ -319,7 +336,7 @@ StatusOr<bool> FileStore::check_impl(const std::vector<std::string>& keys) {
 }
 
 StatusOr<bool> FileStore::delete_key_impl(std::string_view key) {
-  TRIBUTARY_ASSIGN_OR_RETURN(WriterLock lock, WriterLock::acquire(path_));
+  TRIBUTARY_ASSIGN_OR_RETURN(WriterLock lock, WriterLock::acquire(path_, options().timeout));
   std::string path = path_ + "/" + file_name_for(key);
   if (::unlink(path.c_str()) == 0) return true;
   if (errno == ENOENT) return false;

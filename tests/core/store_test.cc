@@ -4,12 +4,14 @@
 #include "tributary/store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -671,6 +673,37 @@ TEST_F(FileStoreProcesses, StrayFileIsReportedNotReturned) {
   auto v = (*store)->get("stray", 100ms);
   EXPECT_EQ(v.status().code(), StatusCode::kInternal);
   EXPECT_NE(v.status().message().find("not a store file"), std::string::npos);
+}
+
+// A writer that holds the store's lock and is stopped (SIGSTOP, a debugger) never releases it: the
+// other processes' writes end in a deadline error that says so, and work again once it is gone.
+TEST_F(FileStoreProcesses, AStoppedLockHolderEndsInADeadlineNotAHang) {
+  StoreOptions o = test_options();
+  o.timeout = 300ms;
+  auto store = FileStore::open(dir_, o);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  pid_t holder = spawn([&]() -> int {
+    const int fd = ::open((dir_ + "/lock").c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) return 2;
+    ::raise(SIGSTOP);  // stopped while holding it
+    return 0;
+  });
+  int status = 0;
+  ASSERT_EQ(::waitpid(holder, &status, WUNTRACED), holder);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "the holder exited (" << status << ") instead of stopping";
+  Status set = (*store)->set("k", "v");
+  auto added = (*store)->add("n", 1);
+  auto deleted = (*store)->delete_key("k");
+  ::kill(holder, SIGKILL);
+  ::waitpid(holder, &status, 0);
+  EXPECT_EQ(set.code(), StatusCode::kDeadlineExceeded) << set.to_string();
+  EXPECT_NE(set.message().find(dir_ + "/lock"), std::string::npos) << set.message();
+  EXPECT_NE(set.message().find("stopped or hung"), std::string::npos) << set.message();
+  EXPECT_EQ(added.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(deleted.status().code(), StatusCode::kDeadlineExceeded);
+  // The kernel dropped the dead holder's lock.
+  EXPECT_TRUE((*store)->set("k", "v").ok());
+  EXPECT_EQ(*(*store)->add("n", 1), 1);
 }
 
 TEST(FileStore, OpenFailsClearlyOnABadPath) {
