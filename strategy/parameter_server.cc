@@ -1088,6 +1088,25 @@ struct CoordinatorState {
     if (error.ok()) error = s;
     fail_all_queued(aborted("cancelled: an earlier scheduled function failed: " + s.message()));
   }
+  // Under mu: when no worker has answered for the whole timeout and nothing runs, what is queued
+  // cannot run: it fails (so a fetch() waiting for it returns), and the error stands until join()
+  // reports it (so schedule() refuses). Checked by the dispatchers while they wait for their
+  // workers, and by join(); false when the rule does not apply (yet).
+  bool give_up_without_workers() {
+    if (queue.empty() || in_flight != 0 ||
+        std::any_of(alive.begin(), alive.end(), [](bool a) { return a; })) {
+      return false;
+    }
+    const milliseconds timeout = strategy->timeout;
+    if (Clock::now() - last_alive <= timeout) return false;
+    Status why = unavailable("no worker has answered for " + format_duration(timeout) +
+                             " (the timeout); " + std::to_string(queue.size()) +
+                             " scheduled function(s) could not run. Are the worker tasks "
+                             "running run_server() at their TF_CONFIG addresses?");
+    if (error.ok()) error = why;
+    fail_all_queued(why);
+    return true;
+  }
   std::string request_for(const Closure& c) {
     wire::Writer w;
     w.str(c.function).u32(static_cast<uint32_t>(c.args.size()));
@@ -1156,6 +1175,7 @@ void CoordinatorState::dispatch(int worker) {
     }
     if (!client) {
       std::unique_lock lock(mu);
+      if (give_up_without_workers()) cv.notify_all();
       cv.wait_for(lock, std::chrono::milliseconds(500), [this] { return stopping; });
       continue;
     }
@@ -1285,17 +1305,7 @@ Status ClusterCoordinator::join() {
     } else if (state_->queue.empty() && state_->in_flight == 0) {
       return Status();
     }
-    const bool any_alive =
-        std::any_of(state_->alive.begin(), state_->alive.end(), [](bool a) { return a; });
-    const milliseconds timeout = state_->strategy->timeout;
-    if (!any_alive && state_->in_flight == 0 && Clock::now() - state_->last_alive > timeout) {
-      Status why = unavailable("no worker has answered for " + format_duration(timeout) +
-                               " (the timeout); " + std::to_string(state_->queue.size()) +
-                               " scheduled function(s) could not run. Are the worker tasks "
-                               "running run_server() at their TF_CONFIG addresses?");
-      state_->fail_all_queued(why);
-      return why;
-    }
+    if (state_->give_up_without_workers()) return std::exchange(state_->error, Status());
     state_->cv.wait_for(lock, std::chrono::milliseconds(200));
   }
 }

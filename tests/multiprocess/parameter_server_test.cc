@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <map>
 #include <set>
 #include <string>
@@ -339,6 +340,38 @@ TEST(ParameterServer, KilledParameterServerIsAClearErrorNotAHang) {
   // schedule() after the failure was reported works again, and fails the same way.
   ASSERT_TRUE((*coordinator)->schedule("count", {Array::scalar<float>(0)}).ok());
   EXPECT_FALSE((*coordinator)->join().ok());
+}
+
+// With every worker gone, a fetch() without join() ends: what is queued fails once no worker has
+// answered for the timeout (5 s here), schedule() refuses until join() has reported it, and after
+// that a schedule() is taken again.
+TEST(ParameterServer, FetchWithoutWorkersFailsInsteadOfWaitingForever) {
+  Cluster cluster(1, 1);
+  // Declared before the coordinator, so destroyed after it: should fetch() hang, the coordinator's
+  // destructor cancels the function and the failed test ends instead of waiting for it.
+  std::future<StatusOr<std::vector<Array>>> fetched;
+  auto strategy = make_strategy(cluster);
+  ASSERT_TRUE(strategy);
+  ASSERT_TRUE(strategy->create_variable("counter", Array::scalar<float>(0)).ok());
+  auto coordinator = ClusterCoordinator::create(*strategy);
+  ASSERT_TRUE(coordinator.ok());
+  ClusterCoordinator& co = **coordinator;
+  cluster.kill_task(cluster.pid("worker", 0));
+  auto value = co.schedule("count", {Array::scalar<float>(0)});
+  ASSERT_TRUE(value.ok()) << value.status().to_string();
+  fetched = std::async(std::launch::async, [&] { return value->fetch(); });
+  ASSERT_EQ(fetched.wait_for(60s), std::future_status::ready) << "fetch() without workers hangs";
+  const auto got = fetched.get();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().to_string();
+  EXPECT_NE(got.status().message().find("no worker has answered"), std::string::npos)
+      << got.status().message();
+  auto refused = co.schedule("count", {Array::scalar<float>(0)});
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().to_string();
+  Status joined = co.join();
+  EXPECT_EQ(joined.code(), StatusCode::kUnavailable) << joined.to_string();
+  EXPECT_NE(joined.message().find("no worker has answered"), std::string::npos) << joined.message();
+  EXPECT_TRUE(co.schedule("count", {Array::scalar<float>(0)}).ok());
 }
 
 TEST(ParameterServer, TasksWithoutTheJobsSecretAreRefused) {

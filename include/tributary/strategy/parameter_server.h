@@ -34,7 +34,8 @@
 //    function re-scheduled on another worker (so a function may run more than once, and updates it
 //    made before the failure stay: at-least-once, as in TF); the coordinator keeps asking the
 //    worker and sends it work again when it comes back (its per-worker iterators start afresh).
-//    When no worker has answered for the whole timeout, join() and schedule() fail.
+//    When no worker has answered for the whole timeout, the queued functions fail (a fetch()
+//    waiting for one returns the error), and join() and schedule() fail.
 //  - Parameter-server failure is not recovered (TF's behaviour): the function that met it fails,
 //    and join()/schedule() return an error naming the ps task; restart the job, and
 //    restore_checkpoint() what save_checkpoint() saved (below).
@@ -263,8 +264,8 @@ class ParameterServerStrategy {
 };
 
 // What schedule() returns. fetch() waits until the function ran, failed or was cancelled (kAborted):
-// each try is bounded by the strategy's timeout, and join() fails what cannot run when no worker
-// has answered for the timeout.
+// each try is bounded by the strategy's timeout, and what cannot run because no worker has answered
+// for the timeout fails (kUnavailable), whether or not anyone calls join().
 class RemoteValue {
  public:
   RemoteValue() = default;
