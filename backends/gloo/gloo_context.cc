@@ -19,8 +19,10 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <new>
 #include <string_view>
 #include <thread>
@@ -307,7 +309,17 @@ class MeshContext final : public gloo::rendezvous::Context {
       mine.insert(mine.end(), bytes.begin(), bytes.end());
     }
     store.set("pairs/" + std::to_string(rank), mine);
+    // Gloo waits up to five times its timeout for a pair's first connection (tcp::Pair::waitUntil),
+    // so a peer that published its addresses and then died or stopped would hold this rank's
+    // listening pair that long. This thread waits for the pairs until the timeout instead, and
+    // closes those still connecting then, which ends their waits.
+    const auto deadline = std::chrono::steady_clock::now() + getTimeout();
     std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<char> finished(static_cast<size_t>(size), 0);
+    int pending = size - 1;
+    std::vector<int> late;
     {
       std::vector<std::jthread> threads;
       for (int i = 0; i < size; ++i) {
@@ -319,8 +331,29 @@ class MeshContext final : public gloo::rendezvous::Context {
           } catch (...) {
             errors[static_cast<size_t>(i)] = std::current_exception();
           }
+          {
+            std::lock_guard lock(mu);
+            finished[static_cast<size_t>(i)] = 1;
+            --pending;
+          }
+          cv.notify_all();
         });
       }
+      std::unique_lock lock(mu);
+      if (!cv.wait_until(lock, deadline, [&] { return pending == 0; })) {
+        for (int i = 0; i < size; ++i) {
+          if (i != rank && finished[static_cast<size_t>(i)] == 0) late.push_back(i);
+        }
+      }
+      lock.unlock();
+      for (int i : late) pairs->getPair(i)->close();
+    }
+    if (!late.empty()) {
+      std::string ranks;
+      for (int i : late) ranks += (ranks.empty() ? "" : ", ") + std::to_string(i);
+      throw gloo::IoException("Connect timeout: no connection from or to rank(s) " + ranks +
+                              " within the timeout; they may have exited or stopped after "
+                              "publishing their addresses");
     }
     std::exception_ptr first, refused;
     for (const std::exception_ptr& e : errors) {
@@ -461,9 +494,17 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
       auto theirs = r == rank ? StatusOr<std::string>(mine)
                               : scoped->get("result/" + std::to_string(r), remaining());
       if (!theirs.ok()) {
+        // Name every rank that has not reported, not only the first awaited: the one that hung
+        // may come later in rank order than one that reported a moment too late.
+        std::string silent;
+        for (int q = r; q < world_size; ++q) {
+          if (q == rank) continue;
+          auto there = scoped->check({"result/" + std::to_string(q)});
+          if (there.ok() && !*there) silent += (silent.empty() ? "" : ", ") + std::to_string(q);
+        }
+        if (silent.empty()) silent = std::to_string(r);
         return theirs.status().with_context(
-            who + ": waiting for rank " + std::to_string(r) +
-            " to report its part of Gloo's TCP mesh" +
+            who + ": waiting for rank(s) " + silent + " to report their part of Gloo's TCP mesh" +
             (mesh.ok() ? std::string() : " (this rank's part failed: " + mesh.message() + ")"));
       }
       if (*theirs == "ok") continue;
