@@ -226,7 +226,9 @@ class Server {
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-// Server::start then join (TF's tf.distribute.Server(...).join()).
+// Server::start then join (TF's tf.distribute.Server(...).join()). Like TF's, it returns when the
+// chief shuts the servers down, and has no time limit of its own: a chief that dies without doing so
+// leaves the task serving until its launcher ends it (tributary-run ends the job when a rank fails).
 Status run_server(ServerOptions options = {});
 
 // --- The strategy and its coordinator (the chief) -------------------------------------------------
