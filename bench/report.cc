@@ -205,14 +205,14 @@ std::string format_header(const Report& r) {
          std::to_string(r.ceiling.cores) + " cores (" +
          fmt_num("%.2f", r.ceiling.memcpy_one_core_gbps) +
          " GB/s on one); ranks on one host exchanging through shared memory (ring's and ucx's "
-         "default there) read and write every byte once, so busbw <= " +
+         "default there) read and write every byte once, so at the better of the two busbw <= " +
          fmt_num("%.2f", r.ceiling.shm_busbw) + " GB/s\n";
   } else if (r.ceiling.memcpy_gbps > 0) {
     s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s on " +
          std::to_string(r.ceiling.cores) + " cores (" +
          fmt_num("%.2f", r.ceiling.memcpy_one_core_gbps) +
          " GB/s on one; bytes read + written); an in-process all-reduce over " + std::to_string(n) +
-         " replicas reads and writes every byte once, so algbw <= " +
+         " replicas reads and writes every byte once, so at the better of the two algbw <= " +
          fmt_num("%.2f", r.ceiling.algbw) + " GB/s, busbw <= " + fmt_num("%.2f", r.ceiling.busbw) +
          " GB/s\n";
   }
