@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/logging.h"
+#include "tributary/store.h"
 #include "tributary/tributary.h"
 
 using namespace tributary;
@@ -403,6 +404,30 @@ StatusOr<std::vector<Device>> parse_devices(const char* const* devices, int num_
   return parsed;
 }
 
+// join_timeout_ms bounds the wait for the other processes, and the backend's own set-up (bounded
+// by its timeout=) should not be what waits for them: so every process first announces itself in
+// the context's store and waits, at most `timeout`, for all the others to do so.
+Status wait_for_every_process(const BackendContext& context, std::chrono::milliseconds timeout) {
+  const std::string prefix = "capi/joined/";
+  TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + str(context.rank), "1"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < context.world_size; ++r) keys.push_back(prefix + str(r));
+  Status joined = context.store->wait(keys, timeout);
+  if (joined.ok()) return joined;
+  if (joined.code() != StatusCode::kDeadlineExceeded) return joined;
+  std::string missing;
+  for (int r = 0; r < context.world_size; ++r) {
+    auto there = context.store->check({keys[static_cast<size_t>(r)]});
+    if (there.ok() && !*there) missing += (missing.empty() ? "" : ", ") + str(r);
+  }
+  return deadline_exceeded(
+      "rank(s) " + (missing.empty() ? std::string("?") : missing) + " of " +
+      str(context.world_size) + " did not join within join_timeout_ms=" +
+      str(static_cast<int64_t>(timeout.count())) +
+      "; is every process started, with the same TRIBUTARY_MASTER_ADDR and "
+      "TRIBUTARY_MASTER_PORT? (" + joined.message() + ")");
+}
+
 StatusOr<std::unique_ptr<trib_backend>> create(const trib_backend_options& o) {
   if (o.struct_size != sizeof(trib_backend_options)) {
     return invalid_argument("options.struct_size is " + str(static_cast<int64_t>(o.struct_size)) +
@@ -426,6 +451,9 @@ StatusOr<std::unique_ptr<trib_backend>> create(const trib_backend_options& o) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       BackendContext context,
       make_backend_context(std::move(devices), std::move(config), join_timeout));
+  if (o.join_timeout_ms > 0 && context.world_size > 1 && context.store) {
+    TRIBUTARY_RETURN_IF_ERROR(wait_for_every_process(context, *join_timeout));
+  }
   BackendRegistry registry = builtin_backends();
   auto made = spec.empty() ? registry.create_from_config(context) : registry.create(spec, context);
   if (!made.ok()) return made.status();

@@ -176,7 +176,10 @@ typedef struct trib_backend_options {
   const char* const* devices; /* one per local replica; default NULL with num_devices 0 */
   int num_devices;
   /* How long to wait for the other processes to join, in milliseconds; 0 (default): the spec's
-   * timeout=, else TRIBUTARY_TIMEOUT, else 5 minutes. Collectives use the spec's timeout=. */
+   * timeout=, else TRIBUTARY_TIMEOUT, else 5 minutes. With a value, every process first waits at
+   * most this long for all the others to reach creation (TRIB_DEADLINE_EXCEEDED names the ranks
+   * that did not), and the backend then sets itself up within its own timeout=. Collectives use
+   * the spec's timeout=. */
   int64_t join_timeout_ms;
   /* Settings "KEY=VALUE" with the keys of the environment (TRIBUTARY_LOG_LEVEL=debug,
    * TRIBUTARY_RANK=1, TF_CONFIG={...}, ...); they win over the environment. Default none. */

@@ -532,6 +532,42 @@ static void test_pending_works(void) {
   pthread_join(peer, NULL);
 }
 
+/* join_timeout_ms bounds the wait for the other processes, whatever the backend's timeout=: rank 0
+ * of 2 whose peer never comes gives up after 1 s, naming it, not after ring's 60 s. */
+static void test_join_timeout(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || bind(fd, (struct sockaddr*)&addr, sizeof addr) != 0 ||
+      getsockname(fd, (struct sockaddr*)&addr, &len) != 0) {
+    fprintf(stderr, "no free port for the join test\n");
+    failures++;
+    return;
+  }
+  char port_setting[64];
+  snprintf(port_setting, sizeof port_setting, "TRIBUTARY_MASTER_PORT=%d", (int)ntohs(addr.sin_port));
+  close(fd);
+  const char* settings[4] = {"TRIBUTARY_RANK=0", "TRIBUTARY_WORLD_SIZE=2",
+                             "TRIBUTARY_MASTER_ADDR=127.0.0.1", port_setting};
+  const char* devices[1] = {"CPU:0"};
+  trib_backend_options o;
+  trib_backend_options_init(&o);
+  o.spec = "ring:timeout=60s";
+  o.devices = devices;
+  o.num_devices = 1;
+  o.settings = settings;
+  o.num_settings = 4;
+  o.use_environment = 0;
+  o.join_timeout_ms = 1000;
+  trib_backend* b = NULL;
+  CHECK_ERROR(trib_backend_create_with_options(&o, &b), TRIB_DEADLINE_EXCEEDED,
+              "rank(s) 1 of 2 did not join within join_timeout_ms=1000");
+  CHECK(b == NULL);
+}
+
 int main(void) {
   test_version();
   run("reduction_to_one_device");
@@ -540,6 +576,7 @@ int main(void) {
   test_registration("hierarchical_copy");
   test_create_errors();
   test_pending_works();
+  test_join_timeout();
   if (failures == 0) printf("c_api_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }
