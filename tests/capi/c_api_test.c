@@ -472,22 +472,31 @@ static void* rank1_main(void* arg) {
   return NULL;
 }
 
-static void test_pending_works(void) {
-  /* A free port for the job's store (released again; rank 0 binds it at once). */
+/* A free loopback port for a job's store (released again; rank 0 binds it at once), or 0. */
+static int free_port(void) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in addr;
   memset(&addr, 0, sizeof addr);
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof addr;
-  if (fd < 0 || bind(fd, (struct sockaddr*)&addr, sizeof addr) != 0 ||
-      getsockname(fd, (struct sockaddr*)&addr, &len) != 0) {
-    fprintf(stderr, "no free port for the ring job\n");
-    failures++;
-    return;
+  int port = 0;
+  if (fd >= 0 && bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0 &&
+      getsockname(fd, (struct sockaddr*)&addr, &len) == 0) {
+    port = (int)ntohs(addr.sin_port);
   }
-  snprintf(master_port, sizeof master_port, "%d", (int)ntohs(addr.sin_port));
-  close(fd);
+  if (fd >= 0) close(fd);
+  if (port == 0) {
+    fprintf(stderr, "no free port for a job's store\n");
+    failures++;
+  }
+  return port;
+}
+
+static void test_pending_works(void) {
+  const int port = free_port();
+  if (port == 0) return;
+  snprintf(master_port, sizeof master_port, "%d", port);
 
   pthread_t peer;
   pthread_create(&peer, NULL, rank1_main, NULL);
@@ -535,21 +544,10 @@ static void test_pending_works(void) {
 /* join_timeout_ms bounds the wait for the other processes, whatever the backend's timeout=: rank 0
  * of 2 whose peer never comes gives up after 1 s, naming it, not after ring's 60 s. */
 static void test_join_timeout(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr;
-  memset(&addr, 0, sizeof addr);
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || bind(fd, (struct sockaddr*)&addr, sizeof addr) != 0 ||
-      getsockname(fd, (struct sockaddr*)&addr, &len) != 0) {
-    fprintf(stderr, "no free port for the join test\n");
-    failures++;
-    return;
-  }
+  const int port = free_port();
+  if (port == 0) return;
   char port_setting[64];
-  snprintf(port_setting, sizeof port_setting, "TRIBUTARY_MASTER_PORT=%d", (int)ntohs(addr.sin_port));
-  close(fd);
+  snprintf(port_setting, sizeof port_setting, "TRIBUTARY_MASTER_PORT=%d", port);
   const char* settings[4] = {"TRIBUTARY_RANK=0", "TRIBUTARY_WORLD_SIZE=2",
                              "TRIBUTARY_MASTER_ADDR=127.0.0.1", port_setting};
   const char* devices[1] = {"CPU:0"};
