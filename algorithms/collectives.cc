@@ -241,8 +241,11 @@ Status all_reduce(AlgorithmContext& ctx, AllReduceAlgorithm algorithm, void* dat
   return halving_doubling_all_reduce(ctx, data, count, dtype, op, mean_divisor);
 }
 
-Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
-                       int64_t mean_divisor, const void* source) {
+namespace {
+
+// One ring all-reduce of the whole of `data`, its steps numbered from `step`.
+Status ring_all_reduce_once(AlgorithmContext& ctx, void* data, int64_t count, DType dtype,
+                            ReduceOp op, int64_t mean_divisor, const void* source, uint32_t step) {
   const int n = ctx.transport.size();
   const int r = ctx.transport.rank();
   if (source == data) source = nullptr;
@@ -256,7 +259,6 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
   const size_t elem = dtype_size(dtype);
   const Blocks blocks(count, n);
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  uint32_t step = 0;
   // Reduce-scatter: after n-1 steps this rank holds the reduced block (r + 1) % n.
   for (int s = 0; s < n - 1; ++s) {
     const int send_c = (r - s + n) % n, recv_c = (r - s - 1 + 2 * n) % n;
@@ -282,6 +284,36 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
         ring_step(ctx, step++, next, prev, at(data, blocks.offset(send_c), elem),
                   blocks.length(send_c), at(data, blocks.offset(recv_c), elem),
                   blocks.length(recv_c), elem, [](int64_t, int64_t, const std::byte*) {}));
+  }
+  return Status();
+}
+
+}  // namespace
+
+size_t slice_bytes_for(size_t configured, int n) {
+  if (configured != 0) return configured;
+  return static_cast<size_t>(std::max(n, 1)) * (size_t{2} << 20);
+}
+
+Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType dtype, ReduceOp op,
+                       int64_t mean_divisor, const void* source) {
+  const size_t elem = dtype_size(dtype);
+  const int n = ctx.transport.size();
+  const size_t slice = slice_bytes_for(ctx.slice_bytes, n);
+  if (n == 1 || static_cast<size_t>(count) * elem <= slice) {
+    return ring_all_reduce_once(ctx, data, count, dtype, op, mean_divisor, source, 0);
+  }
+  if (source == data) source = nullptr;
+  // Slices in turn, each a whole ring all-reduce: a slice's reduced block is sent on while it is
+  // still in cache, and the all-gather writes lines that its reduce-scatter read a moment before.
+  const int64_t per = std::max<int64_t>(static_cast<int64_t>(slice / elem), n);
+  const auto steps = static_cast<uint32_t>(2 * (n - 1));
+  uint32_t step = 0;
+  for (int64_t off = 0; off < count; off += per, step += steps) {
+    TRIBUTARY_RETURN_IF_ERROR(ring_all_reduce_once(ctx, at(data, off, elem),
+                                                   std::min(per, count - off), dtype, op,
+                                                   mean_divisor,
+                                                   source ? at(source, off, elem) : nullptr, step));
   }
   return Status();
 }

@@ -3,10 +3,11 @@
 namespace tributary::algorithms {
 
 TransportGroup::TransportGroup(std::unique_ptr<Transport> transport, AllReduceAlgorithm algorithm,
-                               size_t segment_bytes, std::string name)
+                               size_t segment_bytes, size_t slice_bytes, std::string name)
     : transport_(std::move(transport)),
       algorithm_(algorithm),
       segment_bytes_(segment_bytes),
+      slice_bytes_(slice_bytes),
       name_(std::move(name)) {}
 
 std::string TransportGroup::describe() const {
@@ -15,7 +16,8 @@ std::string TransportGroup::describe() const {
 }
 
 AlgorithmContext TransportGroup::context(const GroupCall& call) {
-  return AlgorithmContext{*transport_, call.tag, call.deadline, segment_bytes_, &scratch_};
+  return AlgorithmContext{*transport_, call.tag, call.deadline, segment_bytes_, &scratch_,
+                          slice_bytes_};
 }
 
 Status TransportGroup::all_reduce(const GroupCall& call, void* data, int64_t count, DType dtype,

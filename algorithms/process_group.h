@@ -96,11 +96,12 @@ class ProcessGroup {
 };
 
 // The algorithms of collectives.h over a Transport. `algorithm` picks the all-reduce (kAuto: the
-// cost model), `segment_bytes` the ring's pipelining granularity (0 = auto).
+// cost model), `segment_bytes` the ring's pipelining granularity and `slice_bytes` the ring
+// all-reduce's slice (0 = auto for both).
 class TransportGroup final : public ProcessGroup {
  public:
   TransportGroup(std::unique_ptr<Transport> transport, AllReduceAlgorithm algorithm,
-                 size_t segment_bytes, std::string name = "tcp");
+                 size_t segment_bytes, size_t slice_bytes, std::string name = "tcp");
 
   int rank() const override { return transport_->rank(); }
   int size() const override { return transport_->size(); }
@@ -122,6 +123,7 @@ class TransportGroup final : public ProcessGroup {
   std::unique_ptr<Transport> transport_;
   AllReduceAlgorithm algorithm_;
   size_t segment_bytes_;
+  size_t slice_bytes_;
   std::string name_;
   std::vector<std::byte> scratch_;
 };

@@ -33,6 +33,13 @@ std::vector<OptionDef> transport_group_options() {
                "segment overlaps reducing this one; 0 = auto (a quarter of the chunk, 256KiB to "
                "1MiB)",
        .min = 0},
+      {.name = "slice_bytes",
+       .type = OptionType::kSize,
+       .default_value = "0",
+       .help = "the ring all-reduce takes a larger message a slice of this size at a time, so "
+               "that each slice's data is sent on while still in cache; 0 = auto (2MiB per rank); "
+               "a size above the largest message turns slicing off",
+       .min = 0},
       {.name = "bytes_per_pack",
        .type = OptionType::kSize,
        .default_value = "0",
@@ -73,6 +80,11 @@ Status check_transport_group_options(const std::string& backend, const Options& 
                             "': segment_bytes must be 0 (auto) or at least 4KiB, not " +
                             options.find("segment_bytes")->text);
   }
+  if (const uint64_t slice = options.get_size("slice_bytes"); slice != 0 && slice < 4096) {
+    return invalid_argument("backend '" + backend +
+                            "': slice_bytes must be 0 (auto) or at least 4KiB, not " +
+                            options.find("slice_bytes")->text);
+  }
   return Status();
 }
 
@@ -80,6 +92,7 @@ std::string transport_group_layout(const BackendContext& context, const Options&
   return "local_replicas=" + std::to_string(context.devices.size()) +
          ",algorithm=" + options.get_string("algorithm") +
          ",segment_bytes=" + options.find("segment_bytes")->text +
+         ",slice_bytes=" + options.find("slice_bytes")->text +
          ",bytes_per_pack=" + options.find("bytes_per_pack")->text;
 }
 

@@ -27,17 +27,19 @@
 namespace tributary::algorithms {
 
 // The options of every backend whose group is a TransportGroup (ring over TCP, ucx): algorithm,
-// segment_bytes, bytes_per_pack, poll and secret_file, with one help text, so that they agree.
+// segment_bytes, slice_bytes, bytes_per_pack, poll and secret_file, with one help text, so that
+// they agree.
 std::vector<OptionDef> transport_group_options();
 // What a ProcessGroupOps over host memory offers: CPU devices, every dtype, op and collective,
 // several processes.
 Capabilities process_group_capabilities();
 AllReduceAlgorithm parse_algorithm(
     const std::string& name);  // "ring", "halving_doubling", else auto
-// Checks what the option types cannot say (segment_bytes 0 or at least 4 KiB), naming `backend`.
+// Checks what the option types cannot say (segment_bytes and slice_bytes 0 or at least 4 KiB),
+// naming `backend`.
 Status check_transport_group_options(const std::string& backend, const Options& options);
 // The options every rank of a group must agree on, as text for the setup checks
-// ("local_replicas=1,algorithm=auto,segment_bytes=0,bytes_per_pack=0").
+// ("local_replicas=1,algorithm=auto,segment_bytes=0,slice_bytes=0,bytes_per_pack=0").
 std::string transport_group_layout(const BackendContext& context, const Options& options);
 
 class ProcessGroupOps final : public CrossDeviceOps {

@@ -170,7 +170,7 @@ Status register_gloo(BackendRegistry& registry) {
         return transport.status().with_context("backend 'gloo': its control channel (TCP)");
       }
       auto control = std::make_unique<algorithms::TransportGroup>(
-          std::move(transport).value(), algorithms::AllReduceAlgorithm::kRecursiveDoubling, 0,
+          std::move(transport).value(), algorithms::AllReduceAlgorithm::kRecursiveDoubling, 0, 0,
           "tcp (control)");
       backends::GlooGroupSettings g;
       g.algorithm = backends::parse_gloo_algorithm(algorithm);

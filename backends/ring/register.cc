@@ -53,7 +53,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   TRIBUTARY_ASSIGN_OR_RETURN(auto transport, transports::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
-      options.get_size("segment_bytes"), "tcp"));
+      options.get_size("segment_bytes"), options.get_size("slice_bytes"), "tcp"));
 }
 
 // Every rank on this host, through shared memory.

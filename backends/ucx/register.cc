@@ -79,7 +79,7 @@ Status register_ucx(BackendRegistry& registry) {
         return std::unique_ptr<algorithms::ProcessGroup>(
             std::make_unique<algorithms::TransportGroup>(
                 std::move(transport), algorithms::parse_algorithm(options.get_string("algorithm")),
-                options.get_size("segment_bytes"), "ucx"));
+                options.get_size("segment_bytes"), options.get_size("slice_bytes"), "ucx"));
       };
       const std::string hierarchy = options.get_string("hierarchy");
       TRIBUTARY_ASSIGN_OR_RETURN(

@@ -211,6 +211,7 @@ class PreferringTransport final : public Transport {
   StatusOr<Request> isend(int peer, const MessageTag& tag,
                           std::span<const std::byte> data) override {
     largest_sent = std::max(largest_sent, data.size());
+    largest_step = std::max(largest_step, tag.step);
     return inner_.isend(peer, tag, data);
   }
   StatusOr<Request> irecv(int peer, const MessageTag& tag, std::span<std::byte> data) override {
@@ -224,6 +225,7 @@ class PreferringTransport final : public Transport {
   size_t preferred_segment_bytes(size_t) const override { return preferred_; }
 
   size_t largest_sent = 0;
+  uint32_t largest_step = 0;
 
  private:
   LoopbackTransport inner_;
@@ -268,6 +270,79 @@ TEST(Segments, TransportPreferenceAppliesOnlyWhenNotConfigured) {
       }
     }
   }
+}
+
+// A message larger than slice_bytes is all-reduced a slice at a time, 2(n-1) steps each, with the
+// same result as a whole ring, in place and out of place, for every op (MEAN divides each slice
+// once); a message within one slice, or with slicing turned off by a larger slice, is one ring.
+TEST(Slices, RingAllReduceBySlicesIsExactInAndOutOfPlace) {
+  constexpr size_t kSlice = 4096;  // 1024 int32
+  struct Case {
+    int n;
+    int64_t count;
+    size_t slice;
+    uint32_t want_largest_step;
+  };
+  for (const Case& c : {Case{2, 10007, kSlice, 10 * 2 - 1},      // 9 whole slices and a part
+                        Case{3, 3072, kSlice, 3 * 4 - 1},         // 3 exact slices
+                        Case{5, 1024, kSlice, 4 * 2 - 1},         // one slice: a whole ring
+                        Case{4, 10007, size_t{1} << 20, 5},       // slicing off
+                        Case{2, 3, kSlice, 1}}) {                 // fewer elements than ranks
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+      for (bool in_place : {true, false}) {
+        auto hub = std::make_shared<LoopbackHub>(c.n);
+        std::vector<std::vector<int32_t>> out(static_cast<size_t>(c.n));
+        std::vector<uint32_t> largest_step(static_cast<size_t>(c.n));
+        std::vector<Status> st(static_cast<size_t>(c.n));
+        std::vector<std::thread> threads;
+        for (int r = 0; r < c.n; ++r) {
+          threads.emplace_back([&, r] {
+            PreferringTransport t(hub, r, 0);
+            std::vector<int32_t> in(static_cast<size_t>(c.count));
+            for (int64_t i = 0; i < c.count; ++i)
+              in[static_cast<size_t>(i)] = static_cast<int32_t>(value(r, i));
+            auto& d = out[static_cast<size_t>(r)];
+            d = in_place ? in : std::vector<int32_t>(static_cast<size_t>(c.count), -99);
+            std::vector<std::byte> scratch;
+            AlgorithmContext ctx{t,        tag_for(c.count, DType::kInt32, op),
+                                 std::chrono::steady_clock::now() + 20s,
+                                 256,      &scratch,
+                                 c.slice};
+            st[static_cast<size_t>(r)] =
+                ring_all_reduce(ctx, d.data(), c.count, DType::kInt32, op, c.n,
+                                in_place ? nullptr : in.data());
+            if (!st[static_cast<size_t>(r)].ok()) t.abort(st[static_cast<size_t>(r)]);
+            largest_step[static_cast<size_t>(r)] = t.largest_step;
+          });
+        }
+        for (auto& th : threads) th.join();
+        const std::string what = "n=" + std::to_string(c.n) + " count=" +
+                                 std::to_string(c.count) + " " +
+                                 std::string(reduce_op_name(op)) +
+                                 (in_place ? " in place" : " out of place");
+        for (int r = 0; r < c.n; ++r) {
+          ASSERT_TRUE(st[static_cast<size_t>(r)].ok())
+              << what << ": " << st[static_cast<size_t>(r)].message();
+          EXPECT_EQ(largest_step[static_cast<size_t>(r)], c.want_largest_step)
+              << what << " rank " << r;
+          for (int64_t i = 0; i < c.count; ++i) {
+            int64_t want = 0;
+            for (int q = 0; q < c.n; ++q)
+              want = op == ReduceOp::kMax ? std::max(want, value(q, i)) : want + value(q, i);
+            if (op == ReduceOp::kMean) want /= c.n;
+            ASSERT_EQ(out[static_cast<size_t>(r)][static_cast<size_t>(i)], want)
+                << what << " rank " << r << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Slices, AutoIsTwoMiBPerRankAndAConfiguredSizeWins) {
+  EXPECT_EQ(slice_bytes_for(0, 2), size_t{4} << 20);
+  EXPECT_EQ(slice_bytes_for(0, 4), size_t{8} << 20);
+  EXPECT_EQ(slice_bytes_for(size_t{1} << 20, 4), size_t{1} << 20);
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4KiB");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingNet, "ring:intra_host=net");
+// Small segments and slices: a 65537-element all-reduce runs as several slices of several segments.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingForcedRing,
-                                   "ring:intra_host=net,algorithm=ring,segment_bytes=4KiB");
+                                   "ring:intra_host=net,algorithm=ring,segment_bytes=4KiB,"
+                                   "slice_bytes=16KiB");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingHalvingDoubling,
                                    "ring:intra_host=net,algorithm=halving_doubling");
 // Striped and authenticated: every frame of every stripe carries a MAC.
