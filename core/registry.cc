@@ -166,6 +166,16 @@ bool stages_through_host(const BackendInfo& info, const BackendContext& context)
                      [](const Device& d) { return d.is_cuda(); });
 }
 
+// A backend's setup failed: name a rank that was lost meanwhile (internal::name_lost_ranks). After
+// a deadline, without its grace: a peer that died while this rank waited out the whole timeout was
+// recorded when its connection dropped, and waiting would make `timeout=2s` fail after 4 s.
+Status name_setup_failure(const BackendContext& context, const Status& failure) {
+  if (failure.code() == StatusCode::kDeadlineExceeded) {
+    return internal::name_lost_ranks(context, failure, std::chrono::milliseconds(0));
+  }
+  return internal::name_lost_ranks(context, failure);
+}
+
 }  // namespace
 
 bool stages_gpu_through_host(const BackendInfo& info) {
@@ -347,11 +357,11 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
   TRIBUTARY_RETURN_IF_ERROR(internal::FlightSettings::from(context.config).status());
   if (stages_through_host(*info, context)) {
     auto made = info->create(internal::host_context(context), std::move(options));
-    if (!made.ok()) return internal::name_lost_ranks(context, made.status());
+    if (!made.ok()) return name_setup_failure(context, made.status());
     return internal::make_host_staged_ops(context, std::move(made).value());
   }
   auto made = info->create(context, std::move(options));
-  if (!made.ok()) return internal::name_lost_ranks(context, made.status());
+  if (!made.ok()) return name_setup_failure(context, made.status());
   return made;
 }
 

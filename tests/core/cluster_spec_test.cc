@@ -767,5 +767,40 @@ TEST(MakeBackendContext, StoreConnectHonoursTributaryTimeout) {
   EXPECT_NE(bad.status().message().find("TRIBUTARY_TIMEOUT='soon'"), std::string::npos);
 }
 
+// A backend whose peer never joins fails at its timeout=, naming the rank, on the rank that hosts
+// the job's store (which keeps wills): not 2 s later, as when the wait for a lost rank's name
+// followed every failure of a setup.
+TEST(BackendSetup, APeerThatNeverJoinsFailsAtTheBackendsTimeout) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string port = std::to_string(ntohs(sa.sin_port));
+  ::close(fd);  // the store of rank 0 listens there next
+  auto ctx = make_backend_context({Device::cpu(0)},
+                                  Config::from_map({{"TRIBUTARY_RANK", "0"},
+                                                    {"TRIBUTARY_WORLD_SIZE", "2"},
+                                                    {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                                    {"TRIBUTARY_MASTER_PORT", port}}));
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  const BackendRegistry registry = builtin_backends();
+  for (const char* spec : {"ring:intra_host=net,timeout=1s", "ring:timeout=1s"}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto ops = registry.create(spec, *ctx);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_FALSE(ops.ok()) << spec;
+    EXPECT_EQ(ops.status().code(), StatusCode::kDeadlineExceeded) << ops.status().to_string();
+    EXPECT_NE(ops.status().message().find("rank 1 did not join"), std::string::npos)
+        << ops.status().to_string();
+    EXPECT_GE(seconds, 0.9) << spec;
+    // The wait is 1 s; it took 3 s with the grace.
+    EXPECT_LT(seconds, 2.5) << spec << ": " << ops.status().to_string();
+  }
+}
+
 }  // namespace
 }  // namespace tributary
