@@ -310,10 +310,9 @@ Status ring_all_reduce(AlgorithmContext& ctx, void* data, int64_t count, DType d
   const auto steps = static_cast<uint32_t>(2 * (n - 1));
   uint32_t step = 0;
   for (int64_t off = 0; off < count; off += per, step += steps) {
-    TRIBUTARY_RETURN_IF_ERROR(ring_all_reduce_once(ctx, at(data, off, elem),
-                                                   std::min(per, count - off), dtype, op,
-                                                   mean_divisor,
-                                                   source ? at(source, off, elem) : nullptr, step));
+    TRIBUTARY_RETURN_IF_ERROR(
+        ring_all_reduce_once(ctx, at(data, off, elem), std::min(per, count - off), dtype, op,
+                             mean_divisor, source ? at(source, off, elem) : nullptr, step));
   }
   return Status();
 }

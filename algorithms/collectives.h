@@ -12,10 +12,15 @@
 //                           reduced block is sent on while it is still in cache, and its
 //                           all-gather writes lines that its reduce-scatter read a moment before,
 //                           where a whole-message ring reads and writes a large buffer twice from
-//                           memory. Measured on a 2-vCPU VM, 2 processes over TCP loopback, 256 MiB:
-//                           3.6-4.2 GB/s busbw sliced at 4 MiB against 1.5-3.3 whole (six
+//                           memory. Measured on a 2-vCPU VM, 2 processes over TCP loopback, 256
+//                           MiB: 3.6-4.2 GB/s busbw sliced at 4 MiB against 1.5-3.3 whole (six
 //                           interleaved rounds); 16 MiB and 6-12 MiB level; 4 processes level or
-//                           ahead at 16-64 MiB, slightly more so with 8 MiB slices.
+//                           ahead at 16-64 MiB, slightly more so with 8 MiB slices. Each slice
+//                           pays its steps' pipeline fill and round trips again, which costs
+//                           little between the processes of one host and much on a network
+//                           (bandwidth x latency is larger there), so the backends slice by
+//                           default only rings whose ranks share one host (ring_slice_bytes in
+//                           host_layout.h).
 //  halving-doubling         Rabenseifner: recursive-halving reduce-scatter, recursive-doubling
 //  all-reduce               all-gather, over the largest power of two p <= n; the other n - p ranks
 //                           first fold their data into a partner and get the result back at the
@@ -57,11 +62,14 @@ struct AlgorithmContext {
   Deadline deadline;
   size_t segment_bytes = 0;  // pipelining granularity of ring steps; 0 = by chunk size (auto)
   std::vector<std::byte>* scratch;  // reused across calls
-  size_t slice_bytes = 0;  // the ring all-reduce's slice; 0 = auto (slice_bytes_for)
+  size_t slice_bytes = 0;  // the ring all-reduce's slice; 0 = auto (slice_bytes_for), kNoSlices
 };
 
+// AlgorithmContext::slice_bytes: the ring all-reduce takes every message whole.
+inline constexpr size_t kNoSlices = SIZE_MAX;
+
 // The ring all-reduce's slice for `configured` (AlgorithmContext::slice_bytes) among n ranks: the
-// configured size, or by default 2 MiB per rank (4 MiB for 2 ranks, 8 MiB for 4).
+// configured size, or for 0 (auto) 2 MiB per rank (4 MiB for 2 ranks, 8 MiB for 4).
 size_t slice_bytes_for(size_t configured, int n);
 
 // Predicted time in seconds of an all-reduce of `bytes` over `n` ranks by `algorithm`, with

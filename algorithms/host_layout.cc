@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "algorithms/collectives.h"
 #include "algorithms/hierarchical_group.h"
 #include "core/rendezvous.h"
 
@@ -12,6 +13,18 @@ bool HostLayout::uniform() const {
     if (m.size() != members.front().size()) return false;
   }
   return true;
+}
+
+size_t ring_slice_bytes(uint64_t configured, const HostLayout& layout,
+                        const std::vector<int>& members) {
+  if (configured != 0) return static_cast<size_t>(configured);
+  for (int m : members) {
+    if (layout.host_of.at(static_cast<size_t>(m)) !=
+        layout.host_of.at(static_cast<size_t>(members.front()))) {
+      return kNoSlices;
+    }
+  }
+  return 0;
 }
 
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,

@@ -54,6 +54,13 @@ OptionDef hierarchy_option(const std::string& flat);
 StatusOr<bool> use_hierarchy(const std::string& backend, const std::string& mode,
                              const HostLayout& layout);
 
+// AlgorithmContext::slice_bytes for a ring among `members` (global ranks) from the `slice_bytes`
+// option: a configured size as it is; auto (0) slices only when every member is on one host, where
+// the gain is in the caches and each slice's extra round trips are cheap (collectives.h), and
+// otherwise takes every message whole (kNoSlices).
+size_t ring_slice_bytes(uint64_t configured, const HostLayout& layout,
+                        const std::vector<int>& members);
+
 // Makes the group of the processes `members` (global ranks, in group-rank order), this process
 // being members[index], meeting under `store`.
 using GroupMaker = std::function<StatusOr<std::unique_ptr<ProcessGroup>>(

@@ -16,8 +16,12 @@ std::string TransportGroup::describe() const {
 }
 
 AlgorithmContext TransportGroup::context(const GroupCall& call) {
-  return AlgorithmContext{*transport_, call.tag, call.deadline, segment_bytes_, &scratch_,
-                          slice_bytes_};
+  return AlgorithmContext{.transport = *transport_,
+                          .tag = call.tag,
+                          .deadline = call.deadline,
+                          .segment_bytes = segment_bytes_,
+                          .scratch = &scratch_,
+                          .slice_bytes = slice_bytes_};
 }
 
 Status TransportGroup::all_reduce(const GroupCall& call, void* data, int64_t count, DType dtype,

@@ -37,8 +37,9 @@ std::vector<OptionDef> transport_group_options() {
        .type = OptionType::kSize,
        .default_value = "0",
        .help = "the ring all-reduce takes a larger message a slice of this size at a time, so "
-               "that each slice's data is sent on while still in cache; 0 = auto (2MiB per rank); "
-               "a size above the largest message turns slicing off",
+               "that each slice's data is sent on while still in cache; 0 = auto (2MiB per rank "
+               "when every rank of the ring is on one host, else whole messages, since each slice "
+               "pays its round trips again); a size above the largest message turns slicing off",
        .min = 0},
       {.name = "bytes_per_pack",
        .type = OptionType::kSize,

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,10 +33,11 @@ std::string layout_text(const BackendContext& context, const Options& options) {
 }
 
 // Ranks `rank` of `size` over TCP, meeting under `store` (the whole world, or a subgroup under its
-// own prefix).
+// own prefix); `slice_bytes` for its ring all-reduce (algorithms::ring_slice_bytes).
 StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int rank, int size,
                                                               const BackendContext& context,
-                                                              const Options& options) {
+                                                              const Options& options,
+                                                              size_t slice_bytes) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
   transports::TcpTransportOptions t;
@@ -53,7 +55,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   TRIBUTARY_ASSIGN_OR_RETURN(auto transport, transports::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
-      options.get_size("segment_bytes"), options.get_size("slice_bytes"), "tcp"));
+      options.get_size("segment_bytes"), slice_bytes, "tcp"));
 }
 
 // Every rank on this host, through shared memory.
@@ -105,18 +107,20 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> make_group(const std::shared
       const bool hierarchical,
       algorithms::use_hierarchy("ring", options.get_string("hierarchy"), hosts));
   const bool shm = options.get_string("intra_host") == "shm";
+  auto tcp = [&](Store& scope, int index, const std::vector<int>& members) {
+    return tcp_group(scope, index, static_cast<int>(members.size()), context, options,
+                     algorithms::ring_slice_bytes(options.get_size("slice_bytes"), hosts, members));
+  };
   if (hierarchical) {
     auto local = [&](Store& scope, int index, const std::vector<int>& members) {
-      return shm ? shm_group(scope, context, options, members)
-                 : tcp_group(scope, index, static_cast<int>(members.size()), context, options);
+      return shm ? shm_group(scope, context, options, members) : tcp(scope, index, members);
     };
-    auto cross = [&](Store& scope, int index, const std::vector<int>& members) {
-      return tcp_group(scope, index, static_cast<int>(members.size()), context, options);
-    };
-    return algorithms::hierarchical_group(store, context, hosts, local, cross);
+    return algorithms::hierarchical_group(store, context, hosts, local, tcp);
   }
   if (shm && hosts.hosts() == 1) return shm_group(*store, context, options, hosts.members[0]);
-  return tcp_group(*store, context.rank, context.world_size, context, options);
+  std::vector<int> everyone(static_cast<size_t>(context.world_size));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  return tcp(*store, context.rank, everyone);
 }
 
 }  // namespace

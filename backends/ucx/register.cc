@@ -70,6 +70,11 @@ Status register_ucx(BackendRegistry& registry) {
       t.timeout = options.get_duration("timeout");
       t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
       t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
+      const std::string hierarchy = options.get_string("hierarchy");
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          const algorithms::HostLayout hosts,
+          algorithms::learn_hosts(*store, context, "ucx", "hierarchy=" + hierarchy,
+                                  options.get_duration("timeout")));
       // A UCX group among `members` (global ranks), this process being members[index].
       auto ucx_group = [&](Store& at, int index, const std::vector<int>& members)
           -> StatusOr<std::unique_ptr<algorithms::ProcessGroup>> {
@@ -79,13 +84,10 @@ Status register_ucx(BackendRegistry& registry) {
         return std::unique_ptr<algorithms::ProcessGroup>(
             std::make_unique<algorithms::TransportGroup>(
                 std::move(transport), algorithms::parse_algorithm(options.get_string("algorithm")),
-                options.get_size("segment_bytes"), options.get_size("slice_bytes"), "ucx"));
+                options.get_size("segment_bytes"),
+                algorithms::ring_slice_bytes(options.get_size("slice_bytes"), hosts, members),
+                "ucx"));
       };
-      const std::string hierarchy = options.get_string("hierarchy");
-      TRIBUTARY_ASSIGN_OR_RETURN(
-          const algorithms::HostLayout hosts,
-          algorithms::learn_hosts(*store, context, "ucx", "hierarchy=" + hierarchy,
-                                  options.get_duration("timeout")));
       TRIBUTARY_ASSIGN_OR_RETURN(const bool hierarchical,
                                  algorithms::use_hierarchy("ucx", hierarchy, hosts));
       if (hierarchical) {

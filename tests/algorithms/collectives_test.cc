@@ -283,11 +283,11 @@ TEST(Slices, RingAllReduceBySlicesIsExactInAndOutOfPlace) {
     size_t slice;
     uint32_t want_largest_step;
   };
-  for (const Case& c : {Case{2, 10007, kSlice, 10 * 2 - 1},      // 9 whole slices and a part
-                        Case{3, 3072, kSlice, 3 * 4 - 1},         // 3 exact slices
-                        Case{5, 1024, kSlice, 4 * 2 - 1},         // one slice: a whole ring
-                        Case{4, 10007, size_t{1} << 20, 5},       // slicing off
-                        Case{2, 3, kSlice, 1}}) {                 // fewer elements than ranks
+  for (const Case& c : {Case{2, 10007, kSlice, 10 * 2 - 1},  // 9 whole slices and a part
+                        Case{3, 3072, kSlice, 3 * 4 - 1},    // 3 exact slices
+                        Case{5, 1024, kSlice, 4 * 2 - 1},    // one slice: a whole ring
+                        Case{4, 10007, size_t{1} << 20, 5},  // slicing off
+                        Case{2, 3, kSlice, 1}}) {            // fewer elements than ranks
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
       for (bool in_place : {true, false}) {
         auto hub = std::make_shared<LoopbackHub>(c.n);
@@ -304,21 +304,21 @@ TEST(Slices, RingAllReduceBySlicesIsExactInAndOutOfPlace) {
             auto& d = out[static_cast<size_t>(r)];
             d = in_place ? in : std::vector<int32_t>(static_cast<size_t>(c.count), -99);
             std::vector<std::byte> scratch;
-            AlgorithmContext ctx{t,        tag_for(c.count, DType::kInt32, op),
+            AlgorithmContext ctx{t,
+                                 tag_for(c.count, DType::kInt32, op),
                                  std::chrono::steady_clock::now() + 20s,
-                                 256,      &scratch,
+                                 256,
+                                 &scratch,
                                  c.slice};
-            st[static_cast<size_t>(r)] =
-                ring_all_reduce(ctx, d.data(), c.count, DType::kInt32, op, c.n,
-                                in_place ? nullptr : in.data());
+            st[static_cast<size_t>(r)] = ring_all_reduce(ctx, d.data(), c.count, DType::kInt32, op,
+                                                         c.n, in_place ? nullptr : in.data());
             if (!st[static_cast<size_t>(r)].ok()) t.abort(st[static_cast<size_t>(r)]);
             largest_step[static_cast<size_t>(r)] = t.largest_step;
           });
         }
         for (auto& th : threads) th.join();
-        const std::string what = "n=" + std::to_string(c.n) + " count=" +
-                                 std::to_string(c.count) + " " +
-                                 std::string(reduce_op_name(op)) +
+        const std::string what = "n=" + std::to_string(c.n) + " count=" + std::to_string(c.count) +
+                                 " " + std::string(reduce_op_name(op)) +
                                  (in_place ? " in place" : " out of place");
         for (int r = 0; r < c.n; ++r) {
           ASSERT_TRUE(st[static_cast<size_t>(r)].ok())

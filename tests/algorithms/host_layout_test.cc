@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/collectives.h"
+
 namespace tributary::algorithms {
 namespace {
 
@@ -112,6 +114,18 @@ TEST(HostLayout, OnWithUnevenHostsIsRefusedNamingTheCounts) {
                                       "processes on every host, but the hosts run 2, 3"),
             std::string::npos)
       << r.status().message();
+}
+
+// slice_bytes=0 (auto) slices a ring whose ranks share one host and no other; a configured size
+// holds anywhere.
+TEST(HostLayout, RingSlicesByDefaultOnlyWithinOneHost) {
+  const HostLayout two_hosts = layout_of({{0, 1}, {2, 3}});
+  EXPECT_EQ(ring_slice_bytes(0, two_hosts, {0, 1}), 0u);  // a host's local group: auto
+  EXPECT_EQ(ring_slice_bytes(0, two_hosts, {2, 3}), 0u);
+  EXPECT_EQ(ring_slice_bytes(0, two_hosts, {0, 2}), kNoSlices);  // across hosts: whole
+  EXPECT_EQ(ring_slice_bytes(0, two_hosts, {0, 1, 2, 3}), kNoSlices);
+  EXPECT_EQ(ring_slice_bytes(0, layout_of({{0, 1, 2}}), {0, 1, 2}), 0u);
+  EXPECT_EQ(ring_slice_bytes(size_t{1} << 20, two_hosts, {0, 2}), size_t{1} << 20);
 }
 
 }  // namespace
