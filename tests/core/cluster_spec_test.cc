@@ -735,17 +735,23 @@ TEST(ClusterSpec, EnvironmentSnapshotCapturesLauncherVariables) {
 namespace tributary {
 namespace {
 
-// A rank whose chief never comes up gives up after TRIBUTARY_TIMEOUT, not after 5 minutes.
-TEST(MakeBackendContext, StoreConnectHonoursTributaryTimeout) {
+// A loopback port that no socket holds now (the kernel's pick, released), or "" on failure.
+std::string free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof sa;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  const std::string port = std::to_string(ntohs(sa.sin_port));
-  ::close(fd);  // nobody listens there now
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok ? std::to_string(ntohs(sa.sin_port)) : "";
+}
+
+// A rank whose chief never comes up gives up after TRIBUTARY_TIMEOUT, not after 5 minutes.
+TEST(MakeBackendContext, StoreConnectHonoursTributaryTimeout) {
+  const std::string port = free_loopback_port();  // nobody listens there now
+  ASSERT_FALSE(port.empty());
   Config config = Config::from_map({{"TRIBUTARY_RANK", "1"},
                                     {"TRIBUTARY_WORLD_SIZE", "2"},
                                     {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
@@ -771,15 +777,8 @@ TEST(MakeBackendContext, StoreConnectHonoursTributaryTimeout) {
 // the job's store (which keeps wills): not 2 s later, as when the wait for a lost rank's name
 // followed every failure of a setup.
 TEST(BackendSetup, APeerThatNeverJoinsFailsAtTheBackendsTimeout) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  const std::string port = std::to_string(ntohs(sa.sin_port));
-  ::close(fd);  // the store of rank 0 listens there next
+  const std::string port = free_loopback_port();  // the store of rank 0 listens there next
+  ASSERT_FALSE(port.empty());
   auto ctx = make_backend_context({Device::cpu(0)},
                                   Config::from_map({{"TRIBUTARY_RANK", "0"},
                                                     {"TRIBUTARY_WORLD_SIZE", "2"},
