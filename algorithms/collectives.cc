@@ -59,7 +59,10 @@ struct Blocks {
 };
 
 // One ring step: send `send_len` elements to `next` and receive `recv_len` from `prev`, both in
-// segments of ctx.segment_bytes; `on_segment(offset, elements, data)` consumes each received
+// segments of ctx.segment_bytes (auto: sized from `chunk_len` elements, which every rank must pass
+// alike, e.g. the call's largest block: a rank sizing them from its own blocks, which differ by
+// one element, cut 262147 elements where its peer expected 262148's segments, and the call failed
+// as a mismatch); `on_segment(offset, elements, data)` consumes each received
 // segment. With `recv` == nullptr the segments land in a window of kWindow scratch slots reused in
 // turn, which stay in cache between the receive and the reduction (a chunk-sized scratch buffer
 // would go to memory and back); otherwise they land at recv + offset.
@@ -77,15 +80,14 @@ size_t segment_bytes_for(size_t configured, size_t chunk_bytes, const Transport&
 
 template <typename OnSegment>
 Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const std::byte* send,
-                 int64_t send_len, std::byte* recv, int64_t recv_len, size_t elem,
-                 OnSegment&& on_segment) {
+                 int64_t send_len, std::byte* recv, int64_t recv_len, int64_t chunk_len,
+                 size_t elem, OnSegment&& on_segment) {
   Transport& t = ctx.transport;
   const MessageTag tag = ctx.tag.at_step(step);
   const int64_t seg = std::max<int64_t>(
-      1, static_cast<int64_t>(
-             segment_bytes_for(ctx.segment_bytes,
-                               static_cast<size_t>(std::max(send_len, recv_len)) * elem, t) /
-             elem));
+      1,
+      static_cast<int64_t>(
+          segment_bytes_for(ctx.segment_bytes, static_cast<size_t>(chunk_len) * elem, t) / elem));
   const int64_t nrecv = recv_len == 0 ? 1 : (recv_len + seg - 1) / seg;
   const int64_t nsend = send_len == 0 ? 1 : (send_len + seg - 1) / seg;
   std::byte* window =
@@ -269,21 +271,21 @@ Status ring_all_reduce_once(AlgorithmContext& ctx, void* data, int64_t count, DT
     const std::byte* base = source ? at(source, blocks.offset(recv_c), elem) : target;
     const std::byte* outgoing = source && s == 0 ? at(source, blocks.offset(send_c), elem)
                                                  : at(data, blocks.offset(send_c), elem);
-    TRIBUTARY_RETURN_IF_ERROR(
-        ring_step(ctx, step++, next, prev, outgoing, blocks.length(send_c), nullptr,
-                  blocks.length(recv_c), elem, [&](int64_t off, int64_t len, const std::byte* got) {
-                    const size_t o = static_cast<size_t>(off) * elem;
-                    combine_into(last ? op : partial_op(op), dtype, target + o, base + o, got, len,
-                                 mean_divisor);
-                  }));
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(
+        ctx, step++, next, prev, outgoing, blocks.length(send_c), nullptr, blocks.length(recv_c),
+        blocks.length(0), elem, [&](int64_t off, int64_t len, const std::byte* got) {
+          const size_t o = static_cast<size_t>(off) * elem;
+          combine_into(last ? op : partial_op(op), dtype, target + o, base + o, got, len,
+                       mean_divisor);
+        }));
   }
   // All-gather: pass the reduced blocks around, received straight into place.
   for (int s = 0; s < n - 1; ++s) {
     const int send_c = (r + 1 - s + n) % n, recv_c = (r - s + n) % n;
-    TRIBUTARY_RETURN_IF_ERROR(
-        ring_step(ctx, step++, next, prev, at(data, blocks.offset(send_c), elem),
-                  blocks.length(send_c), at(data, blocks.offset(recv_c), elem),
-                  blocks.length(recv_c), elem, [](int64_t, int64_t, const std::byte*) {}));
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(
+        ctx, step++, next, prev, at(data, blocks.offset(send_c), elem), blocks.length(send_c),
+        at(data, blocks.offset(recv_c), elem), blocks.length(recv_c), blocks.length(0), elem,
+        [](int64_t, int64_t, const std::byte*) {}));
   }
   return Status();
 }
@@ -485,10 +487,11 @@ Status ring_all_gather(AlgorithmContext& ctx, void* data, size_t bytes_per_rank)
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   for (int s = 0; s < n - 1; ++s) {
     const int send_c = (r - s + n) % n, recv_c = (r - s - 1 + n) % n;
-    TRIBUTARY_RETURN_IF_ERROR(ring_step(
-        ctx, static_cast<uint32_t>(s), next, prev, at(data, send_c, bytes_per_rank),
-        static_cast<int64_t>(bytes_per_rank), at(data, recv_c, bytes_per_rank),
-        static_cast<int64_t>(bytes_per_rank), 1, [](int64_t, int64_t, const std::byte*) {}));
+    TRIBUTARY_RETURN_IF_ERROR(
+        ring_step(ctx, static_cast<uint32_t>(s), next, prev, at(data, send_c, bytes_per_rank),
+                  static_cast<int64_t>(bytes_per_rank), at(data, recv_c, bytes_per_rank),
+                  static_cast<int64_t>(bytes_per_rank), static_cast<int64_t>(bytes_per_rank), 1,
+                  [](int64_t, int64_t, const std::byte*) {}));
   }
   return Status();
 }
@@ -513,7 +516,7 @@ Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t
     std::byte* result = last ? static_cast<std::byte*>(out) : target;
     TRIBUTARY_RETURN_IF_ERROR(ring_step(ctx, static_cast<uint32_t>(s), next, prev,
                                         at(data, static_cast<int64_t>(send_c) * count, elem), count,
-                                        nullptr, count, elem,
+                                        nullptr, count, count, elem,
                                         [&](int64_t off, int64_t len, const std::byte* got) {
                                           const size_t b = static_cast<size_t>(off) * elem;
                                           const void* srcs[2] = {target + b, got};

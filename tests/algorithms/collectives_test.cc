@@ -287,7 +287,9 @@ TEST(Slices, RingAllReduceBySlicesIsExactInAndOutOfPlace) {
                         Case{3, 3072, kSlice, 3 * 4 - 1},    // 3 exact slices
                         Case{5, 1024, kSlice, 4 * 2 - 1},    // one slice: a whole ring
                         Case{4, 10007, size_t{1} << 20, 5},  // slicing off
-                        Case{2, 3, kSlice, 1}}) {            // fewer elements than ranks
+                        Case{2, 3, kSlice, 1},               // fewer elements than ranks
+                        Case{3, 10007, kNoSlices, 3},        // kNoSlices: a whole ring
+                        Case{3, 10, 8, 4 * 4 - 1}}) {        // a slice below n elements: n each
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
       for (bool in_place : {true, false}) {
         auto hub = std::make_shared<LoopbackHub>(c.n);
@@ -334,6 +336,45 @@ TEST(Slices, RingAllReduceBySlicesIsExactInAndOutOfPlace) {
                 << what << " rank " << r << " element " << i;
           }
         }
+      }
+    }
+  }
+}
+
+// Uneven blocks with automatic segments: every rank must cut a block into the same segments,
+// whichever blocks it sends and receives itself. 786442 float32 over 3 ranks are blocks of
+// 262148, 262147 and 262147 elements, whose quarters (the auto segment) differ: a rank that sized
+// its segments from its own pair of blocks sent 65536-element segments where its next rank
+// expected 65537, and the collective failed as a mismatch.
+TEST(Segments, UnevenBlocksAreCutTheSameWayOnEveryRank) {
+  for (const int64_t count : {int64_t{786442}, int64_t{786443}, int64_t{3 * 262144 + 2}}) {
+    auto hub = std::make_shared<LoopbackHub>(3);
+    std::vector<std::vector<float>> data(3);
+    std::vector<Status> st(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        LoopbackTransport t(hub, r);
+        auto& d = data[static_cast<size_t>(r)];
+        d.resize(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i)
+          d[static_cast<size_t>(i)] = static_cast<float>(value(r, i));
+        std::vector<std::byte> scratch;
+        AlgorithmContext ctx{t, tag_for(count, DType::kFloat32),
+                             std::chrono::steady_clock::now() + 20s, 0, &scratch};
+        st[static_cast<size_t>(r)] = all_reduce(ctx, AllReduceAlgorithm::kRing, d.data(), count,
+                                                DType::kFloat32, ReduceOp::kSum, 3);
+        if (!st[static_cast<size_t>(r)].ok()) t.abort(st[static_cast<size_t>(r)]);
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(st[static_cast<size_t>(r)].ok())
+          << "count " << count << " rank " << r << ": " << st[static_cast<size_t>(r)].message();
+      for (int64_t i = 0; i < count; i += 997) {
+        ASSERT_EQ(data[static_cast<size_t>(r)][static_cast<size_t>(i)],
+                  static_cast<float>(value(0, i) + value(1, i) + value(2, i)))
+            << "count " << count << " rank " << r << " element " << i;
       }
     }
   }
