@@ -39,7 +39,8 @@ std::vector<OptionDef> transport_group_options() {
        .help = "the ring all-reduce takes a larger message a slice of this size at a time, so "
                "that each slice's data is sent on while still in cache; 0 = auto (2MiB per rank "
                "when every rank of the ring is on one host, else whole messages, since each slice "
-               "pays its round trips again); a size above the largest message turns slicing off",
+               "pays its round trips again); a size at least the largest message turns slicing "
+               "off. Shared memory has its own chunks (ring's shm_chunk_bytes)",
        .min = 0},
       {.name = "bytes_per_pack",
        .type = OptionType::kSize,
