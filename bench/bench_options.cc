@@ -210,7 +210,9 @@ class Parser {
     list("--reference", &references_, "SPEC",
          "a line that does the same work without tributary: yardstick[:threads=N] (one process: a "
          "plain threaded sum), gloo[:algorithm=A,mode=M] (processes: Gloo called directly), "
-         "nccl (GPUs: NCCL called directly); repeat for several; 'none' for none. Default when no "
+         "nccl (GPUs: NCCL called directly), tcp (processes, one replica each: plain sockets "
+         "moving a ring all-reduce's link traffic, no reduction: the link's bound at each size); "
+         "repeat for several; 'none' for none. Default when no "
          "--backend is named: the one that suits the layout");
   }
 
@@ -410,9 +412,11 @@ class Parser {
       }
       auto spec = BackendSpec::parse(v);
       if (!spec.ok()) return spec.status();
-      if (spec->name != "yardstick" && spec->name != "gloo" && spec->name != "nccl") {
+      if (spec->name != "yardstick" && spec->name != "gloo" && spec->name != "nccl" &&
+          spec->name != "tcp") {
         return flag_error("--reference", v,
-                          "unknown reference '" + spec->name + "' (yardstick, gloo, nccl, none)");
+                          "unknown reference '" + spec->name +
+                              "' (yardstick, gloo, nccl, tcp, none)");
       }
       std::erase(o_.references, "none");
       o_.references.push_back(v);

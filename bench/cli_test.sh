@@ -95,6 +95,27 @@ case "$case_name" in
     [ "$(rows | wc -l)" -eq 1 ] || fail "expected 1 row"
     rows | awk '$9 != 0 || $13 != 0 { bad = 1 } END { exit bad }' || fail "a wrong element"
     ;;
+  tcp_reference)
+    # The direct TCP line beside ring: its own tables (both buffer kinds), figures in every row,
+    # #wrong N/A (it reduces nothing) while ring's rows are checked; three ranks (a link to the
+    # next rank and one from the previous) and two (one connection both ways).
+    for np in 3 2; do
+      run --np $np --replicas 1 --backend ring --reference tcp --reference tcp:buffers=message \
+        --sizes 4K,1M -n 2 -w 1
+      grep -q '^# reference: tcp-direct:buffers=cache ' "$tmp/out" || fail "no cache line (np $np)"
+      grep -q '^# reference: tcp-direct:buffers=message ' "$tmp/out" ||
+        fail "no message line (np $np)"
+      [ "$(rows | wc -l)" -eq 6 ] || fail "expected 6 rows (2 sizes x 3 lines, np $np)"
+      [ "$(rows | awk '$9 == "N/A" && $13 == "N/A"' | wc -l)" -eq 4 ] ||
+        fail "the 4 tcp-direct rows should have #wrong N/A (np $np)"
+      [ "$(rows | awk '$9 == 0 && $13 == 0' | wc -l)" -eq 2 ] ||
+        fail "ring's 2 rows should be checked and right (np $np)"
+      rows | awk '!($8 > 0 && $12 > 0) { bad = 1 } END { exit bad }' || fail "a row without busbw"
+    done
+    # Several replicas per process: skipped, saying why.
+    run --np 2 --replicas 2 --backend ring --reference tcp --sizes 4K -n 1 -w 0
+    grep -q '^# skipping tcp: .*one replica per process' "$tmp/out" || fail "no skip with its reason"
+    ;;
   *)
     echo "cli_test: unknown case '$case_name'" >&2
     exit 2

@@ -1,6 +1,5 @@
 // The direct Gloo line of tributary-bench (see lines.h): Gloo's own API on the bench's buffers, with
 // nothing of tributary's between them but the store used to meet.
-#include <arpa/inet.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_bcube.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -12,9 +11,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-#include <netdb.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -50,29 +47,6 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   }
   std::shared_ptr<tributary::Store> store_;
 };
-
-// The address of this host that reaches `coordinator` (no packet is sent: a UDP connect only picks
-// the route), or loopback when there is no coordinator to reach.
-std::string local_address_towards(const std::string& coordinator) {
-  if (coordinator.empty() || coordinator == "localhost") return "127.0.0.1";
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(coordinator.c_str(), "9", &hints, &found) != 0 || !found) return "127.0.0.1";
-  std::string result = "127.0.0.1";
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in local{};
-  socklen_t len = sizeof local;
-  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-    char text[INET_ADDRSTRLEN];
-    if (inet_ntop(AF_INET, &local.sin_addr, text, sizeof text)) result = text;
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(found);
-  return result;
-}
 
 enum class Algo { kRing, kRingChunked, kHalvingDoubling, kBcube, kUnboundRing, kAuto };
 
@@ -224,7 +198,7 @@ StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
     // Gloo's writes to a peer that has died raise SIGPIPE; as in the gloo backend, fail instead.
     signal(SIGPIPE, SIG_IGN);
     gloo::transport::tcp::attr attr;
-    attr.hostname = local_address_towards(context.coordinator_host);
+    attr.hostname = internal::local_address_towards(context.coordinator_host);
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(context.rank, context.world_size);
     ctx->setTimeout(std::chrono::milliseconds(60000));

@@ -201,7 +201,8 @@ StatusOr<std::unique_ptr<Line>> reference_line(const BackendSpec& spec,
   if (spec.name == "yardstick") return yardstick(spec, context, dtype, op);
   if (spec.name == "gloo") return internal::gloo_reference(spec, context, dtype, op);
   if (spec.name == "nccl") return internal::nccl_reference(spec, context, dtype, op);
-  return invalid_argument("unknown reference '" + spec.name + "' (yardstick, gloo, nccl)");
+  if (spec.name == "tcp") return internal::tcp_reference(spec, context);
+  return invalid_argument("unknown reference '" + spec.name + "' (yardstick, gloo, nccl, tcp)");
 }
 
 std::vector<std::string> default_references(int world_size, bool gpus) {

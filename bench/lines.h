@@ -16,6 +16,18 @@
 //                      ring_chunked from there), mode=async|sync (Gloo's pairs; default async, as
 //                      the gloo backend's).
 //
+//   tcp-direct         (several processes, one replica each) not an all-reduce: plain sockets
+//                      between the same ranks (rank r to r+1, as ring's links), moving what a
+//                      ring all-reduce moves through each rank's link, 2(n-1)/n of the message
+//                      each way at once, with no reduction, by one thread with non-blocking
+//                      sockets and poll(). Option buffers=cache (default: from and into 1 MiB
+//                      buffers that stay in the caches, as --ceiling's loopback figure) or
+//                      buffers=message (the message's own buffers: the memory traffic an
+//                      all-reduce cannot avoid is in the bound too). The link's bound at each
+//                      size, measured beside the lines it bounds (--ceiling's figure is one
+//                      measurement before them all). Its busbw is the bytes each way per second;
+//                      #wrong is N/A (nothing is reduced).
+//
 //   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device buffers, with
 //                      its own communicators (ncclCommInitAll in one process; the unique id through
 //                      the store across processes) and streams, timed as nccl-tests times: every
@@ -40,6 +52,9 @@ class Line {
   // The resolved spec, every option: "ring:...", "yardstick:threads=2", "gloo-direct:...".
   virtual std::string spec() const = 0;
   virtual bool reference() const = 0;
+  // False for a line that moves an all-reduce's bytes without reducing them (tcp-direct): its
+  // results are not checked.
+  virtual bool all_reduces() const { return true; }
   virtual int num_replicas_in_sync() const = 0;
   // Runs the all-reduce to completion, or fails within `timeout` (a backend: within its own).
   virtual Status all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
@@ -78,6 +93,22 @@ bool gloo_reference_built();
 std::vector<std::string> default_references(int world_size, bool gpus = false);
 
 namespace internal {
+// The direct TCP line (any build).
+StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
+                                              const BackendContext& context);
+// One end of tcp-direct's traffic: sends `total` bytes on `out` from `from` (cycling over `span`
+// bytes) while it receives `total` bytes on `in` into `into` (the same), in calls of at most 1 MiB
+// from one thread (non-blocking sockets, poll() when neither way moves); `out` may equal `in`.
+struct TcpExchange {
+  int out = -1, in = -1;
+  const std::byte* from = nullptr;
+  std::byte* into = nullptr;
+  size_t span = 0, total = 0;
+};
+Status tcp_exchange(const TcpExchange& x, std::chrono::milliseconds timeout);
+// The IPv4 address of this host that reaches `coordinator` (a UDP connect picks the route and
+// sends nothing), or loopback when there is none to reach.
+std::string local_address_towards(const std::string& coordinator);
 // Built only with Gloo; returns an error naming the missing piece otherwise.
 StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
                                                const BackendContext& context, DType dtype,
