@@ -220,7 +220,11 @@ StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
 
   // The connection to `peer`: the higher rank connects (and says who it is), the lower accepts.
   auto connect_to = [&](int peer) -> StatusOr<Fd> {
-    TRIBUTARY_ASSIGN_OR_RETURN(std::string where, context.store->get(prefix + std::to_string(peer)));
+    const auto left = std::max(Clock::duration::zero(), deadline - Clock::now());
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        std::string where,
+        context.store->get(prefix + std::to_string(peer),
+                           std::chrono::duration_cast<Store::Duration>(left)));
     const size_t colon = where.rfind(':');
     sockaddr_in to{};
     to.sin_family = AF_INET;
