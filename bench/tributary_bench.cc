@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -133,13 +134,13 @@ double loopback_tcp_trial(Drive drive, size_t total) {
   };
   std::vector<std::byte> out_a(kChunk, std::byte{1}), out_b(kChunk, std::byte{1});
   std::vector<std::byte> in_a(kChunk), in_b(kChunk);
-  bool exchanged = true;
+  std::atomic<bool> exchanged{true};
   auto both_ways = [&](int fd, const std::vector<std::byte>& from, std::vector<std::byte>& into) {
     if (!internal::tcp_exchange({.out = fd, .in = fd, .from = from.data(), .into = into.data(),
                                  .span = kChunk, .total = total},
                                 std::chrono::seconds(10))
              .ok()) {
-      exchanged = false;
+      exchanged.store(false);
     }
   };
   auto start = Clock::now();
@@ -157,7 +158,7 @@ double loopback_tcp_trial(Drive drive, size_t total) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   close(a);
   close(b);
-  return exchanged ? static_cast<double>(total) / seconds / 1e9 : 0;
+  return exchanged.load() ? static_cast<double>(total) / seconds / 1e9 : 0;
 }
 
 // Loopback TCP throughput each way with both directions busy, as a 2-rank ring uses a link: the
@@ -165,8 +166,8 @@ double loopback_tcp_trial(Drive drive, size_t total) {
 // first trial after a pause read 0.8-1.0 GB/s and the next ones 2.4-3.9, either way of driving the
 // connection, while ring's 256 MiB all-reduce moved 1.9-2.8 GB/s each way: a single trial was a
 // bound that the backends beat, which bounds nothing, so the best trial counts. One thread per end
-// (as each rank of a ring has) moved 4.1-5.9 GB/s there where four threads moved 3.6-4.1, so that
-// way is tried too.
+// (as each rank of a ring has) is tried too: with only the four-thread ways this figure read 3.3-4.1
+// GB/s within the hour in which tcp-direct (lines.h) moved 4.0-5.9 between two processes.
 double measure_loopback_tcp_gbps() {
   double best = 0;
   for (int trial = 0; trial < 3; ++trial) {
