@@ -211,7 +211,7 @@ class Parser {
          "a line that does the same work without tributary: yardstick[:threads=N] (one process: a "
          "plain threaded sum), gloo[:algorithm=A,mode=M] (processes: Gloo called directly), "
          "nccl (GPUs: NCCL called directly), tcp (processes, one replica each: plain sockets "
-         "moving a ring all-reduce's link traffic, no reduction: the link's bound at each size); "
+         "moving a ring all-reduce's link traffic, no reduction: what the link alone moves); "
          "repeat for several; 'none' for none. Default when no "
          "--backend is named: the one that suits the layout");
   }

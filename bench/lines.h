@@ -23,9 +23,9 @@
 //                      sockets and poll(). Option buffers=cache (default: from and into 1 MiB
 //                      buffers that stay in the caches, as --ceiling's loopback figure) or
 //                      buffers=message (the message's own buffers: the memory traffic an
-//                      all-reduce cannot avoid is in the bound too). The link's bound at each
-//                      size, measured beside the lines it bounds (--ceiling's figure is one
-//                      measurement before them all). Its busbw is the bytes each way per second;
+//                      all-reduce cannot avoid is in the figure too). What the link alone
+//                      moves at each size, measured beside the lines (--ceiling's loopback
+//                      figure is one measurement before them all). Its busbw is the bytes each way per second;
 //                      #wrong is N/A (nothing is reduced).
 //
 //   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device buffers, with
@@ -106,6 +106,9 @@ struct TcpExchange {
   size_t span = 0, total = 0;
 };
 Status tcp_exchange(const TcpExchange& x, std::chrono::milliseconds timeout);
+// What a ring all-reduce of `bytes` among n ranks moves through each rank's link, each way:
+// 2(n-1)/n of the message (reduce-scatter, then all-gather), whole blocks of bytes / n.
+size_t ring_link_bytes(size_t bytes, int n);
 // The IPv4 address of this host that reaches `coordinator` (a UDP connect picks the route and
 // sends nothing), or loopback when there is none to reach.
 std::string local_address_towards(const std::string& coordinator);

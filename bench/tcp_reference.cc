@@ -6,17 +6,19 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "bench/lines.h"
-#include "tributary/store.h"
 #include "tools/fd.h"
 #include "transports/tcp/congestion.h"
+#include "tributary/store.h"
 
 namespace tributary::bench {
 namespace {
@@ -36,7 +38,8 @@ void tune(int fd) {
 
 bool wait_fd(int fd, short events, Clock::time_point deadline) {
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd, events, 0};
     const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
@@ -68,8 +71,7 @@ class TcpReference final : public Line {
   Status all_reduce(ReduceOp, const PerReplica<Tensor>& inputs, const PerReplica<Tensor>& outputs,
                     std::chrono::milliseconds timeout) override {
     const size_t bytes = inputs[0].nbytes();
-    const size_t n = static_cast<size_t>(world_size_);
-    const size_t total = 2 * (n - 1) * (bytes / n);
+    const size_t total = internal::ring_link_bytes(bytes, world_size_);
     // Where the bytes come from and go to: the 1 MiB buffers, or the message's own (a ring reads
     // its input and writes its output through memory).
     const std::byte* from = send_buf_.data();
@@ -81,9 +83,9 @@ class TcpReference final : public Line {
       span = bytes;
     }
     const int in = prev_.get() >= 0 ? prev_.get() : next_.get();  // two ranks: one connection
-    return internal::tcp_exchange({.out = next_.get(), .in = in, .from = from, .into = into,
-                                   .span = span, .total = total},
-                                  timeout);
+    return internal::tcp_exchange(
+        {.out = next_.get(), .in = in, .from = from, .into = into, .span = span, .total = total},
+        timeout);
   }
 
  private:
@@ -141,7 +143,8 @@ Status tcp_exchange(const TcpExchange& x, std::chrono::milliseconds timeout) {
       if (out_events) p[np++] = {x.out, out_events, 0};
       if (in_events) p[np++] = {x.in, in_events, 0};
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       return deadline_exceeded("tcp-direct: " + std::to_string(sent) + " of " +
                                std::to_string(x.total) + " bytes sent and " + std::to_string(got) +
@@ -177,31 +180,26 @@ std::string local_address_towards(const std::string& coordinator) {
   return result;
 }
 
-StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
-                                              const BackendContext& context) {
-  bool message_buffers = false;
-  for (const auto& [key, value] : spec.options) {
-    if (key != "buffers") return invalid_argument("unknown option '" + key + "' (buffers)");
-    if (value != "cache" && value != "message") {
-      return invalid_argument("buffers is cache or message, not '" + value + "'");
-    }
-    message_buffers = value == "message";
-  }
-  if (context.world_size < 2 || !context.store) {
-    return invalid_argument("it is for several processes (--np N, N >= 2)");
-  }
-  if (context.devices.size() != 1) {
-    return invalid_argument("it is for one replica per process (--replicas 1): it moves what "
-                            "the processes' ring moves, and local replicas are reduced before it");
-  }
+size_t ring_link_bytes(size_t bytes, int n) {
+  if (n < 2) return 0;
+  const size_t ranks = static_cast<size_t>(n);
+  return 2 * (ranks - 1) * (bytes / ranks);
+}
+
+namespace {
+
+struct Links {
+  Fd to_next, from_prev;  // from_prev is empty with two ranks (to_next carries both ways)
+};
+
+// This rank's connections to its ring neighbours, within `deadline`: every rank listens and
+// publishes "host:port" under `prefix`; of each pair, the higher rank connects and sends its rank
+// (4 bytes), the lower accepts. A connect never waits for the accepting side (the listen backlog
+// takes it), so the order of the two links does not matter.
+StatusOr<Links> connect_ring(const BackendContext& context, const std::string& prefix,
+                             Clock::time_point deadline) {
   const int rank = context.rank, n = context.world_size;
   const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
-  // Every rank creates its references in the same order, so the n-th one meets under the same
-  // keys everywhere.
-  static int instance = 0;
-  const std::string prefix = "bench/tcp-direct/" + std::to_string(instance++) + "/";
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-
   const std::string host = local_address_towards(context.coordinator_host);
   Fd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in sa{};
@@ -215,25 +213,34 @@ StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
   if (getsockname(listener.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
     return unavailable(errno_text("tcp-direct: getsockname"));
   }
-  TRIBUTARY_RETURN_IF_ERROR(context.store->set(
-      prefix + std::to_string(rank), host + ":" + std::to_string(ntohs(sa.sin_port))));
+  TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + std::to_string(rank),
+                                               host + ":" + std::to_string(ntohs(sa.sin_port))));
+  auto left = [&] {
+    return std::chrono::duration_cast<Store::Duration>(
+        std::max(Clock::duration::zero(), deadline - Clock::now()));
+  };
 
-  // The connection to `peer`: the higher rank connects (and says who it is), the lower accepts.
   auto connect_to = [&](int peer) -> StatusOr<Fd> {
-    const auto left = std::max(Clock::duration::zero(), deadline - Clock::now());
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        std::string where,
-        context.store->get(prefix + std::to_string(peer),
-                           std::chrono::duration_cast<Store::Duration>(left)));
+    TRIBUTARY_ASSIGN_OR_RETURN(std::string where,
+                               context.store->get(prefix + std::to_string(peer), left()));
     const size_t colon = where.rfind(':');
     sockaddr_in to{};
     to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
-    inet_pton(AF_INET, where.substr(0, colon).c_str(), &to.sin_addr);
+    if (colon == std::string::npos ||
+        inet_pton(AF_INET, where.substr(0, colon).c_str(), &to.sin_addr) != 1) {
+      return invalid_argument("tcp-direct: rank " + std::to_string(peer) + " published '" + where +
+                              "', not host:port");
+    }
+    to.sin_port =
+        htons(static_cast<uint16_t>(std::strtoul(where.c_str() + colon + 1, nullptr, 10)));
     Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    // Linux bounds connect() by the send timeout too: within the deadline.
+    const auto ms = std::max<int64_t>(1, left().count());
+    timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+    if (fd.get() >= 0) (void)setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (fd.get() < 0 || ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-      return unavailable(errno_text(("tcp-direct: connecting to rank " + std::to_string(peer) +
-                                     " at " + where).c_str()));
+      return unavailable(errno_text(
+          ("tcp-direct: connecting to rank " + std::to_string(peer) + " at " + where).c_str()));
     }
     const int32_t me = rank;
     if (::send(fd.get(), &me, sizeof me, MSG_NOSIGNAL) != sizeof me) {
@@ -250,8 +257,12 @@ StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
                                  " did not connect within 60 s");
       }
       Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (fd.get() < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return unavailable(errno_text("tcp-direct: accept"));
+      }
       int32_t who = -1;
-      if (fd.get() < 0 || !wait_fd(fd.get(), POLLIN, deadline) ||
+      if (!wait_fd(fd.get(), POLLIN, deadline) ||
           ::recv(fd.get(), &who, sizeof who, MSG_WAITALL) != sizeof who || who < 0 || who >= n) {
         continue;  // not one of ours
       }
@@ -265,14 +276,60 @@ StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
     TRIBUTARY_RETURN_IF_ERROR(accept_from(peer));
     return std::move(accepted[static_cast<size_t>(peer)]);
   };
-  // A connect never waits for the accepting side (the listen backlog takes it), so the order of
-  // the two links does not matter. Two ranks share one connection, both ways.
-  Fd to_next, from_prev;
-  TRIBUTARY_ASSIGN_OR_RETURN(to_next, link(next));
+  Links links;
+  TRIBUTARY_ASSIGN_OR_RETURN(links.to_next, link(next));
   if (n > 2) {
-    TRIBUTARY_ASSIGN_OR_RETURN(from_prev, link(prev));
+    TRIBUTARY_ASSIGN_OR_RETURN(links.from_prev, link(prev));
   }
-  return std::unique_ptr<Line>(new TcpReference(n, message_buffers, std::move(to_next), std::move(from_prev)));
+  return links;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
+                                              const BackendContext& context) {
+  bool message_buffers = false;
+  for (const auto& [key, value] : spec.options) {
+    if (key != "buffers") return invalid_argument("unknown option '" + key + "' (buffers)");
+    if (value != "cache" && value != "message") {
+      return invalid_argument("buffers is cache or message, not '" + value + "'");
+    }
+    message_buffers = value == "message";
+  }
+  if (context.world_size < 2 || !context.store) {
+    return invalid_argument("it is for several processes (--np N, N >= 2)");
+  }
+  if (context.devices.size() != 1) {
+    return invalid_argument(
+        "it is for one replica per process (--replicas 1): it moves what "
+        "the processes' ring moves, and local replicas are reduced before it");
+  }
+  if (!context.devices[0].is_cpu()) {
+    return invalid_argument("it moves host memory, not " + context.devices[0].to_string());
+  }
+  // Every rank creates its references in the same order, so the n-th one meets under the same
+  // keys everywhere.
+  static int instance = 0;
+  const std::string prefix = "bench/tcp-direct/" + std::to_string(instance++) + "/";
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  StatusOr<Links> links = connect_ring(context, prefix, deadline);
+  // Every rank runs the line or none does: each says how its setup went, and a rank that failed
+  // (or said nothing within the deadline) makes every rank skip it, naming that rank.
+  const std::string mine = links.ok() ? "ok" : links.status().message();
+  TRIBUTARY_RETURN_IF_ERROR(
+      context.store->set(prefix + "ready/" + std::to_string(context.rank), mine));
+  for (int r = 0; r < context.world_size; ++r) {
+    const auto left = std::chrono::duration_cast<Store::Duration>(
+        std::max(Clock::duration::zero(), deadline + std::chrono::seconds(5) - Clock::now()));
+    StatusOr<std::string> theirs = context.store->get(prefix + "ready/" + std::to_string(r), left);
+    if (!theirs.ok()) {
+      return unavailable("rank " + std::to_string(r) +
+                         " did not finish its setup: " + theirs.status().message());
+    }
+    if (*theirs != "ok") return unavailable("rank " + std::to_string(r) + ": " + *theirs);
+  }
+  return std::unique_ptr<Line>(new TcpReference(
+      context.world_size, message_buffers, std::move(links->to_next), std::move(links->from_prev)));
 }
 
 }  // namespace internal

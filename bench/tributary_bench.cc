@@ -166,8 +166,9 @@ double loopback_tcp_trial(Drive drive, size_t total) {
 // first trial after a pause read 0.8-1.0 GB/s and the next ones 2.4-3.9, either way of driving the
 // connection, while ring's 256 MiB all-reduce moved 1.9-2.8 GB/s each way: a single trial was a
 // bound that the backends beat, which bounds nothing, so the best trial counts. One thread per end
-// (as each rank of a ring has) is tried too: with only the four-thread ways this figure read 3.3-4.1
-// GB/s within the hour in which tcp-direct (lines.h) moved 4.0-5.9 between two processes.
+// doing both (as tcp-direct drives a rank's link, lines.h) is tried too: with only the four-thread
+// ways this figure read 3.3-3.9 GB/s within the hour in which tcp-direct moved 4.0-5.9 between two
+// processes.
 double measure_loopback_tcp_gbps() {
   double best = 0;
   for (int trial = 0; trial < 3; ++trial) {

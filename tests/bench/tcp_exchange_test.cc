@@ -1,0 +1,153 @@
+// tributary-bench's direct TCP line: what its exchange moves (bench/lines.h), over real sockets.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+#include "bench/lines.h"
+
+namespace tributary::bench {
+namespace {
+
+using internal::ring_link_bytes;
+using internal::tcp_exchange;
+using internal::TcpExchange;
+
+TEST(RingLinkBytes, IsTwiceNMinusOneOverNOfTheMessageInWholeBlocks) {
+  EXPECT_EQ(ring_link_bytes(1 << 20, 2), size_t{1} << 20);   // 2 ranks: the message
+  EXPECT_EQ(ring_link_bytes(1 << 20, 4), size_t{3} << 19);   // 4 ranks: 1.5x
+  EXPECT_EQ(ring_link_bytes(1000, 3), size_t{2} * 2 * 333);  // whole blocks of 333
+  EXPECT_EQ(ring_link_bytes(1 << 20, 1), 0u);                // no link
+  EXPECT_EQ(ring_link_bytes(0, 8), 0u);
+}
+
+// A connected pair of stream sockets (both ends in this process).
+struct Pair {
+  int fd[2] = {-1, -1};
+  Pair() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fd), 0); }
+  ~Pair() {
+    for (int f : fd)
+      if (f >= 0) ::close(f);
+  }
+};
+
+std::vector<std::byte> pattern(size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::byte>((i * 7 + static_cast<size_t>(seed)) % 251);
+  return v;
+}
+
+// Nothing is left on the socket: the peer sent exactly what this end took.
+bool drained(int fd) {
+  std::byte b;
+  return ::recv(fd, &b, 1, MSG_DONTWAIT) < 0;
+}
+
+// Both ends exchange `total` bytes at once over one connection (as two ranks do), cycling over a
+// `span`-byte buffer that the total does not divide: each end receives exactly `total` bytes, the
+// peer's pattern, and nothing more.
+TEST(TcpExchange, MovesExactlyTotalBothWaysOverOneConnection) {
+  Pair p;
+  const size_t span = 3001, total = 5 * span + 123;  // larger than the socket buffers
+  std::vector<std::byte> from_a = pattern(span, 1), from_b = pattern(span, 2);
+  std::vector<std::byte> into_a(span), into_b(span);
+  Status sb;
+  std::thread b([&] {
+    sb = tcp_exchange({.out = p.fd[1],
+                       .in = p.fd[1],
+                       .from = from_b.data(),
+                       .into = into_b.data(),
+                       .span = span,
+                       .total = total},
+                      std::chrono::seconds(10));
+  });
+  Status sa = tcp_exchange({.out = p.fd[0],
+                            .in = p.fd[0],
+                            .from = from_a.data(),
+                            .into = into_a.data(),
+                            .span = span,
+                            .total = total},
+                           std::chrono::seconds(10));
+  b.join();
+  ASSERT_TRUE(sa.ok()) << sa.to_string();
+  ASSERT_TRUE(sb.ok()) << sb.to_string();
+  EXPECT_EQ(into_a, from_b);  // every position written, with the byte sent from it
+  EXPECT_EQ(into_b, from_a);
+  EXPECT_TRUE(drained(p.fd[0]));
+  EXPECT_TRUE(drained(p.fd[1]));
+}
+
+// Three ranks in a ring, each sending to the next and receiving from the previous on separate
+// connections (tcp-direct with n > 2).
+TEST(TcpExchange, MovesExactlyTotalRoundARingOfThree) {
+  Pair link[3];  // link[r]: fd[0] is rank r's end towards r+1, fd[1] rank r+1's end from r
+  const size_t span = 1 << 16, total = (size_t{4} << 20) + 17;
+  std::vector<std::vector<std::byte>> from, into;
+  for (int r = 0; r < 3; ++r) {
+    from.push_back(pattern(span, r + 1));
+    into.emplace_back(span);
+  }
+  Status st[3];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      st[r] = tcp_exchange({.out = link[r].fd[0],
+                            .in = link[(r + 2) % 3].fd[1],
+                            .from = from[static_cast<size_t>(r)].data(),
+                            .into = into[static_cast<size_t>(r)].data(),
+                            .span = span,
+                            .total = total},
+                           std::chrono::seconds(10));
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+    EXPECT_EQ(into[static_cast<size_t>(r)], from[static_cast<size_t>((r + 2) % 3)]) << r;
+    EXPECT_TRUE(drained(link[(r + 2) % 3].fd[1])) << r;
+  }
+}
+
+// A peer that never sends: the exchange ends at its timeout with an error saying how far it got,
+// never waiting longer.
+TEST(TcpExchange, ASilentPeerEndsAtTheTimeout) {
+  Pair p;
+  std::vector<std::byte> from = pattern(4096, 1), into(4096);
+  const auto start = std::chrono::steady_clock::now();
+  Status s = tcp_exchange({.out = p.fd[0],
+                           .in = p.fd[0],
+                           .from = from.data(),
+                           .into = into.data(),
+                           .span = 4096,
+                           .total = 4096},
+                          std::chrono::milliseconds(200));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.to_string();
+  EXPECT_NE(s.message().find("4096 of 4096 bytes sent and 0 received"), std::string::npos)
+      << s.to_string();
+  EXPECT_LT(took, std::chrono::seconds(5));
+}
+
+// A peer that closes: an error naming it, at once.
+TEST(TcpExchange, APeerThatClosesIsAnError) {
+  Pair p;
+  ::close(p.fd[1]);
+  p.fd[1] = -1;
+  std::vector<std::byte> from = pattern(4096, 1), into(4096);
+  Status s = tcp_exchange({.out = p.fd[0],
+                           .in = p.fd[0],
+                           .from = from.data(),
+                           .into = into.data(),
+                           .span = 4096,
+                           .total = 1 << 20},
+                          std::chrono::seconds(10));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+}
+
+}  // namespace
+}  // namespace tributary::bench
