@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/lines.h"
+#include "tributary/store.h"
 
 namespace tributary::bench {
 namespace {
@@ -200,6 +201,16 @@ class Runner::Impl {
     return specs;
   }
 
+  // Whether every rank made the reference line that this rank made with `mine`
+  // (internal::outcome_everywhere): lines are made in the same order on every rank, so the n-th
+  // call meets under the same key everywhere.
+  Status made_everywhere(const Status& mine) {
+    if (ctx_.world_size == 1 || !ctx_.store) return mine;
+    return internal::outcome_everywhere(
+        *ctx_.store, "bench/reference/" + std::to_string(references_made_++) + "/", ctx_.rank,
+        ctx_.world_size, mine);
+  }
+
   // Creates one line; `why` receives, per pair, why it cannot run there (empty where it can).
   Slot make_slot(const BackendRegistry& registry, const std::string& spec, bool reference,
                  BackendResult* result, std::vector<std::string>* why) {
@@ -211,6 +222,7 @@ class Runner::Impl {
       for (size_t p = 0; p < pairs_.size(); ++p) {
         auto made = parsed.ok() ? reference_line(*parsed, ctx_, pairs_[p].dtype, pairs_[p].op)
                                 : StatusOr<std::unique_ptr<Line>>(parsed.status());
+        if (Status all = made_everywhere(made.status()); !all.ok()) made = all;
         if (made.ok()) {
           result->spec = (*made)->spec();
           slot.per_pair.push_back(std::move(made).value());
@@ -468,7 +480,26 @@ class Runner::Impl {
   std::unique_ptr<CrossDeviceOps> agreement_owned_;
   std::chrono::nanoseconds timeout_ = std::chrono::minutes(5);
   std::vector<Replica> replicas_;
+  uint64_t references_made_ = 0;  // made_everywhere's calls, for its store keys
 };
+
+namespace internal {
+
+Status outcome_everywhere(Store& store, const std::string& prefix, int rank, int world_size,
+                          const Status& mine) {
+  TRIBUTARY_RETURN_IF_ERROR(
+      store.set(prefix + std::to_string(rank), mine.ok() ? "" : mine.message()));
+  if (!mine.ok()) return mine;
+  for (int r = 0; r < world_size; ++r) {
+    if (r == rank) continue;
+    StatusOr<std::string> theirs = store.get(prefix + std::to_string(r));
+    if (!theirs.ok()) return theirs.status().with_context("rank " + std::to_string(r));
+    if (!theirs->empty()) return unavailable("rank " + std::to_string(r) + ": " + *theirs);
+  }
+  return Status();
+}
+
+}  // namespace internal
 
 Runner::Runner(const BenchOptions& o) : impl_(std::make_unique<Impl>(o)) {}
 Runner::~Runner() = default;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bench/bench_options.h"
@@ -39,6 +40,17 @@ bool first_rank();
 // Runs `tool` (this executable) again as `np` ranks under tributary-run, found next to it; returns
 // only on failure, with the exit code after printing why.
 int relaunch(const char* tool, int np, const std::string& bind_to, int argc, char** argv);
+namespace internal {
+// One outcome for all ranks: this rank publishes `mine` under prefix + rank (empty when OK, else
+// its message) and, when it succeeded, reads every other rank's (waiting up to the store's
+// timeout); the result is `mine` when it failed, else the first failure of another rank in rank
+// order, named ("rank 2: ..."), else OK. The benchmark's reference lines use it so that a line set
+// up on some ranks only (a rendezvous that failed on one) is skipped everywhere rather than waited
+// for at every call until the timeout.
+Status outcome_everywhere(Store& store, const std::string& prefix, int rank, int world_size,
+                          const Status& mine);
+}  // namespace internal
+
 // Prints "<tool>: message" on stderr and returns `code`.
 int fail(const char* tool, const std::string& message, int code);
 

@@ -312,24 +312,10 @@ StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
   static int instance = 0;
   const std::string prefix = "bench/tcp-direct/" + std::to_string(instance++) + "/";
   const auto deadline = Clock::now() + std::chrono::seconds(60);
-  StatusOr<Links> links = connect_ring(context, prefix, deadline);
-  // Every rank runs the line or none does: each says how its setup went, and a rank that failed
-  // (or said nothing within the deadline) makes every rank skip it, naming that rank.
-  const std::string mine = links.ok() ? "ok" : links.status().message();
-  TRIBUTARY_RETURN_IF_ERROR(
-      context.store->set(prefix + "ready/" + std::to_string(context.rank), mine));
-  for (int r = 0; r < context.world_size; ++r) {
-    const auto left = std::chrono::duration_cast<Store::Duration>(
-        std::max(Clock::duration::zero(), deadline + std::chrono::seconds(5) - Clock::now()));
-    StatusOr<std::string> theirs = context.store->get(prefix + "ready/" + std::to_string(r), left);
-    if (!theirs.ok()) {
-      return unavailable("rank " + std::to_string(r) +
-                         " did not finish its setup: " + theirs.status().message());
-    }
-    if (*theirs != "ok") return unavailable("rank " + std::to_string(r) + ": " + *theirs);
-  }
+  TRIBUTARY_ASSIGN_OR_RETURN(Links links, connect_ring(context, prefix, deadline));
+  // (The runner checks that every rank made the line: Runner's made_everywhere.)
   return std::unique_ptr<Line>(new TcpReference(
-      context.world_size, message_buffers, std::move(links->to_next), std::move(links->from_prev)));
+      context.world_size, message_buffers, std::move(links.to_next), std::move(links.from_prev)));
 }
 
 }  // namespace internal

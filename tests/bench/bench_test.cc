@@ -1,4 +1,5 @@
-// tributary-bench's direct TCP line: what its exchange moves (bench/lines.h), over real sockets.
+// tributary-bench's logic that needs no run of the tool: the direct TCP line's exchange
+// (bench/lines.h), over real sockets, and how the ranks agree on a reference line (runner.h).
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "bench/lines.h"
+#include "bench/runner.h"
+#include "tributary/store.h"
 
 namespace tributary::bench {
 namespace {
@@ -147,6 +150,42 @@ TEST(TcpExchange, APeerThatClosesIsAnError) {
                            .total = 1 << 20},
                           std::chrono::seconds(10));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+}
+
+// Ranks as threads over one store: a line made on every rank runs; one that failed on rank 1 only
+// is skipped on every rank, each saying which rank and why (its own reason on rank 1).
+TEST(OutcomeEverywhere, OneRanksFailureIsEveryRanks) {
+  MemoryStore store;
+  constexpr int kRanks = 3;
+  auto run = [&](const std::string& prefix, int failing) {
+    std::vector<Status> out(kRanks);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kRanks; ++r) {
+      ranks.emplace_back([&, r] {
+        const Status mine = r == failing ? unavailable("no route to rank 2") : Status();
+        out[static_cast<size_t>(r)] = internal::outcome_everywhere(store, prefix, r, kRanks, mine);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    return out;
+  };
+  for (const Status& s : run("all/", -1)) EXPECT_TRUE(s.ok()) << s.to_string();
+  std::vector<Status> one = run("one/", 1);
+  EXPECT_EQ(one[1].message(), "no route to rank 2");
+  for (int r : {0, 2}) {
+    EXPECT_EQ(one[static_cast<size_t>(r)].code(), StatusCode::kUnavailable);
+    EXPECT_EQ(one[static_cast<size_t>(r)].message(), "rank 1: no route to rank 2");
+  }
+}
+
+// A rank that never says: the others end at the store's timeout with an error, never hang.
+TEST(OutcomeEverywhere, ASilentRankEndsAtTheStoresTimeout) {
+  StoreOptions options;
+  options.timeout = std::chrono::milliseconds(200);
+  MemoryStore store(options);
+  Status s = internal::outcome_everywhere(store, "silent/", 0, 2, Status());
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.to_string();
 }
 
 }  // namespace
