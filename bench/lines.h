@@ -20,13 +20,13 @@
 //                      between the same ranks (rank r to r+1, as ring's links), moving what a
 //                      ring all-reduce moves through each rank's link, 2(n-1)/n of the message
 //                      each way at once, with no reduction, by one thread with non-blocking
-//                      sockets and poll(). Option buffers=cache (default: from and into 1 MiB
+//                      calls and poll(). Option buffers=cache (default: from and into 1 MiB
 //                      buffers that stay in the caches, as --ceiling's loopback figure) or
 //                      buffers=message (the message's own buffers: the memory traffic an
 //                      all-reduce cannot avoid is in the figure too). What the link alone
 //                      moves at each size, measured beside the lines (--ceiling's loopback
-//                      figure is one measurement before them all). Its busbw is the bytes each way per second;
-//                      #wrong is N/A (nothing is reduced).
+//                      figure is one measurement before them all). Its busbw is the bytes each
+//                      way per second; #wrong is N/A (nothing is reduced).
 //
 //   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device buffers, with
 //                      its own communicators (ncclCommInitAll in one process; the unique id through
