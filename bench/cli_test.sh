@@ -69,6 +69,8 @@ case "$case_name" in
     # -c 0: nothing is checked; #wrong is N/A as nccl-tests prints it.
     run -c 0 -b 8 -e 1K -f 4 -n 2 -w 1 --backend reduction_to_one_device
     grep -q 'validation: 0' "$tmp/out" || fail "the parameter line does not say validation: 0"
+    [ "$(rows | awk '{print $1}' | tr '\n' ,)" = "8,32,128,512," ] ||
+      fail "not a row for each of 8, 32, 128 and 512 bytes"
     rows | awk '$9 != "N/A" || $13 != "N/A" { bad = 1 } END { exit bad }' ||
       fail "a row was checked"
     ;;

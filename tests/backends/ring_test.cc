@@ -3,6 +3,11 @@
 // paths are in tests/multiprocess/fault_test.cc.
 #include "tests/multiprocess/conformance.h"
 
+// What the suite expects ring to run, rather than what ring says it runs.
+TEST(RingCapabilities, EveryCollectiveOpAndDtypeOnCpu) {
+  tributary::testing::expect_every_cpu_capability("ring");
+}
+
 // Every process here is on one host: "ring" goes through shared memory, intra_host=net through TCP.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4KiB");

@@ -153,11 +153,13 @@ TEST(UcxSecurity, MismatchedSizesWithTheMacAreAMismatchOnBothPaths) {
       const int64_t count = (rank == 1) == small_sender ? 1024 : int64_t{1} << 18;
       std::vector<float> x(static_cast<size_t>(count), 1.0f);
       const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(x.data()), x.size() * 4);
+      const auto start = std::chrono::steady_clock::now();
       auto r = rank == 1 ? (*t)->isend(0, tag_of(0, count), bytes)
                          : (*t)->irecv(1, tag_of(0, count), bytes);
-      const Status s =
-          r.ok() ? (*t)->wait(*r, std::chrono::steady_clock::now() + 15s) : r.status();
-      write_note(dir, rank, s.to_string());
+      const Status s = r.ok() ? (*t)->wait(*r, start + 15s) : r.status();
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      write_note(dir, rank, s.to_string() + "\nseconds=" + std::to_string(took));
       if (rank == 1) linger_until_noted(dir);
       return s.ok() ? kChildOk : kChildSawError;
     });
@@ -165,6 +167,11 @@ TEST(UcxSecurity, MismatchedSizesWithTheMacAreAMismatchOnBothPaths) {
     EXPECT_EQ(g.children[0].exit_code, kChildSawError) << read_note(dir, 0);
     EXPECT_NE(read_note(dir, 0).find("collective mismatch"), std::string::npos)
         << read_note(dir, 0);
+    // Found when the message arrives, not at the wait's 15 s deadline.
+    const std::string note = read_note(dir, 0);
+    const size_t at = note.find("seconds=");
+    ASSERT_NE(at, std::string::npos) << note;
+    EXPECT_LT(std::stod(note.substr(at + 8)), 5.0) << note;
   }
 }
 
@@ -192,6 +199,11 @@ TEST(UcxSetup, UnknownTransportsAndDevicesAreErrorsNamingThem) {
 
 }  // namespace
 }  // namespace tributary::testing
+
+// What the suite expects ucx to run, rather than what ucx says it runs.
+TEST(UcxCapabilities, EveryCollectiveOpAndDtypeOnCpu) {
+  tributary::testing::expect_every_cpu_capability("ucx");
+}
 
 // The multi-process conformance suite (every collective x op x dtype, world sizes 1 to 5) over
 // UCX's shared memory and TCP transports, and with every message authenticated (a MAC inline up to

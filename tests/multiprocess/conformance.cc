@@ -589,4 +589,31 @@ TEST_P(MultiHostFaults, KilledRankOnAnotherHostFailsEverySurvivorNamingIt) {
   }
 }
 
+void expect_every_cpu_capability(const std::string& spec) {
+  const BackendRegistry registry = builtin_backends();  // find() points into it: keep it alive
+  const std::string name = spec.substr(0, spec.find(':'));
+  const BackendInfo* info = registry.find(name);
+  if (info == nullptr) GTEST_SKIP() << "backend '" << name << "' is not built into this tributary";
+  BackendContext ctx;
+  auto made = registry.create(spec, ctx);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  for (const Capabilities* caps : {&info->capabilities, &(*made)->capabilities()}) {
+    const char* whose = caps == &info->capabilities ? "registered" : "instance";
+    EXPECT_TRUE(caps->supports(DeviceType::kCpu)) << whose << ": " << caps->to_string();
+    EXPECT_TRUE(caps->multi_process) << whose << ": " << caps->to_string();
+    for (DType t : all_dtypes()) {
+      EXPECT_TRUE(caps->supports(t))
+          << whose << ": " << dtype_name(t) << " missing from " << caps->to_string();
+    }
+    for (ReduceOp op : all_reduce_ops()) {
+      EXPECT_TRUE(caps->supports(op))
+          << whose << ": " << reduce_op_name(op) << " missing from " << caps->to_string();
+    }
+    for (Collective c : all_collectives()) {
+      EXPECT_TRUE(caps->supports(c))
+          << whose << ": " << collective_name(c) << " missing from " << caps->to_string();
+    }
+  }
+}
+
 }  // namespace tributary::testing

@@ -70,6 +70,12 @@ class MultiHostFaults : public ::testing::TestWithParam<std::string> {};
 // every rank of the group calls it. Returns the number of failed checks (printed to stderr).
 int run_conformance_matrix(CrossDeviceOps& ops, const std::string& spec);
 
+// The matrix runs what a backend's capabilities() list and expects the rest refused, so it cannot
+// see a backend that stops listing something. A backend's own test pins its set with this: the
+// registered capabilities, and those of an instance made from `spec` in one process, cover CPU
+// devices, every dtype, every op and every collective.
+void expect_every_cpu_capability(const std::string& spec);
+
 }  // namespace tributary::testing
 
 #define TRIBUTARY_MULTIPROCESS_CONFORMANCE_ON_(name, spec, kind)                              \

@@ -166,7 +166,16 @@ double seconds_in(const std::string& note) {
   return pos == std::string::npos ? 1e9 : std::stod(note.substr(pos + 8));
 }
 
-class RingFaults : public ::testing::TestWithParam<std::string> {};
+// A backend that is not built in (ucx without UCX) is a visible skip, not a failure.
+class RingFaults : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string name = GetParam().substr(0, GetParam().find(':'));
+    if (builtin_backends().find(name) == nullptr) {
+      GTEST_SKIP() << "backend '" << name << "' is not built into this tributary";
+    }
+  }
+};
 
 // After each fault case, nothing is left behind: no survivor still maps a segment once it drops
 // the instance, and no segment outlives the group (segments_left).
@@ -189,7 +198,7 @@ TEST_P(RingFaults, KilledWorkerFailsEverySurvivorWithinTheTimeout) {
     for (int r : {0, 2, 3}) {
       EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
       const std::string note = read_note(dir, r);
-      EXPECT_NE(note.find("rank"), std::string::npos) << note;
+      EXPECT_NE(note.find("rank 1"), std::string::npos) << note;  // the killed one
       EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
       EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
       EXPECT_NE(note.find("again=failed_precondition"), std::string::npos) << note;
@@ -217,15 +226,17 @@ TEST_P(RingFaults, SilentWorkerIsADeadlineNamingIt) {
     return all_reduce_until_error(**ops, dir, 1, 1024);
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  bool named = false;
+  // Every survivor names the silent rank; at least one (the rank that waited on it) says it was a
+  // deadline, which the other may receive passed on.
+  bool deadline = false;
   for (int r : {0, 2}) {
     EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
     const std::string note = read_note(dir, r);
     EXPECT_LT(seconds_in(note), 2.0 + 3.0) << note;
-    named = named || (note.find("deadline_exceeded") != std::string::npos &&
-                      note.find("rank 1") != std::string::npos);
+    EXPECT_NE(note.find("rank 1"), std::string::npos) << "rank " << r << ": " << note;
+    deadline = deadline || note.find("deadline_exceeded") != std::string::npos;
   }
-  EXPECT_TRUE(named) << read_note(dir, 0) << "\n" << read_note(dir, 2);
+  EXPECT_TRUE(deadline) << read_note(dir, 0) << "\n" << read_note(dir, 2);
 }
 
 TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
@@ -302,16 +313,12 @@ TEST_P(RingFaults, BroadcastWithAnotherRootFailsOnEveryRank) {
     return s.ok() ? kChildOk : kChildSawError;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  int named = 0;
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
     const std::string note = read_note(dir, r);
-    named += note.find("collective mismatch") != std::string::npos &&
-                     note.find("root") != std::string::npos
-                 ? 1
-                 : 0;
+    EXPECT_NE(note.find("collective mismatch"), std::string::npos) << "rank " << r << ": " << note;
+    EXPECT_NE(note.find("root"), std::string::npos) << "rank " << r << ": " << note;
   }
-  EXPECT_GE(named, 1) << read_note(dir, 0) << read_note(dir, 1) << read_note(dir, 2);
 }
 
 // A call one rank refuses (bad arguments) fails the group at once, not at the peers' timeout.
@@ -1032,7 +1039,7 @@ TEST(Rendezvous, UnreachableStoreIsAnErrorNamingTheAddress) {
   EXPECT_EQ(ctx.status().code(), StatusCode::kUnavailable) << ctx.status().to_string();
   EXPECT_NE(ctx.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
       << ctx.status().message();
-  EXPECT_LT(took, 10.0);
+  EXPECT_LT(took, 1.5 + 3.0);
 }
 
 // Observability across processes: rank 2 is 3 s late for all_reduce #2, then leaves before #3. The
