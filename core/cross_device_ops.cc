@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -446,6 +448,29 @@ constexpr std::chrono::milliseconds kExplainRequest{1000};
 
 // An instance fails once: its rank's key holds the sequence number of the collective that failed.
 std::string failed_key(int rank) { return std::string(kFailedKey) + std::to_string(rank); }
+
+// Whether the transport's message already says that rank `r` is gone: its process exited (the
+// same-host transports watch their peers' processes: "rank 1 (pid 42, on this host) exited",
+// "rank 1 (process 42 on this host) exited") or it closed its connection ("rank 1 closed the
+// connection", "rank 1 (socket 0 of 2) closed the connection", "... failed: Connection reset by
+// peer (did rank 1 exit ...)"). Such a rank did not stay silent, and a stopped process neither
+// exits nor closes: the roll call leaves it to the transport's message, which says what happened.
+bool reported_gone(std::string_view said, int r) {
+  const std::string who = "rank " + std::to_string(r);
+  if (said.find("did " + who + " exit") != std::string_view::npos) return true;
+  for (size_t at = said.find(who); at != std::string_view::npos; at = said.find(who, at + 1)) {
+    std::string_view rest = said.substr(at + who.size());
+    // Not "rank 12" for rank 1.
+    if (!rest.empty() && std::isdigit(static_cast<unsigned char>(rest.front()))) continue;
+    if (rest.starts_with(" (")) {  // "(pid 42, on this host)", "(socket 0 of 2)"
+      const size_t close = rest.find(')');
+      if (close == std::string_view::npos) continue;
+      rest.remove_prefix(close + 1);
+    }
+    if (rest.starts_with(" exited") || rest.starts_with(" closed the connection")) return true;
+  }
+  return false;
+}
 }  // namespace
 
 void CrossDeviceOps::publish_refusal(const Status& why) const {
@@ -551,6 +576,7 @@ Status CrossDeviceOps::name_silent_ranks(Status failure, uint64_t sequence,
     auto there = scope_->get(failed_key(r), std::chrono::milliseconds(0));
     if (there.ok()) continue;
     if (there.status().code() != StatusCode::kDeadlineExceeded) return failure;  // store gone
+    if (reported_gone(said, r)) continue;  // exited or closed: not silent, and said already
     silent.push_back(r);
   }
   // A key that is not there and a store that did not answer look alike (both deadlines): the

@@ -286,7 +286,8 @@ class CrossDeviceOps {
   Status explain_failure(Status failure, uint64_t sequence) const;
   Status find_root_cause(Status failure, uint64_t sequence) const;  // explain_failure's search
   // The roll call's verdict: the peers that have reported no failure by `until` are alive (no will
-  // fired for them) yet silent: stopped, hung or starved. Named first, as lost ranks are.
+  // fired for them) yet silent: stopped, hung or starved. Named first, as lost ranks are. A peer
+  // that `failure` already reports as exited or closed is not silent: its message stands.
   Status name_silent_ranks(Status failure, uint64_t sequence,
                            std::chrono::steady_clock::time_point until) const;
   Status check_supported(Collective c, ReduceOp op, DType dtype) const;

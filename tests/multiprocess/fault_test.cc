@@ -199,6 +199,9 @@ TEST_P(RingFaults, KilledWorkerFailsEverySurvivorWithinTheTimeout) {
       EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
       const std::string note = read_note(dir, r);
       EXPECT_NE(note.find("rank 1"), std::string::npos) << note;  // the killed one
+      // Which exited, or closed its connections, as the transport says: not a rank that stayed
+      // silent (stopped, hung), which is what the roll call would add without wills.
+      EXPECT_EQ(note.find("did not fail with the others"), std::string::npos) << note;
       EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
       EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
       EXPECT_NE(note.find("again=failed_precondition"), std::string::npos) << note;
