@@ -128,6 +128,15 @@ class Runner::Impl {
       // spec's own timeout= still wins for that backend).
       config.set("TRIBUTARY_TIMEOUT", std::to_string(o_.timeout.count()) + "ms", "-T/--timeout");
     }
+    // Every spec checked before the rendezvous (registry.h): a misspelt name or option ends every
+    // rank at once. Found when the line is made, it would end rank 0 alone, and with it the store
+    // that the other ranks wait to reach.
+    {
+      const BackendRegistry registry = builtin_backends();
+      for (const std::string& spec : o_.backends) {
+        TRIBUTARY_RETURN_IF_ERROR(registry.check(spec, config));
+      }
+    }
     // One process, or one rank of several (under tributary-run, TF_CONFIG, torchrun, Slurm...).
     // The longest timeout= among the specs bounds the rendezvous too.
     TRIBUTARY_ASSIGN_OR_RETURN(ctx_,

@@ -448,13 +448,15 @@ StatusOr<std::unique_ptr<trib_backend>> create(const trib_backend_options& o) {
   } else if (!spec.empty()) {
     join_timeout = spec_timeout({spec});
   }
+  // A bad spec ends every process here, before the rendezvous (registry.h).
+  BackendRegistry registry = builtin_backends();
+  TRIBUTARY_RETURN_IF_ERROR(registry.check(spec, config));
   TRIBUTARY_ASSIGN_OR_RETURN(
       BackendContext context,
       make_backend_context(std::move(devices), std::move(config), join_timeout));
   if (o.join_timeout_ms > 0 && context.world_size > 1 && context.store) {
     TRIBUTARY_RETURN_IF_ERROR(wait_for_every_process(context, *join_timeout));
   }
-  BackendRegistry registry = builtin_backends();
   auto made = spec.empty() ? registry.create_from_config(context) : registry.create(spec, context);
   if (!made.ok()) return made.status();
   auto b = std::make_unique<trib_backend>();

@@ -296,32 +296,77 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create_tuned(
                                   std::move(members));
 }
 
+namespace {
+// "auto"'s options: the ones every backend shares, passed on to the backend it picks, and
+// tuning_file.
+struct AutoOptions {
+  std::vector<std::pair<std::string, std::string>> common;
+  std::optional<std::string> tuning_file;
+};
+StatusOr<AutoOptions> auto_options(const BackendSpec& spec) {
+  AutoOptions out;
+  for (const auto& [key, value] : spec.options) {
+    if (key == "tuning_file") {
+      out.tuning_file = value;
+      continue;
+    }
+    // (Not captured by reference: clang 14 cannot capture a structured binding.)
+    bool common = std::any_of(common_options().begin(), common_options().end(),
+                              [&key = key](const OptionDef& d) { return d.name == key; });
+    if (!common) {
+      return invalid_argument("'auto' accepts only the options every backend has, and "
+                              "tuning_file; '" +
+                              key + "' is not one of them:\n" +
+                              describe_options(common_options()));
+    }
+    out.common.emplace_back(key, value);
+  }
+  return out;
+}
+}  // namespace
+
+StatusOr<std::pair<const BackendInfo*, Options>> BackendRegistry::resolve(
+    const BackendSpec& spec, const Config& config) const {
+  const BackendInfo* info = find(spec.name);
+  if (info == nullptr) {
+    return not_found("unknown backend '" + spec.name + "'; available backends: auto, " +
+                     internal::join(names(), ", "));
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(Options options,
+                             Options::resolve(info->name, options_of(*info), spec.options, config));
+  if (const Options::Value* t = options.find("timeout"); t && t->i <= 0) {
+    return invalid_argument("backend '" + info->name + "': timeout must be positive, not " +
+                            t->text + " (from " + t->source + ")");
+  }
+  return std::pair<const BackendInfo*, Options>(info, std::move(options));
+}
+
+Status BackendRegistry::check(std::string_view spec, const Config& config) const {
+  std::string text(spec);
+  std::string source;
+  if (text.empty()) {
+    const Config::Entry* e = config.find("TRIBUTARY_CROSS_DEVICE_OPS");
+    if (e == nullptr) return Status();  // auto, without options
+    text = e->value;
+    source = "TRIBUTARY_CROSS_DEVICE_OPS='" + e->value + "' (" + e->source + ")";
+  }
+  Status s = [&]() -> Status {
+    TRIBUTARY_ASSIGN_OR_RETURN(BackendSpec parsed, BackendSpec::parse(text));
+    if (parsed.name == "auto") return auto_options(parsed).status();
+    return resolve(parsed, config).status();
+  }();
+  return source.empty() || s.ok() ? s : s.with_context(source);
+}
+
 StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
     const BackendSpec& spec, const BackendContext& context) const {
   warn_unknown_variables_once(*this, context);
   BackendSpec resolved = spec;
   if (spec.name == "auto") {
-    // "auto" takes the options every backend shares, and tuning_file.
-    resolved.options.clear();
-    std::optional<std::string> tuning_file;
-    for (const auto& [key, value] : spec.options) {
-      if (key == "tuning_file") {
-        tuning_file = value;
-        continue;
-      }
-      // (Not captured by reference: clang 14 cannot capture a structured binding.)
-      bool common = std::any_of(common_options().begin(), common_options().end(),
-                                [&key = key](const OptionDef& d) { return d.name == key; });
-      if (!common) {
-        return invalid_argument("'auto' accepts only the options every backend has, and "
-                                "tuning_file; '" +
-                                key + "' is not one of them:\n" +
-                                describe_options(common_options()));
-      }
-      resolved.options.emplace_back(key, value);
-    }
+    TRIBUTARY_ASSIGN_OR_RETURN(AutoOptions given, auto_options(spec));
+    resolved.options = std::move(given.common);
     TRIBUTARY_ASSIGN_OR_RETURN(std::optional<TuningTable> table,
-                               tuning_for(context, tuning_file));
+                               tuning_for(context, given.tuning_file));
     if (!table) {
       TRIBUTARY_ASSIGN_OR_RETURN(resolved.name, choose_auto(context));
     }
@@ -333,24 +378,14 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
                        : "the cost model's choice '" + resolved.name + "' (no tuning file)"));
     if (table) return create_tuned(std::move(*table), resolved.options, context);
   }
-  const BackendInfo* info = find(resolved.name);
-  if (info == nullptr) {
-    return not_found("unknown backend '" + resolved.name + "'; available backends: auto, " +
-                     internal::join(names(), ", "));
-  }
   // The spec first: a misspelt option is reported as such wherever it is read, also on a machine
   // that cannot serve the backend.
-  TRIBUTARY_ASSIGN_OR_RETURN(
-      Options options, Options::resolve(info->name, options_of(*info), resolved.options,
-                                        context.config));
+  TRIBUTARY_ASSIGN_OR_RETURN(auto found, resolve(resolved, context.config));
+  auto& [info, options] = found;
   Status usable = can_serve(*info, context);
   if (!usable.ok()) {
     return Status(usable.code(), "backend '" + info->name + "' cannot be used here: " +
                                      usable.message());
-  }
-  if (const Options::Value* t = options.find("timeout"); t && t->i <= 0) {
-    return invalid_argument("backend '" + info->name + "': timeout must be positive, not " +
-                            t->text + " (from " + t->source + ")");
   }
   // Malformed observability settings (TRIBUTARY_FLIGHT_RECORDER_SIZE, ...) are reported here, before
   // any rank connects: the front door only reads them.

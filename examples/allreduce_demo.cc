@@ -60,13 +60,16 @@ int main(int argc, char** argv) {
   // The cluster (one process, or several under tributary-run / TF_CONFIG / torchrun variables).
   std::vector<Device> devices;
   for (int r = 0; r < replicas; ++r) devices.push_back(Device::cpu(r));
-  // The spec's timeout= bounds the rendezvous too.
+  // The spec is checked first, so that a bad one ends every process at once (a process that meets
+  // it only when creating the backend ends alone, and the chief's end takes the rendezvous store
+  // with it). Its timeout= bounds the rendezvous too.
+  BackendRegistry registry = builtin_backends();
+  if (Status s = registry.check(spec, *config); !s.ok()) return fail(s.message());
   auto context = make_backend_context(
       devices, *config, spec.empty() ? std::nullopt : spec_timeout({spec}));
   if (!context.ok()) return fail(context.status().message());
   BackendContext& ctx = *context;
 
-  BackendRegistry registry = builtin_backends();
   auto ops = spec.empty() ? registry.create_from_config(ctx) : registry.create(spec, ctx);
   if (!ops.ok()) return fail(ops.status().message());
   CrossDeviceOps& cdo = **ops;

@@ -216,6 +216,10 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
   if (options.context) {
     context = *options.context;
   } else {
+    // Checked before the rendezvous, so that a bad spec ends every worker at once (registry.h).
+    if (Status s = registry.check(spec, config); !s.ok()) {
+      return s.with_context("creating the strategy's cross_device_ops");
+    }
     TRIBUTARY_ASSIGN_OR_RETURN(
         context, make_backend_context(devices, config,
                                       options.startup_timeout ? options.startup_timeout

@@ -65,8 +65,22 @@ class BackendRegistry {
                                                    const BackendContext& context) const;
   // Uses context.config's TRIBUTARY_CROSS_DEVICE_OPS, or "auto" when it is unset.
   StatusOr<std::unique_ptr<CrossDeviceOps>> create_from_config(const BackendContext& context) const;
+  // What create() checks of a spec before it looks at the context: that it parses, names a backend
+  // (or auto, with only the options auto takes), and that its options are the backend's, with
+  // values of their types (config's TRIBUTARY_* variables included) and a positive timeout. An empty
+  // spec checks config's TRIBUTARY_CROSS_DEVICE_OPS, as create_from_config would use it.
+  //
+  // Call it before make_backend_context, as the tools and the strategies do: a spec error then ends
+  // every process at once. Found by create() only, it ends the chief (rank 0), whose rendezvous
+  // store goes with it, while the other processes wait to connect until their timeout (5 minutes by
+  // default) and then report an unreachable store.
+  Status check(std::string_view spec, const Config& config) const;
 
  private:
+  // The backend `spec` names and its options resolved against `config` (the checks above; not for
+  // "auto", which create() resolves first).
+  StatusOr<std::pair<const BackendInfo*, Options>> resolve(const BackendSpec& spec,
+                                                           const Config& config) const;
   StatusOr<std::unique_ptr<CrossDeviceOps>> create_tuned(
       TuningTable table, const std::vector<std::pair<std::string, std::string>>& common,
       const BackendContext& context) const;

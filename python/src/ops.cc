@@ -66,6 +66,8 @@ StatusOr<BackendContext> make_context(const std::vector<Device>& devices,
                                       std::optional<std::chrono::milliseconds> timeout,
                                       const std::optional<std::string>& spec) {
   TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
+  // A bad spec ends every process here, before the rendezvous (registry.h).
+  TRIBUTARY_RETURN_IF_ERROR(builtin_backends().check(spec.value_or(""), config));
   if (!timeout && spec) timeout = spec_timeout({*spec});
   return make_backend_context(devices, std::move(config), timeout);
 }

@@ -97,6 +97,44 @@ TEST(Registry, ConfigSelectsAndErrorsNameTheSource) {
   EXPECT_NE(bad.status().message().find("available backends"), std::string::npos);
 }
 
+// check() finds what create() would refuse in the spec itself, with create()'s words, and needs
+// no context: the tools call it before the rendezvous.
+TEST(Registry, CheckRefusesWhatCreateRefusesInTheSpec) {
+  const BackendRegistry r = builtin_backends();
+  const Config none;
+  for (const char* good : {"ring", "ring:segment_bytes=64K,timeout=10s", "auto",
+                           "auto:timeout=3s", "reduction_to_one_device", "nccl"}) {
+    EXPECT_TRUE(r.check(good, none).ok()) << good << ": " << r.check(good, none).to_string();
+  }
+  const std::pair<const char*, const char*> bad[] = {
+      {"foo", "unknown backend 'foo'; available backends: auto, "},
+      {"ring:", "cannot parse backend spec 'ring:'"},
+      {"ring:intra_host=net:timeout=10s", "has two '='"},
+      {"ring:segment_bytes=abc", "bad value 'abc' for option segment_bytes"},
+      {"ring:no_such_option=1", "no_such_option"},
+      {"ring:timeout=0s", "timeout must be positive"},
+      {"auto:num_packs=2", "'auto' accepts only the options every backend has"},
+  };
+  for (const auto& [spec, says] : bad) {
+    const Status s = r.check(spec, none);
+    EXPECT_FALSE(s.ok()) << spec;
+    EXPECT_NE(s.message().find(says), std::string::npos) << spec << ": " << s.message();
+    // The same words as create() (for the one-process context it can be made in).
+    auto made = r.create(spec, two_cpus());
+    ASSERT_FALSE(made.ok()) << spec;
+    EXPECT_NE(made.status().message().find(says), std::string::npos) << made.status().message();
+  }
+  // An empty spec checks the config's, naming where it came from; a config's TRIBUTARY_* option
+  // value is checked too.
+  const Config bogus = Config::from_map({{"TRIBUTARY_CROSS_DEVICE_OPS", "bogus"}});
+  const Status from_config = r.check("", bogus);
+  EXPECT_NE(from_config.message().find("TRIBUTARY_CROSS_DEVICE_OPS='bogus'"), std::string::npos)
+      << from_config.message();
+  EXPECT_TRUE(r.check("", none).ok());  // auto
+  const Config bad_value = Config::from_map({{"TRIBUTARY_RING_SEGMENT_BYTES", "lots"}});
+  EXPECT_FALSE(r.check("ring", bad_value).ok());
+}
+
 TEST(Registry, GpuDevicesWithoutAVisibleGpuAreAClearError) {
   BackendRegistry r = builtin_backends();
   BackendContext gpus;
