@@ -156,7 +156,15 @@ Status register_gloo(BackendRegistry& registry) {
       t.coordinator = context.coordinator_host;
       t.secret = c.secret;
       t.cluster_id = context.cluster_id;
+      // What every process must agree on, compared when the channel connects: a process with
+      // another algorithm, threshold, mode or verify setting fails every rank's setup naming the
+      // difference. (Met in a collective instead, Gloo's sizes disagree on its I/O thread, where
+      // its exception ends the process, or the ranks wait for messages that never come.)
       t.layout = "gloo-control,local_replicas=" + std::to_string(context.devices.size());
+      for (const char* agreed : {"algorithm", "reduce_scatter", "auto_threshold", "bcube_base",
+                                 "mode", "verify", "bytes_per_pack", "cache_bytes"}) {
+        t.layout += std::string(",") + agreed + "=" + options.find(agreed)->text;
+      }
       t.timeout = options.get_duration("timeout");
       // Sleeping at once: Gloo's I/O threads share the cores, and a wait that spins or yields
       // takes the core from them (4 processes on 2 cores, verify=true, 16 bytes: 0.4-1.0 ms a

@@ -894,6 +894,48 @@ TEST(GlooFailure, MismatchIsAnErrorOnEveryRank) {
   expect_all_zero(codes);
 }
 
+// Options every rank must share fail every rank's setup, naming the difference, when one rank has
+// another value: before, different algorithms or auto thresholds ended a process through Gloo's
+// exception on its I/O thread (SIGABRT) or left the ranks waiting out the timeout, and verify=true
+// against false was a timeout.
+TEST(GlooFailure, OptionsThatDifferBetweenRanksFailEverySetup) {
+  struct Case {
+    std::string rank0, rank1;  // the options given
+    std::string said0, said1;  // as each rank's message shows its own (canonical)
+  };
+  for (const Case& c : {Case{"algorithm=ring", "algorithm=ring_chunked", "algorithm=ring,",
+                             "algorithm=ring_chunked,"},
+                        Case{"auto_threshold=64K", "auto_threshold=64M", "auto_threshold=64KiB,",
+                             "auto_threshold=64MiB,"},
+                        Case{"verify=true", "verify=false", "verify=true,", "verify=false,"},
+                        Case{"mode=async", "mode=sync", "mode=async,", "mode=sync,"}}) {
+    SCOPED_TRACE(c.rank0 + " against " + c.rank1);
+    const auto start = Clock::now();
+    const std::vector<int> codes = run_world(
+        2, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          auto made = create("gloo:timeout=20s," + (me.rank == 0 ? c.rank0 : c.rank1), me);
+          const std::string own = me.rank == 0 ? c.said0 : c.said1;
+          if (made.ok()) {
+            check.fail("set up beside a rank with other options");
+          } else if (made.status().message().find("is set up differently") == std::string::npos ||
+                     made.status().message().find("(this rank: ") == std::string::npos ||
+                     made.status().message().find(own) == std::string::npos) {
+            check.fail("want 'set up differently', showing this rank's %s, got %s", own.c_str(),
+                       made.status().to_string().c_str());
+          } else {
+            fprintf(stderr, "[rank %d] expected error: %s\n", me.rank,
+                    made.status().to_string().c_str());
+          }
+          return check.ok() ? 0 : 1;
+        },
+        40);
+    expect_all_zero(codes);
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));  // at setup, not the timeout
+  }
+}
+
 // Registrations are checked across the ranks whatever verify says: different sizes fail every
 // rank at the registration, naming both; and, with verify on, a collective on a registered buffer
 // on one rank but not on the other is a mismatch on both, saying so, not a timeout.

@@ -685,7 +685,7 @@ class TcpSetup {
 
  private:
   std::string layout_advice() const {
-    return "every process must use the same number of local replicas and the same ring options "
+    return "every process must use the same number of local replicas and the same backend options "
            "(this rank: " +
            options_.layout + ")";
   }
