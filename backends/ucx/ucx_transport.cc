@@ -568,7 +568,10 @@ struct UcxTransport::Impl {
   }
 
   // At most every millisecond: a watched peer that exited fails its endpoint, as UCX's error
-  // handler does for the others.
+  // handler does for the others; and a peer whose goodbye (shutdown()) waits unreceived has
+  // finished cleanly, with every collective it issued done: it will send nothing more, so a wait
+  // on it fails at once instead of at the timeout, saying so. (A goodbye is only ever received by
+  // goodbye(), so outside it one stays in UCX's unexpected queue, where a probe finds it.)
   void watch_peers() {
     const auto now = Clock::now();
     if (now < next_watch) return;
@@ -578,6 +581,19 @@ struct UcxTransport::Impl {
       peer_failed[p] =
           unavailable("rank " + std::to_string(p) + " (pid " + std::to_string(watched[p].pid()) +
                       ", on this host) exited; it may have failed (see its log)");
+    }
+    for (int p = 0; p < size; ++p) {
+      if (p == rank || !peer_failed[static_cast<size_t>(p)].ok()) continue;
+      ucp_tag_recv_info_t info{};
+      if (ucp_tag_probe_nb(worker, kControl | rank_bits(p) | kGoodbye,
+                           kControl | kAbortBit | kMacBit | kRankMask | kFingerprintMask,
+                           /*remove=*/0, &info) == nullptr) {
+        continue;
+      }
+      peer_failed[static_cast<size_t>(p)] = failed_precondition(
+          "rank " + std::to_string(p) +
+          " finished: it closed its backend after its last collective, so it takes part in no "
+          "more; every rank must issue the same collectives, as many and in the same order");
     }
   }
 

@@ -324,6 +324,37 @@ TEST_P(RingFaults, BroadcastWithAnotherRootFailsOnEveryRank) {
   }
 }
 
+// A rank that ends early and cleanly (its last collective done, its backend destroyed, its process
+// gone) fails the peers still waiting on it at once, naming it, not at their timeout: on TCP its
+// connections close, on shared memory its process exits, on UCX its goodbye arrives (which the
+// peers took for nothing until their timeout, as a fault audit found).
+TEST_P(RingFaults, RankThatFinishesEarlyFailsThePeersQuickly) {
+  const std::string spec = GetParam() + ",timeout=30s";
+  const std::string dir = make_temp_dir("early");
+  GroupResult g = run_group(3, 90s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok()) return kChildFailed;
+    if (rank == 2) {
+      std::vector<float> v(1024, 1.0f);
+      PerReplica<Tensor> x{Tensor(v.data(), DType::kFloat32, int64_t{1024})};
+      for (int i = 0; i < 2; ++i) {
+        if (!(*ops)->all_reduce(ReduceOp::kSum, x, x).wait(30s).ok()) return kChildFailed;
+      }
+      ops->reset();  // done: the backend closes, and the process ends
+      return kChildOk;
+    }
+    return all_reduce_until_error(**ops, dir, 1000, 1024);
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r : {0, 1}) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("rank 2"), std::string::npos) << "rank " << r << ": " << note;
+    EXPECT_LT(seconds_in(note), 10.0) << "rank " << r << ": " << note;  // the timeout is 30 s
+  }
+}
+
 // A call one rank refuses (bad arguments) fails the group at once, not at the peers' timeout.
 TEST_P(RingFaults, CallRefusedOnOneRankFailsThePeersQuickly) {
   const std::string spec = GetParam() + ",timeout=30s";
