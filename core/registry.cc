@@ -323,6 +323,14 @@ StatusOr<AutoOptions> auto_options(const BackendSpec& spec) {
   }
   return out;
 }
+
+Status check_timeout(const std::string& backend, const Options& options) {
+  if (const Options::Value* t = options.find("timeout"); t && t->i <= 0) {
+    return invalid_argument("backend '" + backend + "': timeout must be positive, not " + t->text +
+                            " (from " + t->source + ")");
+  }
+  return Status();
+}
 }  // namespace
 
 StatusOr<std::pair<const BackendInfo*, Options>> BackendRegistry::resolve(
@@ -334,10 +342,7 @@ StatusOr<std::pair<const BackendInfo*, Options>> BackendRegistry::resolve(
   }
   TRIBUTARY_ASSIGN_OR_RETURN(Options options,
                              Options::resolve(info->name, options_of(*info), spec.options, config));
-  if (const Options::Value* t = options.find("timeout"); t && t->i <= 0) {
-    return invalid_argument("backend '" + info->name + "': timeout must be positive, not " +
-                            t->text + " (from " + t->source + ")");
-  }
+  TRIBUTARY_RETURN_IF_ERROR(check_timeout(info->name, options));
   return std::pair<const BackendInfo*, Options>(info, std::move(options));
 }
 
@@ -352,8 +357,12 @@ Status BackendRegistry::check(std::string_view spec, const Config& config) const
   }
   Status s = [&]() -> Status {
     TRIBUTARY_ASSIGN_OR_RETURN(BackendSpec parsed, BackendSpec::parse(text));
-    if (parsed.name == "auto") return auto_options(parsed).status();
-    return resolve(parsed, config).status();
+    if (parsed.name != "auto") return resolve(parsed, config).status();
+    // auto's own options, and the values of those it passes on to the backend it picks.
+    TRIBUTARY_ASSIGN_OR_RETURN(AutoOptions given, auto_options(parsed));
+    TRIBUTARY_ASSIGN_OR_RETURN(Options common,
+                               Options::resolve("auto", common_options(), given.common, config));
+    return check_timeout("auto", common);
   }();
   return source.empty() || s.ok() ? s : s.with_context(source);
 }

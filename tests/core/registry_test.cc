@@ -115,6 +115,12 @@ TEST(Registry, CheckRefusesWhatCreateRefusesInTheSpec) {
       {"ring:timeout=0s", "timeout must be positive"},
       {"auto:num_packs=2", "'auto' accepts only the options every backend has"},
   };
+  // auto's shared options are checked for their values too (create() meets them in the backend
+  // auto picks, so its words differ).
+  EXPECT_NE(r.check("auto:timeout=abc", none).message().find("bad value 'abc' for option timeout"),
+            std::string::npos);
+  EXPECT_FALSE(r.check("auto:timeout=0s", none).ok());
+  EXPECT_FALSE(r.create("auto:timeout=abc", two_cpus()).ok());
   for (const auto& [spec, says] : bad) {
     const Status s = r.check(spec, none);
     EXPECT_FALSE(s.ok()) << spec;
