@@ -343,6 +343,7 @@ StatusOr<std::pair<const BackendInfo*, Options>> BackendRegistry::resolve(
   TRIBUTARY_ASSIGN_OR_RETURN(Options options,
                              Options::resolve(info->name, options_of(*info), spec.options, config));
   TRIBUTARY_RETURN_IF_ERROR(check_timeout(info->name, options));
+  if (info->check_options) TRIBUTARY_RETURN_IF_ERROR(info->check_options(options));
   return std::pair<const BackendInfo*, Options>(info, std::move(options));
 }
 

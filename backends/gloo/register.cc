@@ -103,13 +103,7 @@ Status register_gloo(BackendRegistry& registry) {
   caps.multi_process = true;
   info.capabilities = caps;
   info.auto_priority = 6;  // below ring (8): "auto" prefers our own TCP backend
-  info.create = [caps](const BackendContext& context,
-                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
-    if (context.world_size < 1 || context.rank < 0 || context.rank >= context.world_size) {
-      return invalid_argument("backend 'gloo': rank " + std::to_string(context.rank) +
-                              " is not in a world of " + std::to_string(context.world_size) +
-                              " process(es)");
-    }
+  info.check_options = [](const Options& options) -> Status {
     const std::string& algorithm = options.get_string("algorithm");
     const std::string mode = backends::resolve_gloo_mode(options.get_string("mode"), algorithm);
     if (options.get_string("reduce_scatter") == "halving_doubling" && mode == "async") {
@@ -124,6 +118,17 @@ Status register_gloo(BackendRegistry& registry) {
                               " turns off; use mode=async, or a classic algorithm (ring, "
                               "ring_chunked, halving_doubling, bcube, auto)");
     }
+    return Status();
+  };
+  info.create = [caps](const BackendContext& context,
+                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+    if (context.world_size < 1 || context.rank < 0 || context.rank >= context.world_size) {
+      return invalid_argument("backend 'gloo': rank " + std::to_string(context.rank) +
+                              " is not in a world of " + std::to_string(context.world_size) +
+                              " process(es)");
+    }
+    const std::string& algorithm = options.get_string("algorithm");
+    const std::string mode = backends::resolve_gloo_mode(options.get_string("mode"), algorithm);
     std::unique_ptr<algorithms::ProcessGroup> group;
     std::shared_ptr<Store> scope;
     if (context.world_size > 1) {

@@ -60,14 +60,16 @@ Status register_nccl(BackendRegistry& registry) {
     }
     return Status();
   };
-  info.create = [caps](const BackendContext& context,
-                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
-    const int64_t num_packs = options.get_int("num_packs");
-    if (num_packs < 0) {
+  info.check_options = [](const Options& options) -> Status {
+    if (const int64_t num_packs = options.get_int("num_packs"); num_packs < 0) {
       // TF's words.
       return invalid_argument(fmt::format(
           "NCCL all-reduce requires num_packs >= 0, but {} is specified", num_packs));
     }
+    return Status();
+  };
+  info.create = [caps](const BackendContext& context,
+                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     std::shared_ptr<Store> scope;
     if (context.world_size > 1) {
       TRIBUTARY_ASSIGN_OR_RETURN(auto store, internal::instance_store(context, "nccl"));

@@ -185,8 +185,7 @@ Status register_ring(BackendRegistry& registry) {
   const Capabilities caps = algorithms::process_group_capabilities();
   info.capabilities = caps;
   info.auto_priority = 8;  // below the in-process backends, which "auto" prefers for one process
-  info.create = [caps](const BackendContext& context,
-                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
+  info.check_options = [](const Options& options) -> Status {
     TRIBUTARY_RETURN_IF_ERROR(algorithms::check_transport_group_options("ring", options));
     TRIBUTARY_RETURN_IF_ERROR(
         internal::check_listen_address(options.get_string("host"), "backend 'ring'"));
@@ -202,6 +201,10 @@ Status register_ring(BackendRegistry& registry) {
           "not " +
           options.find("shm_chunk_bytes")->text);
     }
+    return Status();
+  };
+  info.create = [caps](const BackendContext& context,
+                       Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
     std::unique_ptr<algorithms::ProcessGroup> group;
     std::shared_ptr<Store> scope;
     if (context.world_size > 1) {

@@ -48,9 +48,11 @@ Status register_ucx(BackendRegistry& registry) {
   const Capabilities caps = algorithms::process_group_capabilities();
   info.capabilities = caps;
   info.auto_priority = 6;  // below ring: "auto" keeps ring's shared memory and TCP paths
+  info.check_options = [](const Options& options) {
+    return algorithms::check_transport_group_options("ucx", options);
+  };
   info.create = [caps](const BackendContext& context,
                        Options options) -> StatusOr<std::unique_ptr<CrossDeviceOps>> {
-    TRIBUTARY_RETURN_IF_ERROR(algorithms::check_transport_group_options("ucx", options));
     std::unique_ptr<algorithms::ProcessGroup> group;
     std::shared_ptr<Store> scope;
     if (context.world_size > 1) {

@@ -34,6 +34,10 @@ struct BackendInfo {
   int auto_priority = 0;  // "auto" prefers higher
   // OK when the backend can serve `context` on this machine, else why not.
   std::function<Status(const BackendContext&)> check_available;
+  // Optional: the backend's checks of its option values that need no context (a size below its
+  // minimum, a combination it refuses). BackendRegistry::check() and create() run it, before the
+  // rendezvous and before `create`, which may then take the values as checked.
+  std::function<Status(const Options&)> check_options;
   std::function<StatusOr<std::unique_ptr<CrossDeviceOps>>(const BackendContext&, Options)> create;
 };
 
@@ -67,8 +71,9 @@ class BackendRegistry {
   StatusOr<std::unique_ptr<CrossDeviceOps>> create_from_config(const BackendContext& context) const;
   // What create() checks of a spec before it looks at the context: that it parses, names a backend
   // (or auto, with only the options auto takes), and that its options are the backend's, with
-  // values of their types (config's TRIBUTARY_* variables included) and a positive timeout. An empty
-  // spec checks config's TRIBUTARY_CROSS_DEVICE_OPS, as create_from_config would use it.
+  // values of their types (config's TRIBUTARY_* variables included), a positive timeout, and what
+  // the backend's check_options refuses. An empty spec checks config's TRIBUTARY_CROSS_DEVICE_OPS,
+  // as create_from_config would use it.
   //
   // Call it before make_backend_context, as the tools and the strategies do: a spec error then ends
   // every process at once. Found by create() only, it ends the chief (rank 0), whose rendezvous

@@ -115,6 +115,21 @@ TEST(Registry, CheckRefusesWhatCreateRefusesInTheSpec) {
       {"ring:timeout=0s", "timeout must be positive"},
       {"auto:num_packs=2", "'auto' accepts only the options every backend has"},
   };
+  // What a backend refuses of its values without a context (BackendInfo::check_options).
+  const std::pair<const char*, const char*> refused[] = {
+      {"ring:slice_bytes=1", "slice_bytes must be 0 (auto) or at least 4KiB"},
+      {"ring:shm_chunk_bytes=3", "shm_chunk_bytes must be 0 (auto) or at least 4KiB"},
+      {"ring:host=999.1.1.1", "is not an IP address"},
+      {"ucx:segment_bytes=1", "segment_bytes must be 0 (auto) or at least 4KiB"},
+      {"gloo:reduce_scatter=halving_doubling,mode=async", "needs mode=sync or mode=busy_poll"},
+      {"nccl:num_packs=-1", "requires num_packs >= 0"},
+  };
+  for (const auto& [spec, says] : refused) {
+    const std::string name(spec, std::string_view(spec).find(':'));
+    if (r.find(name) == nullptr) continue;  // not built in
+    const Status s = r.check(spec, none);
+    EXPECT_NE(s.message().find(says), std::string::npos) << spec << ": " << s.to_string();
+  }
   // auto's shared options are checked for their values too (create() meets them in the backend
   // auto picks, so its words differ).
   EXPECT_NE(r.check("auto:timeout=abc", none).message().find("bad value 'abc' for option timeout"),
