@@ -140,8 +140,8 @@ int local_ranks(const BackendContext& context) {
   return is_loopback_name(context.coordinator_host) ? context.world_size : 1;
 }
 
-std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context) {
-  const std::chrono::nanoseconds on = std::chrono::microseconds(50);
+std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
+                                       std::chrono::nanoseconds on) {
   if (mode == "on") return on;
   if (mode == "off") return std::chrono::nanoseconds(0);
   if (mode == "always") return kPollAlways;

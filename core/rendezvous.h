@@ -26,12 +26,14 @@ OptionDef secret_file_option();
 // them when the coordinator is this host's loopback, else one.
 int local_ranks(const BackendContext& context);
 
-// How long a wait polls before sleeping, from a backend's `poll` option: "on" 50 us, "off" none,
-// "auto" 50 us unless this host runs more ranks than it has cores (polling would then steal the
-// CPU from the peers), "always" the whole wait (kPollAlways: Open MPI's and Gloo busy_poll's way,
-// one core per waiting rank).
+// How long a wait polls before sleeping, from a backend's `poll` option: "on" `on` (50 us unless
+// the backend says otherwise), "off" none, "auto" `on` unless this host runs more ranks than it
+// has cores (polling would then steal the CPU from the peers), "always" the whole wait
+// (kPollAlways: Open MPI's and Gloo busy_poll's way, one core per waiting rank).
 inline constexpr std::chrono::nanoseconds kPollAlways = std::chrono::hours(24 * 365);
-std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context);
+inline constexpr std::chrono::nanoseconds kPollOn = std::chrono::microseconds(50);
+std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
+                                       std::chrono::nanoseconds on = kPollOn);
 // How long a wait then polls with sched_yield() before sleeping: 1 ms when `mode` is "auto" and
 // this host runs more ranks than it has cores (the rank being waited for gets the core, and no
 // wake-up is paid when it answers, as Open MPI does when oversubscribed), else none.

@@ -81,7 +81,7 @@ struct UcxTransportOptions {
   std::string layout;       // what every rank must agree on, compared at setup (both named)
   std::string host_id;      // internal::host_id(): peers with the same one share memory
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
-  std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(50)};
+  std::chrono::nanoseconds poll_before_sleep{std::chrono::microseconds(1000)};
   std::chrono::nanoseconds yield_before_sleep{0};  // then polls with sched_yield() this long
   bool authenticate_frames = true;  // with a secret: a MAC on every data message
   // Fault injection for this transport's own tests: called on a copy of every outgoing data
@@ -104,9 +104,9 @@ class UcxTransport final : public algorithms::Transport {
   Status wait(Request request, algorithms::Deadline deadline) override;
   void abort(const Status& why) override;
   Status error() const override;
-  // Over TCP alone (tls without shared memory): eager segments of 256 KiB for chunks up to
-  // 512 KiB, else segments of at least 512 KiB, which go by rendezvous (see RNDV_THRESH in the
-  // .cc); 0 (the algorithms' rule) otherwise.
+  // Over TCP alone (tls without shared memory): a chunk of up to 1 MiB whole, else segments of
+  // 1 MiB (each message costs UCX a protocol exchange; measurements in the .cc); 0 (the
+  // algorithms' rule) otherwise.
   size_t preferred_segment_bytes(size_t chunk_bytes) const override;
 
   // What UCX chose to reach `peer` ("tcp/lo", "posix/memory cma/memory"), for describe() and logs.
