@@ -177,6 +177,27 @@ TEST(UcxSecurity, MismatchedSizesWithTheMacAreAMismatchOnBothPaths) {
 
 // A transport or device UCX does not have is an error at setup that keeps UCX's text and names
 // what was asked for, never a hang waiting for peers (UCX fails before any exchange).
+// Over TCP alone a ring step's chunk goes whole up to 1 MiB and in 1 MiB segments above (each
+// message costs UCX a protocol exchange); with shared memory allowed the algorithms' rule stays.
+TEST(UcxSegments, OverTcpChunksGoWholeUpTo1MiB) {
+  MemoryStore store;
+  backends::UcxTransportOptions o = options(false);
+  o.secret.clear();
+  auto tcp = backends::UcxTransport::create(store, 0, 1, o);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().to_string();
+  constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+  EXPECT_EQ((*tcp)->preferred_segment_bytes(100 * KiB), 100 * KiB);
+  EXPECT_EQ((*tcp)->preferred_segment_bytes(512 * KiB), 512 * KiB);
+  EXPECT_EQ((*tcp)->preferred_segment_bytes(MiB), MiB);
+  EXPECT_EQ((*tcp)->preferred_segment_bytes(MiB + 4), MiB);
+  EXPECT_EQ((*tcp)->preferred_segment_bytes(64 * MiB), MiB);
+  EXPECT_EQ((*tcp)->preferred_segment_bytes(0), MiB);  // never 0, which would mean "no view"
+  o.tls = "sm";
+  auto sm = backends::UcxTransport::create(store, 0, 1, o);
+  ASSERT_TRUE(sm.ok()) << sm.status().to_string();
+  EXPECT_EQ((*sm)->preferred_segment_bytes(2 * MiB), 0u);
+}
+
 TEST(UcxSetup, UnknownTransportsAndDevicesAreErrorsNamingThem) {
   for (const auto& [tls, devices] : {std::pair<std::string, std::string>{"bogus", ""},
                                      std::pair<std::string, std::string>{"tcp", "nosuchnic0"}}) {

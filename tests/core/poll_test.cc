@@ -34,6 +34,20 @@ TEST(Poll, EachModeOnAHostWithACorePerRank) {
   }
 }
 
+// A backend may poll longer when on (ucx: 1 ms, since a rank asleep on UCX's event descriptor pays
+// a wake-up per protocol step); auto follows it with a core per rank and still stops polling on an
+// oversubscribed host.
+TEST(Poll, TheBackendsOwnDurationForOn) {
+  const BackendContext one = with_local_ranks(1);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const BackendContext many = with_local_ranks(cores + 1);
+  EXPECT_EQ(poll_duration("on", one, milliseconds(1)), milliseconds(1));
+  EXPECT_EQ(poll_duration("auto", one, milliseconds(1)), milliseconds(1));
+  EXPECT_EQ(poll_duration("auto", many, milliseconds(1)), nanoseconds(0));
+  EXPECT_EQ(poll_duration("off", one, milliseconds(1)), nanoseconds(0));
+  EXPECT_EQ(poll_duration("always", one, milliseconds(1)), kPollAlways);
+}
+
 // More ranks than cores: auto stops polling and yields the core for up to 1 ms instead; the
 // explicit modes do what they say.
 TEST(Poll, EachModeOnAnOversubscribedHost) {
