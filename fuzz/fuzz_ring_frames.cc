@@ -58,16 +58,24 @@ int listen_here(uint16_t* port) {
   return fd;
 }
 
+// Retries briefly when the kernel is out of local ports or interrupted (thousands of connections a
+// run leave many in TIME_WAIT: one CI run of 10 s failed here once, with no errno to tell why).
 int connect_to(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in at{};
   at.sin_family = AF_INET;
   at.sin_port = htons(port);
   at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0) {
-    finding("cannot connect to rank 0");
+  int err = 0;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) finding(std::string("cannot make a socket: ") + std::strerror(errno));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0) return fd;
+    err = errno;
+    ::close(fd);
+    if (err != EADDRNOTAVAIL && err != EAGAIN && err != EINTR) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return fd;
+  finding(std::string("cannot connect to rank 0: ") + std::strerror(err));
 }
 
 // Moves exactly n bytes from one socket to the other (a handshake message), within 5 s.
