@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -252,6 +253,7 @@ int main(int argc, char** argv) {
   const int rc = run_rank(0, store, bytes, rounds, iters, tls, seg, spin_us);
   int status = 0;
   waitpid(child, &status, 0);
-  std::system(("rm -rf " + store).c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(store, ec);
   return rc;
 }
