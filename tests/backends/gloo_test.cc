@@ -27,6 +27,7 @@
 
 #include "tributary/registry.h"
 #include "tests/multiprocess/conformance.h"
+#include "tests/multiprocess/harness.h"
 #include "tributary/store.h"
 
 namespace tributary {
@@ -72,8 +73,9 @@ std::string make_temp_dir() {
   return made ? std::string(made) : std::string();
 }
 
-// Runs body(rank) in `world` forked children, each under alarm(child_limit_s), and returns their
-// exit codes (128 + signal when killed, -1 when the watchdog had to kill it).
+// Runs body(rank) in `world` forked children and returns their exit codes (128 + signal when
+// killed, -1 when the watchdog had to kill it). The watchdog kills a child still running after
+// child_limit_s, once its stacks are printed (dump_stacks); alarm() 30 s later is the backup.
 std::vector<int> run_world(int world, int local, const std::function<int(Rank&)>& body,
                            int child_limit_s = 60) {
   const std::string dir = make_temp_dir();
@@ -83,7 +85,7 @@ std::vector<int> run_world(int world, int local, const std::function<int(Rank&)>
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
-      alarm(static_cast<unsigned>(child_limit_s));
+      alarm(static_cast<unsigned>(child_limit_s + 30));
       Rank me;
       me.rank = r;
       me.world = world;
@@ -110,7 +112,7 @@ std::vector<int> run_world(int world, int local, const std::function<int(Rank&)>
     pids.push_back(pid);
   }
   std::vector<int> codes(static_cast<size_t>(world), -1);
-  const auto deadline = Clock::now() + std::chrono::seconds(child_limit_s + 30);
+  const auto deadline = Clock::now() + std::chrono::seconds(child_limit_s);
   size_t left = pids.size();
   while (left > 0 && Clock::now() < deadline) {
     for (size_t i = 0; i < pids.size(); ++i) {
@@ -127,8 +129,9 @@ std::vector<int> run_world(int world, int local, const std::function<int(Rank&)>
   }
   for (size_t i = 0; i < pids.size(); ++i) {
     if (pids[i] <= 0) continue;
-    ADD_FAILURE() << "watchdog: rank " << i << " still running after " << child_limit_s + 30
-                  << " s; killing it";
+    ADD_FAILURE() << "watchdog: rank " << i << " still running after " << child_limit_s
+                  << " s; killing it (its stacks are above)";
+    ::tributary::testing::dump_stacks(pids[i], "rank " + std::to_string(i));
     kill(pids[i], SIGKILL);
     waitpid(pids[i], nullptr, 0);
   }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,32 @@ std::string read_note(const std::string& dir, int rank) {
 
 void append_note(const std::string& dir, int rank, const std::string& text) {
   std::ofstream(dir + "/note" + std::to_string(rank), std::ios::app) << text;
+}
+
+// ---- The harness's watchdog -----------------------------------------------------------------
+
+// A rank that hangs is killed by the watchdog, and its threads' stacks are printed first, so that a
+// hang met once in CI says where it waited. (Needs gdb, which the sanitizer and CI machines have.)
+[[gnu::noinline]] void a_rank_waiting_forever() {
+  for (;;) ::pause();
+}
+
+TEST(Harness, TheWatchdogPrintsAHungRanksStacksBeforeKillingIt) {
+  if (std::system("command -v gdb >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "gdb is not installed, so the watchdog prints no stacks";
+  }
+  ::testing::internal::CaptureStderr();
+  GroupResult g = run_group(2, 3s, [](int rank) {
+    if (rank == 1) a_rank_waiting_forever();
+    return kChildOk;
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[0].exit_code, kChildOk) << g.describe();
+  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
+  EXPECT_NE(err.find("[watchdog] rank 1, still running after 3 s"), std::string::npos) << err;
+  EXPECT_NE(err.find("a_rank_waiting_forever"), std::string::npos) << err;
+  EXPECT_EQ(err.find("[watchdog] rank 0"), std::string::npos) << err;
 }
 
 // ---- What a failed group may leave behind ----------------------------------------------------

@@ -73,8 +73,11 @@ GroupResult run_group(int world, std::chrono::seconds watchdog, const std::funct
     }
     if (std::chrono::steady_clock::now() - start > watchdog) {
       result.watchdog_fired = true;
-      for (pid_t p : pids) {
-        if (p > 0) kill(p, SIGKILL);
+      for (size_t r = 0; r < pids.size(); ++r) {
+        if (pids[r] <= 0) continue;
+        dump_stacks(pids[r], "rank " + std::to_string(r) + ", still running after " +
+                                 std::to_string(watchdog.count()) + " s");
+        kill(pids[r], SIGKILL);
       }
       watchdog = std::chrono::seconds(1000000);  // reap what is left
     }
@@ -82,6 +85,26 @@ GroupResult run_group(int world, std::chrono::seconds watchdog, const std::funct
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
+}
+
+void dump_stacks(int pid, const std::string& who) {
+  const char* stacks = std::getenv("TEST_HANG_STACKS");
+  if (stacks != nullptr && std::string(stacks) == "0") return;
+  std::fprintf(stderr, "[watchdog] %s (pid %d): the stacks of its threads follow\n", who.c_str(),
+               pid);
+  std::fflush(stderr);
+  // gdb attaches (the tests run as root, or under ptrace_scope 0), prints and detaches; `timeout`
+  // bounds it, and the lines it prints about itself are dropped.
+  const std::string cmd =
+      "if command -v gdb >/dev/null 2>&1; then timeout 60 gdb -nx -q -batch -p " +
+      std::to_string(pid) +
+      " -ex 'thread apply all bt 40' 2>&1 | grep -v -e '^\\[New LWP' -e '^\\[Thread debugging' "
+      "-e '^Using host libthread_db' >&2; else echo '[watchdog] gdb is not installed: no stacks' "
+      ">&2; fi";
+  if (std::system(cmd.c_str()) != 0) {
+    std::fprintf(stderr, "[watchdog] gdb could not print the stacks of pid %d\n", pid);
+  }
+  std::fflush(stderr);
 }
 
 std::string make_temp_dir(const std::string& tag) {

@@ -34,8 +34,13 @@ inline constexpr int kChildFailed = 1;
 inline constexpr int kChildSkip = 77;  // the backend is not available here
 
 // Forks `world` processes running fn(rank) (its return value is the exit code) and waits for all of
-// them, killing every one that is still running after `watchdog`.
+// them, killing every one that is still running after `watchdog` (after dump_stacks()).
 GroupResult run_group(int world, std::chrono::seconds watchdog, const std::function<int(int)>& fn);
+
+// Prints every thread's stack of process `pid` (a hung rank, before a watchdog kills it) to stderr,
+// through gdb when it is installed (`who` names the process in the output), so that a hang seen
+// once in CI says where it waited. TEST_HANG_STACKS=0 turns it off; gdb gets 60 s.
+void dump_stacks(int pid, const std::string& who);
 
 // A fresh directory under the test temp dir.
 std::string make_temp_dir(const std::string& tag);
