@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-venv
   gnuplot-nox iproute2
+  gdb  # the test watchdogs print a hung rank's stacks with it
 )
 if [ "${1:-}" = "--sanitizers" ]; then
   packages+=(clang libclang-rt-dev)
