@@ -72,6 +72,12 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
     server_options.secret = options.secret;
     server_options.max_connections =
         std::max<size_t>(1024, 16 * static_cast<size_t>(cluster.world_size));
+    // A chief that fails before every rank has connected (a spec value only the world size
+    // refuses, found by create()) keeps the store for the ranks still starting, so that they meet
+    // the same error instead of an unreachable store after their whole timeout.
+    server_options.expected_clients = static_cast<size_t>(cluster.world_size);
+    server_options.linger_for_absent =
+        std::min<std::chrono::milliseconds>(*timeout, std::chrono::seconds(5));
     auto server = TcpStore::create_server(
         "0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port), server_options);
     if (!server.ok()) {
@@ -90,7 +96,9 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
   }
   // Root cause to every rank: if this process dies, the store lists it, and the survivors' errors
   // name it (internal::name_lost_ranks). A store that cannot keep the will only loses that.
-  if ((*client)->set_last_will(internal::kLostRanksKey, internal::lost_rank_text(cluster.rank)).ok()) {
+  if ((*client)
+          ->set_last_will(internal::kLostRanksKey, internal::lost_rank_text(cluster.rank))
+          .ok()) {
     ctx.lost_key = internal::kLostRanksKey;
   }
   ctx.store = std::shared_ptr<Store>(std::move(client).value());

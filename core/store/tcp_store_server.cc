@@ -161,6 +161,10 @@ class ServerCore {
   void note_refused(Session& s, std::string_view why);
   // A session took (+1) or dropped (-1) its will.
   void count_will(int delta) { wills_held_ += delta; }
+  // A session set its will to `value`: a process of the job (its will names it) has connected.
+  void saw_will(const std::string& value) {
+    if (wills_seen_.insert(value).second) clients_seen_ = wills_seen_.size();
+  }
 
   const TcpStoreServerOptions& options() const { return options_; }
   bool has_secret() const { return !options_.secret.empty(); }
@@ -218,6 +222,9 @@ class ServerCore {
   // Sessions holding a will, and whether one was executed (read by stop() on another thread).
   std::atomic<int> wills_held_{0};
   std::atomic<bool> will_executed_{false};
+  // The distinct wills set so far (one per process of the job), and their number for stop().
+  std::unordered_set<std::string> wills_seen_;
+  std::atomic<std::size_t> clients_seen_{0};
   bool stopping_ = false;
   std::unordered_set<std::shared_ptr<Session>> sessions_;
   std::shared_ptr<ReplyRoute> route_ = std::make_shared<ReplyRoute>();
@@ -441,6 +448,16 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
 }
 
 void ServerCore::stop() {
+  if (thread_.joinable() && options_.expected_clients > 0 &&
+      clients_seen_ < options_.expected_clients) {
+    // Some process of the job has not connected yet (options_.expected_clients): the store keeps
+    // serving while the ones still starting connect, and until they close again.
+    const auto until = Clock::now() + options_.linger_for_absent;
+    while (Clock::now() < until &&
+           (clients_seen_ < options_.expected_clients || wills_held_ > 0)) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
   {
     std::lock_guard lock(route_->mu);
     route_->ioc = nullptr;  // replies still to come are dropped
@@ -576,6 +593,7 @@ void ServerCore::handle(const std::shared_ptr<Session>& s, std::string_view body
       if (st.ok()) st = internal::validate_store_value(key, value.size());
       if (!st.ok()) return s->send(error_frame(st));
       count_will((key.empty() ? 0 : 1) - (s->will_key.empty() ? 0 : 1));
+      if (!key.empty()) saw_will(std::string(value));
       s->will_key = std::string(key);
       s->will_value = std::string(value);
       return s->send(wire::Writer().u8(0).finish());

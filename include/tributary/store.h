@@ -195,6 +195,15 @@ struct TcpStoreServerOptions {
   // server waits up to this long for the clients that still hold a will to close, so that the
   // survivors can still read who was lost when the chief (rank 0) ends first. 0 = do not wait.
   std::chrono::milliseconds linger_after_loss = std::chrono::seconds(5);
+  // The job's processes, each of which leaves a last will (make_backend_context sets the world
+  // size; 0 = unknown). Destroying the server before every one of them has connected waits up to
+  // linger_for_absent for those still to come to connect and close again, so that a chief that
+  // fails at once (a backend option only the world size refuses) does not take the store from the
+  // ranks still starting, which would otherwise wait their whole timeout to reach it, and then
+  // blame the network, instead of meeting the same error themselves. Once all have connected,
+  // destroying the server does not wait.
+  std::size_t expected_clients = 0;
+  std::chrono::milliseconds linger_for_absent = std::chrono::seconds(5);
   // Serves TcpStore::call (null: calls are answered kUnimplemented).
   StoreCallHandler call_handler;
 };

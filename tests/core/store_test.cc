@@ -846,6 +846,76 @@ TEST_F(TcpStoreServerTest, LastWillIsKeptOnlyForClientsThatAreLost) {
       << *lost;
 }
 
+// A chief whose backend failed at once (a spec value only the world size refuses) destroys its
+// server before every rank has connected: the server waits for the ones still to come
+// (expected_clients), so that they reach the store and meet the error themselves, and goes as soon
+// as they have connected and closed again.
+TEST(TcpStoreServerLinger, WaitsForTheRanksStillToConnectThenGoesWhenTheyClose) {
+  TcpStoreServerOptions o;
+  o.expected_clients = 3;
+  o.linger_for_absent = 30s;
+  auto server = TcpStore::create_server("127.0.0.1", 0, o);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  const std::uint16_t port = (*server)->port();
+  auto rank = [port](int r) {
+    auto c = TcpStore::connect("127.0.0.1", port, test_options());
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    if (!c.ok()) return std::unique_ptr<TcpStore>();
+    EXPECT_TRUE((*c)->set_last_will("lost", "rank " + std::to_string(r)).ok());
+    return std::move(c).value();
+  };
+  std::unique_ptr<TcpStore> chief = rank(0);
+  ASSERT_TRUE(chief);
+  ASSERT_TRUE(chief->set("why", "rank 0 failed").ok());
+  std::unique_ptr<TcpStore> one = rank(1);
+  chief.reset();  // closed on purpose: its will is withdrawn
+  std::atomic<bool> gone{false};
+  const auto start = Clock::now();
+  std::thread stopping([&] {
+    server->reset();
+    gone = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(gone) << "the server went before rank 2 connected";
+  std::unique_ptr<TcpStore> two = rank(2);  // the rank that starts last still reaches the store
+  ASSERT_TRUE(two);
+  auto why = two->get("why", 1s);
+  ASSERT_TRUE(why.ok()) << why.status().to_string();
+  EXPECT_EQ(*why, "rank 0 failed");
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(gone) << "the server went while ranks 1 and 2 were still connected";
+  one.reset();
+  two.reset();
+  stopping.join();
+  // Gone once both closed, long before linger_for_absent.
+  EXPECT_LT(Clock::now() - start, 20s);
+}
+
+// Once every rank has connected, destroying the server does not wait for anyone; and the wait for
+// absent ranks is bounded by linger_for_absent.
+TEST(TcpStoreServerLinger, NoWaitOnceEveryRankConnectedAndTheWaitIsBounded) {
+  for (const bool all_came : {true, false}) {
+    TcpStoreServerOptions o;
+    o.expected_clients = 2;
+    o.linger_for_absent = all_came ? 30s : 300ms;
+    auto server = TcpStore::create_server("127.0.0.1", 0, o);
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    auto c = TcpStore::connect("127.0.0.1", (*server)->port(), test_options());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_TRUE((*c)->set_last_will("lost", "rank 1").ok());
+    std::unique_ptr<TcpStore> chief;
+    if (all_came) {
+      auto d = TcpStore::connect("127.0.0.1", (*server)->port(), test_options());
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      ASSERT_TRUE((*d)->set_last_will("lost", "rank 0").ok());
+      chief = std::move(d).value();
+    }
+    const auto start = Clock::now();
+    server->reset();  // rank 1 (and the chief's own client) still connected
+    EXPECT_LT(Clock::now() - start, 10s) << (all_came ? "every rank came" : "rank 0 never came");
+  }
+}
+
 TEST_F(TcpStoreServerTest, LastWillGoesThroughAPrefixAndIsReplaced) {
   SKIP_FORK_WITH_THREADS_UNDER_TSAN();
   const std::uint16_t port = server_->port();
