@@ -448,15 +448,17 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
 }
 
 void ServerCore::stop() {
+  // Keeps serving for up to `most` while `pending()` holds.
+  const auto linger = [](milliseconds most, const auto& pending) {
+    const auto until = Clock::now() + most;
+    while (pending() && Clock::now() < until) std::this_thread::sleep_for(milliseconds(10));
+  };
   if (thread_.joinable() && options_.expected_clients > 0 &&
       clients_seen_ < options_.expected_clients) {
     // Some process of the job has not connected yet (options_.expected_clients): the store keeps
     // serving while the ones still starting connect, and until they close again.
-    const auto until = Clock::now() + options_.linger_for_absent;
-    while (Clock::now() < until &&
-           (clients_seen_ < options_.expected_clients || wills_held_ > 0)) {
-      std::this_thread::sleep_for(milliseconds(10));
-    }
+    linger(options_.linger_for_absent,
+           [&] { return clients_seen_ < options_.expected_clients || wills_held_ > 0; });
   }
   {
     std::lock_guard lock(route_->mu);
@@ -465,10 +467,7 @@ void ServerCore::stop() {
   if (!thread_.joinable()) return;
   if (will_executed_) {
     // A process of the job was lost: let the survivors read who before the store goes.
-    const auto until = Clock::now() + options_.linger_after_loss;
-    while (wills_held_ > 0 && Clock::now() < until) {
-      std::this_thread::sleep_for(milliseconds(10));
-    }
+    linger(options_.linger_after_loss, [&] { return wills_held_ > 0; });
   }
   asio::post(ioc_, [this] {
     stopping_ = true;
