@@ -78,10 +78,15 @@ size_t segment_bytes_for(size_t configured, size_t chunk_bytes, const Transport&
   return std::clamp<size_t>(chunk_bytes / 4, size_t{256} << 10, size_t{1} << 20);
 }
 
+//
+// The sends go zero-copy (Transport::isend_zero_copy) unless `copy_sends`: every caller here leaves
+// a sent block alone until it receives the block's next value from the ring, which the next rank
+// sends only after it has taken (and reduced) this one; the caller that may not,
+// ring_reduce_scatter with an output that overlaps a sent block, asks for copies.
 template <typename OnSegment>
 Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const std::byte* send,
                  int64_t send_len, std::byte* recv, int64_t recv_len, int64_t chunk_len,
-                 size_t elem, OnSegment&& on_segment) {
+                 size_t elem, OnSegment&& on_segment, bool copy_sends = false) {
   Transport& t = ctx.transport;
   const MessageTag tag = ctx.tag.at_step(step);
   const int64_t seg = std::max<int64_t>(
@@ -109,10 +114,10 @@ Status ring_step(AlgorithmContext& ctx, uint32_t step, int next, int prev, const
         t.irecv(prev, tag, {recv_at(k), static_cast<size_t>(length(recv_len, k)) * elem}));
   }
   for (int64_t k = 0; k < nsend; ++k) {
-    TRIBUTARY_ASSIGN_OR_RETURN(Request s,
-                               t.isend(next, tag,
-                                       {send + static_cast<size_t>(k * seg) * elem,
-                                        static_cast<size_t>(length(send_len, k)) * elem}));
+    const std::span<const std::byte> piece{send + static_cast<size_t>(k * seg) * elem,
+                                           static_cast<size_t>(length(send_len, k)) * elem};
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Request s, copy_sends ? t.isend(next, tag, piece) : t.isend_zero_copy(next, tag, piece));
     sends.push_back(s);
   }
   for (int64_t k = 0; k < nrecv; ++k) {
@@ -508,22 +513,30 @@ Status ring_reduce_scatter(AlgorithmContext& ctx, void* data, void* out, int64_t
     return Status();
   }
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // The last step writes `out` while its sends may still be read: zero-copy sends only when `out`
+  // is this rank's own block of `data` (never sent) or outside `data`.
+  const auto lo = reinterpret_cast<uintptr_t>(data);
+  const auto hi = lo + block_bytes * static_cast<size_t>(n);
+  const auto o = reinterpret_cast<uintptr_t>(out);
+  const bool copy_sends =
+      o != lo + block_bytes * static_cast<size_t>(r) && o < hi && o + block_bytes > lo;
   // After n-1 steps the last block received and reduced is this rank's own.
   for (int s = 0; s < n - 1; ++s) {
     const int send_c = (r - s - 1 + 2 * n) % n, recv_c = (r - s - 2 + 2 * n) % n;
     const bool last = s == n - 2;
     std::byte* target = at(data, static_cast<int64_t>(recv_c) * count, elem);
     std::byte* result = last ? static_cast<std::byte*>(out) : target;
-    TRIBUTARY_RETURN_IF_ERROR(ring_step(ctx, static_cast<uint32_t>(s), next, prev,
-                                        at(data, static_cast<int64_t>(send_c) * count, elem), count,
-                                        nullptr, count, count, elem,
-                                        [&](int64_t off, int64_t len, const std::byte* got) {
-                                          const size_t b = static_cast<size_t>(off) * elem;
-                                          const void* srcs[2] = {target + b, got};
-                                          void* dsts[1] = {result + b};
-                                          reduce(last ? op : partial_op(op), dtype, srcs, dsts,
-                                                 static_cast<size_t>(len), mean_divisor);
-                                        }));
+    TRIBUTARY_RETURN_IF_ERROR(ring_step(
+        ctx, static_cast<uint32_t>(s), next, prev,
+        at(data, static_cast<int64_t>(send_c) * count, elem), count, nullptr, count, count, elem,
+        [&](int64_t off, int64_t len, const std::byte* got) {
+          const size_t b = static_cast<size_t>(off) * elem;
+          const void* srcs[2] = {target + b, got};
+          void* dsts[1] = {result + b};
+          reduce(last ? op : partial_op(op), dtype, srcs, dsts, static_cast<size_t>(len),
+                 mean_divisor);
+        },
+        copy_sends));
   }
   return Status();
 }

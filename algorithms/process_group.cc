@@ -15,6 +15,13 @@ std::string TransportGroup::describe() const {
          std::string(all_reduce_algorithm_name(algorithm_)) + " all-reduce)";
 }
 
+// After the collective: the transport may still be reading what it sent without copying
+// (Transport::isend_zero_copy) until every rank has confirmed it took it.
+Status TransportGroup::fenced(const GroupCall& call, Status done) {
+  if (!done.ok()) return done;
+  return transport_->fence(call.tag, call.deadline);
+}
+
 AlgorithmContext TransportGroup::context(const GroupCall& call) {
   return AlgorithmContext{.transport = *transport_,
                           .tag = call.tag,
@@ -28,26 +35,27 @@ Status TransportGroup::all_reduce(const GroupCall& call, void* data, int64_t cou
                                   ReduceOp op, int64_t mean_divisor, const void* source) {
   TRIBUTARY_RETURN_IF_ERROR(transport_->error());
   auto ctx = context(call);
-  return algorithms::all_reduce(ctx, algorithm_, data, count, dtype, op, mean_divisor, source);
+  return fenced(
+      call, algorithms::all_reduce(ctx, algorithm_, data, count, dtype, op, mean_divisor, source));
 }
 
 Status TransportGroup::broadcast(const GroupCall& call, void* data, size_t bytes, int root) {
   TRIBUTARY_RETURN_IF_ERROR(transport_->error());
   auto ctx = context(call);
-  return tree_broadcast(ctx, data, bytes, root);
+  return fenced(call, tree_broadcast(ctx, data, bytes, root));
 }
 
 Status TransportGroup::all_gather(const GroupCall& call, void* data, size_t bytes_per_rank) {
   TRIBUTARY_RETURN_IF_ERROR(transport_->error());
   auto ctx = context(call);
-  return ring_all_gather(ctx, data, bytes_per_rank);
+  return fenced(call, ring_all_gather(ctx, data, bytes_per_rank));
 }
 
 Status TransportGroup::reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count,
                                       DType dtype, ReduceOp op, int64_t mean_divisor) {
   TRIBUTARY_RETURN_IF_ERROR(transport_->error());
   auto ctx = context(call);
-  return ring_reduce_scatter(ctx, data, out, count, dtype, op, mean_divisor);
+  return fenced(call, ring_reduce_scatter(ctx, data, out, count, dtype, op, mean_divisor));
 }
 
 }  // namespace tributary::algorithms

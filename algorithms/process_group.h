@@ -119,6 +119,7 @@ class TransportGroup final : public ProcessGroup {
 
  private:
   AlgorithmContext context(const GroupCall& call);
+  Status fenced(const GroupCall& call, Status done);
 
   std::unique_ptr<Transport> transport_;
   AllReduceAlgorithm algorithm_;

@@ -31,6 +31,7 @@ std::string MessageTag::describe_call() const {
 std::string MessageTag::describe() const {
   std::string s = describe_call();
   if (root >= 0) s += " from root " + std::to_string(root);
+  if (step == kFenceStep) return s + " (end of collective)";
   return s + " step " + std::to_string(step);
 }
 

@@ -34,6 +34,8 @@ using Deadline = std::chrono::steady_clock::time_point;
 
 // What a message belongs to: the collective (its sequence number and fingerprint) and the step.
 struct MessageTag {
+  static constexpr uint32_t kFenceStep = 0xFFFFFFF0u;  // the step of Transport::fence's messages
+
   uint64_t sequence = 0;
   uint32_t step = 0;
   Collective collective = Collective::kAllReduce;
@@ -66,6 +68,27 @@ class Transport {
                                   std::span<const std::byte> data) = 0;
   virtual StatusOr<Request> irecv(int peer, const MessageTag& tag, std::span<std::byte> data) = 0;
   virtual Status wait(Request request, Deadline deadline) = 0;
+
+  // Zero-copy sends. Like isend, but the transport may send straight from `data` without copying
+  // it (TCP: vmsplice and splice, so the kernel reads the caller's pages), and so may still read
+  // `data` after the request has completed, until fence() returns on this rank. Until then the
+  // caller must leave `data` unchanged, except by writing into it what it received, after the
+  // request, from a rank that took this message first (as a ring all-reduce writes the reduced
+  // block over the one it sent: the block comes back only after the next rank has reduced it).
+  // The default copies, as isend does.
+  virtual StatusOr<Request> isend_zero_copy(int peer, const MessageTag& tag,
+                                            std::span<const std::byte> data) {
+    return isend(peer, tag, data);
+  }
+  // Returns once every rank has taken every message this rank sent it with isend_zero_copy since
+  // the last fence(), and this rank has told every rank it took such a message from. Every rank of
+  // the transport calls it at the same point of the same collective (its end); `tag` names the
+  // collective. It sends and waits for nothing when no zero-copy message went either way.
+  virtual Status fence(const MessageTag& tag, Deadline deadline) {
+    (void)tag;
+    (void)deadline;
+    return Status();
+  }
   // Fails the transport with `why` (if not failed already) and closes its connections.
   virtual void abort(const Status& why) = 0;
   // The first error, or OK.

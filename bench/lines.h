@@ -104,6 +104,10 @@ struct TcpExchange {
   const std::byte* from = nullptr;
   std::byte* into = nullptr;
   size_t span = 0, total = 0;
+  // send=splice: the bytes go from `from` into the socket through this pipe (vmsplice, then
+  // splice), as ring's zero-copy segments do, instead of send(); -1 = send().
+  int pipe_read = -1, pipe_write = -1;
+  size_t pipe_capacity = 0;
 };
 Status tcp_exchange(const TcpExchange& x, std::chrono::milliseconds timeout);
 // What a ring all-reduce of `bytes` among n ranks moves through each rank's link, each way:

@@ -1,12 +1,14 @@
 // The direct TCP line of tributary-bench (see lines.h): plain sockets between the same ranks,
 // moving what a ring all-reduce moves through each rank's link, and nothing else.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,16 +55,21 @@ bool wait_fd(int fd, short events, Clock::time_point deadline) {
 // calls and poll() (ring's transport sends from a thread of its own instead: tcp_writer.h).
 class TcpReference final : public Line {
  public:
-  TcpReference(int world_size, bool message_buffers, Fd next, Fd prev)
+  TcpReference(int world_size, bool message_buffers, Fd next, Fd prev, Fd pipe_read, Fd pipe_write,
+               size_t pipe_capacity)
       : world_size_(world_size),
         message_buffers_(message_buffers),
         next_(std::move(next)),
         prev_(std::move(prev)),
+        pipe_read_(std::move(pipe_read)),
+        pipe_write_(std::move(pipe_write)),
+        pipe_capacity_(pipe_capacity),
         send_buf_(kBuffer, std::byte{1}),
         recv_buf_(kBuffer) {}
 
   std::string spec() const override {
-    return std::string("tcp-direct:buffers=") + (message_buffers_ ? "message" : "cache");
+    return std::string("tcp-direct:buffers=") + (message_buffers_ ? "message" : "cache") +
+           ",send=" + (pipe_write_.get() >= 0 ? "splice" : "copy");
   }
   bool reference() const override { return true; }
   bool all_reduces() const override { return false; }
@@ -83,9 +90,16 @@ class TcpReference final : public Line {
       span = bytes;
     }
     const int in = prev_.get() >= 0 ? prev_.get() : next_.get();  // two ranks: one connection
-    return internal::tcp_exchange(
-        {.out = next_.get(), .in = in, .from = from, .into = into, .span = span, .total = total},
-        timeout);
+    return internal::tcp_exchange({.out = next_.get(),
+                                   .in = in,
+                                   .from = from,
+                                   .into = into,
+                                   .span = span,
+                                   .total = total,
+                                   .pipe_read = pipe_read_.get(),
+                                   .pipe_write = pipe_write_.get(),
+                                   .pipe_capacity = pipe_capacity_},
+                                  timeout);
   }
 
  private:
@@ -93,6 +107,8 @@ class TcpReference final : public Line {
   int world_size_;
   bool message_buffers_;
   Fd next_, prev_;  // prev_ is empty with two ranks (next_ carries both ways)
+  Fd pipe_read_, pipe_write_;  // send=splice; empty for send=copy
+  size_t pipe_capacity_;
   std::vector<std::byte> send_buf_, recv_buf_;
 };
 
@@ -106,9 +122,35 @@ Status tcp_exchange(const TcpExchange& x, std::chrono::milliseconds timeout) {
   constexpr size_t kCall = size_t{1} << 20;
   const auto deadline = Clock::now() + timeout;
   size_t sent = 0, got = 0;
+  size_t in_pipe = 0;  // send=splice: bytes in the pipe, not yet in the socket
   while (sent < x.total || got < x.total) {
     bool moved = false;
-    if (sent < x.total) {
+    if (sent < x.total && x.pipe_write >= 0) {
+      const size_t queued = sent + in_pipe;
+      if (queued < x.total && in_pipe < x.pipe_capacity) {
+        const size_t at = queued % x.span;
+        iovec iov{const_cast<std::byte*>(x.from) + at,
+                  std::min({x.pipe_capacity - in_pipe, x.span - at, x.total - queued})};
+        const ssize_t v = ::vmsplice(x.pipe_write, &iov, 1, SPLICE_F_NONBLOCK);
+        if (v > 0) {
+          in_pipe += static_cast<size_t>(v);
+        } else if (errno != EAGAIN && errno != EINTR) {
+          return unavailable(errno_text("tcp-direct: vmsplice"));
+        }
+      }
+      if (in_pipe > 0) {
+        const bool more = sent + in_pipe < x.total;
+        const ssize_t k = ::splice(x.pipe_read, nullptr, x.out, nullptr, in_pipe,
+                                   SPLICE_F_NONBLOCK | (more ? SPLICE_F_MORE : 0u));
+        if (k > 0) {
+          sent += static_cast<size_t>(k);
+          in_pipe -= static_cast<size_t>(k);
+          moved = true;
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          return unavailable(errno_text("tcp-direct: splice"));
+        }
+      }
+    } else if (sent < x.total) {
       const size_t at = sent % x.span;
       const ssize_t k = ::send(x.out, x.from + at, std::min({kCall, x.span - at, x.total - sent}),
                                MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -288,13 +330,36 @@ StatusOr<Links> connect_ring(const BackendContext& context, const std::string& p
 
 StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
                                               const BackendContext& context) {
-  bool message_buffers = false;
+  bool message_buffers = false, splice = false;
   for (const auto& [key, value] : spec.options) {
-    if (key != "buffers") return invalid_argument("unknown option '" + key + "' (buffers)");
-    if (value != "cache" && value != "message") {
-      return invalid_argument("buffers is cache or message, not '" + value + "'");
+    if (key == "buffers") {
+      if (value != "cache" && value != "message") {
+        return invalid_argument("buffers is cache or message, not '" + value + "'");
+      }
+      message_buffers = value == "message";
+    } else if (key == "send") {
+      if (value != "copy" && value != "splice") {
+        return invalid_argument("send is copy or splice, not '" + value + "'");
+      }
+      splice = value == "splice";
+    } else {
+      return invalid_argument("unknown option '" + key + "' (buffers, send)");
     }
-    message_buffers = value == "message";
+  }
+  // send=splice: a 1 MiB pipe where the system allows it, as ring's zero-copy sends use.
+  Fd pipe_read, pipe_write;
+  size_t pipe_capacity = 0;
+  if (splice) {
+    int fds[2];
+    if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
+      return unavailable(errno_text("tcp-direct: pipe2 for send=splice"));
+    }
+    pipe_read = Fd(fds[0]);
+    pipe_write = Fd(fds[1]);
+    (void)::fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
+    const int capacity = ::fcntl(fds[1], F_GETPIPE_SZ);
+    if (capacity <= 0) return unavailable(errno_text("tcp-direct: F_GETPIPE_SZ"));
+    pipe_capacity = static_cast<size_t>(capacity);
   }
   if (context.world_size < 2 || !context.store) {
     return invalid_argument("it is for several processes (--np N, N >= 2)");
@@ -315,7 +380,8 @@ StatusOr<std::unique_ptr<Line>> tcp_reference(const BackendSpec& spec,
   TRIBUTARY_ASSIGN_OR_RETURN(Links links, connect_ring(context, prefix, deadline));
   // (The runner checks that every rank made the line: Runner's made_everywhere.)
   return std::unique_ptr<Line>(new TcpReference(
-      context.world_size, message_buffers, std::move(links.to_next), std::move(links.from_prev)));
+      context.world_size, message_buffers, std::move(links.to_next), std::move(links.from_prev),
+      std::move(pipe_read), std::move(pipe_write), pipe_capacity));
 }
 
 }  // namespace internal

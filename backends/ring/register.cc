@@ -52,6 +52,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   t.authenticate_frames = options.get_bool("authenticate_frames");
   t.congestion = options.get_string("tcp_congestion");
+  t.zero_copy = options.get_bool("zero_copy");
   TRIBUTARY_ASSIGN_OR_RETURN(auto transport, transports::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
@@ -167,6 +168,13 @@ Status register_ring(BackendRegistry& registry) {
                    "on every TCP frame and check it before data is used; false authenticates only "
                    "the handshake, which is faster but lets a relay on the path change data; "
                    "every process must use the same value"},
+          {.name = "zero_copy",
+           .type = OptionType::kBool,
+           .default_value = "true",
+           .help = "TCP: send the ring's segments of 64 KiB or more from the caller's memory "
+                   "without copying them into the kernel (vmsplice and splice; the receivers "
+                   "confirm at the end of each collective), where frames are not authenticated; "
+                   "false copies them, as a plain send() does"},
           {.name = "host",
            .type = OptionType::kString,
            .default_value = "",

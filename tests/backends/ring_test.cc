@@ -12,6 +12,8 @@ TEST(RingCapabilities, EveryCollectiveOpAndDtypeOnCpu) {
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4KiB");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingNet, "ring:intra_host=net");
+// Segments copied into the kernel, not sent from the caller's pages (zero_copy, the default).
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingNetCopied, "ring:intra_host=net,zero_copy=false");
 // Small segments and slices: a 65537-element all-reduce runs as several slices of several segments.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingForcedRing,
                                    "ring:intra_host=net,algorithm=ring,segment_bytes=4KiB,"

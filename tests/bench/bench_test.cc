@@ -1,5 +1,6 @@
 // tributary-bench's logic that needs no run of the tool: the direct TCP line's exchange
 // (bench/lines.h), over real sockets, and how the ranks agree on a reference line (runner.h).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -81,6 +82,51 @@ TEST(TcpExchange, MovesExactlyTotalBothWaysOverOneConnection) {
   ASSERT_TRUE(sa.ok()) << sa.to_string();
   ASSERT_TRUE(sb.ok()) << sb.to_string();
   EXPECT_EQ(into_a, from_b);  // every position written, with the byte sent from it
+  EXPECT_EQ(into_b, from_a);
+  EXPECT_TRUE(drained(p.fd[0]));
+  EXPECT_TRUE(drained(p.fd[1]));
+}
+
+// send=splice: the same exchange with both ends sending through a pipe (vmsplice, then splice),
+// whose capacity (one page) is smaller than a span, so that the pipe fills and drains many times.
+TEST(TcpExchange, SplicedSendsMoveExactlyTotalBothWays) {
+  Pair p;
+  const size_t span = 30001, total = 7 * span + 123;
+  std::vector<std::byte> from_a = pattern(span, 1), from_b = pattern(span, 2);
+  std::vector<std::byte> into_a(span), into_b(span);
+  int pa[2], pb[2];
+  ASSERT_EQ(::pipe2(pa, O_NONBLOCK | O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(pb, O_NONBLOCK | O_CLOEXEC), 0);
+  ASSERT_GT(::fcntl(pa[1], F_SETPIPE_SZ, 4096), 0);
+  ASSERT_GT(::fcntl(pb[1], F_SETPIPE_SZ, 4096), 0);
+  Status sb;
+  std::thread b([&] {
+    sb = tcp_exchange({.out = p.fd[1],
+                       .in = p.fd[1],
+                       .from = from_b.data(),
+                       .into = into_b.data(),
+                       .span = span,
+                       .total = total,
+                       .pipe_read = pb[0],
+                       .pipe_write = pb[1],
+                       .pipe_capacity = 4096},
+                      std::chrono::seconds(10));
+  });
+  Status sa = tcp_exchange({.out = p.fd[0],
+                            .in = p.fd[0],
+                            .from = from_a.data(),
+                            .into = into_a.data(),
+                            .span = span,
+                            .total = total,
+                            .pipe_read = pa[0],
+                            .pipe_write = pa[1],
+                            .pipe_capacity = 4096},
+                           std::chrono::seconds(10));
+  b.join();
+  for (int fd : {pa[0], pa[1], pb[0], pb[1]}) ::close(fd);
+  ASSERT_TRUE(sa.ok()) << sa.to_string();
+  ASSERT_TRUE(sb.ok()) << sb.to_string();
+  EXPECT_EQ(into_a, from_b);
   EXPECT_EQ(into_b, from_a);
   EXPECT_TRUE(drained(p.fd[0]));
   EXPECT_TRUE(drained(p.fd[1]));

@@ -1,8 +1,10 @@
 #include "transports/tcp/tcp_transport.h"
 
+#include <linux/sockios.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/crypto/crypto.h"
@@ -108,6 +111,7 @@ struct TcpTransport::Impl {
     internal::Digest send_key{}, recv_key{};
     internal::FrameMac recv_mac;
     internal::FrameMac::Tag incoming_tag{};
+    bool zero_copy = false;  // the frame being read was sent zero-copy
   };
 
   asio::io_context io;
@@ -121,6 +125,10 @@ struct TcpTransport::Impl {
   std::string abort_frame;
   bool settled = false;
   std::unique_ptr<TcpWriter> writer;  // after the sockets are connected
+  // Zero-copy (TcpTransportOptions::zero_copy): per peer, since the last fence, whether this rank
+  // sent it a zero-copy frame (it is to confirm) or took one from it (this rank is to confirm).
+  bool zero_copy = true;
+  std::vector<char> confirm_due_from, confirm_owed_to;
 
   ~Impl() {
     if (writer) writer->stop();  // before the sockets it writes to close
@@ -208,8 +216,54 @@ struct TcpTransport::Impl {
       if (writer) writer->seal(c, frame);
       (void)::send(x.socket->native_handle(), frame.data(), frame.size(),
                    MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (confirm_due_from[static_cast<size_t>(peer_of(c))]) {  // see linger_for_zero_copy
+        ::shutdown(x.socket->native_handle(), SHUT_WR);
+        return;
+      }
     }
     close(x);
+  }
+
+  // A failed transport that sent zero-copy frames a peer has not confirmed: TCP may still read
+  // them from this process's pages, which the caller is free to change once the error is back.
+  // Before it returns, the transport ends its side of those connections, behind the abort frame,
+  // and waits until each holds no byte that the peer's kernel has not acknowledged (SIOCOUTQ: a
+  // network will not need them again, and on one host they and the abort frame behind them are in
+  // the peer's queue, where the peer's sender_gave_up() sees the abort after the frames), or until
+  // the peer closed, reading and dropping what it sends, for at most kZeroCopyLinger: a peer that
+  // stopped reading with its window full holds the rest in this process's queue until then.
+  static constexpr auto kZeroCopyLinger = std::chrono::seconds(1);
+  void linger_for_zero_copy() {
+    std::vector<int> open;
+    for (size_t c = 0; c < conns.size(); ++c) {
+      Connection& x = conns[c];
+      if (x.socket && x.socket->is_open() &&
+          confirm_due_from[static_cast<size_t>(peer_of(static_cast<int>(c)))]) {
+        open.push_back(static_cast<int>(c));
+      }
+    }
+    // Our end first: a peer still waiting for the rest of a frame sees the stream end and fails.
+    for (int c : open) ::shutdown(conns[static_cast<size_t>(c)].socket->native_handle(), SHUT_WR);
+    const Deadline until = Clock::now() + kZeroCopyLinger;
+    std::vector<std::byte> sink(size_t{64} << 10);
+    while (!open.empty() && Clock::now() < until) {
+      std::vector<pollfd> fds;
+      for (int c : open)
+        fds.push_back({conns[static_cast<size_t>(c)].socket->native_handle(), POLLIN, 0});
+      (void)::poll(fds.data(), fds.size(), 10);
+      std::erase_if(open, [&](int c) {
+        const int fd = conns[static_cast<size_t>(c)].socket->native_handle();
+        int unacknowledged = 0;
+        if (::ioctl(fd, SIOCOUTQ, &unacknowledged) == 0 && unacknowledged == 0) return true;
+        for (;;) {
+          const ssize_t r = ::recv(fd, sink.data(), sink.size(), MSG_DONTWAIT);
+          if (r > 0) continue;
+          if (r < 0 && errno == EINTR) continue;
+          return !(r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));  // closed, or an error
+        }
+      });
+    }
+    std::fill(confirm_due_from.begin(), confirm_due_from.end(), 0);
   }
 
   // After a failure, outside any handler: lets frames in flight finish (briefly), then sends the
@@ -228,8 +282,9 @@ struct TcpTransport::Impl {
     absorb();
     for (size_t c = 0; c < conns.size(); ++c) {
       if (clean[c]) send_abort_and_close(static_cast<int>(c));
-      close(conns[c]);
     }
+    linger_for_zero_copy();
+    for (Connection& x : conns) close(x);
   }
 
   // One frame of request `id` is done (sent or received): the request is when all are, or at the
@@ -444,6 +499,10 @@ struct TcpTransport::Impl {
           read_failed(c, std::move(bad));
           break;
         }
+        if ((h.flags & wire::kFrameZeroCopy) != 0) {
+          confirm_owed_to[static_cast<size_t>(peer_of(c))] = 1;
+        }
+        x.zero_copy = (h.flags & wire::kFrameZeroCopy) != 0;
         if (tag != 0) {
           x.recv_mac.begin();
           x.recv_mac.update(&h, kHeader);
@@ -465,12 +524,31 @@ struct TcpTransport::Impl {
           break;
         }
       }
+      if (x.zero_copy && sender_gave_up(c)) {
+        // Read again in place of the frame: the abort frame or the end of the stream fails this
+        // receive with the sender's reason, as if it had come instead.
+        x.got = 0;
+        x.zero_copy = false;
+        continue;
+      }
       const Request id = part.id;
       x.recvs.pop_front();
       x.got = 0;
       complete(id, Status());
     }
     return progress;
+  }
+
+  // A zero-copy frame was read from the sender's pages, which its caller may change once the
+  // sender's call has failed, and before that call returns the sender puts its abort frame (or the
+  // end of the stream) behind every frame it sent (fail(), settle(), linger_for_zero_copy()). So
+  // when neither follows the frame by the time it has been read, the sender's call had not
+  // returned while it was read, and the bytes are the ones it sent; when one does, they may not be.
+  bool sender_gave_up(int c) {
+    uint32_t magic = 0;
+    const ssize_t r = ::recv(conns[static_cast<size_t>(c)].socket->native_handle(), &magic,
+                             sizeof magic, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r == static_cast<ssize_t>(sizeof magic) && magic == wire::kAbortMagic);
   }
 
   // Reads on every connection with a receive posted; true on any progress.
@@ -999,6 +1077,9 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
   impl->spin = options.poll_before_sleep;
   impl->yield = options.yield_before_sleep;
   impl->sockets_per_peer = sockets;
+  impl->zero_copy = options.zero_copy;
+  impl->confirm_due_from.assign(static_cast<size_t>(size), 0);
+  impl->confirm_owed_to.assign(static_cast<size_t>(size), 0);
   impl->conns.resize(static_cast<size_t>(size) * static_cast<size_t>(sockets));
   if (size > 1) {
     TcpSetup setup(*impl, store, options);
@@ -1020,6 +1101,16 @@ int TcpTransport::size() const { return impl_->size; }
 
 StatusOr<Request> TcpTransport::isend(int peer, const MessageTag& tag,
                                       std::span<const std::byte> data) {
+  return send(peer, tag, data, false);
+}
+
+StatusOr<Request> TcpTransport::isend_zero_copy(int peer, const MessageTag& tag,
+                                                std::span<const std::byte> data) {
+  return send(peer, tag, data, impl_->zero_copy);
+}
+
+StatusOr<Request> TcpTransport::send(int peer, const MessageTag& tag,
+                                     std::span<const std::byte> data, bool zero_copy) {
   Impl& m = *impl_;
   if (!m.error.ok()) return m.error;
   if (peer < 0 || peer >= m.size || peer == m.rank) {
@@ -1032,6 +1123,13 @@ StatusOr<Request> TcpTransport::isend(int peer, const MessageTag& tag,
     const wire::Stripe part = wire::stripe_of(data.size(), stripes, k);
     TcpWriter::Op op{id, stripe_header(tag, data.size(), stripes, k), data.data() + part.offset,
                      part.length};
+    const int c = m.conn_index(peer, k);
+    if (zero_copy && part.length >= wire::kZeroCopyMinBytes &&
+        !m.conns[static_cast<size_t>(c)].authenticated) {
+      op.splice = true;
+      op.header.flags |= wire::kFrameZeroCopy;
+      m.confirm_due_from[static_cast<size_t>(peer)] = 1;
+    }
     if (m.writer->submit(m.conn_index(peer, k), op)) m.complete(id, Status());
   }
   return id;
@@ -1079,6 +1177,31 @@ Status TcpTransport::wait(Request request, Deadline deadline) {
   m.requests.erase(it);
   if (!m.error.ok()) m.settle();
   return s;
+}
+
+// Each confirmation is an empty frame tagged with the collective and MessageTag::kFenceStep: sent
+// to every rank this one took a zero-copy frame from, received from every rank it sent one to. The
+// frames of a collective come in order, so a confirmation follows every frame it confirms; and a
+// rank sends its confirmations before it waits for its own, so two ranks that both sent never wait
+// for each other.
+Status TcpTransport::fence(const MessageTag& tag, algorithms::Deadline deadline) {
+  Impl& m = *impl_;
+  if (!m.error.ok()) return m.error;
+  const MessageTag confirm = tag.at_step(MessageTag::kFenceStep);
+  std::vector<Request> pending;
+  for (int peer = 0; peer < m.size; ++peer) {
+    if (!std::exchange(m.confirm_owed_to[static_cast<size_t>(peer)], 0)) continue;
+    TRIBUTARY_ASSIGN_OR_RETURN(Request r, isend(peer, confirm, {}));
+    pending.push_back(r);
+  }
+  for (int peer = 0; peer < m.size; ++peer) {
+    if (!m.confirm_due_from[static_cast<size_t>(peer)]) continue;
+    TRIBUTARY_ASSIGN_OR_RETURN(Request r, irecv(peer, confirm, {}));
+    pending.push_back(r);
+  }
+  for (Request r : pending) TRIBUTARY_RETURN_IF_ERROR(wait(r, deadline));
+  std::fill(m.confirm_due_from.begin(), m.confirm_due_from.end(), 0);
+  return Status();
 }
 
 void TcpTransport::abort(const Status& why) {

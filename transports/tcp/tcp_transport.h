@@ -1,5 +1,5 @@
-// TcpTransport: an algorithms::Transport over TCP (the ring backend's data path); Boost.Asio runs the
-// setup, the data path is plain non-blocking sockets.
+// TcpTransport: an algorithms::Transport over TCP (the ring backend's data path); Boost.Asio runs
+// the setup, the data path is plain non-blocking sockets.
 //
 // Setup: every rank listens on an ephemeral port, publishes "host:port" in the store, connects to
 // every lower rank and accepts every higher one (a full mesh), each connection opened by a
@@ -31,6 +31,15 @@
 // one system call), and the header is checked (tag, message size, stripe index and length) before
 // the frame is accepted: a peer can never make us allocate or write beyond what we posted, and a
 // mismatched collective is reported naming both sides.
+//
+// Zero-copy (isend_zero_copy, with TcpTransportOptions::zero_copy): a frame of 64 KiB or more on a
+// connection that does not authenticate frames goes from the caller's pages through a pipe into the
+// socket (vmsplice, then splice: tcp_writer.h), and says so in its header. fence() then exchanges
+// empty confirmations (tagged with the collective and MessageTag::kFenceStep) with the ranks such
+// frames went to or came from. A transport that fails with zero-copy frames unconfirmed shuts its
+// side of those connections and waits, at most 5 s, for the peers to close theirs before the
+// failing call returns, so that no one reads a buffer after the caller has it back (a peer that is
+// stopped for longer and then resumes could still read what the caller wrote after the error).
 //
 // Progress: reads are driven by the thread that waits (no extra thread, no hand-off latency): it
 // polls the sockets with receives posted, then (more ranks than cores) polls with sched_yield(),
@@ -75,6 +84,10 @@ struct TcpTransportOptions {
   // TCP congestion control of the connections: "auto" (bbr between two addresses of this host
   // becomes reno, others keep the system's) or an algorithm's name (congestion.h).
   std::string congestion = "auto";
+  // Frames of 64 KiB or more sent with isend_zero_copy go from the caller's pages to the socket
+  // without a copy (vmsplice and splice), on connections that do not authenticate frames; false
+  // copies them as isend does. Ranks need not agree: each frame says how it was sent.
+  bool zero_copy = true;
 };
 
 class TcpTransport final : public algorithms::Transport {
@@ -90,6 +103,9 @@ class TcpTransport final : public algorithms::Transport {
                           std::span<const std::byte> data) override;
   StatusOr<Request> irecv(int peer, const algorithms::MessageTag& tag,
                           std::span<std::byte> data) override;
+  StatusOr<Request> isend_zero_copy(int peer, const algorithms::MessageTag& tag,
+                                    std::span<const std::byte> data) override;
+  Status fence(const algorithms::MessageTag& tag, algorithms::Deadline deadline) override;
   Status wait(Request request, algorithms::Deadline deadline) override;
   void abort(const Status& why) override;
   Status error() const override;
@@ -97,6 +113,8 @@ class TcpTransport final : public algorithms::Transport {
   struct Impl;
 
  private:
+  StatusOr<Request> send(int peer, const algorithms::MessageTag& tag,
+                         std::span<const std::byte> data, bool zero_copy);
   explicit TcpTransport(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -19,7 +19,8 @@ inline constexpr uint32_t kHelloMagic = 0x54524248;  // "TRBH"
 inline constexpr uint32_t kAbortMagic = 0x54524241;  // "TRBA": the sender gave up; a reason follows
 // 2: the handshake carries the socket count and index (sockets_per_peer); frames carry the stripe.
 // 3: frames carry the broadcast root.
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: frames carry flags (kFrameZeroCopy), and zero-copy senders expect a fence (end of collective).
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr size_t kMaxAbortReason = 4096;
 inline constexpr int kMaxSocketsPerPeer = 16;
 
@@ -30,7 +31,8 @@ struct FrameHeader {
   uint32_t step = 0;
   uint64_t sequence = 0;
   int64_t count = 0;
-  uint8_t collective = 0, op = 0, dtype = 0, pad = 0;
+  uint8_t collective = 0, op = 0, dtype = 0;
+  uint8_t flags = 0;     // kFrame* bits
   uint32_t stripe = 0;   // which stripe of the message this frame is (0 when not striped)
   uint64_t length = 0;   // payload bytes of this frame
   uint64_t message = 0;  // bytes of the whole message (= length when not striped)
@@ -38,6 +40,12 @@ struct FrameHeader {
   uint32_t reserved = 0;
 };
 static_assert(sizeof(FrameHeader) == 56);
+
+// The sender sent this frame's payload from its caller's pages without copying it: the receiver
+// tells it, at the fence that ends the collective, that it has taken it (TcpTransport::fence).
+inline constexpr uint8_t kFrameZeroCopy = 1;
+// Zero-copy from this frame size up: below it, a pipe's two system calls cost more than the copy.
+inline constexpr size_t kZeroCopyMinBytes = size_t{64} << 10;
 
 inline FrameHeader header_for(const algorithms::MessageTag& tag, size_t length) {
   FrameHeader h;

@@ -1,8 +1,12 @@
 #include "transports/tcp/tcp_writer.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,11 +18,36 @@ TcpWriter::TcpWriter(size_t sockets, std::function<void()> wake)
       busy_(sockets, 0),
       fds_(sockets, -1),
       macs_(sockets),
+      pipes_(sockets),
       wake_(std::move(wake)) {
   thread_ = std::jthread([this](std::stop_token st) { loop(st); });
 }
 
-TcpWriter::~TcpWriter() { stop(); }
+TcpWriter::~TcpWriter() {
+  stop();
+  for (Pipe& p : pipes_) {
+    if (p.read >= 0) ::close(p.read);
+    if (p.write >= 0) ::close(p.write);
+  }
+}
+
+// 1 MiB (the unprivileged maximum by default, /proc/sys/fs/pipe-max-size) holds a whole segment;
+// where the system refuses, the pipe keeps what it has (64 KiB by default).
+bool TcpWriter::open_pipe(size_t socket) {
+  Pipe& p = pipes_[socket];
+  if (p.read >= 0) return true;
+  int fds[2];
+  if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return false;
+  (void)::fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
+  const int capacity = ::fcntl(fds[1], F_GETPIPE_SZ);
+  if (capacity <= 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return false;
+  }
+  p = {fds[0], fds[1], static_cast<size_t>(capacity)};
+  return true;
+}
 
 void TcpWriter::set_fd(int socket, int fd, const internal::Digest* mac_key) {
   fds_[static_cast<size_t>(socket)] = fd;
@@ -42,8 +71,11 @@ bool TcpWriter::submit(int socket, Op op) {
     return false;
   }
   op.mac = macs_[s].enabled();
-  if (q.empty()) {
-    int err = push(fds_[s], op, mac_of(s));
+  if (op.splice && (op.mac || !open_pipe(s))) op.splice = false;
+  // A zero-copy frame goes from the writer thread only: splice() cannot be told MSG_NOSIGNAL, so
+  // a peer that closed would raise SIGPIPE in the caller's thread; the writer blocks it.
+  if (q.empty() && !op.splice) {
+    int err = push_any(s, op);
     if (err == 0 && op.sent == op.total()) return true;
     if (err != 0 && err != EAGAIN) {
       done_.push_back({op.id, socket, err, wire::tag_of(op.header)});
@@ -157,9 +189,67 @@ int TcpWriter::push(int fd, Op& op, internal::FrameMac* mac) {
   return 0;
 }
 
+// Non-blocking calls for what is left of a zero-copy `op`: the header by send(), then the payload's
+// pages into the pipe (vmsplice) and from the pipe into the socket (splice), a pipe's capacity at a
+// time; 0 or an errno. Bytes left in the pipe when the socket is full stay there for the next call,
+// and no other frame starts on the socket before they are out (the op stays at the queue's front).
+int TcpWriter::push_spliced(int fd, Op& op, const Pipe& pipe) {
+  constexpr size_t kHeader = sizeof op.header;
+  while (op.sent < kHeader) {
+    const ssize_t w = ::send(fd, reinterpret_cast<char*>(&op.header) + op.sent, kHeader - op.sent,
+                             MSG_DONTWAIT | MSG_NOSIGNAL | MSG_MORE);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno == EWOULDBLOCK ? EAGAIN : errno;
+    }
+    op.sent += static_cast<size_t>(w);
+  }
+  while (op.sent < kHeader + op.length) {
+    const size_t next = op.sent - kHeader + op.in_pipe;  // the first byte not yet in the pipe
+    if (next < op.length && op.in_pipe < pipe.capacity) {
+      iovec iov{const_cast<std::byte*>(op.data) + next,
+                std::min(op.length - next, pipe.capacity - op.in_pipe)};
+      const ssize_t v = ::vmsplice(pipe.write, &iov, 1, SPLICE_F_NONBLOCK);
+      if (v > 0) {
+        op.in_pipe += static_cast<size_t>(v);
+      } else if (v < 0 && errno != EAGAIN && errno != EINTR) {
+        return errno;
+      }
+    }
+    if (op.in_pipe == 0) return EPIPE;  // an empty pipe that takes nothing: cannot go on
+    // More to come (not yet in the pipe): let the kernel fill whole segments; the last piece goes
+    // without the hint, so it is not held back.
+    const bool more = op.sent - kHeader + op.in_pipe < op.length;
+    const ssize_t w = ::splice(pipe.read, nullptr, fd, nullptr, op.in_pipe,
+                               SPLICE_F_NONBLOCK | (more ? SPLICE_F_MORE : 0u));
+    if (w < 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err == EPIPE) {  // the SIGPIPE it raised is blocked on this thread: take it back
+        const timespec now{0, 0};
+        sigset_t pipe_only;
+        sigemptyset(&pipe_only);
+        sigaddset(&pipe_only, SIGPIPE);
+        while (::sigtimedwait(&pipe_only, nullptr, &now) == SIGPIPE) {
+        }
+      }
+      return err == EWOULDBLOCK ? EAGAIN : err;
+    }
+    if (w == 0) return EPIPE;
+    op.sent += static_cast<size_t>(w);
+    op.in_pipe -= static_cast<size_t>(w);
+  }
+  return 0;
+}
+
 // Round-robin over the sockets with work, each pushed until its kernel buffer is full; the thread
 // sleeps in poll() only when no socket could take a byte.
 void TcpWriter::loop(std::stop_token st) {
+  // splice() has no MSG_NOSIGNAL: a write to a closed connection must be an EPIPE, not a signal.
+  sigset_t pipe_only;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, nullptr);
   std::vector<pollfd> waiting;
   while (!st.stop_requested()) {
     bool progress = false;
@@ -186,7 +276,7 @@ void TcpWriter::loop(std::stop_token st) {
       }
       if (op == nullptr) continue;
       const size_t before = op->sent;
-      const int err = push(fds_[s], *op, mac_of(s));
+      const int err = push_any(s, *op);
       progress = progress || op->sent != before;
       if (err == EAGAIN) {
         std::lock_guard lock(mu_);

@@ -41,6 +41,12 @@ class TcpWriter {
     wire::FrameHeader header;
     const std::byte* data;
     size_t length;
+    // Zero-copy: the payload goes from `data` to the socket through a pipe (vmsplice, then
+    // splice), so the kernel reads the caller's pages instead of copying them; the transport keeps
+    // `data` unchanged until the receiver confirms (TcpTransport::fence). Only on sockets that do
+    // not authenticate frames; where no pipe can be had the frame is copied as usual.
+    bool splice = false;
+    size_t in_pipe = 0;  // payload bytes in the pipe, not yet in the socket
     size_t sent = 0;   // of header + payload + tag
     size_t maced = 0;  // payload bytes fed to the MAC
     bool mac = false;  // the socket authenticates frames: a tag follows the payload
@@ -82,6 +88,16 @@ class TcpWriter {
 
  private:
   static int push(int fd, Op& op, internal::FrameMac* mac);
+  struct Pipe {
+    int read = -1, write = -1;
+    size_t capacity = 0;
+  };
+  static int push_spliced(int fd, Op& op, const Pipe& pipe);
+  int push_any(size_t socket, Op& op) {
+    return op.splice ? push_spliced(fds_[socket], op, pipes_[socket])
+                     : push(fds_[socket], op, mac_of(socket));
+  }
+  bool open_pipe(size_t socket);  // with mu_ held; false when none can be had
   internal::FrameMac* mac_of(size_t socket) {
     return macs_[socket].enabled() ? &macs_[socket] : nullptr;
   }
@@ -93,6 +109,7 @@ class TcpWriter {
   std::vector<char> busy_;  // the thread is pushing the front op of this socket
   std::vector<int> fds_;
   std::vector<internal::FrameMac> macs_;  // per socket; disabled when frames carry no tag
+  std::vector<Pipe> pipes_;               // per socket, opened by its first zero-copy frame
   std::vector<Done> done_;
   bool stopping_ = false;
   std::function<void()> wake_;
