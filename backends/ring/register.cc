@@ -52,7 +52,9 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   t.authenticate_frames = options.get_bool("authenticate_frames");
   t.congestion = options.get_string("tcp_congestion");
-  t.zero_copy = options.get_bool("zero_copy");
+  const std::string zero_copy = options.get_string("zero_copy");
+  t.zero_copy = zero_copy != "off";
+  if (zero_copy == "on") t.zero_copy_min_message = 0;
   TRIBUTARY_ASSIGN_OR_RETURN(auto transport, transports::TcpTransport::create(store, rank, size, t));
   return std::unique_ptr<algorithms::ProcessGroup>(std::make_unique<algorithms::TransportGroup>(
       std::move(transport), parse_algorithm(options.get_string("algorithm")),
@@ -169,12 +171,14 @@ Status register_ring(BackendRegistry& registry) {
                    "the handshake, which is faster but lets a relay on the path change data; "
                    "every process must use the same value"},
           {.name = "zero_copy",
-           .type = OptionType::kBool,
-           .default_value = "true",
+           .type = OptionType::kEnum,
+           .default_value = "auto",
            .help = "TCP: send the ring's segments of 64 KiB or more from the caller's memory "
                    "without copying them into the kernel (vmsplice and splice; the receivers "
-                   "confirm at the end of each collective), where frames are not authenticated; "
-                   "false copies them, as a plain send() does"},
+                   "confirm at the end of each collective), where frames are not authenticated: "
+                   "auto for messages of 2 MiB or more (below, the confirmation's round trip "
+                   "costs more than the copy saves), on for every message, off never",
+           .choices = {"auto", "on", "off"}},
           {.name = "host",
            .type = OptionType::kString,
            .default_value = "",

@@ -578,14 +578,19 @@ INSTANTIATE_TEST_SUITE_P(
 
 INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
                          ::testing::Values("ring:intra_host=net,algorithm=ring",
+                                           "ring:intra_host=net,algorithm=ring,zero_copy=on",
                                            "ring:intra_host=net,algorithm=halving_doubling",
-                                           "ring:intra_host=net,algorithm=ring,sockets_per_peer=2",
+                                           "ring:intra_host=net,algorithm=ring,sockets_per_peer=2,"
+                                           "zero_copy=on",
                                            "ring:intra_host=shm", "ucx:tls=sm", "ucx:tls=tcp"),
                          [](const auto& info) -> std::string {
                            if (info.param == "ucx:tls=sm") return "UcxSharedMemory";
                            if (info.param == "ucx:tls=tcp") return "UcxTcp";
                            if (info.param.find("shm") != std::string::npos) return "SharedMemory";
                            if (info.param.find("sockets") != std::string::npos) return "TwoSockets";
+                           if (info.param.find("zero_copy") != std::string::npos) {
+                             return "RingZeroCopy";
+                           }
                            return info.param.find("halving") != std::string::npos
                                       ? "HalvingDoubling"
                                       : "Ring";

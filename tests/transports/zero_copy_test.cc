@@ -39,11 +39,13 @@ struct Pair {
   std::unique_ptr<TcpTransport> t[2];
 };
 
-Pair connect_two(bool zero_copy0 = true, bool zero_copy1 = true) {
+// zero_copy_min_message 0: every frame of 64 KiB or more goes zero-copy, whatever its collective.
+Pair connect_two(bool zero_copy0 = true, bool zero_copy1 = true, size_t min_message = 0) {
   MemoryStore store;
   TcpTransportOptions o;
   o.host = "127.0.0.1";
   o.timeout = 20s;
+  o.zero_copy_min_message = min_message;
   Pair p;
   std::thread other([&] {
     TcpTransportOptions mine = o;
@@ -102,6 +104,34 @@ TEST(TcpZeroCopy, FenceWaitsUntilTheReceiverTookTheMessageSoTheBufferIsFreeAfter
   rank1.join();
   ASSERT_TRUE(receiver.ok()) << receiver.message();
   EXPECT_TRUE(all_equal(got, std::byte{0x5a})) << "the receiver saw bytes written after fence()";
+}
+
+// Below zero_copy_min_message (the default, 2 MiB, here against a 1 MiB collective) frames are
+// copied: the send's buffer is free once it completed, and fence() waits for no one (the receiver
+// here never calls it).
+TEST(TcpZeroCopy, SmallCollectivesAreCopiedAndNeedNoConfirmation) {
+  static_assert(kBytes < TcpTransportOptions{}.zero_copy_min_message);
+  Pair p = connect_two(true, true, TcpTransportOptions{}.zero_copy_min_message);
+  ASSERT_TRUE(p.t[0] && p.t[1]);
+  std::atomic<bool> sent{false};
+  std::vector<std::byte> got(kBytes);
+  Status receiver;
+  std::thread rank1([&] {
+    while (!sent) std::this_thread::sleep_for(1ms);
+    auto r = p.t[1]->irecv(0, tag_of(1), got);
+    receiver = r.ok() ? p.t[1]->wait(*r, Clock::now() + 20s) : r.status();
+  });
+  std::vector<std::byte> data = filled(std::byte{0x44});
+  auto s = p.t[0]->isend_zero_copy(1, tag_of(1), data);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_TRUE(p.t[0]->wait(*s, Clock::now() + 20s).ok());
+  const Status fenced = p.t[0]->fence(tag_of(1), Clock::now() + 5s);
+  EXPECT_TRUE(fenced.ok()) << fenced.message();
+  std::memset(data.data(), 0xff, data.size());
+  sent = true;
+  rank1.join();
+  ASSERT_TRUE(receiver.ok()) << receiver.message();
+  EXPECT_TRUE(all_equal(got, std::byte{0x44}));
 }
 
 // Each frame says whether it went zero-copy, so ranks with different settings still confirm each

@@ -128,6 +128,7 @@ struct TcpTransport::Impl {
   // Zero-copy (TcpTransportOptions::zero_copy): per peer, since the last fence, whether this rank
   // sent it a zero-copy frame (it is to confirm) or took one from it (this rank is to confirm).
   bool zero_copy = true;
+  size_t zero_copy_min_message = 0;
   std::vector<char> confirm_due_from, confirm_owed_to;
 
   ~Impl() {
@@ -1078,6 +1079,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
   impl->yield = options.yield_before_sleep;
   impl->sockets_per_peer = sockets;
   impl->zero_copy = options.zero_copy;
+  impl->zero_copy_min_message = options.zero_copy_min_message;
   impl->confirm_due_from.assign(static_cast<size_t>(size), 0);
   impl->confirm_owed_to.assign(static_cast<size_t>(size), 0);
   impl->conns.resize(static_cast<size_t>(size) * static_cast<size_t>(sockets));
@@ -1106,7 +1108,9 @@ StatusOr<Request> TcpTransport::isend(int peer, const MessageTag& tag,
 
 StatusOr<Request> TcpTransport::isend_zero_copy(int peer, const MessageTag& tag,
                                                 std::span<const std::byte> data) {
-  return send(peer, tag, data, impl_->zero_copy);
+  const Impl& m = *impl_;
+  const auto message = static_cast<size_t>(std::max<int64_t>(tag.count, 0)) * dtype_size(tag.dtype);
+  return send(peer, tag, data, m.zero_copy && message >= m.zero_copy_min_message);
 }
 
 StatusOr<Request> TcpTransport::send(int peer, const MessageTag& tag,

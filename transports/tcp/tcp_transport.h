@@ -36,10 +36,12 @@
 // connection that does not authenticate frames goes from the caller's pages through a pipe into the
 // socket (vmsplice, then splice: tcp_writer.h), and says so in its header. fence() then exchanges
 // empty confirmations (tagged with the collective and MessageTag::kFenceStep) with the ranks such
-// frames went to or came from. A transport that fails with zero-copy frames unconfirmed shuts its
-// side of those connections and waits, at most 5 s, for the peers to close theirs before the
-// failing call returns, so that no one reads a buffer after the caller has it back (a peer that is
-// stopped for longer and then resumes could still read what the caller wrote after the error).
+// frames went to or came from. A transport that fails with zero-copy frames unconfirmed puts its
+// abort frame and the end of the stream behind them and waits, at most 1 s, until the peer's
+// kernel has acknowledged them; a receiver that finds an abort frame or the end of the stream
+// right behind a zero-copy frame fails the receive rather than take bytes that the sender's
+// caller may have changed since its call failed (only a peer whose window stays full for longer
+// than that second could still read changed bytes).
 //
 // Progress: reads are driven by the thread that waits (no extra thread, no hand-off latency): it
 // polls the sockets with receives posted, then (more ranks than cores) polls with sched_yield(),
@@ -85,9 +87,12 @@ struct TcpTransportOptions {
   // becomes reno, others keep the system's) or an algorithm's name (congestion.h).
   std::string congestion = "auto";
   // Frames of 64 KiB or more sent with isend_zero_copy go from the caller's pages to the socket
-  // without a copy (vmsplice and splice), on connections that do not authenticate frames; false
-  // copies them as isend does. Ranks need not agree: each frame says how it was sent.
+  // without a copy (vmsplice and splice), on connections that do not authenticate frames, when
+  // their collective's message (MessageTag count x dtype) is at least zero_copy_min_message: the
+  // confirmations at its end (fence) cost a round trip, which a small collective does not earn
+  // back. false copies them as isend does. Ranks need not agree: each frame says how it was sent.
   bool zero_copy = true;
+  size_t zero_copy_min_message = size_t{2} << 20;
 };
 
 class TcpTransport final : public algorithms::Transport {

@@ -72,10 +72,8 @@ bool TcpWriter::submit(int socket, Op op) {
   }
   op.mac = macs_[s].enabled();
   if (op.splice && (op.mac || !open_pipe(s))) op.splice = false;
-  // A zero-copy frame goes from the writer thread only: splice() cannot be told MSG_NOSIGNAL, so
-  // a peer that closed would raise SIGPIPE in the caller's thread; the writer blocks it.
-  if (q.empty() && !op.splice) {
-    int err = push_any(s, op);
+  if (q.empty()) {
+    int err = op.splice ? push_spliced_here(s, op) : push_any(s, op);
     if (err == 0 && op.sent == op.total()) return true;
     if (err != 0 && err != EAGAIN) {
       done_.push_back({op.id, socket, err, wire::tag_of(op.header)});
@@ -187,6 +185,18 @@ int TcpWriter::push(int fd, Op& op, internal::FrameMac* mac) {
     op.sent += static_cast<size_t>(w);
   }
   return 0;
+}
+
+// splice() cannot be told MSG_NOSIGNAL: on the caller's thread, SIGPIPE is blocked around it (the
+// writer thread blocks it for good), and one it raised is taken back before the mask is restored.
+int TcpWriter::push_spliced_here(size_t socket, Op& op) {
+  sigset_t pipe_only, before;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &before);
+  const int err = push_spliced(fds_[socket], op, pipes_[socket]);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  return err;
 }
 
 // Non-blocking calls for what is left of a zero-copy `op`: the header by send(), then the payload's

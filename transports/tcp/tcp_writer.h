@@ -93,6 +93,7 @@ class TcpWriter {
     size_t capacity = 0;
   };
   static int push_spliced(int fd, Op& op, const Pipe& pipe);
+  int push_spliced_here(size_t socket, Op& op);  // from a thread other than the writer's
   int push_any(size_t socket, Op& op) {
     return op.splice ? push_spliced(fds_[socket], op, pipes_[socket])
                      : push(fds_[socket], op, mac_of(socket));
