@@ -105,7 +105,8 @@ struct TcpExchange {
   std::byte* into = nullptr;
   size_t span = 0, total = 0;
   // send=splice: the bytes go from `from` into the socket through this pipe (vmsplice, then
-  // splice), as ring's zero-copy segments do, instead of send(); -1 = send().
+  // splice), as ring's zero-copy segments do, instead of send(); -1 = send(). With a pipe, `out`
+  // is made non-blocking (O_NONBLOCK) and stays so.
   int pipe_read = -1, pipe_write = -1;
   size_t pipe_capacity = 0;
 };

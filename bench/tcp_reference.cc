@@ -121,6 +121,13 @@ Status tcp_exchange(const TcpExchange& x, std::chrono::milliseconds timeout) {
   // at 256 MiB on this project's 2-vCPU VM where 1 MiB calls moved 3.8-4.3 (2026-11-29).
   constexpr size_t kCall = size_t{1} << 20;
   const auto deadline = Clock::now() + timeout;
+  // splice()'s SPLICE_F_NONBLOCK covers the pipe only: a blocking socket would block it.
+  if (x.pipe_write >= 0) {
+    const int flags = ::fcntl(x.out, F_GETFL);
+    if (flags < 0 || ::fcntl(x.out, F_SETFL, flags | O_NONBLOCK) != 0) {
+      return unavailable(errno_text("tcp-direct: making the socket non-blocking"));
+    }
+  }
   size_t sent = 0, got = 0;
   size_t in_pipe = 0;  // send=splice: bytes in the pipe, not yet in the socket
   while (sent < x.total || got < x.total) {

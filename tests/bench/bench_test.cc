@@ -88,48 +88,54 @@ TEST(TcpExchange, MovesExactlyTotalBothWaysOverOneConnection) {
 }
 
 // send=splice: the same exchange with both ends sending through a pipe (vmsplice, then splice),
-// whose capacity (one page) is smaller than a span, so that the pipe fills and drains many times.
+// a pipe of one page (it fills and drains many times) and one of 1 MiB (each splice() asks for
+// more than the socket can take: on a blocking socket both ends would block in it, neither
+// reading, so the exchange must make the socket non-blocking).
 TEST(TcpExchange, SplicedSendsMoveExactlyTotalBothWays) {
-  Pair p;
-  const size_t span = 30001, total = 7 * span + 123;
-  std::vector<std::byte> from_a = pattern(span, 1), from_b = pattern(span, 2);
-  std::vector<std::byte> into_a(span), into_b(span);
-  int pa[2], pb[2];
-  ASSERT_EQ(::pipe2(pa, O_NONBLOCK | O_CLOEXEC), 0);
-  ASSERT_EQ(::pipe2(pb, O_NONBLOCK | O_CLOEXEC), 0);
-  ASSERT_GT(::fcntl(pa[1], F_SETPIPE_SZ, 4096), 0);
-  ASSERT_GT(::fcntl(pb[1], F_SETPIPE_SZ, 4096), 0);
-  Status sb;
-  std::thread b([&] {
-    sb = tcp_exchange({.out = p.fd[1],
-                       .in = p.fd[1],
-                       .from = from_b.data(),
-                       .into = into_b.data(),
-                       .span = span,
-                       .total = total,
-                       .pipe_read = pb[0],
-                       .pipe_write = pb[1],
-                       .pipe_capacity = 4096},
-                      std::chrono::seconds(10));
-  });
-  Status sa = tcp_exchange({.out = p.fd[0],
-                            .in = p.fd[0],
-                            .from = from_a.data(),
-                            .into = into_a.data(),
-                            .span = span,
-                            .total = total,
-                            .pipe_read = pa[0],
-                            .pipe_write = pa[1],
-                            .pipe_capacity = 4096},
-                           std::chrono::seconds(10));
-  b.join();
-  for (int fd : {pa[0], pa[1], pb[0], pb[1]}) ::close(fd);
-  ASSERT_TRUE(sa.ok()) << sa.to_string();
-  ASSERT_TRUE(sb.ok()) << sb.to_string();
-  EXPECT_EQ(into_a, from_b);
-  EXPECT_EQ(into_b, from_a);
-  EXPECT_TRUE(drained(p.fd[0]));
-  EXPECT_TRUE(drained(p.fd[1]));
+  for (const size_t pipe_bytes : {size_t{4096}, size_t{1} << 20}) {
+    Pair p;
+    const size_t span = pipe_bytes + 30001, total = 7 * span + 123;
+    std::vector<std::byte> from_a = pattern(span, 1), from_b = pattern(span, 2);
+    std::vector<std::byte> into_a(span), into_b(span);
+    int pa[2], pb[2];
+    ASSERT_EQ(::pipe2(pa, O_NONBLOCK | O_CLOEXEC), 0);
+    ASSERT_EQ(::pipe2(pb, O_NONBLOCK | O_CLOEXEC), 0);
+    const int got_a = ::fcntl(pa[1], F_SETPIPE_SZ, static_cast<int>(pipe_bytes));
+    const int got_b = ::fcntl(pb[1], F_SETPIPE_SZ, static_cast<int>(pipe_bytes));
+    ASSERT_GT(got_a, 0);
+    ASSERT_GT(got_b, 0);
+    Status sb;
+    std::thread b([&] {
+      sb = tcp_exchange({.out = p.fd[1],
+                         .in = p.fd[1],
+                         .from = from_b.data(),
+                         .into = into_b.data(),
+                         .span = span,
+                         .total = total,
+                         .pipe_read = pb[0],
+                         .pipe_write = pb[1],
+                         .pipe_capacity = static_cast<size_t>(got_b)},
+                        std::chrono::seconds(10));
+    });
+    Status sa = tcp_exchange({.out = p.fd[0],
+                              .in = p.fd[0],
+                              .from = from_a.data(),
+                              .into = into_a.data(),
+                              .span = span,
+                              .total = total,
+                              .pipe_read = pa[0],
+                              .pipe_write = pa[1],
+                              .pipe_capacity = static_cast<size_t>(got_a)},
+                             std::chrono::seconds(10));
+    b.join();
+    for (int fd : {pa[0], pa[1], pb[0], pb[1]}) ::close(fd);
+    ASSERT_TRUE(sa.ok()) << sa.to_string();
+    ASSERT_TRUE(sb.ok()) << sb.to_string();
+    EXPECT_EQ(into_a, from_b);
+    EXPECT_EQ(into_b, from_a);
+    EXPECT_TRUE(drained(p.fd[0]));
+    EXPECT_TRUE(drained(p.fd[1]));
+  }
 }
 
 // Against a peer that is not the code under test (a plain writer and a counting reader): the

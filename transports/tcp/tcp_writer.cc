@@ -50,6 +50,12 @@ bool TcpWriter::open_pipe(size_t socket) {
 }
 
 void TcpWriter::set_fd(int socket, int fd, const internal::Digest* mac_key) {
+  // Every call here is non-blocking, but splice() can be told so only for its pipe: the socket
+  // itself must be O_NONBLOCK, or a full one would block the call (and a caller's thread in
+  // submit(), holding mu_).
+  if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0 && (flags & O_NONBLOCK) == 0) {
+    (void)::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  }
   fds_[static_cast<size_t>(socket)] = fd;
   if (mac_key != nullptr) macs_[static_cast<size_t>(socket)] = internal::FrameMac(*mac_key);
 }
