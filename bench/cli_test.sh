@@ -98,18 +98,21 @@ case "$case_name" in
     rows | awk '$9 != 0 || $13 != 0 { bad = 1 } END { exit bad }' || fail "a wrong element"
     ;;
   tcp_reference)
-    # The direct TCP line beside ring: its own tables (both buffer kinds), figures in every row,
-    # #wrong N/A (it reduces nothing) while ring's rows are checked; three ranks (a link to the
-    # next rank and one from the previous) and two (one connection both ways).
+    # The direct TCP line beside ring: its own tables (both buffer kinds, and sending through a
+    # pipe), figures in every row, #wrong N/A (it reduces nothing) while ring's rows are checked;
+    # three ranks (a link to the next rank and one from the previous) and two (one connection
+    # both ways).
     for np in 3 2; do
       run --np $np --replicas 1 --backend ring --reference tcp --reference tcp:buffers=message \
-        --sizes 64K,1M -n 2 -w 1
+        --reference tcp:send=splice --sizes 64K,1M -n 2 -w 1
       grep -q '^# reference: tcp-direct:buffers=cache ' "$tmp/out" || fail "no cache line (np $np)"
       grep -q '^# reference: tcp-direct:buffers=message ' "$tmp/out" ||
         fail "no message line (np $np)"
-      [ "$(rows | wc -l)" -eq 6 ] || fail "expected 6 rows (2 sizes x 3 lines, np $np)"
-      [ "$(rows | awk '$9 == "N/A" && $13 == "N/A"' | wc -l)" -eq 4 ] ||
-        fail "the 4 tcp-direct rows should have #wrong N/A (np $np)"
+      grep -q '^# reference: tcp-direct:buffers=cache,send=splice ' "$tmp/out" ||
+        fail "no spliced line (np $np)"
+      [ "$(rows | wc -l)" -eq 8 ] || fail "expected 8 rows (2 sizes x 4 lines, np $np)"
+      [ "$(rows | awk '$9 == "N/A" && $13 == "N/A"' | wc -l)" -eq 6 ] ||
+        fail "the 6 tcp-direct rows should have #wrong N/A (np $np)"
       [ "$(rows | awk '$9 == 0 && $13 == 0' | wc -l)" -eq 2 ] ||
         fail "ring's 2 rows should be checked and right (np $np)"
       # A time in every row (busbw can print as 0.00 on a loaded machine).

@@ -69,7 +69,7 @@ class TcpReference final : public Line {
 
   std::string spec() const override {
     return std::string("tcp-direct:buffers=") + (message_buffers_ ? "message" : "cache") +
-           ",send=" + (pipe_write_.get() >= 0 ? "splice" : "copy");
+           (pipe_write_.get() >= 0 ? ",send=splice" : "");
   }
   bool reference() const override { return true; }
   bool all_reduces() const override { return false; }
