@@ -4,6 +4,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/hierarchical_group.h"
+#include "core/kernel_id.h"
 #include "core/rendezvous.h"
 
 namespace tributary::algorithms {
@@ -18,19 +19,23 @@ bool HostLayout::uniform() const {
 size_t ring_slice_bytes(uint64_t configured, const HostLayout& layout,
                         const std::vector<int>& members) {
   if (configured != 0) return static_cast<size_t>(configured);
-  for (int m : members) {
-    if (layout.host_of.at(static_cast<size_t>(m)) !=
-        layout.host_of.at(static_cast<size_t>(members.front()))) {
-      return kNoSlices;
-    }
-  }
-  return 0;
+  auto all_alike = [&](const auto& of) {
+    return std::all_of(members.begin(), members.end(), [&](int m) {
+      return of.at(static_cast<size_t>(m)) == of.at(static_cast<size_t>(members.front()));
+    });
+  };
+  if (all_alike(layout.host_of)) return 0;
+  const bool one_kernel = !layout.kernel_of.empty() && !members.empty() &&
+                          !layout.kernel_of.at(static_cast<size_t>(members.front())).empty() &&
+                          all_alike(layout.kernel_of);
+  return one_kernel ? 0 : kNoSlices;
 }
 
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
                                  const std::string& backend, const std::string& agreement,
                                  std::chrono::nanoseconds timeout) {
-  const std::string mine = agreement + "|" + internal::host_id(context.config);
+  const std::string mine =
+      agreement + "|" + internal::kernel_id() + "|" + internal::host_id(context.config);
   TRIBUTARY_RETURN_IF_ERROR(store.set("host/" + std::to_string(context.rank), mine));
   HostLayout layout;
   std::vector<std::string> ids;
@@ -45,12 +50,18 @@ StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
           std::to_string(r) + " did not join (is it running, with the same secret?)");
     }
     std::string theirs = std::move(got).value();
-    const std::string choice = theirs.substr(0, theirs.find('|'));
+    const size_t bar = theirs.find('|');
+    const std::string choice = theirs.substr(0, bar);
     if (choice != agreement) {
       return invalid_argument("backend '" + backend + "': rank " + std::to_string(r) + " uses " +
                               choice + " but rank " + std::to_string(context.rank) + " " +
                               agreement + "; every process must use the same");
     }
+    // "agreement|kernel|host": the host is what follows the kernel, which holds no '|'.
+    const size_t second = bar == std::string::npos ? bar : theirs.find('|', bar + 1);
+    layout.kernel_of.push_back(
+        second == std::string::npos ? std::string() : theirs.substr(bar + 1, second - bar - 1));
+    if (second != std::string::npos) theirs.erase(0, second + 1);
     auto it = std::find(ids.begin(), ids.end(), theirs);
     if (it == ids.end()) {
       ids.push_back(theirs);

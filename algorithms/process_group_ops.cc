@@ -38,7 +38,8 @@ std::vector<OptionDef> transport_group_options() {
        .default_value = "0",
        .help = "the ring all-reduce takes a larger message a slice of this size at a time, so "
                "that each slice's data is sent on while still in cache; 0 = auto (2MiB per rank "
-               "when every rank of the ring is on one host, else whole messages, since each slice "
+               "when every rank of the ring is on one host or one machine's kernel, as containers "
+               "or network namespaces of one machine are, else whole messages, since each slice "
                "pays its round trips again); a size at least the largest message turns slicing "
                "off. Shared memory has its own chunks (ring's shm_chunk_bytes)",
        .min = 0},

@@ -31,11 +31,12 @@ std::string errno_text(const char* what) { return std::string(what) + ": " + std
 
 using tools::Fd;
 
-// What ring's connections get: TCP_NODELAY and congestion.h's choice.
-void tune(int fd) {
+// What ring's connections get: TCP_NODELAY and congestion.h's choice, `same_kernel` when the peer
+// published this kernel's id.
+void tune(int fd, bool same_kernel) {
   const int one = 1;
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  (void)transports::apply_congestion_control(fd, "auto");
+  (void)transports::apply_congestion_control(fd, "auto", same_kernel);
 }
 
 bool wait_fd(int fd, short events, Clock::time_point deadline) {
@@ -242,9 +243,9 @@ struct Links {
 };
 
 // This rank's connections to its ring neighbours, within `deadline`: every rank listens and
-// publishes "host:port" under `prefix`; of each pair, the higher rank connects and sends its rank
-// (4 bytes), the lower accepts. A connect never waits for the accepting side (the listen backlog
-// takes it), so the order of the two links does not matter.
+// publishes its kernel id (core/kernel_id.h) and "host:port" under `prefix`; of each pair, the
+// higher rank connects and sends its rank (4 bytes), the lower accepts. A connect never waits for
+// the accepting side (the listen backlog takes it), so the order of the two links does not matter.
 StatusOr<Links> connect_ring(const BackendContext& context, const std::string& prefix,
                              Clock::time_point deadline) {
   const int rank = context.rank, n = context.world_size;
@@ -262,11 +263,19 @@ StatusOr<Links> connect_ring(const BackendContext& context, const std::string& p
   if (getsockname(listener.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
     return unavailable(errno_text("tcp-direct: getsockname"));
   }
+  const std::string kernel = tributary::internal::kernel_id();
+  TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + "kernel/" + std::to_string(rank), kernel));
   TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + std::to_string(rank),
                                                host + ":" + std::to_string(ntohs(sa.sin_port))));
   auto left = [&] {
     return std::chrono::duration_cast<Store::Duration>(
         std::max(Clock::duration::zero(), deadline - Clock::now()));
+  };
+  // Published before the peer's address: there by the time its connection is.
+  auto same_kernel = [&](int peer) -> StatusOr<bool> {
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        std::string theirs, context.store->get(prefix + "kernel/" + std::to_string(peer), left()));
+    return !kernel.empty() && theirs == kernel;
   };
 
   auto connect_to = [&](int peer) -> StatusOr<Fd> {
@@ -295,7 +304,8 @@ StatusOr<Links> connect_ring(const BackendContext& context, const std::string& p
     if (::send(fd.get(), &me, sizeof me, MSG_NOSIGNAL) != sizeof me) {
       return unavailable(errno_text("tcp-direct: greeting"));
     }
-    tune(fd.get());
+    TRIBUTARY_ASSIGN_OR_RETURN(bool local, same_kernel(peer));
+    tune(fd.get(), local);
     return fd;
   };
   std::vector<Fd> accepted(static_cast<size_t>(n));
@@ -315,7 +325,8 @@ StatusOr<Links> connect_ring(const BackendContext& context, const std::string& p
           ::recv(fd.get(), &who, sizeof who, MSG_WAITALL) != sizeof who || who < 0 || who >= n) {
         continue;  // not one of ours
       }
-      tune(fd.get());
+      TRIBUTARY_ASSIGN_OR_RETURN(bool local, same_kernel(who));
+      tune(fd.get(), local);
       accepted[static_cast<size_t>(who)] = std::move(fd);
     }
     return Status();

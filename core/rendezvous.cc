@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/kernel_id.h"
 #include "core/store/tcp_store_protocol.h"
 #include "core/strings.h"
 
@@ -192,8 +193,8 @@ std::string host_id(const Config& config) {
   if (auto v = config.get("TRIBUTARY_HOST_ID"); v && !v->empty()) return *v;
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
-  return std::string(name) + "/" + read_line("/proc/sys/kernel/random/boot_id") + "/" +
-         link_text("/proc/self/ns/pid") + "/" + link_text("/proc/self/ns/ipc");
+  return std::string(name) + "/" + kernel_id() + "/" + link_text("/proc/self/ns/pid") + "/" +
+         link_text("/proc/self/ns/ipc");
 }
 
 StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& context,

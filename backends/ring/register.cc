@@ -187,10 +187,13 @@ Status register_ring(BackendRegistry& registry) {
           {.name = "tcp_congestion",
            .type = OptionType::kString,
            .default_value = "auto",
-           .help = "TCP congestion control of the data connections: auto (a connection between "
-                   "two addresses of this host that would use bbr uses reno instead: BBR paces "
-                   "it to its estimate of the path, which held 2 processes at half speed on "
-                   "loopback; every other connection keeps the system's choice) or an "
+           .help = "TCP congestion control of the data connections: auto (a connection that "
+                   "stays in this machine's kernel, between two addresses of this host or to a "
+                   "process with the same kernel boot id, such as another container or network "
+                   "namespace, and that would use bbr uses reno instead: BBR paces it to its "
+                   "estimate of the path, which held 2 processes at half speed on loopback and "
+                   "at a third across namespaces; every other connection keeps the system's "
+                   "choice) or an "
                    "algorithm's name (reno, cubic, bbr, ...: one of "
                    "/proc/sys/net/ipv4/tcp_allowed_congestion_control without CAP_NET_ADMIN)"},
       });

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "algorithms/collectives.h"
+#include "core/kernel_id.h"
 
 namespace tributary::algorithms {
 namespace {
@@ -116,9 +117,23 @@ TEST(HostLayout, OnWithUnevenHostsIsRefusedNamingTheCounts) {
       << r.status().message();
 }
 
-// slice_bytes=0 (auto) slices a ring whose ranks share one host and no other; a configured size
-// holds anywhere.
-TEST(HostLayout, RingSlicesByDefaultOnlyWithinOneHost) {
+// Every rank learns every rank's kernel: here, threads of one process, one kernel on every "host".
+TEST(HostLayout, EveryRankLearnsEveryRanksKernel) {
+  const auto got = learn_all({"a", "b", "a"}, std::vector<std::string>(3, "x"));
+  const std::string mine = internal::kernel_id();
+  ASSERT_FALSE(mine.empty()) << "no /proc/sys/kernel/random/boot_id here";
+  for (const auto& r : got) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->kernel_of, std::vector<std::string>(3, mine));
+    EXPECT_EQ(r->host_of, (std::vector<int>{0, 1, 0}));  // the kernel does not merge hosts
+    // Two "hosts" of one kernel (network namespaces of one machine): sliced, as within a host.
+    EXPECT_EQ(ring_slice_bytes(0, *r, {0, 1}), 0u);
+  }
+}
+
+// slice_bytes=0 (auto) slices a ring whose ranks share one host or one kernel and no other; a
+// configured size holds anywhere.
+TEST(HostLayout, RingSlicesByDefaultOnlyWithinOneHostOrKernel) {
   const HostLayout two_hosts = layout_of({{0, 1}, {2, 3}});
   EXPECT_EQ(ring_slice_bytes(0, two_hosts, {0, 1}), 0u);  // a host's local group: auto
   EXPECT_EQ(ring_slice_bytes(0, two_hosts, {2, 3}), 0u);
@@ -126,6 +141,18 @@ TEST(HostLayout, RingSlicesByDefaultOnlyWithinOneHost) {
   EXPECT_EQ(ring_slice_bytes(0, two_hosts, {0, 1, 2, 3}), kNoSlices);
   EXPECT_EQ(ring_slice_bytes(0, layout_of({{0, 1, 2}}), {0, 1, 2}), 0u);
   EXPECT_EQ(ring_slice_bytes(size_t{1} << 20, two_hosts, {0, 2}), size_t{1} << 20);
+  // Kernels known: hosts on one kernel slice, on two do not, and an unknown kernel never matches.
+  HostLayout namespaces = two_hosts;
+  namespaces.kernel_of = {"k", "k", "k", "k"};
+  EXPECT_EQ(ring_slice_bytes(0, namespaces, {0, 2}), 0u);
+  EXPECT_EQ(ring_slice_bytes(0, namespaces, {0, 1, 2, 3}), 0u);
+  HostLayout machines = two_hosts;
+  machines.kernel_of = {"k", "k", "m", "m"};
+  EXPECT_EQ(ring_slice_bytes(0, machines, {0, 2}), kNoSlices);
+  EXPECT_EQ(ring_slice_bytes(0, machines, {0, 1}), 0u);
+  HostLayout unknown = two_hosts;
+  unknown.kernel_of = {"", "", "", ""};
+  EXPECT_EQ(ring_slice_bytes(0, unknown, {0, 2}), kNoSlices);
 }
 
 }  // namespace

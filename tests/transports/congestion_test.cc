@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -80,6 +81,60 @@ TEST(TcpCongestion, AutoTurnsBbrIntoRenoBetweenRanksOfOneHost) {
   ASSERT_EQ(set_congestion_control(p.b(), "bbr"), 0);
   EXPECT_EQ(apply_congestion_control(p.b(), ""), 0);  // "" is auto too
   EXPECT_EQ(congestion_control(p.b()), "reno");
+}
+
+// The first IPv4 address of this machine that is not a loopback one ("" when there is none).
+std::string non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    const auto& a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if ((ntohl(a.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &a, text, sizeof text) != nullptr) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// A peer on this kernel (the same boot id, as a rank in another network namespace of this machine
+// publishes) gets reno under auto even where the addresses do not show it. Such an address pair is
+// made here by a client bound to 127.0.0.1 that connects to this machine's own non-loopback
+// address: its local and peer addresses differ and neither end it sees is loopback.
+TEST(TcpCongestion, AutoTurnsBbrIntoRenoForAPeerOnThisKernelWhateverItsAddresses) {
+  const std::string address = non_loopback_ipv4();
+  if (address.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address";
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in at{}, from{};
+  at.sin_family = from.sin_family = AF_INET;
+  ASSERT_EQ(::inet_pton(AF_INET, address.c_str(), &at.sin_addr), 1);
+  from.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof at;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof at), 0) << address;
+  ASSERT_EQ(::listen(listener, 1), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &len), 0);
+  ASSERT_EQ(::bind(client, reinterpret_cast<sockaddr*>(&from), sizeof from), 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&at), sizeof at), 0)
+      << "127.0.0.1 -> " << address;
+  const int server = ::accept(listener, nullptr, nullptr);
+  ::close(listener);
+  ASSERT_GE(server, 0);
+  if (set_congestion_control(client, "bbr") != 0) {
+    ::close(client);
+    ::close(server);
+    GTEST_SKIP() << "this kernel does not offer bbr to this process ("
+                 << check_congestion_control("bbr") << ")";
+  }
+  EXPECT_FALSE(same_host_connection(client)) << "127.0.0.1 -> " << address;
+  EXPECT_EQ(apply_congestion_control(client, "auto"), 0);
+  EXPECT_EQ(congestion_control(client), "bbr");  // nothing says the peer is on this kernel
+  EXPECT_EQ(apply_congestion_control(client, "auto", /*same_machine=*/true), 0);
+  EXPECT_EQ(congestion_control(client), "reno");
+  ::close(client);
+  ::close(server);
 }
 
 // The names auto replaces: the BBR family only (bbr2 and bbr3 cannot be set on this kernel, so

@@ -2,17 +2,25 @@
 // tributary-bench's loopback ceiling sets up its sockets by the same rule and measures what the
 // transport gets.
 //
-// "auto" (the default): a connection whose two ends are addresses of this host (loopback, or a
-// rank of this host reached at its own address, as with ring:intra_host=net) and whose algorithm
-// paces its sending (bbr, and its successors bbr2 and bbr3 where a kernel has them) switches to reno; every other connection keeps the system's choice
-// (net.ipv4.tcp_congestion_control), which is the administrator's for the real network. BBR paces
-// each connection to its estimate of the path's bandwidth, and between two ranks of one host,
+// "auto" (the default): a connection that never leaves this machine's kernel and whose algorithm
+// paces its sending (bbr, and its successors bbr2 and bbr3 where a kernel has them) switches to
+// reno; every other connection keeps the system's choice (net.ipv4.tcp_congestion_control), which
+// is the administrator's for the real network. A connection stays in the kernel when its two ends
+// are addresses of this host (loopback, or a rank of this host reached at its own address, as with
+// ring:intra_host=net), or when the caller knows that the peer runs on the same kernel (the same
+// boot id: containers or network namespaces of one machine, joined by veths and a bridge). BBR
+// paces each connection to its estimate of the path's bandwidth, and between two ranks of one host,
 // whose traffic comes in bursts with idle gaps, that estimate held them to about the loopback
 // "ceiling" the bench printed: tributary-bench --np 2 --backend ring:intra_host=net on a 2-vCPU
 // VM whose default is bbr, float32 sum in place, interleaved: 1 MiB (the first size after
 // connecting) 1.8-2.4 GB/s under bbr against 3.6-3.9 under reno (cubic 3.3-3.7); a sweep from
 // 4 KiB to 64 MiB, 4 MiB 1.5-2.1 against 2.4-3.7. On a lossless same-host path reno and cubic
 // behave alike; reno is the one every process may choose without CAP_NET_ADMIN.
+//
+// Between two network namespaces of one machine (bench/multihost.sh's "hosts": veths into a
+// bridge, as between containers or pods of one node), bbr held the ring, 2 "hosts" x 1 process,
+// float32 sum in place, to 1.3-1.4 GB/s at 1 MiB and 0.5 at 4 MiB, against 4.1-4.3 and 3.8-3.9
+// under reno (cubic: 2.1-2.4 and 1.0-1.6).
 //
 // Any other value names the algorithm for every connection (checked when the backend is made).
 #pragma once
@@ -27,6 +35,8 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+
+#include "core/kernel_id.h"
 
 namespace tributary::transports {
 
@@ -75,11 +85,13 @@ inline bool same_host_connection(int fd) {
 // paces (bbr; bbr2 and bbr3 in kernels that carry them, e.g. Google's and some distributions').
 inline bool paces(const std::string& algorithm) { return algorithm.rfind("bbr", 0) == 0; }
 
-// Applies `choice` ("auto", "" = auto, or an algorithm) to connected socket `fd`: 0, or the errno of
-// an explicit choice the kernel refused (auto never fails: a refused switch keeps the algorithm).
-inline int apply_congestion_control(int fd, const std::string& choice) {
+// Applies `choice` ("auto", "" = auto, or an algorithm) to connected socket `fd`: 0, or the errno
+// of an explicit choice the kernel refused (auto never fails: a refused switch keeps the
+// algorithm). `same_machine`: the peer is known to run on this kernel (internal::kernel_id(),
+// core/kernel_id.h).
+inline int apply_congestion_control(int fd, const std::string& choice, bool same_machine = false) {
   if (!choice.empty() && choice != "auto") return set_congestion_control(fd, choice);
-  if (same_host_connection(fd) && paces(congestion_control(fd))) {
+  if ((same_machine || same_host_connection(fd)) && paces(congestion_control(fd))) {
     (void)set_congestion_control(fd, "reno");
   }
   return 0;

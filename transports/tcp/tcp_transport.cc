@@ -698,6 +698,7 @@ class TcpSetup {
         layout_(internal::digest64(options.layout)),
         who_("ring transport (rank " + std::to_string(impl.rank) + " of " +
              std::to_string(impl.size) + ")"),
+        kernel_id_(internal::kernel_id()),
         acceptor_(impl.io) {}
 
   const std::string& who() const { return who_; }
@@ -717,8 +718,36 @@ class TcpSetup {
       return unavailable(who_ + ": cannot listen on " + host + ": " + ec.message() +
                          "; set host= in the ring spec to an address of this machine");
     }
+    // The kernel first: a peer that reads this rank's address finds it (tune_same_kernel_peers).
+    TRIBUTARY_RETURN_IF_ERROR(store_.set("kernel/" + std::to_string(impl_.rank), kernel_id_));
     return store_.set("addr/" + std::to_string(impl_.rank),
                       endpoint_text(acceptor_.local_endpoint()));
+  }
+
+  // Under congestion auto, every connection to a peer on this kernel (the same boot id: another
+  // container or network namespace of this machine, which the addresses do not reveal) gets the
+  // same-host treatment of congestion.h. Every peer published its kernel before its address, so
+  // the keys are there once the connections are.
+  Status tune_same_kernel_peers() {
+    if (!(options_.congestion.empty() || options_.congestion == "auto") || kernel_id_.empty()) {
+      return Status();
+    }
+    for (int peer = 0; peer < impl_.size; ++peer) {
+      if (peer == impl_.rank) continue;
+      const auto remaining = std::chrono::duration_cast<Store::Duration>(deadline_ - Clock::now());
+      auto kernel = store_.get("kernel/" + std::to_string(peer), remaining);
+      if (!kernel.ok()) {
+        return kernel.status().with_context(who_ + ": reading rank " + std::to_string(peer) +
+                                            "'s kernel id");
+      }
+      if (*kernel != kernel_id_) continue;
+      for (int k = 0; k < impl_.sockets_per_peer; ++k) {
+        if (auto& s = impl_.conn(peer, k).socket) {
+          (void)apply_congestion_control(s->native_handle(), options_.congestion, true);
+        }
+      }
+    }
+    return Status();
   }
 
   Status connect_lower() {
@@ -1048,6 +1077,7 @@ class TcpSetup {
   const uint64_t cluster_;
   const uint64_t layout_;
   const std::string who_;
+  const std::string kernel_id_;  // internal::kernel_id() (core/kernel_id.h)
   tcp::acceptor acceptor_;
   std::string rejected_;
   // Accepting: connections still to be filed, the first error that ends setup, the handshakes in
@@ -1088,6 +1118,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     TRIBUTARY_RETURN_IF_ERROR(setup.listen_and_publish());
     TRIBUTARY_RETURN_IF_ERROR(setup.connect_lower());
     TRIBUTARY_RETURN_IF_ERROR(setup.accept_higher());
+    TRIBUTARY_RETURN_IF_ERROR(setup.tune_same_kernel_peers());
   }
   impl->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl->wake_fd < 0) {

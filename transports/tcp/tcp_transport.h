@@ -23,7 +23,8 @@
 //
 // Data: each message is one frame, a 56-byte header (magic, collective sequence number and
 // fingerprint, step, stripe, frame and message length) and the payload, written with TCP_NODELAY
-// (and the congestion control of congestion.h: BBR between two addresses of one host becomes reno).
+// (and the congestion control of congestion.h: BBR on a connection that stays in this machine's
+// kernel becomes reno; each rank publishes its kernel's boot id beside its address for that).
 // With K > 1 sockets per peer, a message of 64 KiB or more is cut into K contiguous stripes, stripe
 // k a frame on socket k (tcp_wire.h); smaller ones go whole on socket 0, so latency is as with one.
 // A receive reads a frame only when one has been posted, straight into the caller's buffer: one
@@ -83,8 +84,9 @@ struct TcpTransportOptions {
   // TCP connections to each peer, 1 to 16; large messages are striped across them. Every rank must
   // use the same number (it is checked at setup, naming both values).
   int sockets_per_peer = 1;
-  // TCP congestion control of the connections: "auto" (bbr between two addresses of this host
-  // becomes reno, others keep the system's) or an algorithm's name (congestion.h).
+  // TCP congestion control of the connections: "auto" (bbr on a connection that stays in this
+  // kernel, between two addresses of this host or to a rank that published the same kernel id,
+  // becomes reno; others keep the system's) or an algorithm's name (congestion.h).
   std::string congestion = "auto";
   // Frames of 64 KiB or more sent with isend_zero_copy go from the caller's pages to the socket
   // without a copy (vmsplice and splice), on connections that do not authenticate frames, when
