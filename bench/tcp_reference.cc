@@ -271,11 +271,11 @@ StatusOr<Links> connect_ring(const BackendContext& context, const std::string& p
     return std::chrono::duration_cast<Store::Duration>(
         std::max(Clock::duration::zero(), deadline - Clock::now()));
   };
-  // Published before the peer's address: there by the time its connection is.
-  auto same_kernel = [&](int peer) -> StatusOr<bool> {
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        std::string theirs, context.store->get(prefix + "kernel/" + std::to_string(peer), left()));
-    return !kernel.empty() && theirs == kernel;
+  // Published before the peer's address: there by the time its connection is (as for ring's).
+  auto same_kernel = [&](int peer) {
+    auto theirs = context.store->get(prefix + "kernel/" + std::to_string(peer),
+                                     std::min<Store::Duration>(left(), std::chrono::seconds(1)));
+    return theirs.ok() && !kernel.empty() && *theirs == kernel;
   };
 
   auto connect_to = [&](int peer) -> StatusOr<Fd> {
@@ -304,8 +304,7 @@ StatusOr<Links> connect_ring(const BackendContext& context, const std::string& p
     if (::send(fd.get(), &me, sizeof me, MSG_NOSIGNAL) != sizeof me) {
       return unavailable(errno_text("tcp-direct: greeting"));
     }
-    TRIBUTARY_ASSIGN_OR_RETURN(bool local, same_kernel(peer));
-    tune(fd.get(), local);
+    tune(fd.get(), same_kernel(peer));
     return fd;
   };
   std::vector<Fd> accepted(static_cast<size_t>(n));
@@ -325,8 +324,7 @@ StatusOr<Links> connect_ring(const BackendContext& context, const std::string& p
           ::recv(fd.get(), &who, sizeof who, MSG_WAITALL) != sizeof who || who < 0 || who >= n) {
         continue;  // not one of ours
       }
-      TRIBUTARY_ASSIGN_OR_RETURN(bool local, same_kernel(who));
-      tune(fd.get(), local);
+      tune(fd.get(), same_kernel(who));
       accepted[static_cast<size_t>(who)] = std::move(fd);
     }
     return Status();

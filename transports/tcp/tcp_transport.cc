@@ -727,27 +727,25 @@ class TcpSetup {
   // Under congestion auto, every connection to a peer on this kernel (the same boot id: another
   // container or network namespace of this machine, which the addresses do not reveal) gets the
   // same-host treatment of congestion.h. Every peer published its kernel before its address, so
-  // the keys are there once the connections are.
-  Status tune_same_kernel_peers() {
+  // the keys are there once the connections are; a key that is not (a peer without this step)
+  // leaves that peer's connections as they are: the choice is never a reason to fail setup.
+  void tune_same_kernel_peers() {
     if (!(options_.congestion.empty() || options_.congestion == "auto") || kernel_id_.empty()) {
-      return Status();
+      return;
     }
     for (int peer = 0; peer < impl_.size; ++peer) {
       if (peer == impl_.rank) continue;
       const auto remaining = std::chrono::duration_cast<Store::Duration>(deadline_ - Clock::now());
-      auto kernel = store_.get("kernel/" + std::to_string(peer), remaining);
-      if (!kernel.ok()) {
-        return kernel.status().with_context(who_ + ": reading rank " + std::to_string(peer) +
-                                            "'s kernel id");
-      }
-      if (*kernel != kernel_id_) continue;
+      auto kernel = store_.get(
+          "kernel/" + std::to_string(peer),
+          std::clamp<Store::Duration>(remaining, Store::Duration::zero(), std::chrono::seconds(1)));
+      if (!kernel.ok() || *kernel != kernel_id_) continue;
       for (int k = 0; k < impl_.sockets_per_peer; ++k) {
         if (auto& s = impl_.conn(peer, k).socket) {
           (void)apply_congestion_control(s->native_handle(), options_.congestion, true);
         }
       }
     }
-    return Status();
   }
 
   Status connect_lower() {
@@ -1118,7 +1116,7 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::create(Store& store, int r
     TRIBUTARY_RETURN_IF_ERROR(setup.listen_and_publish());
     TRIBUTARY_RETURN_IF_ERROR(setup.connect_lower());
     TRIBUTARY_RETURN_IF_ERROR(setup.accept_higher());
-    TRIBUTARY_RETURN_IF_ERROR(setup.tune_same_kernel_peers());
+    setup.tune_same_kernel_peers();
   }
   impl->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl->wake_fd < 0) {
