@@ -31,6 +31,14 @@ size_t ring_slice_bytes(uint64_t configured, const HostLayout& layout,
   return one_kernel ? 0 : kNoSlices;
 }
 
+int HostLayout::ranks_on_kernel_of(int rank) const {
+  const auto r = static_cast<size_t>(rank);
+  if (r < kernel_of.size() && !kernel_of[r].empty()) {
+    return static_cast<int>(std::count(kernel_of.begin(), kernel_of.end(), kernel_of[r]));
+  }
+  return static_cast<int>(members.at(static_cast<size_t>(host_of.at(r))).size());
+}
+
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
                                  const std::string& backend, const std::string& agreement,
                                  std::chrono::nanoseconds timeout) {

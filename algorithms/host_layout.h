@@ -43,6 +43,9 @@ struct HostLayout {
   int hosts() const { return static_cast<int>(members.size()); }
   // Every host runs the same number of processes.
   bool uniform() const;
+  // The ranks that share `rank`'s machine, and so its cores: those with its kernel when that is
+  // known, else those of its host.
+  int ranks_on_kernel_of(int rank) const;
 };
 
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,

@@ -52,7 +52,8 @@ std::vector<OptionDef> transport_group_options() {
        .type = OptionType::kEnum,
        .default_value = "auto",
        .help = "whether a wait polls before sleeping (ring 50 us, ucx 1 ms): on (lowest latency), "
-               "off, or auto (on unless this host runs more ranks than it has cores, where "
+               "off, or auto (on unless this machine runs more ranks than it has cores, counting "
+               "those of other containers or network namespaces on the same kernel, where "
                "polling would steal the CPU from the peers: it then yields the core between polls "
                "for up to 1 ms); "
                "always polls through the whole wait, as Open MPI does (a core per waiting rank)",

@@ -141,19 +141,25 @@ int local_ranks(const BackendContext& context) {
   return is_loopback_name(context.coordinator_host) ? context.world_size : 1;
 }
 
+namespace {
+bool oversubscribed(const BackendContext& context, int machine_ranks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(local_ranks(context), machine_ranks) > cores;
+}
+}  // namespace
+
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
-                                       std::chrono::nanoseconds on) {
+                                       std::chrono::nanoseconds on, int machine_ranks) {
   if (mode == "on") return on;
   if (mode == "off") return std::chrono::nanoseconds(0);
   if (mode == "always") return kPollAlways;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return local_ranks(context) <= cores ? on : std::chrono::nanoseconds(0);
+  return oversubscribed(context, machine_ranks) ? std::chrono::nanoseconds(0) : on;
 }
 
-std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendContext& context) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return mode == "auto" && local_ranks(context) > cores ? std::chrono::milliseconds(1)
-                                                        : std::chrono::nanoseconds(0);
+std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendContext& context,
+                                        int machine_ranks) {
+  return mode == "auto" && oversubscribed(context, machine_ranks) ? std::chrono::milliseconds(1)
+                                                                  : std::chrono::nanoseconds(0);
 }
 
 std::string interface_towards(const std::string& coordinator) {

@@ -37,7 +37,8 @@ std::string layout_text(const BackendContext& context, const Options& options) {
 StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int rank, int size,
                                                               const BackendContext& context,
                                                               const Options& options,
-                                                              size_t slice_bytes) {
+                                                              size_t slice_bytes,
+                                                              int machine_ranks) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
   transports::TcpTransportOptions t;
@@ -47,8 +48,10 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.cluster_id = context.cluster_id;
   t.layout = layout_text(context, options);
   t.timeout = options.get_duration("timeout");
-  t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context);
-  t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
+  t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context,
+                                                internal::kPollOn, machine_ranks);
+  t.yield_before_sleep =
+      internal::yield_duration(options.get_string("poll"), context, machine_ranks);
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   t.authenticate_frames = options.get_bool("authenticate_frames");
   t.congestion = options.get_string("tcp_congestion");
@@ -65,7 +68,8 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
 StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
                                                               const BackendContext& context,
                                                               const Options& options,
-                                                              const std::vector<int>& members) {
+                                                              const std::vector<int>& members,
+                                                              int machine_ranks) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
   transports::shm::ShmGroupOptions o;
@@ -74,7 +78,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   o.timeout = options.get_duration("timeout");
   const std::string poll = options.get_string("poll");
   const auto cores = static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
-  const bool oversubscribed = members.size() > cores;
+  const bool oversubscribed = std::max(members.size(), static_cast<size_t>(machine_ranks)) > cores;
   o.spin = poll == "always" ? internal::kPollAlways
            : poll == "off" || (poll == "auto" && oversubscribed)
                ? std::chrono::nanoseconds(0)
@@ -110,17 +114,24 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> make_group(const std::shared
       const bool hierarchical,
       algorithms::use_hierarchy("ring", options.get_string("hierarchy"), hosts));
   const bool shm = options.get_string("intra_host") == "shm";
+  // Whether waits may poll: by the ranks on this machine (network namespaces of one machine share
+  // its cores, whatever each one's LOCAL_WORLD_SIZE says).
+  const int machine_ranks = hosts.ranks_on_kernel_of(context.rank);
   auto tcp = [&](Store& scope, int index, const std::vector<int>& members) {
     return tcp_group(scope, index, static_cast<int>(members.size()), context, options,
-                     algorithms::ring_slice_bytes(options.get_size("slice_bytes"), hosts, members));
+                     algorithms::ring_slice_bytes(options.get_size("slice_bytes"), hosts, members),
+                     machine_ranks);
   };
   if (hierarchical) {
     auto local = [&](Store& scope, int index, const std::vector<int>& members) {
-      return shm ? shm_group(scope, context, options, members) : tcp(scope, index, members);
+      return shm ? shm_group(scope, context, options, members, machine_ranks)
+                 : tcp(scope, index, members);
     };
     return algorithms::hierarchical_group(store, context, hosts, local, tcp);
   }
-  if (shm && hosts.hosts() == 1) return shm_group(*store, context, options, hosts.members[0]);
+  if (shm && hosts.hosts() == 1) {
+    return shm_group(*store, context, options, hosts.members[0], machine_ranks);
+  }
   std::vector<int> everyone(static_cast<size_t>(context.world_size));
   std::iota(everyone.begin(), everyone.end(), 0);
   return tcp(*store, context.rank, everyone);

@@ -85,14 +85,17 @@ Status register_ucx(BackendRegistry& registry) {
                  ",authenticate_frames=" + options.find("authenticate_frames")->text +
                  ",hierarchy=" + options.get_string("hierarchy");
       t.timeout = options.get_duration("timeout");
-      t.poll_before_sleep =
-          internal::poll_duration(options.get_string("poll"), context, kUcxPollOn);
-      t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context);
       const std::string hierarchy = options.get_string("hierarchy");
       TRIBUTARY_ASSIGN_OR_RETURN(
           const algorithms::HostLayout hosts,
           algorithms::learn_hosts(*store, context, "ucx", "hierarchy=" + hierarchy,
                                   options.get_duration("timeout")));
+      // Whether waits may poll: by the ranks on this machine (see ring's make_group).
+      const int machine_ranks = hosts.ranks_on_kernel_of(context.rank);
+      t.poll_before_sleep =
+          internal::poll_duration(options.get_string("poll"), context, kUcxPollOn, machine_ranks);
+      t.yield_before_sleep =
+          internal::yield_duration(options.get_string("poll"), context, machine_ranks);
       // A UCX group among `members` (global ranks), this process being members[index].
       auto ucx_group = [&](Store& at, int index, const std::vector<int>& members)
           -> StatusOr<std::unique_ptr<algorithms::ProcessGroup>> {

@@ -128,6 +128,8 @@ TEST(HostLayout, EveryRankLearnsEveryRanksKernel) {
     EXPECT_EQ(r->host_of, (std::vector<int>{0, 1, 0}));  // the kernel does not merge hosts
     // Two "hosts" of one kernel (network namespaces of one machine): sliced, as within a host.
     EXPECT_EQ(ring_slice_bytes(0, *r, {0, 1}), 0u);
+    // And they share its cores.
+    for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(r->ranks_on_kernel_of(rank), 3);
   }
 }
 
@@ -153,6 +155,19 @@ TEST(HostLayout, RingSlicesByDefaultOnlyWithinOneHostOrKernel) {
   HostLayout unknown = two_hosts;
   unknown.kernel_of = {"", "", "", ""};
   EXPECT_EQ(ring_slice_bytes(0, unknown, {0, 2}), kNoSlices);
+}
+
+// The ranks that share a rank's cores: those of its kernel when known, else those of its host.
+TEST(HostLayout, RanksOnAKernelAreCountedByKernelElseByHost) {
+  HostLayout l = layout_of({{0, 1}, {2, 3, 4}});
+  EXPECT_EQ(l.ranks_on_kernel_of(0), 2);  // kernels not learned: the host
+  EXPECT_EQ(l.ranks_on_kernel_of(3), 3);
+  l.kernel_of = {"k", "k", "k", "m", "m"};  // rank 2 is on host 1 but on kernel k
+  EXPECT_EQ(l.ranks_on_kernel_of(0), 3);
+  EXPECT_EQ(l.ranks_on_kernel_of(2), 3);
+  EXPECT_EQ(l.ranks_on_kernel_of(4), 2);
+  l.kernel_of = {"", "", "", "", ""};
+  EXPECT_EQ(l.ranks_on_kernel_of(4), 3);
 }
 
 }  // namespace

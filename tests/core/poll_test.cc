@@ -60,5 +60,19 @@ TEST(Poll, EachModeOnAnOversubscribedHost) {
   EXPECT_EQ(yield_duration("always", many), nanoseconds(0));
 }
 
+// A host's launcher counts only its own ranks (LOCAL_WORLD_SIZE), but network namespaces or
+// containers of one machine share its cores: the ranks a backend found on this kernel count too.
+TEST(Poll, RanksOnThisMachinesKernelCountLikeLocalRanks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const BackendContext one = with_local_ranks(1);
+  EXPECT_EQ(poll_duration("auto", one, microseconds(50), cores), microseconds(50));
+  EXPECT_EQ(yield_duration("auto", one, cores), nanoseconds(0));
+  EXPECT_EQ(poll_duration("auto", one, microseconds(50), cores + 1), nanoseconds(0));
+  EXPECT_EQ(yield_duration("auto", one, cores + 1), milliseconds(1));
+  // The explicit modes still do what they say.
+  EXPECT_EQ(poll_duration("on", one, microseconds(50), cores + 1), microseconds(50));
+  EXPECT_EQ(yield_duration("on", one, cores + 1), nanoseconds(0));
+}
+
 }  // namespace
 }  // namespace tributary::internal
