@@ -39,6 +39,17 @@ int HostLayout::ranks_on_kernel_of(int rank) const {
   return static_cast<int>(members.at(static_cast<size_t>(host_of.at(r))).size());
 }
 
+std::vector<bool> HostLayout::same_kernel_as(int rank, const std::vector<int>& members) const {
+  std::vector<bool> out(members.size(), false);
+  const auto r = static_cast<size_t>(rank);
+  if (r >= kernel_of.size() || kernel_of[r].empty()) return out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const auto m = static_cast<size_t>(members[i]);
+    out[i] = m < kernel_of.size() && kernel_of[m] == kernel_of[r];
+  }
+  return out;
+}
+
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
                                  const std::string& backend, const std::string& agreement,
                                  std::chrono::nanoseconds timeout) {

@@ -46,6 +46,9 @@ struct HostLayout {
   // The ranks that share `rank`'s machine, and so its cores: those with its kernel when that is
   // known, else those of its host.
   int ranks_on_kernel_of(int rank) const;
+  // For each of `members` (global ranks): whether it runs on `rank`'s kernel (false when either
+  // kernel is unknown).
+  std::vector<bool> same_kernel_as(int rank, const std::vector<int>& members) const;
 };
 
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,

@@ -37,8 +37,8 @@ std::string layout_text(const BackendContext& context, const Options& options) {
 StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int rank, int size,
                                                               const BackendContext& context,
                                                               const Options& options,
-                                                              size_t slice_bytes,
-                                                              int machine_ranks) {
+                                                              size_t slice_bytes, int machine_ranks,
+                                                              std::vector<bool> same_kernel) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
   transports::TcpTransportOptions t;
@@ -55,6 +55,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   t.authenticate_frames = options.get_bool("authenticate_frames");
   t.congestion = options.get_string("tcp_congestion");
+  t.same_kernel = std::move(same_kernel);
   const std::string zero_copy = options.get_string("zero_copy");
   t.zero_copy = zero_copy != "off";
   if (zero_copy == "on") t.zero_copy_min_message = 0;
@@ -120,7 +121,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> make_group(const std::shared
   auto tcp = [&](Store& scope, int index, const std::vector<int>& members) {
     return tcp_group(scope, index, static_cast<int>(members.size()), context, options,
                      algorithms::ring_slice_bytes(options.get_size("slice_bytes"), hosts, members),
-                     machine_ranks);
+                     machine_ranks, hosts.same_kernel_as(context.rank, members));
   };
   if (hierarchical) {
     auto local = [&](Store& scope, int index, const std::vector<int>& members) {

@@ -170,5 +170,16 @@ TEST(HostLayout, RanksOnAKernelAreCountedByKernelElseByHost) {
   EXPECT_EQ(l.ranks_on_kernel_of(4), 3);
 }
 
+// The per-peer flags a backend hands its TCP transport: same kernel, by position in `members`.
+TEST(HostLayout, SameKernelFlagsFollowTheMembersOrder) {
+  HostLayout l = layout_of({{0, 1}, {2, 3, 4}});
+  EXPECT_EQ(l.same_kernel_as(0, {0, 2, 4}), (std::vector<bool>{false, false, false}));  // unknown
+  l.kernel_of = {"k", "k", "k", "m", "m"};
+  EXPECT_EQ(l.same_kernel_as(0, {0, 2, 4}), (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(l.same_kernel_as(3, {2, 3, 4}), (std::vector<bool>{false, true, true}));
+  l.kernel_of = {"", "", "", "", ""};
+  EXPECT_EQ(l.same_kernel_as(0, {0, 1}), (std::vector<bool>{false, false}));
+}
+
 }  // namespace
 }  // namespace tributary::algorithms

@@ -698,7 +698,6 @@ class TcpSetup {
         layout_(internal::digest64(options.layout)),
         who_("ring transport (rank " + std::to_string(impl.rank) + " of " +
              std::to_string(impl.size) + ")"),
-        kernel_id_(internal::kernel_id()),
         acceptor_(impl.io) {}
 
   const std::string& who() const { return who_; }
@@ -718,28 +717,19 @@ class TcpSetup {
       return unavailable(who_ + ": cannot listen on " + host + ": " + ec.message() +
                          "; set host= in the ring spec to an address of this machine");
     }
-    // The kernel first: a peer that reads this rank's address finds it (tune_same_kernel_peers).
-    TRIBUTARY_RETURN_IF_ERROR(store_.set("kernel/" + std::to_string(impl_.rank), kernel_id_));
     return store_.set("addr/" + std::to_string(impl_.rank),
                       endpoint_text(acceptor_.local_endpoint()));
   }
 
-  // Under congestion auto, every connection to a peer on this kernel (the same boot id: another
-  // container or network namespace of this machine, which the addresses do not reveal) gets the
-  // same-host treatment of congestion.h. Every peer published its kernel before its address, so
-  // the keys are there once the connections are; a key that is not (a peer without this step)
-  // leaves that peer's connections as they are: the choice is never a reason to fail setup.
+  // Under congestion auto, every connection to a peer that the caller says is on this kernel
+  // (TcpTransportOptions::same_kernel: another container or network namespace of this machine,
+  // which the addresses do not reveal) gets the same-host treatment of congestion.h.
   void tune_same_kernel_peers() {
-    if (!(options_.congestion.empty() || options_.congestion == "auto") || kernel_id_.empty()) {
-      return;
-    }
-    for (int peer = 0; peer < impl_.size; ++peer) {
-      if (peer == impl_.rank) continue;
-      const auto remaining = std::chrono::duration_cast<Store::Duration>(deadline_ - Clock::now());
-      auto kernel = store_.get(
-          "kernel/" + std::to_string(peer),
-          std::clamp<Store::Duration>(remaining, Store::Duration::zero(), std::chrono::seconds(1)));
-      if (!kernel.ok() || *kernel != kernel_id_) continue;
+    if (!(options_.congestion.empty() || options_.congestion == "auto")) return;
+    const int known =
+        static_cast<int>(std::min(options_.same_kernel.size(), static_cast<size_t>(impl_.size)));
+    for (int peer = 0; peer < known; ++peer) {
+      if (peer == impl_.rank || !options_.same_kernel[static_cast<size_t>(peer)]) continue;
       for (int k = 0; k < impl_.sockets_per_peer; ++k) {
         if (auto& s = impl_.conn(peer, k).socket) {
           (void)apply_congestion_control(s->native_handle(), options_.congestion, true);
@@ -1075,7 +1065,6 @@ class TcpSetup {
   const uint64_t cluster_;
   const uint64_t layout_;
   const std::string who_;
-  const std::string kernel_id_;  // internal::kernel_id() (core/kernel_id.h)
   tcp::acceptor acceptor_;
   std::string rejected_;
   // Accepting: connections still to be filed, the first error that ends setup, the handshakes in

@@ -24,7 +24,7 @@
 // Data: each message is one frame, a 56-byte header (magic, collective sequence number and
 // fingerprint, step, stripe, frame and message length) and the payload, written with TCP_NODELAY
 // (and the congestion control of congestion.h: BBR on a connection that stays in this machine's
-// kernel becomes reno; each rank publishes its kernel's boot id beside its address for that).
+// kernel becomes reno: TcpTransportOptions::same_kernel names the peers that the addresses hide).
 // With K > 1 sockets per peer, a message of 64 KiB or more is cut into K contiguous stripes, stripe
 // k a frame on socket k (tcp_wire.h); smaller ones go whole on socket 0, so latency is as with one.
 // A receive reads a frame only when one has been posted, straight into the caller's buffer: one
@@ -57,6 +57,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "algorithms/transport.h"
 #include "tributary/store.h"
@@ -85,9 +86,13 @@ struct TcpTransportOptions {
   // use the same number (it is checked at setup, naming both values).
   int sockets_per_peer = 1;
   // TCP congestion control of the connections: "auto" (bbr on a connection that stays in this
-  // kernel, between two addresses of this host or to a rank that published the same kernel id,
-  // becomes reno; others keep the system's) or an algorithm's name (congestion.h).
+  // kernel, between two addresses of this host or to a peer marked in same_kernel, becomes reno;
+  // others keep the system's) or an algorithm's name (congestion.h).
   std::string congestion = "auto";
+  // Per rank of this transport: whether it runs on this machine's kernel (the backend knows from
+  // its host layout, algorithms::HostLayout::same_kernel_as); empty or short = unknown, where only
+  // the addresses tell.
+  std::vector<bool> same_kernel;
   // Frames of 64 KiB or more sent with isend_zero_copy go from the caller's pages to the socket
   // without a copy (vmsplice and splice), on connections that do not authenticate frames, when
   // their collective's message (MessageTag count x dtype) is at least zero_copy_min_message: the
