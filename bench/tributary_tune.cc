@@ -29,7 +29,10 @@ constexpr const char* kTool = "tributary-tune";
 // has that option: whether vmsplice beats copying depends on the machine (on loopback it was
 // 15-35% faster on one 2-vCPU Intel VM and about 10% slower on a 2-vCPU AMD EPYC one, where the
 // spliced link itself was slower than send()), so `auto` (zero-copy from 2 MiB) is a guess that
-// the file may correct. Not ring's algorithm variants when every
+// the file may correct; plus, where processes share a host, the `shm_single_copy=on` and `=off`
+// variants of every backend that has that option: whether reading the peers' buffers beats the
+// slots, and from which size, depends on the machine's caches (`auto` takes 2 to 64 MiB, where it
+// was ahead on one 2-vCPU Intel VM). Not ring's algorithm variants when every
 // process is on this host: ring then moves everything through shared memory, and `algorithm`
 // (the TCP algorithm) changes nothing, so its variants would differ only by noise and split the
 // file into ranges for nothing; `note` says so. `launched_here`: this tool started every rank
@@ -54,6 +57,10 @@ std::vector<std::string> default_candidates(const BackendContext& ctx, bool laun
     };
     if (hierarchical && has("hierarchy")) out.push_back(b.name + ":hierarchy=off");
     if (!one_host && has("zero_copy")) out.push_back(b.name + ":zero_copy=off");
+    if ((one_host || per_host > 1) && has("shm_single_copy")) {
+      out.push_back(b.name + ":shm_single_copy=on");
+      out.push_back(b.name + ":shm_single_copy=off");
+    }
     if (!chosen.ok() || *chosen != b.name) continue;
     if (b.name == "ring" && one_host) {
       *note = "ring's algorithm variants left out: every process is on this host, where ring uses "

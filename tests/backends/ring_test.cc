@@ -11,6 +11,9 @@ TEST(RingCapabilities, EveryCollectiveOpAndDtypeOnCpu) {
 // Every process here is on one host: "ring" goes through shared memory, intra_host=net through TCP.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4KiB");
+// Every all-reduce over 16 KiB reads the peers' buffers (auto does so only from 2 MiB, larger than
+// the suite's), in blocks of 4 KiB: many blocks per piece, and short last pieces.
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSingleCopy, "ring:shm_single_copy=on,shm_chunk_bytes=4KiB");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingNet, "ring:intra_host=net");
 // Every segment of 64 KiB or more sent from the caller's pages (zero_copy=auto, the default, does
 // so only from 2 MiB messages, larger than the suite's).

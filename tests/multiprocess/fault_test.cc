@@ -4,13 +4,18 @@
 // what happened, within the timeout; the watchdog turns a hang into a failure.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -453,6 +458,80 @@ TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
   EXPECT_EQ(segments_left(before, g), "");
 }
 
+// Makes every process_vm_readv of this process fail with EPERM, as the kernel answers where Yama or a
+// missing CAP_SYS_PTRACE forbids reading a peer's memory (a seccomp filter: tests run as root here,
+// where the kernel itself would allow it).
+bool refuse_reading_other_processes() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+// Shared memory's single copy where one rank may not read its peers' memory: with `auto` every
+// rank keeps the slots (a rank that took the single-copy path alone would be a mismatch, and one
+// that read anyway an error), so a 4 MiB all-reduce, inside auto's range, is right everywhere;
+// with `on` every rank fails at setup at once, rank 1 with the kernel's refusal and the others
+// naming rank 1.
+TEST(SharedMemorySingleCopy, ARankThatMayNotReadItsPeersKeepsEveryRankOnTheSlots) {
+  const std::string dir = make_temp_dir("single_copy_auto");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    if (rank == 1 && !refuse_reading_other_processes()) return kChildFailed;
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:shm_single_copy=auto,timeout=10s", *ctx);
+    if (!ops.ok()) {
+      write_note(dir, rank, ops.status().to_string());
+      return kChildFailed;
+    }
+    const int64_t count = int64_t{1} << 20;  // 4 MiB of float32
+    std::vector<float> x(static_cast<size_t>(count), static_cast<float>(rank + 1));
+    PerReplica<Tensor> v{Tensor(x.data(), DType::kFloat32, Shape{count})};
+    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+    write_note(dir, rank, s.to_string() + " first=" + std::to_string(x.front()) +
+                              " last=" + std::to_string(x.back()));
+    return s.ok() && x.front() == 6.0f && x.back() == 6.0f ? kChildOk : kChildFailed;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
+        << "rank " << r << ": " << read_note(dir, r) << "\n" << g.describe();
+  }
+}
+
+TEST(SharedMemorySingleCopy, OnFailsEveryRankAtSetupWhereOneMayNotReadItsPeers) {
+  const std::string dir = make_temp_dir("single_copy_on");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    if (rank == 1 && !refuse_reading_other_processes()) return kChildFailed;
+    auto ctx = group_context(rank, 3, 1, dir);
+    const auto start = Clock::now();
+    auto ops = builtin_backends().create("ring:shm_single_copy=on,timeout=20s", *ctx);
+    write_note(dir, rank,
+               ops.status().to_string() + "\nseconds=" +
+                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
+    return ops.ok() ? kChildOk : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("failed_precondition"), std::string::npos) << note;
+    EXPECT_NE(note.find("shm_single_copy=on"), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), 10.0) << note;  // at once, not at the 20 s timeout
+    if (r == 1) {
+      EXPECT_NE(note.find("Operation not permitted"), std::string::npos) << note;
+      EXPECT_NE(note.find("ptrace_scope"), std::string::npos) << note;
+    } else {
+      EXPECT_NE(note.find("rank 1 may not read the memory of its peers"), std::string::npos)
+          << note;
+    }
+  }
+}
+
 // Root cause to every rank: the group meets through a real TcpStore (make_backend_context), rank
 // `victim` is killed with SIGKILL in the middle of all-reduces, and every survivor's error must name
 // the victim first, whichever connection broke for it (the victim's neighbours see the death, the
@@ -582,9 +661,14 @@ INSTANTIATE_TEST_SUITE_P(Ring, RingFaults,
                                            "ring:intra_host=net,algorithm=halving_doubling",
                                            "ring:intra_host=net,algorithm=ring,sockets_per_peer=2,"
                                            "zero_copy=on",
-                                           "ring:intra_host=shm", "ucx:tls=sm", "ucx:tls=tcp"),
+                                           "ring:intra_host=shm",
+                                           "ring:intra_host=shm,shm_single_copy=on", "ucx:tls=sm",
+                                           "ucx:tls=tcp"),
                          [](const auto& info) -> std::string {
                            if (info.param == "ucx:tls=sm") return "UcxSharedMemory";
+                           if (info.param.find("single_copy") != std::string::npos) {
+                             return "SharedMemorySingleCopy";
+                           }
                            if (info.param == "ucx:tls=tcp") return "UcxTcp";
                            if (info.param.find("shm") != std::string::npos) return "SharedMemory";
                            if (info.param.find("sockets") != std::string::npos) return "TwoSockets";

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "algorithms/reduce_kernels.h"
 #include "core/crypto/crypto.h"
 #include "transports/shm/shm_segment.h"
+#include "tributary/options.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -26,7 +28,7 @@ using algorithms::GroupCall;
 using algorithms::MessageTag;
 using Clock = std::chrono::steady_clock;
 
-enum class Field { kStaged, kReduced, kConsumed };
+enum class Field { kStaged, kReduced, kConsumed, kBlocks };
 
 const char* verb(Field f) {
   switch (f) {
@@ -36,6 +38,8 @@ const char* verb(Field f) {
       return "reduce its piece of";
     case Field::kConsumed:
       return "finish reading";
+    case Field::kBlocks:
+      return "reduce its next block of";
   }
   return "";
 }
@@ -66,7 +70,8 @@ SlotHeader header_of(const MessageTag& tag, size_t bytes, int root) {
 
 bool same_call(const SlotHeader& a, const SlotHeader& b) {
   return a.sequence == b.sequence && a.count == b.count && a.bytes == b.bytes && a.root == b.root &&
-         a.collective == b.collective && a.op == b.op && a.dtype == b.dtype;
+         a.collective == b.collective && a.op == b.op && a.dtype == b.dtype &&
+         a.single_copy == b.single_copy;
 }
 
 // Splits `total` items into chunks of at most `max_per_chunk`, as evenly as possible, each a
@@ -95,6 +100,10 @@ struct ShmGroup::Impl {
   std::vector<PeerProcess> procs;  // by local rank (this rank's own is empty)
   uint64_t next_chunk = 0;         // chunks every rank has walked so far
   Status error;
+  // Large all-reduces read the peers' buffers (every rank found at setup that it may).
+  bool single_copy = false;
+  std::vector<std::byte> scratch;  // single copy: a slot-sized block for each peer
+  uint64_t blocks_done = 0;        // single copy: blocks every rank has walked so far
 
   int global(int r) const {
     return options.global_ranks.size() == static_cast<size_t>(size) ? options.global_ranks[r] : r;
@@ -103,9 +112,17 @@ struct ShmGroup::Impl {
   Control& ctl(int r) { return maps[static_cast<size_t>(r)].control(); }
   std::atomic<uint64_t>& field(int r, Field f) {
     Control& c = ctl(r);
-    return f == Field::kStaged    ? c.staged.value
-           : f == Field::kReduced ? c.reduced.value
-                                  : c.consumed.value;
+    switch (f) {
+      case Field::kStaged:
+        return c.staged.value;
+      case Field::kReduced:
+        return c.reduced.value;
+      case Field::kConsumed:
+        return c.consumed.value;
+      case Field::kBlocks:
+        break;
+    }
+    return c.blocks.value;
   }
   size_t slot_of(uint64_t g) const { return static_cast<size_t>(g % options.slots); }
   std::byte* slot(int r, uint64_t g) { return maps[static_cast<size_t>(r)].data(slot_of(g)); }
@@ -127,6 +144,12 @@ struct ShmGroup::Impl {
     ring_bell(c);
   }
 
+  std::string exited(int r, const std::string& what) const {
+    return name(r) + " (process " + std::to_string(procs[static_cast<size_t>(r)].pid()) +
+           " on this host) exited while " + name(rank) + " " + what +
+           "; it may have been killed or crashed (see its log)";
+  }
+
   // A peer that gave up or exited; OK when none did.
   Status peer_trouble(const MessageTag& tag) {
     for (int r = 0; r < size; ++r) {
@@ -137,10 +160,7 @@ struct ShmGroup::Impl {
                        ": " + std::string(c.reason, strnlen(c.reason, kMaxReason)));
       }
       if (procs[static_cast<size_t>(r)].exited()) {
-        return unavailable(name(r) + " (process " +
-                           std::to_string(procs[static_cast<size_t>(r)].pid()) +
-                           " on this host) exited while " + name(rank) + " waited for " +
-                           tag.describe() + "; it may have been killed or crashed (see its log)");
+        return unavailable(exited(r, "waited for " + tag.describe()));
       }
     }
     return Status();
@@ -237,6 +257,7 @@ struct ShmGroup::Impl {
   static std::string describe(const SlotHeader& h) {
     std::string s = tag_of(h).describe() + " (" + std::to_string(h.bytes) + " bytes";
     if (h.root >= 0) s += ", root " + std::to_string(h.root);
+    if (h.single_copy != 0) s += ", single copy";
     return s + ")";
   }
 
@@ -249,8 +270,21 @@ struct ShmGroup::Impl {
     return s;
   }
 
+  // Copies `bytes` at `remote` in rank `r`'s address space into `local` (single copy).
+  Status read_peer(int r, void* local, uint64_t remote, size_t bytes, const GroupCall& call) {
+    const int e = read_peer_memory(procs[static_cast<size_t>(r)].pid(), local, remote, bytes);
+    if (e == 0) return Status();
+    if (Status s = peer_trouble(call.tag); !s.ok()) return s;
+    if (e == ESRCH) return unavailable(exited(r, "read its data for " + call.tag.describe()));
+    return unavailable("cannot read the buffer of " + name(r) + " for " + call.tag.describe() +
+                       " (process_vm_readv: " + std::strerror(e) +
+                       "); set shm_single_copy=off to exchange data through the slots");
+  }
+
   Status all_reduce(const GroupCall& call, std::byte* out, const std::byte* in, int64_t count,
                     DType dtype, ReduceOp op, int64_t mean_divisor);
+  Status all_reduce_single_copy(const GroupCall& call, std::byte* out, const std::byte* in,
+                                int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
   Status reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out, int64_t count,
                         DType dtype, ReduceOp op, int64_t mean_divisor);
   Status all_gather(const GroupCall& call, std::byte* data, size_t block);
@@ -264,6 +298,10 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
   const Chunking cut(count, static_cast<int64_t>(options.slot_bytes / elem), align);
   const size_t total = static_cast<size_t>(count) * elem;
   const bool small = total <= options.small_bytes;
+  if (single_copy && !small && total >= options.single_copy_min_bytes &&
+      total <= options.single_copy_max_bytes) {
+    return all_reduce_single_copy(call, out, in, count, dtype, op, mean_divisor);
+  }
   const SlotHeader header = header_of(call.tag, total, -1);
   std::vector<const void*> srcs(static_cast<size_t>(size));
   for (int64_t k = 0; k < cut.chunks; ++k) {
@@ -326,6 +364,83 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
     publish(Field::kConsumed, g + 1);
   }
   return Status();
+}
+
+// The single-copy all-reduce (see the header): one slot carries the header with the addresses; the
+// data moves between the ranks' own buffers. Each piece is reduced by one rank, from every rank's
+// input in rank order, so that every rank ends with the same bits, as on the slot path.
+Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* out,
+                                              const std::byte* in, int64_t count, DType dtype,
+                                              ReduceOp op, int64_t mean_divisor) {
+  const size_t elem = dtype_size(dtype);
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
+  SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
+  header.single_copy = 1;
+  header.source_address = reinterpret_cast<uintptr_t>(in);
+  header.output_address = reinterpret_cast<uintptr_t>(out);
+  const uint64_t g = next_chunk++;
+  TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [](std::byte*) {}));
+  std::vector<uint64_t> sources(static_cast<size_t>(size)), outputs(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const SlotHeader& h = maps[static_cast<size_t>(r)].header(slot_of(g));
+    sources[static_cast<size_t>(r)] = h.source_address;
+    outputs[static_cast<size_t>(r)] = h.output_address;
+  }
+  const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
+  const int64_t block = std::max<int64_t>(align, static_cast<int64_t>(options.slot_bytes / elem) /
+                                                     align * align);
+  const int64_t blocks = (piece + block - 1) / block;  // per piece; a short last piece has fewer
+  // Block k of rank r's piece, as elements [first, second) of the message (empty past its end).
+  auto block_range = [&](int r, int64_t k) {
+    const int64_t piece_end = std::min<int64_t>(count, piece * (r + 1));
+    const int64_t b = std::min<int64_t>(piece_end, piece * r + block * k);
+    return std::pair<int64_t, int64_t>(b, std::min<int64_t>(piece_end, b + block));
+  };
+  const uint64_t base = blocks_done;
+  blocks_done += static_cast<uint64_t>(blocks);
+  std::vector<const void*> srcs(static_cast<size_t>(size));
+  // Block k of this rank's piece: each peer's part read into its scratch block (which stays in
+  // the cache), then reduced with this rank's own input into its output; then block k-1 of every
+  // other piece, read from its reducer's output while it is still in that core's cache. A peer
+  // has read this rank's input of a block before it publishes that block reduced, so writing the
+  // block's result here is safe in place too.
+  for (int64_t k = 0; k <= blocks; ++k) {
+    if (k < blocks) {
+      const auto [b, e] = block_range(rank, k);
+      if (e > b) {
+        const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(e - b) * elem;
+        for (int r = 0; r < size; ++r) {
+          if (r == rank) {
+            srcs[static_cast<size_t>(r)] = in + off;
+            continue;
+          }
+          std::byte* to =
+              scratch.data() + static_cast<size_t>(r < rank ? r : r - 1) * options.slot_bytes;
+          TRIBUTARY_RETURN_IF_ERROR(
+              read_peer(r, to, sources[static_cast<size_t>(r)] + off, len, call));
+          srcs[static_cast<size_t>(r)] = to;
+        }
+        void* dst = out + off;
+        algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1),
+                           static_cast<size_t>(e - b), mean_divisor);
+      }
+      publish(Field::kBlocks, base + static_cast<uint64_t>(k) + 1);
+    }
+    if (k == 0) continue;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const auto [b, e] = block_range(r, k - 1);
+      if (e <= b) continue;
+      TRIBUTARY_RETURN_IF_ERROR(wait_one(r, Field::kBlocks, base + static_cast<uint64_t>(k), call));
+      const size_t off = static_cast<size_t>(b) * elem;
+      TRIBUTARY_RETURN_IF_ERROR(read_peer(r, out + off, outputs[static_cast<size_t>(r)] + off,
+                                          static_cast<size_t>(e - b) * elem, call));
+    }
+  }
+  publish(Field::kConsumed, g + 1);
+  // The peers read this rank's input and output until they publish theirs: only then may the
+  // caller have its buffers back.
+  return wait_all(Field::kConsumed, g + 1, call);
 }
 
 Status ShmGroup::Impl::reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out,
@@ -493,6 +608,30 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
     }
     impl->procs[static_cast<size_t>(peer)] = PeerProcess(p->pid);
   }
+  // Single copy: may this rank read every peer's memory? Its verdict goes into its segment before
+  // its "mapped" key, so that every rank reads every verdict after the wait below.
+  const bool single_copy_wanted = options.single_copy_min_bytes != SIZE_MAX && size > 1;
+  std::string own_refusal;
+  if (single_copy_wanted) {
+    std::string refused;
+    for (int peer = 0; peer < size && refused.empty(); ++peer) {
+      if (peer == rank) continue;
+      uint64_t magic = 0;
+      const int e = read_peer_memory(impl->procs[static_cast<size_t>(peer)].pid(), &magic,
+                                     impl->ctl(peer).self_address, sizeof magic);
+      if (e != 0 || magic != kSegmentMagic) {
+        refused = "reading the memory of " + impl->name(peer) + " (process " +
+                  std::to_string(impl->procs[static_cast<size_t>(peer)].pid()) +
+                  ") with process_vm_readv failed: " +
+                  (e != 0 ? std::string(std::strerror(e)) : std::string("it read back wrong"));
+      }
+    }
+    // Published even when refused, and before failing on it: every rank then learns the verdict
+    // after the wait below and fails with it too, instead of waiting for this rank's key.
+    impl->ctl(rank).single_copy.store(refused.empty() ? kSingleCopyReadable : kSingleCopyRefused,
+                                      std::memory_order_release);
+    own_refusal = refused;
+  }
   // Once every rank has mapped every segment, the descriptors can go: the memory then lives
   // exactly as long as some process maps it.
   TRIBUTARY_RETURN_IF_ERROR(store.set("shm/" + std::to_string(rank) + "/mapped", "1"));
@@ -500,6 +639,28 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
   for (int r = 0; r < size; ++r) keys.push_back("shm/" + std::to_string(r) + "/mapped");
   TRIBUTARY_RETURN_IF_ERROR(store.wait(keys, remaining()).with_context(who));
   own.close_now();
+  if (single_copy_wanted) {
+    if (!own_refusal.empty() && options.single_copy_required) {
+      return failed_precondition(
+          who + ": shm_single_copy=on, but " + own_refusal +
+          "; the kernel allows it between processes of the same user where one may ptrace the "
+          "other (Yama's kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE); set shm_single_copy=auto "
+          "to use the slots where it is refused");
+    }
+    impl->single_copy = true;
+    for (int r = 0; r < size; ++r) {
+      if (impl->ctl(r).single_copy.load(std::memory_order_acquire) == kSingleCopyReadable) continue;
+      impl->single_copy = false;
+      if (options.single_copy_required) {
+        return failed_precondition(who + ": shm_single_copy=on, but " + impl->name(r) +
+                                   " may not read the memory of its peers (its own error says "
+                                   "why); set shm_single_copy=auto to use the slots there");
+      }
+    }
+    if (impl->single_copy) {
+      impl->scratch.resize(static_cast<size_t>(size - 1) * options.slot_bytes);
+    }
+  }
   return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(impl)));
 }
 
@@ -511,9 +672,19 @@ bool ShmGroup::names_global_ranks() const {
 }
 
 std::string ShmGroup::describe() const {
-  return "shared memory (" + std::to_string(impl_->size) + " ranks, " +
-         std::to_string(impl_->options.slots) + " slots of " +
-         std::to_string(impl_->options.slot_bytes >> 10) + " KiB)";
+  std::string s = "shared memory (" + std::to_string(impl_->size) + " ranks, " +
+                  std::to_string(impl_->options.slots) + " slots of " +
+                  std::to_string(impl_->options.slot_bytes >> 10) + " KiB";
+  if (impl_->single_copy) {
+    const ShmGroupOptions& o = impl_->options;
+    s += "; all-reduces " +
+         (o.single_copy_min_bytes > o.small_bytes ? "from " + format_size(o.single_copy_min_bytes)
+                                                  : "over " + format_size(o.small_bytes)) +
+         (o.single_copy_max_bytes != SIZE_MAX ? " to " + format_size(o.single_copy_max_bytes)
+                                              : std::string()) +
+         " read the peers' buffers (single copy)";
+  }
+  return s + ")";
 }
 
 Status ShmGroup::all_reduce(const GroupCall& call, void* data, int64_t count, DType dtype,

@@ -22,6 +22,18 @@
 // memcpy: on a VM whose two vCPUs sat far apart, reduction kernels storing into slot lines that the
 // peer had read ran at half the speed (see all_reduce in the .cc).
 //
+// Single copy (large all-reduces, `single_copy_min_bytes`): no slots, as Open MPI's vader and UCX's
+// cma transport do for large messages. Every rank publishes where its input and output are (a slot
+// header, checked as above), then reduces piece `rank` of the whole message reading each peer's
+// part of it straight from the peer's input with process_vm_readv into a cache-sized scratch block,
+// publishes `reduced`, reads every other piece straight from its owner's output into its own, and
+// publishes `consumed`; it returns only once every peer has consumed too, since they read its
+// buffers until then. Each byte is copied once between processes instead of twice through the
+// slots, which pays where the buffers no longer fit in the caches. Whether a rank may read its
+// peers' memory (the kernel asks what ptrace asks: the same user, and Yama's ptrace_scope 0 or
+// CAP_SYS_PTRACE) is probed at setup; the path is used only where every rank can. A peer that dies
+// mid-read is ESRCH, an error naming it as in a wait.
+//
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
 // make progress, but this one stays runnable: no wake-up latency), then
@@ -37,6 +49,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +67,13 @@ struct ShmGroupOptions {
   // Then poll with sched_yield() for this long before sleeping (for more ranks than cores).
   std::chrono::nanoseconds yield{0};
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
+  // All-reduces of more than `small_bytes`, at least `single_copy_min_bytes` and at most
+  // `single_copy_max_bytes` take the single-copy path where every rank may read every peer's
+  // memory (probed at setup); min SIZE_MAX: never.
+  size_t single_copy_min_bytes = SIZE_MAX;
+  size_t single_copy_max_bytes = SIZE_MAX;
+  // Setup fails, naming the rank that cannot read a peer and why, instead of keeping the slots.
+  bool single_copy_required = false;
   std::string layout;  // what every rank must agree on, as text (named in the mismatch message)
   // Global ranks of the members, in local-rank order, for messages ("rank 3 exited ...").
   std::vector<int> global_ranks;

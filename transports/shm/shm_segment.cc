@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -87,6 +88,7 @@ StatusOr<Mapping> Mapping::create(size_t slots, size_t slot_bytes, uint64_t layo
   c->layout = layout;
   c->slots = slots;
   c->slot_bytes = slot_bytes;
+  c->self_address = reinterpret_cast<uintptr_t>(base);
   *fd = f;
   return m;
 }
@@ -127,6 +129,25 @@ StatusOr<Mapping> Mapping::open_peer(int64_t pid, int fd, size_t bytes) {
                        " is smaller than its slots");
   }
   return m;
+}
+
+int read_peer_memory(int64_t pid, void* local, uint64_t remote, size_t bytes) {
+  auto* to = static_cast<std::byte*>(local);
+  while (bytes > 0) {
+    // One call moves at most what the kernel pins in one go; a short read goes on from there.
+    iovec l{to, bytes};
+    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
+    const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (got == 0) return EFAULT;
+    to += got;
+    remote += static_cast<uint64_t>(got);
+    bytes -= static_cast<size_t>(got);
+  }
+  return 0;
 }
 
 void ring_bell(Control& c) {

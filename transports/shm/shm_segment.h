@@ -23,7 +23,7 @@
 
 namespace tributary::transports::shm {
 
-inline constexpr uint64_t kSegmentMagic = 0x5452425348'4d0002;  // "TRBSHM", version 2
+inline constexpr uint64_t kSegmentMagic = 0x5452425348'4d0003;  // "TRBSHM", version 3
 inline constexpr size_t kMaxReason = 1024;
 
 struct alignas(64) Counter {
@@ -37,9 +37,17 @@ struct Control {
   uint64_t layout = 0;  // hash of what every rank must agree on (options, secret, cluster)
   uint64_t slots = 0;
   uint64_t slot_bytes = 0;
+  // Where the owner maps this segment in its own address space: a peer's single-copy probe reads
+  // the magic back from there (process_vm_readv) to learn whether it may read the owner's memory.
+  uint64_t self_address = 0;
+  // The owner's single-copy verdict at setup (kSingleCopy*): whether it can read every peer's
+  // memory; written before its "mapped" key, read by every peer after all of them.
+  std::atomic<uint32_t> single_copy{0};
   // Chunks this rank has staged into its slot / reduced its piece of / finished reading (from
   // every peer's slot). Monotonic over the group's life: every rank walks the same chunk sequence.
   Counter staged, reduced, consumed;
+  // Single copy: blocks of its piece this rank has reduced, monotonic over the group's life.
+  Counter blocks;
   // Futex word: bumped after every counter update, so that a sleeping peer wakes.
   alignas(64) std::atomic<uint32_t> bell{0};
   std::atomic<uint32_t> sleepers{0};
@@ -47,18 +55,23 @@ struct Control {
   alignas(64) std::atomic<uint32_t> aborted{0};
   char reason[kMaxReason] = {};
 };
+inline constexpr uint32_t kSingleCopyUnused = 0, kSingleCopyReadable = 1, kSingleCopyRefused = 2;
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-// What the data of a slot is: the collective and the chunk (checked by every reader).
+// What the data of a slot is: the collective and the chunk (checked by every reader). A
+// single-copy all-reduce takes one slot for its header alone: where its input and output are in
+// the owner's address space.
 struct alignas(64) SlotHeader {
   uint64_t chunk = 0;
   uint64_t sequence = 0;
   int64_t count = 0;
   uint64_t bytes = 0;  // payload bytes of the whole collective on this rank
+  uint64_t source_address = 0, output_address = 0;  // single copy only
   int32_t root = -1;
   uint32_t step = 0;
-  uint8_t collective = 0, op = 0, dtype = 0, pad = 0;
+  uint8_t collective = 0, op = 0, dtype = 0;
+  uint8_t single_copy = 0;  // 1: the data is read from the owner's buffers, not from slots
 };
 static_assert(sizeof(SlotHeader) == 64);
 
@@ -90,6 +103,11 @@ class Mapping {
   size_t bytes_ = 0;
   size_t slot_bytes_ = 0;
 };
+
+// Copies `bytes` from address `remote` of process `pid` into `local` (process_vm_readv: the kernel
+// allows it where this process may ptrace `pid`, as for Open MPI's and UCX's CMA); 0, or the errno
+// of the failure (ESRCH: the process is gone; EPERM: not allowed).
+int read_peer_memory(int64_t pid, void* local, uint64_t remote, size_t bytes);
 
 // Bumps `c`'s bell and wakes its sleepers (after a counter update, or an abort).
 void ring_bell(Control& c);
