@@ -613,7 +613,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
   const bool single_copy_wanted = options.single_copy_min_bytes != SIZE_MAX && size > 1;
   std::string own_refusal;
   if (single_copy_wanted) {
-    std::string refused;
+    std::string& refused = own_refusal;
     for (int peer = 0; peer < size && refused.empty(); ++peer) {
       if (peer == rank) continue;
       uint64_t magic = 0;
@@ -630,7 +630,6 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
     // after the wait below and fails with it too, instead of waiting for this rank's key.
     impl->ctl(rank).single_copy.store(refused.empty() ? kSingleCopyReadable : kSingleCopyRefused,
                                       std::memory_order_release);
-    own_refusal = refused;
   }
   // Once every rank has mapped every segment, the descriptors can go: the memory then lives
   // exactly as long as some process maps it.
