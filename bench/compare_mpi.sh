@@ -3,7 +3,8 @@
 # that a change in the machine's load hits every line alike), float32 sum, N processes on this host.
 # The lines, by --set:
 #   shm (default)  ring (tributary's default: shared memory between same-host processes),
-#                  ring:net (ring:intra_host=net, TCP loopback), mpi vader (--mca pml ob1 --mca btl
+#                  ring:slots (ring:shm_single_copy=off: no single-copy reads of the peers'
+#                  buffers), ring:net (ring:intra_host=net, TCP loopback), mpi vader (--mca pml ob1 --mca btl
 #                  vader,self: Open MPI's shared memory), mpi ucx sm (--mca pml ucx, UCX_TLS=sm,self;
 #                  Open MPI 4.1 passes over UCX without an RDMA device unless pml_ucx_tls/devices
 #                  say "any")
@@ -81,7 +82,8 @@ theirs() {  # size, then mpirun options
 mpi_ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
 # Each line: "name|ours|spec" or "name|theirs|mpirun options".
 case "$set" in
-  shm) lines=("ring|ours|ring" "ring:net|ours|ring:intra_host=net"
+  shm) lines=("ring|ours|ring" "ring:slots|ours|ring:shm_single_copy=off"
+              "ring:net|ours|ring:intra_host=net"
               "mpi vader|theirs|--mca pml ob1 --mca btl vader,self"
               "mpi ucx sm|theirs|${mpi_ucx[*]} -x UCX_TLS=sm,self") ;;
   tcp) lines=("ring:net|ours|ring:intra_host=net" "ucx:tcp|ours|ucx:tls=tcp"

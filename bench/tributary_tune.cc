@@ -31,7 +31,7 @@ constexpr const char* kTool = "tributary-tune";
 // spliced link itself was slower than send()), so `auto` (zero-copy from 2 MiB) is a guess that
 // the file may correct; plus, where processes share a host, the `shm_single_copy=on` and `=off`
 // variants of every backend that has that option: whether reading the peers' buffers beats the
-// slots, and from which size, depends on the machine's caches (`auto` takes 2 to 64 MiB, where it
+// slots, and from which size, depends on the machine's caches (`auto` takes 2 to 32 MiB, where it
 // was ahead on one 2-vCPU Intel VM). Not ring's algorithm variants when every
 // process is on this host: ring then moves everything through shared memory, and `algorithm`
 // (the TCP algorithm) changes nothing, so its variants would differ only by noise and split the

@@ -25,10 +25,10 @@ using algorithms::HostLayout;
 
 // shm_single_copy=auto: all-reduces of these sizes read the peers' buffers. Measured on a 2-vCPU
 // Intel Xeon VM, 2 processes, float32 sum, interleaved with the slots (README, "The ring
-// backend"): ahead by 15-50% from 2 to 32 MiB, level at 64 MiB, 5-8% behind at 256 MiB in place,
-// and behind at 256-512 KiB in place.
+// backend"): ahead by 15-50% from 2 to 32 MiB, level at 64 MiB (5-20% behind there with 4
+// processes on the 2 cores), 5-8% behind at 256 MiB in place, and behind at 256-512 KiB in place.
 constexpr size_t kSingleCopyAutoMinBytes = size_t{2} << 20;
-constexpr size_t kSingleCopyAutoMaxBytes = size_t{64} << 20;
+constexpr size_t kSingleCopyAutoMaxBytes = size_t{32} << 20;
 
 // What every rank must agree on, as text (checked by the transports' handshakes).
 std::string layout_text(const BackendContext& context, const Options& options) {
@@ -196,7 +196,7 @@ Status register_ring(BackendRegistry& registry) {
            .default_value = "auto",
            .help = "shared memory: large all-reduces read each peer's buffer straight from its "
                    "process (process_vm_readv, as Open MPI's vader and UCX's cma do) instead of "
-                   "going through the slots, one copy instead of two: auto from 2MiB to 64MiB "
+                   "going through the slots, one copy instead of two: auto from 2MiB to 32MiB "
                    "(where it was measured ahead) where "
                    "every process may read its peers' memory (same user, and Yama's "
                    "ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), on for every all-reduce "
