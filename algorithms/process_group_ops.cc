@@ -107,7 +107,12 @@ ProcessGroupOps::ProcessGroupOps(std::string name, BackendContext context, Optio
     : CrossDeviceOps(std::move(name), std::move(context), std::move(options), std::move(caps)),
       group_(std::move(group)),
       bytes_per_pack_(bytes_per_pack) {
-  if (group_) group_->set_refusal_publisher([this](const Status& why) { publish_refusal(why); });
+  if (group_) {
+    group_->set_refusal_publisher([this](const Status& why) { publish_refusal(why); });
+    // Which path the data takes between processes (shared memory, TCP, both; single copy or not),
+    // for TRIBUTARY_LOG_LEVEL=info.
+    log_info("across processes: " + group_->describe());
+  }
 }
 
 GroupCall ProcessGroupOps::group_call(const CallInfo& call) const {

@@ -5,11 +5,15 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <mutex>
 #include <set>
@@ -105,6 +109,52 @@ void dump_stacks(int pid, const std::string& who) {
     std::fprintf(stderr, "[watchdog] gdb could not print the stacks of pid %d\n", pid);
   }
   std::fflush(stderr);
+}
+
+const std::string& why_siblings_cannot_read_each_other() {
+  static const std::string why = [] {
+    static volatile uint64_t mark = 0;
+    constexpr uint64_t kMark = 0x7472696275746172;
+    int ready[2];
+    if (pipe(ready) != 0) return std::string("the probe could not make a pipe");
+    const pid_t target = fork();
+    if (target == 0) {
+      mark = kMark;
+      const char c = 'r';
+      if (write(ready[1], &c, 1) != 1) _exit(1);
+      pause();
+      _exit(0);
+    }
+    char c = 0;
+    const bool started = target > 0 && read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    close(ready[1]);
+    int code = -1;
+    if (started) {
+      const pid_t reader = fork();
+      if (reader == 0) {
+        uint64_t got = 0;
+        iovec to{&got, sizeof got};
+        iovec from{const_cast<uint64_t*>(&mark), sizeof got};
+        const ssize_t n = process_vm_readv(target, &to, 1, &from, 1, 0);
+        _exit(n == static_cast<ssize_t>(sizeof got) && got == kMark ? 0 : n < 0 ? errno : 255);
+      }
+      int status = 0;
+      if (reader > 0 && waitpid(reader, &status, 0) == reader && WIFEXITED(status)) {
+        code = WEXITSTATUS(status);
+      }
+    }
+    if (target > 0) {
+      kill(target, SIGKILL);
+      waitpid(target, nullptr, 0);
+    }
+    if (code == 0) return std::string();
+    return "two processes of this user may not read each other's memory here (process_vm_readv: " +
+           std::string(code > 0 && code < 255 ? std::strerror(code) : "the probe failed") +
+           "), which shm_single_copy=on needs: Yama's kernel.yama.ptrace_scope must be 0, or the "
+           "tests run with CAP_SYS_PTRACE (as root)";
+  }();
+  return why;
 }
 
 std::string make_temp_dir(const std::string& tag) {

@@ -55,6 +55,12 @@ StatusOr<BackendContext> group_context(int rank, int world, int local, const std
 StatusOr<BackendContext> tcp_group_context(int rank, int world, int local, std::uint16_t port,
                                            std::map<std::string, std::string> config = {});
 
+// Why two processes of this user, neither an ancestor of the other (as a job's ranks are), cannot
+// read each other's memory with process_vm_readv here (Yama's ptrace_scope 1 or more without
+// CAP_SYS_PTRACE, a seccomp policy); empty when they can. What shm_single_copy=on needs: its tests
+// skip with this reason. Probed once per process, with two forked siblings.
+const std::string& why_siblings_cannot_read_each_other();
+
 // A TCP port that was free a moment ago on 127.0.0.1, and never one this process was given before
 // (so the ports of one cluster spec differ).
 std::uint16_t free_port();
