@@ -542,6 +542,43 @@ TEST(SharedMemorySingleCopy, OnFailsEveryRankAtSetupWhereOneMayNotReadItsPeers) 
   }
 }
 
+// A peer killed while the others may be reading its buffers: 16 MiB single-copy all-reduces back to
+// back, rank 1 killed by a thread of its own 300 ms in, so that the kill lands inside a call (in a
+// read of its memory, ESRCH, or in a wait, its pidfd). Every survivor fails within the timeout
+// naming rank 1, and nothing is left mapped or in /dev/shm.
+TEST(SharedMemorySingleCopy, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
+  if (!why_siblings_cannot_read_each_other().empty()) {
+    GTEST_SKIP() << why_siblings_cannot_read_each_other();
+  }
+  const std::vector<std::string> before = dev_shm_entries();
+  const std::string dir = make_temp_dir("single_copy_kill");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:shm_single_copy=on,timeout=8s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    if (rank == 1) {
+      std::thread([] {
+        std::this_thread::sleep_for(300ms);
+        raise(SIGKILL);
+      }).detach();
+    }
+    const int result = all_reduce_until_error(**ops, dir, 100000, int64_t{1} << 22);
+    drop_and_note_mappings(*ops, dir, rank);
+    return result;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
+    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
+    EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
+  }
+  EXPECT_EQ(segments_left(before, g), "");
+}
+
 // Root cause to every rank: the group meets through a real TcpStore (make_backend_context), rank
 // `victim` is killed with SIGKILL in the middle of all-reduces, and every survivor's error must name
 // the victim first, whichever connection broke for it (the victim's neighbours see the death, the
