@@ -559,11 +559,14 @@ Status CrossDeviceOps::name_silent_ranks(Status failure, uint64_t sequence,
       said.find(" were lost: ") != std::string::npos) {
     return failure;  // no store, or named already (a composite backend's inner front door)
   }
-  // A peer that failed too (this collective, or a later one after completing this) answered.
+  // A peer that failed too (this collective, or a later one after completing this) answered. A peer
+  // the transport already reports gone (exited, or closed its connection) never answers and is
+  // never named silent: waiting for it would only hold the error back by the whole grace.
   std::vector<std::string> others;
   for (int r = 0; r < world_size(); ++r) {
-    if (r != rank()) others.push_back(failed_key(r));
+    if (r != rank() && !reported_gone(said, r)) others.push_back(failed_key(r));
   }
+  if (others.empty()) return failure;
   const auto left =
       std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   Status all = scope_->wait(others, std::max(left, std::chrono::milliseconds(0)));
