@@ -196,8 +196,8 @@ Status register_ring(BackendRegistry& registry) {
            .default_value = "auto",
            .help = "shared memory: large all-reduces read each peer's buffer straight from its "
                    "process (process_vm_readv, as Open MPI's vader and UCX's cma do) instead of "
-                   "going through the slots, one copy instead of two: auto from 2MiB to 32MiB "
-                   "(where it was measured ahead) where "
+                   "going through the slots, so that each byte crosses between processes once "
+                   "instead of twice: auto from 2MiB to 32MiB (where it was measured ahead) where "
                    "every process may read its peers' memory (same user, and Yama's "
                    "ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), on for every all-reduce "
                    "over 16KiB (setup fails where it is refused), off never; every process must "
