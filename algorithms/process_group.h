@@ -71,6 +71,11 @@ class ProcessGroup {
   }
   // Local: drops what register_buffer(id) prepared.
   virtual void release_buffer(uint64_t id) { (void)id; }
+  // What register_buffer(id) prepared, for the info log; empty when nothing.
+  virtual std::string describe_registration(uint64_t id) const {
+    (void)id;
+    return std::string();
+  }
 
   // Breaks the group with `why` (if not broken already) and tells the peers.
   virtual void abort(const Status& why) = 0;

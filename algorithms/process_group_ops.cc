@@ -244,6 +244,11 @@ Status ProcessGroupOps::register_buffers_impl(const CallInfo& call, uint64_t id,
   const Tensor& t = buffers[0];
   Status s = group_->register_buffer(group_call(call), id, t.data(), t.num_elements(), t.dtype());
   if (!s.ok() && group_->error().ok()) group_->abort(s);
+  if (s.ok()) {
+    if (std::string what = group_->describe_registration(id); !what.empty()) {
+      log_info("registration #" + std::to_string(id) + ": " + what);
+    }
+  }
   return s;
 }
 

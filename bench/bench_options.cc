@@ -266,10 +266,13 @@ class Parser {
           "across processes, report rank 0's time (0), the mean (1), the fastest (2) or the "
           "slowest (3, default; nccl-tests' default is 1)");
     value("-z,--blocking", "0|1", "1: wait for each all-reduce before the next (GPU lines)");
-    value("-R,--local_register", "0|1",
+    value("-R,--local_register", "0|1|2",
           "1: register the buffers the results go to with each backend line before its warm-up "
           "(CrossDeviceOps::register_buffers, as nccl-tests' -R registers with NCCL; gloo then "
-          "runs on them without a per-call agreement); reference lines are unaffected");
+          "runs on them without a per-call agreement); 2: also allocate every CPU buffer with "
+          "Buffer::allocate_shareable (as nccl-tests' -R 2 allocates with ncclMemAlloc), so that "
+          "ring's shared memory all-reduces them in place without copies; reference lines are "
+          "unaffected");
     value("-T,--timeout", "SECONDS",
           "fail an all-reduce (and the rendezvous) that takes longer; 0 (default) keeps the "
           "backends' own (timeout= in a spec, else TRIBUTARY_TIMEOUT, else 5 minutes)");
@@ -372,9 +375,7 @@ class Parser {
     bool blocking = false;
     TRIBUTARY_RETURN_IF_ERROR(set_int("--blocking", &blocking, 0, 1));
     o_.blocking = blocking;
-    bool local_register = false;
-    TRIBUTARY_RETURN_IF_ERROR(set_int("--local_register", &local_register, 0, 1));
-    o_.local_register = local_register;
+    TRIBUTARY_RETURN_IF_ERROR(set_int("--local_register", &o_.local_register, 0, 2));
     if (given("--timeout")) {
       const std::string& v = text("--timeout");
       auto seconds = parse_number(name("--timeout"), v);

@@ -45,7 +45,9 @@ struct BenchOptions {
   bool root_given = false;
   AverageMode average = AverageMode::kMax;  // -a; nccl-tests defaults to 1 (mean)
   bool blocking = false;                    // -z: wait for each all-reduce (GPU lines)
-  bool local_register = false;  // -R 1: register each backend line's output buffers first
+  // -R 1: register each backend line's output buffers first; -R 2: and allocate the CPU buffers
+  // shareable (Buffer::allocate_shareable).
+  int local_register = 0;
   std::chrono::milliseconds timeout{0};     // -T: 0 = the backends' own (TRIBUTARY_TIMEOUT)
   bool quiet = false;
   bool ceiling = false;

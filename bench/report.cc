@@ -167,7 +167,10 @@ std::string format_header(const Report& r) {
         : o.average == AverageMode::kMean ? "the ranks' mean"
         : o.average == AverageMode::kMin  ? "the fastest rank's"
                                           : "the slowest rank's") +
-       (o.local_register ? ", buffers registered (-R 1)" : "") + "\n";
+       (o.local_register == 1   ? ", buffers registered (-R 1)"
+        : o.local_register == 2 ? ", buffers shareable and registered (-R 2)"
+                                : "") +
+       "\n";
   // nccl-tests' parameter line, for scripts that read it.
   s += "# nThread " + std::to_string(o.threads) + " nGpus " + std::to_string(o.gpus) +
        " minBytes " + std::to_string(o.min_bytes) + " maxBytes " + std::to_string(o.max_bytes) +
@@ -292,7 +295,7 @@ Status write_json(const Report& r, const std::string& path) {
                     {"agg_iters", r.options.agg_iters},
                     {"check", r.options.check},
                     {"average", static_cast<int>(r.options.average)},
-                    {"local_register", r.options.local_register ? 1 : 0},
+                    {"local_register", r.options.local_register},
                     {"root", -1}};
   doc["machine"] = {{"host", r.machine.host},
                     {"cpu", r.machine.cpu},

@@ -147,8 +147,16 @@ class Runner::Impl {
     for (int r = 0; r < o_.replicas; ++r) {
       Replica rep;
       const Shape shape{static_cast<int64_t>(max_bytes)};
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.in, Buffer::allocate(DType::kUInt8, shape, ctx_.devices[r]));
-      TRIBUTARY_ASSIGN_OR_RETURN(rep.out, Buffer::allocate(DType::kUInt8, shape, ctx_.devices[r]));
+      // -R 2 (CPU): memory the other processes of the host can map, as nccl-tests' -R 2 takes
+      // its buffers from ncclMemAlloc.
+      auto allocate = [&]() -> StatusOr<Buffer> {
+        if (o_.local_register == 2 && ctx_.devices[r].is_cpu()) {
+          return Buffer::allocate_shareable(DType::kUInt8, shape, ctx_.devices[r]);
+        }
+        return Buffer::allocate(DType::kUInt8, shape, ctx_.devices[r]);
+      };
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.in, allocate());
+      TRIBUTARY_ASSIGN_OR_RETURN(rep.out, allocate());
       if (o_.gpus > 0) {
         // Device buffers are written and read through a host copy (fill, check).
         TRIBUTARY_ASSIGN_OR_RETURN(rep.host, Buffer::allocate(DType::kUInt8, shape));
@@ -445,7 +453,10 @@ class Runner::Impl {
       BufferRegistration registration;
       if (o_.local_register && line.backend() != nullptr) {
         StatusOr<BufferRegistration> r = line.backend()->register_buffers(out);
-        if (!r.ok()) return r.status().with_context(line.spec() + ": -R 1");
+        if (!r.ok()) {
+          return r.status().with_context(line.spec() + ": -R " +
+                                         std::to_string(o_.local_register));
+        }
         registration = std::move(r).value();
       }
       double seconds = 0;

@@ -8,6 +8,8 @@
 
 #include <sys/mman.h>
 
+#include "core/shareable_memory.h"
+
 namespace tributary {
 
 int64_t shape_num_elements(const Shape& shape) {
@@ -106,6 +108,16 @@ StatusOr<Allocator*> allocator_for(const Device& device) {
 }
 
 StatusOr<Buffer> Buffer::allocate(DType dtype, Shape shape, Device device) {
+  TRIBUTARY_ASSIGN_OR_RETURN(Allocator * alloc, allocator_for(device));
+  return allocate_with(alloc, dtype, std::move(shape), std::move(device));
+}
+
+StatusOr<Buffer> Buffer::allocate_shareable(DType dtype, Shape shape, Device device) {
+  return allocate_with(internal::shareable_allocator(), dtype, std::move(shape),
+                       std::move(device));
+}
+
+StatusOr<Buffer> Buffer::allocate_with(Allocator* alloc, DType dtype, Shape shape, Device device) {
   int64_t n = shape_num_elements(shape);
   if (n < 0) {
     return invalid_argument("shape " + shape_to_string(shape) +
@@ -117,7 +129,6 @@ StatusOr<Buffer> Buffer::allocate(DType dtype, Shape shape, Device device) {
     return resource_exhausted("a " + std::string(dtype_name(dtype)) + " buffer of shape " +
                               shape_to_string(shape) + " needs more bytes than fit in 64 bits");
   }
-  TRIBUTARY_ASSIGN_OR_RETURN(Allocator * alloc, allocator_for(device));
   TRIBUTARY_ASSIGN_OR_RETURN(void* p, alloc->allocate(device, bytes));
   Buffer b;
   b.view_ = Tensor(p, dtype, std::move(shape), std::move(device));

@@ -96,6 +96,18 @@ class Buffer {
  public:
   Buffer() = default;
   static StatusOr<Buffer> allocate(DType dtype, Shape shape, Device device = Device::cpu());
+  // Host memory that the other processes of this host can map: a memfd of its own, mapped shared
+  // and page-aligned, in 4 KiB pages (shared memory takes transparent huge pages only where the
+  // system's shmem_enabled allows). Registered with CrossDeviceOps::register_buffers on every
+  // rank, a `ring` (shared memory between processes) then all-reduces it in place: each process
+  // reduces its 1/n share straight from its peers' buffers and writes the result into every
+  // peer's, with no copy through slots or the kernel. This is NCCL's ncclMemAlloc with symmetric
+  // registration, MPI's MPI_Win_allocate_shared and torch's symmetric memory. Until freed, it holds
+  // one file descriptor; a peer that mapped it keeps its pages until the registration ends there.
+  // Use it like any Buffer otherwise (every backend takes it).
+  // `device` must be a CPU device (InvalidArgument otherwise).
+  static StatusOr<Buffer> allocate_shareable(DType dtype, Shape shape,
+                                             Device device = Device::cpu());
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -112,6 +124,7 @@ class Buffer {
 
  private:
   void reset() noexcept;
+  static StatusOr<Buffer> allocate_with(Allocator* alloc, DType dtype, Shape shape, Device device);
   Tensor view_;
   Allocator* allocator_ = nullptr;
   size_t bytes_ = 0;

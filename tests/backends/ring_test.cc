@@ -14,6 +14,9 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4Ki
 // Every all-reduce over 16 KiB reads the peers' buffers (auto does so only from 2 MiB, larger than
 // the suite's), in blocks of 4 KiB: many blocks per piece, and short last pieces.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSingleCopy, "ring:shm_single_copy=on,shm_chunk_bytes=4KiB");
+// Buffers from Buffer::allocate_shareable, every all-reduce's outputs registered: the direct path
+// (each rank reduces its piece from every rank's buffer and writes it into all), in blocks of 4 KiB.
+TRIBUTARY_MULTIPROCESS_CONFORMANCE_SHAREABLE(RingShmDirect, "ring:shm_chunk_bytes=4KiB");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingNet, "ring:intra_host=net");
 // Every segment of 64 KiB or more sent from the caller's pages (zero_copy=auto, the default, does
 // so only from 2 MiB messages, larger than the suite's).

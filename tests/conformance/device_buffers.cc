@@ -22,9 +22,11 @@ namespace tributary::conformance {
   return ::testing::AssertionSuccess();
 }
 
-DeviceBuffers::DeviceBuffers(DType t, int64_t count, const std::vector<Device>& devices) {
+DeviceBuffers::DeviceBuffers(DType t, int64_t count, const std::vector<Device>& devices,
+                             bool shareable) {
   for (const Device& d : devices) {
-    auto b = Buffer::allocate(t, Shape{count}, d);
+    auto b = shareable && d.is_cpu() ? Buffer::allocate_shareable(t, Shape{count}, d)
+                                     : Buffer::allocate(t, Shape{count}, d);
     if (!b.ok()) {
       if (status.ok()) {
         status = Status(b.status().code(), "allocating " + std::to_string(count) + " x " +

@@ -29,7 +29,9 @@ struct DeviceBuffers {
   // of a buffer that could not be allocated), and upload() and download() fail with this status.
   Status status;
 
-  DeviceBuffers(DType t, int64_t count, const std::vector<Device>& devices);
+  // `shareable`: CPU buffers from Buffer::allocate_shareable (memory other processes can map).
+  DeviceBuffers(DType t, int64_t count, const std::vector<Device>& devices,
+                bool shareable = false);
   const Tensor& operator[](size_t i) const { return views[i]; }
   const Tensor& host(size_t i) const { return hosts[i]; }
 

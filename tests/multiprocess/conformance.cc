@@ -22,6 +22,7 @@
 #include "tests/conformance/device_buffers.h"
 #include "tests/conformance/values.h"
 #include "tests/multiprocess/harness.h"
+#include "transports/shm/shm_group.h"
 
 namespace tributary::testing {
 namespace {
@@ -43,8 +44,11 @@ std::vector<int64_t> counts_for(const std::string& spec) {
 // so failures are printed (the first 8) and counted rather than reported through gtest.
 class Matrix {
  public:
-  Matrix(CrossDeviceOps& ops, std::vector<int64_t> counts)
-      : ops_(ops), counts_(std::move(counts)) {}
+  // `shareable`: buffers from Buffer::allocate_shareable, all-reduce outputs registered; with
+  // `direct`, a registration over shared memory's small_bytes must take its direct path.
+  Matrix(CrossDeviceOps& ops, std::vector<int64_t> counts, bool shareable = false,
+         bool direct = false)
+      : ops_(ops), counts_(std::move(counts)), shareable_(shareable), direct_(direct) {}
   int failures() const { return failures_; }
 
   void run() {
@@ -110,6 +114,11 @@ class Matrix {
       fail(what, "element " + std::to_string(i) + " is " + std::to_string(got) + ", want " +
                      std::to_string(want));
   }
+  bool takes_direct_path(uint64_t id) const {
+    const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(&ops_);
+    const auto* shm = pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+    return shm != nullptr && shm->registered_direct(id);
+  }
   static std::string name(const char* c, ReduceOp op, DType t, int64_t n, bool in_place) {
     return std::string(c) + " " + std::string(reduce_op_name(op)) + " " +
            std::string(dtype_name(t)) + " n=" + std::to_string(n) + (in_place ? " in place" : "");
@@ -131,9 +140,20 @@ class Matrix {
 
   void all_reduce(ReduceOp op, DType t, int64_t count, bool in_place) {
     const std::string what = name("all_reduce", op, t, count, in_place);
-    DeviceBuffers in(t, count, ops_.devices()), out(t, count, ops_.devices());
+    DeviceBuffers in(t, count, ops_.devices(), shareable_),
+        out(t, count, ops_.devices(), shareable_);
     if (!staged(what, op, in, out)) return;
     const DeviceBuffers& dst = in_place ? in : out;
+    BufferRegistration registration;
+    if (shareable_) {
+      StatusOr<BufferRegistration> r = ops_.register_buffers(dst.views);
+      if (!r.ok()) return fail(what, "register_buffers: " + r.status().to_string());
+      registration = std::move(r).value();
+      if (direct_ && static_cast<size_t>(count) * dtype_size(t) > (size_t{16} << 10) &&
+          !takes_direct_path(registration.id())) {
+        fail(what, "the registration of shareable buffers did not take the direct path");
+      }
+    }
     if (!run_or_refused(what, Collective::kAllReduce, op, t,
                         ops_.all_reduce(op, in.views, dst.views)))
       return;
@@ -276,6 +296,7 @@ class Matrix {
 
   CrossDeviceOps& ops_;
   std::vector<int64_t> counts_;
+  bool shareable_ = false, direct_ = false;
   int failures_ = 0;
 };
 
@@ -320,6 +341,7 @@ std::vector<Device> devices_of(DeviceKind kind, int rank, int local) {
         d.push_back((rank + k) % 2 == 0 ? Device::cuda(k) : Device::cpu(k));
         break;
       case DeviceKind::kCpu:
+      case DeviceKind::kCpuShareable:
         d.push_back(Device::cpu(k));
         break;
     }
@@ -409,6 +431,7 @@ std::string multiprocess_param_name(const ::testing::TestParamInfo<MultiProcessP
   const char* prefix = kind == DeviceKind::kGpu         ? "gpu_"
                        : kind == DeviceKind::kGpuShared ? "gpushared_"
                        : kind == DeviceKind::kMixed     ? "mixed_"
+                       : kind == DeviceKind::kCpuShareable ? "shareable_"
                                                         : "";
   return prefix + identifier(spec) + "_w" +
          std::to_string(world) + "_l" + std::to_string(local);
@@ -426,7 +449,8 @@ TEST_P(MultiProcessConformance, EveryCollective) {
   const DeviceKind kind = std::get<1>(GetParam());
   const int world = std::get<2>(GetParam());
   const int local = std::get<3>(GetParam());
-  if (kind != DeviceKind::kCpu) {
+  const bool cpu = kind == DeviceKind::kCpu || kind == DeviceKind::kCpuShareable;
+  if (!cpu) {
     const GpuProbe gpus = probe_gpus();
     const int needed = kind == DeviceKind::kGpu ? world * local : local;
     if (gpus.count < needed) {
@@ -460,8 +484,9 @@ TEST_P(MultiProcessConformance, EveryCollective) {
       return ops.status().code() == StatusCode::kNotFound ? kChildSkip : kChildFailed;
     }
     // ring's default on one host is its shared memory, never TCP behind the user's back.
-    if (kind == DeviceKind::kCpu && world > 1 && spec.rfind("ring", 0) == 0 &&
-        spec.find("intra_host=net") == std::string::npos) {
+    const bool ring_shm = cpu && world > 1 && spec.rfind("ring", 0) == 0 &&
+                          spec.find("intra_host=net") == std::string::npos;
+    if (ring_shm) {
       const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
       const std::string group = pg && pg->group() ? pg->group()->describe() : "";
       if (group.rfind("shared memory", 0) != 0) {
@@ -476,7 +501,8 @@ TEST_P(MultiProcessConformance, EveryCollective) {
         return kChildFailed;
       }
     }
-    Matrix m(**ops, counts_for(spec));
+    Matrix m(**ops, counts_for(spec), kind == DeviceKind::kCpuShareable,
+             kind == DeviceKind::kCpuShareable && ring_shm);
     m.run();
     return m.failures() == 0 ? kChildOk : kChildFailed;
   });

@@ -41,12 +41,16 @@ namespace tributary::testing {
 // kGpuShared: GPU:k on every rank, processes sharing GPUs (backends that stage through host memory
 // allow it; NCCL does not). kMixed: GPU:k where r + k is even, else CPU:k, so ranks with GPU and
 // CPU replicas meet in one group, and a process may hold both.
-enum class DeviceKind { kCpu, kGpu, kGpuShared, kMixed };
+// kCpuShareable: CPU:k, every buffer from Buffer::allocate_shareable and every all-reduce's outputs
+// registered (register_buffers) before the call and released after it; for ring on one host the
+// registration must take shared memory's direct path (every rank maps every rank's buffer).
+enum class DeviceKind { kCpu, kGpu, kGpuShared, kMixed, kCpuShareable };
 inline void PrintTo(DeviceKind kind, std::ostream* os) {
-  *os << (kind == DeviceKind::kGpu         ? "GPU"
-          : kind == DeviceKind::kGpuShared ? "GPU shared"
-          : kind == DeviceKind::kMixed     ? "mixed"
-                                           : "CPU");
+  *os << (kind == DeviceKind::kGpu           ? "GPU"
+          : kind == DeviceKind::kGpuShared   ? "GPU shared"
+          : kind == DeviceKind::kMixed       ? "mixed"
+          : kind == DeviceKind::kCpuShareable ? "CPU shareable"
+                                             : "CPU");
 }
 
 // spec, device kind, world size, local replicas per process
@@ -95,6 +99,17 @@ void expect_every_cpu_capability(const std::string& spec);
 // Replicas on GPU devices (world x local of them).
 #define TRIBUTARY_MULTIPROCESS_CONFORMANCE_GPU(name, spec) \
   TRIBUTARY_MULTIPROCESS_CONFORMANCE_ON_(name, spec, ::tributary::testing::DeviceKind::kGpu)
+// Replicas on CPU devices, buffers shareable and all-reduce outputs registered; 2 to 4 processes.
+#define TRIBUTARY_MULTIPROCESS_CONFORMANCE_SHAREABLE(name, spec)                                \
+  namespace tributary::testing {                                                              \
+  INSTANTIATE_TEST_SUITE_P(                                                                   \
+      name, MultiProcessConformance,                                                          \
+      ::testing::Combine(::testing::Values(std::string(spec)),                                \
+                         ::testing::Values(DeviceKind::kCpuShareable),                        \
+                         ::testing::Values(2, 3, 4), ::testing::Values(1, 2)),                \
+      multiprocess_param_name);                                                               \
+  }                                                                                           \
+  static_assert(true, "")
 // Host backends on GPU tensors (staged through host memory): processes sharing GPUs, and GPU and
 // CPU replicas mixed (with 2 replicas a process holds both); 2 and 3 processes.
 #define TRIBUTARY_MULTIPROCESS_CONFORMANCE_STAGED(name, spec)                                   \

@@ -8,9 +8,11 @@
 #include <charconv>
 #include <cstring>
 #include <functional>
+#include <map>
 
 #include "algorithms/reduce_kernels.h"
 #include "core/crypto/crypto.h"
+#include "core/shareable_memory.h"
 #include "transports/shm/shm_segment.h"
 #include "tributary/options.h"
 
@@ -104,6 +106,17 @@ struct ShmGroup::Impl {
   bool single_copy = false;
   std::vector<std::byte> scratch;  // single copy: a slot-sized block for each peer
   uint64_t blocks_done = 0;        // single copy: blocks every rank has walked so far
+
+  // A registered buffer that every rank allocated shareable and maps (the direct path).
+  struct Direct {
+    std::byte* data = nullptr;  // this rank's
+    int64_t count = 0;
+    DType dtype = DType::kFloat32;
+    std::vector<PeerBuffer> peers;  // by local rank (this rank's own is empty)
+    std::vector<std::byte*> views;  // every rank's buffer, by local rank, as mapped here
+  };
+  std::map<uint64_t, Direct> direct;  // by registration id
+  std::map<uint64_t, std::string> registration_notes;  // why each registration is direct or not
 
   int global(int r) const {
     return options.global_ranks.size() == static_cast<size_t>(size) ? options.global_ranks[r] : r;
@@ -257,7 +270,9 @@ struct ShmGroup::Impl {
   static std::string describe(const SlotHeader& h) {
     std::string s = tag_of(h).describe() + " (" + std::to_string(h.bytes) + " bytes";
     if (h.root >= 0) s += ", root " + std::to_string(h.root);
-    if (h.single_copy != 0) s += ", single copy";
+    if (h.single_copy == kHeaderSingleCopy) s += ", single copy";
+    if (h.single_copy == kHeaderDirect) s += ", on a registered shareable buffer";
+    if (h.single_copy == kHeaderRegister) s += ", a registration";
     return s + ")";
   }
 
@@ -285,6 +300,14 @@ struct ShmGroup::Impl {
                     DType dtype, ReduceOp op, int64_t mean_divisor);
   Status all_reduce_single_copy(const GroupCall& call, std::byte* out, const std::byte* in,
                                 int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
+  Status all_reduce_direct(const GroupCall& call, const Direct& d, const std::byte* in,
+                           ReduceOp op, int64_t mean_divisor);
+  Status register_buffer(const GroupCall& call, uint64_t id, std::byte* data, int64_t count,
+                         DType dtype);
+  // After a failure in the middle of a direct all-reduce (chunk `g`): waits until no live peer
+  // may still write into this rank's buffer (each has finished, failed or exited), so that the
+  // caller never gets back a buffer that changes under it.
+  void quiesce(uint64_t g, const GroupCall& call);
   Status reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out, int64_t count,
                         DType dtype, ReduceOp op, int64_t mean_divisor);
   Status all_gather(const GroupCall& call, std::byte* data, size_t block);
@@ -298,6 +321,13 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
   const Chunking cut(count, static_cast<int64_t>(options.slot_bytes / elem), align);
   const size_t total = static_cast<size_t>(count) * elem;
   const bool small = total <= options.small_bytes;
+  if (!small && !direct.empty()) {
+    for (const auto& [id, d] : direct) {
+      if (d.data == out && d.count == count && d.dtype == dtype) {
+        return all_reduce_direct(call, d, in, op, mean_divisor);
+      }
+    }
+  }
   if (single_copy && !small && total >= options.single_copy_min_bytes &&
       total <= options.single_copy_max_bytes) {
     return all_reduce_single_copy(call, out, in, count, dtype, op, mean_divisor);
@@ -375,7 +405,7 @@ Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* 
   const size_t elem = dtype_size(dtype);
   const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
   SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
-  header.single_copy = 1;
+  header.single_copy = kHeaderSingleCopy;
   header.source_address = reinterpret_cast<uintptr_t>(in);
   header.output_address = reinterpret_cast<uintptr_t>(out);
   const uint64_t g = next_chunk++;
@@ -441,6 +471,155 @@ Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* 
   // The peers read this rank's input and output until they publish theirs: only then may the
   // caller have its buffers back.
   return wait_all(Field::kConsumed, g + 1, call);
+}
+
+// Registration, in two header-only rounds: every rank publishes where its buffer lies (its memfd
+// and offset, or that it is not shareable), maps every peer's where all are shareable, then
+// publishes whether that worked; the direct path is used only where every rank mapped every peer.
+Status ShmGroup::Impl::register_buffer(const GroupCall& call, uint64_t id, std::byte* data,
+                                       int64_t count, DType dtype) {
+  direct.erase(id);
+  registration_notes.erase(id);
+  const size_t total = static_cast<size_t>(count) * dtype_size(dtype);
+  const std::optional<internal::ShareableRegion> region = internal::find_shareable(data, total);
+  SlotHeader header = header_of(call.tag, total, -1);
+  header.single_copy = kHeaderRegister;
+  header.source_address = region ? static_cast<uint64_t>(region->fd) : UINT64_MAX;
+  header.output_address = region ? region->offset : 0;
+  const uint64_t g = next_chunk++;
+  TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [](std::byte*) {}));
+  std::vector<std::pair<uint64_t, uint64_t>> where(static_cast<size_t>(size));
+  std::string why_not;
+  for (int r = 0; r < size; ++r) {
+    const SlotHeader& h = maps[static_cast<size_t>(r)].header(slot_of(g));
+    where[static_cast<size_t>(r)] = {h.source_address, h.output_address};
+    if (h.source_address == UINT64_MAX && why_not.empty()) {
+      why_not = "the buffer of " + name(r) +
+                " is not from Buffer::allocate_shareable (every rank's must be)";
+    }
+  }
+  publish(Field::kConsumed, g + 1);
+  Direct d;
+  d.data = data;
+  d.count = count;
+  d.dtype = dtype;
+  d.peers.resize(static_cast<size_t>(size));
+  d.views.resize(static_cast<size_t>(size));
+  d.views[static_cast<size_t>(rank)] = data;
+  if (total <= options.small_bytes && why_not.empty()) {
+    why_not = "it is no larger than " + format_size(options.small_bytes) +
+              " (such all-reduces take the slots' one-step path)";
+  }
+  bool mapped = why_not.empty();
+  for (int r = 0; r < size && mapped; ++r) {
+    if (r == rank) continue;
+    auto b = PeerBuffer::open(procs[static_cast<size_t>(r)].pid(),
+                              static_cast<int>(where[static_cast<size_t>(r)].first),
+                              where[static_cast<size_t>(r)].second, total);
+    if (!b.ok()) {
+      mapped = false;
+      why_not = name(rank) + " could not map the buffer of " + name(r) + ": " + b.status().message();
+      break;
+    }
+    d.views[static_cast<size_t>(r)] = b->data();
+    d.peers[static_cast<size_t>(r)] = std::move(*b);
+  }
+  header.source_address = header.output_address = 0;
+  header.verdict = mapped ? kVerdictMapped : kVerdictRefused;
+  const uint64_t g2 = next_chunk++;
+  TRIBUTARY_RETURN_IF_ERROR(stage(call, g2, header, [](std::byte*) {}));
+  for (int r = 0; r < size; ++r) {
+    if (maps[static_cast<size_t>(r)].header(slot_of(g2)).verdict == kVerdictMapped) continue;
+    if (mapped) why_not = name(r) + " could not map every peer's buffer (its info log says why)";
+    mapped = false;
+  }
+  publish(Field::kConsumed, g2 + 1);
+  registration_notes[id] =
+      mapped ? "all-reduces on it read and write every rank's buffer directly (shared memory, no "
+               "copies)"
+             : "all-reduces on it take the usual shared-memory path: " + why_not;
+  if (mapped) direct.emplace(id, std::move(d));
+  return Status();
+}
+
+// The direct all-reduce (see the header): every rank's buffer is mapped by every rank, so each
+// reduces its piece from all of them (in rank order: every rank gets the same bits) and writes the
+// result into every one of them. The header round is the entry barrier (every rank's input is in
+// its buffer, and the call is the same); `consumed` the exit one (no rank writes into this one's
+// buffer any more).
+Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
+                                         const std::byte* in, ReduceOp op, int64_t mean_divisor) {
+  const size_t elem = dtype_size(d.dtype);
+  const int64_t count = d.count;
+  if (in != d.data) std::memcpy(d.data, in, static_cast<size_t>(count) * elem);
+  SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
+  header.single_copy = kHeaderDirect;
+  const uint64_t g = next_chunk++;
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
+  const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
+  const int64_t block = std::max<int64_t>(align, static_cast<int64_t>(options.slot_bytes / elem) /
+                                                     align * align);
+  const int64_t first = std::min<int64_t>(count, piece * rank);
+  const int64_t last = std::min<int64_t>(count, first + piece);
+  std::vector<const void*> srcs(static_cast<size_t>(size));
+  // A peer that gave up may have handed its buffer back to its caller: no more writes into it.
+  auto peer_gave_up = [&]() -> Status {
+    for (int r = 0; r < size; ++r) {
+      if (r != rank && ctl(r).aborted.load(std::memory_order_acquire) != 0) {
+        return peer_trouble(call.tag);
+      }
+    }
+    return Status();
+  };
+  Status s = stage(call, g, header, [](std::byte*) {});
+  for (int64_t b = first; b < last && s.ok(); b += block) {
+    s = peer_gave_up();
+    if (!s.ok()) break;
+    const int64_t n = std::min<int64_t>(block, last - b);
+    const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(n) * elem;
+    for (int r = 0; r < size; ++r) {
+      srcs[static_cast<size_t>(r)] = d.views[static_cast<size_t>(r)] + off;
+    }
+    void* dst = d.data + off;
+    algorithms::reduce(op, d.dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
+                       mean_divisor);
+    // Reduced here first, then copied: memcpy's string stores, not the kernel's vector ones, go
+    // to the lines that the peers' cores read (see all_reduce).
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) std::memcpy(d.views[static_cast<size_t>(r)] + off, dst, len);
+    }
+  }
+  if (s.ok()) {
+    publish(Field::kConsumed, g + 1);
+    s = wait_all(Field::kConsumed, g + 1, call);
+  }
+  if (!s.ok()) {
+    // Published before waiting, so that the peers stop writing too.
+    fail(s);
+    quiesce(g, call);
+  }
+  return s;
+}
+
+void ShmGroup::Impl::quiesce(uint64_t g, const GroupCall& call) {
+  // Past the deadline too, briefly: a peer that passed the entry barrier just as this rank gave
+  // up writes at most one block before it sees that.
+  const auto until = std::max(call.deadline, Clock::now() + std::chrono::milliseconds(100));
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    Control& c = ctl(r);
+    while (c.consumed.value.load(std::memory_order_acquire) < g + 1 &&
+           c.aborted.load(std::memory_order_acquire) == 0 &&
+           !procs[static_cast<size_t>(r)].exited() && Clock::now() < until) {
+      c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = c.bell.load(std::memory_order_seq_cst);
+      if (c.consumed.value.load(std::memory_order_acquire) < g + 1 &&
+          c.aborted.load(std::memory_order_acquire) == 0) {
+        sleep_on_bell(c, seen, std::chrono::milliseconds(1));
+      }
+      c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
 }
 
 Status ShmGroup::Impl::reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out,
@@ -712,6 +891,25 @@ Status ShmGroup::reduce_scatter(const GroupCall& call, void* data, void* out, in
                                  static_cast<std::byte*>(out), count, dtype, op, mean_divisor);
   });
 }
+
+Status ShmGroup::register_buffer(const algorithms::GroupCall& call, uint64_t id, void* data,
+                                 int64_t count, DType dtype) {
+  return impl_->guarded([&] {
+    return impl_->register_buffer(call, id, static_cast<std::byte*>(data), count, dtype);
+  });
+}
+
+void ShmGroup::release_buffer(uint64_t id) {
+  impl_->direct.erase(id);
+  impl_->registration_notes.erase(id);
+}
+
+std::string ShmGroup::describe_registration(uint64_t id) const {
+  auto it = impl_->registration_notes.find(id);
+  return it == impl_->registration_notes.end() ? std::string() : it->second;
+}
+
+bool ShmGroup::registered_direct(uint64_t id) const { return impl_->direct.count(id) != 0; }
 
 void ShmGroup::abort(const Status& why) { impl_->fail(why); }
 

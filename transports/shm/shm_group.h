@@ -34,6 +34,18 @@
 // CAP_SYS_PTRACE) is probed at setup; the path is used only where every rank can. A peer that dies
 // mid-read is ESRCH, an error naming it as in a wait.
 //
+// Direct (all-reduces on a registered buffer that every rank allocated with
+// Buffer::allocate_shareable, over `small_bytes`): at registration every rank publishes the
+// buffer's memfd and offset in a slot header, maps every peer's through /proc/<pid>/fd/<fd>, and
+// says whether that worked; if every rank mapped every peer, the registration's all-reduces
+// neither stage nor copy through the kernel: after a header round (the entry barrier, with the
+// checks above), each rank reduces piece `rank` straight from every rank's buffer, a slot-sized
+// block at a time, into its own and copies it into every peer's, then publishes `consumed` and
+// waits for every peer's (the exit barrier). Each byte is read once and written once per rank, as
+// in one process. A rank that fails in the middle waits until every live peer has stopped
+// writing into its buffer (finished, failed or exited) before it returns; a peer checks between
+// blocks whether another gave up.
+//
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
 // make progress, but this one stays runnable: no wake-up latency), then
@@ -96,6 +108,14 @@ class ShmGroup final : public algorithms::ProcessGroup {
   Status all_gather(const algorithms::GroupCall& call, void* data, size_t bytes_per_rank) override;
   Status reduce_scatter(const algorithms::GroupCall& call, void* data, void* out, int64_t count,
                         DType dtype, ReduceOp op, int64_t mean_divisor) override;
+  // A buffer from Buffer::allocate_shareable on every rank is mapped by every rank (the direct
+  // path, above); any other registration prepares nothing.
+  Status register_buffer(const algorithms::GroupCall& call, uint64_t id, void* data, int64_t count,
+                         DType dtype) override;
+  void release_buffer(uint64_t id) override;
+  // Whether registration `id` takes the direct path (every rank maps every rank's buffer).
+  bool registered_direct(uint64_t id) const;
+  std::string describe_registration(uint64_t id) const override;
   void abort(const Status& why) override;
   Status error() const override;
 

@@ -131,6 +131,55 @@ StatusOr<Mapping> Mapping::open_peer(int64_t pid, int fd, size_t bytes) {
   return m;
 }
 
+PeerBuffer::~PeerBuffer() {
+  if (base_ != nullptr) ::munmap(base_, mapped_);
+}
+
+PeerBuffer::PeerBuffer(PeerBuffer&& o) noexcept
+    : base_(std::exchange(o.base_, nullptr)),
+      mapped_(std::exchange(o.mapped_, 0)),
+      data_(std::exchange(o.data_, nullptr)) {}
+
+PeerBuffer& PeerBuffer::operator=(PeerBuffer&& o) noexcept {
+  if (this != &o) {
+    if (base_ != nullptr) ::munmap(base_, mapped_);
+    base_ = std::exchange(o.base_, nullptr);
+    mapped_ = std::exchange(o.mapped_, 0);
+    data_ = std::exchange(o.data_, nullptr);
+  }
+  return *this;
+}
+
+StatusOr<PeerBuffer> PeerBuffer::open(int64_t pid, int fd, uint64_t offset, size_t bytes) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  const int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (f < 0) {
+    return unavailable("cannot open the registered buffer of process " + std::to_string(pid) +
+                       " (" + path + "): " + std::strerror(errno));
+  }
+  const uint64_t first = offset / kPage * kPage;
+  const size_t mapped = round_up(static_cast<size_t>(offset - first) + bytes, kPage);
+  struct stat st {};
+  if (::fstat(f, &st) != 0 || static_cast<uint64_t>(st.st_size) < first + mapped) {
+    ::close(f);
+    return unavailable("the registered buffer of process " + std::to_string(pid) +
+                       " is smaller than it published (" + path + ")");
+  }
+  void* base =
+      ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, f, static_cast<off_t>(first));
+  const int e = errno;
+  ::close(f);  // the mapping keeps the memory alive
+  if (base == MAP_FAILED) {
+    return unavailable("cannot map the registered buffer of process " + std::to_string(pid) +
+                       ": " + std::strerror(e));
+  }
+  PeerBuffer b;
+  b.base_ = base;
+  b.mapped_ = mapped;
+  b.data_ = static_cast<std::byte*>(base) + (offset - first);
+  return b;
+}
+
 int read_peer_memory(int64_t pid, void* local, uint64_t remote, size_t bytes) {
   auto* to = static_cast<std::byte*>(local);
   while (bytes > 0) {

@@ -71,8 +71,19 @@ struct alignas(64) SlotHeader {
   int32_t root = -1;
   uint32_t step = 0;
   uint8_t collective = 0, op = 0, dtype = 0;
-  uint8_t single_copy = 0;  // 1: the data is read from the owner's buffers, not from slots
+  // How the data moves (kHeader*); part of the call every rank must agree on.
+  uint8_t single_copy = 0;
+  // Registration's second round: whether this rank mapped every peer's buffer (kVerdict*). Not
+  // part of the call (ranks may differ; then none uses the direct path).
+  uint8_t verdict = 0;
 };
+// SlotHeader::single_copy: through the slots; single copy (the addresses are the input and
+// output); a registration (source_address: the buffer's memfd in the owner, UINT64_MAX when it is
+// not shareable; output_address: its offset there); an all-reduce on a registered buffer that
+// every rank maps (direct).
+inline constexpr uint8_t kHeaderSlots = 0, kHeaderSingleCopy = 1, kHeaderRegister = 2,
+                         kHeaderDirect = 3;
+inline constexpr uint8_t kVerdictMapped = 1, kVerdictRefused = 2;
 static_assert(sizeof(SlotHeader) == 64);
 
 // A mapping of one segment (own or a peer's). Move-only; unmaps on destruction.
@@ -102,6 +113,26 @@ class Mapping {
   void* base_ = nullptr;
   size_t bytes_ = 0;
   size_t slot_bytes_ = 0;
+};
+
+// A mapping of `bytes` at `offset` of a memfd that process `pid` holds open as `fd` (a registered
+// shareable buffer, core/shareable_memory.h). Move-only; unmaps on destruction.
+class PeerBuffer {
+ public:
+  PeerBuffer() = default;
+  ~PeerBuffer();
+  PeerBuffer(PeerBuffer&& o) noexcept;
+  PeerBuffer& operator=(PeerBuffer&& o) noexcept;
+  PeerBuffer(const PeerBuffer&) = delete;
+  PeerBuffer& operator=(const PeerBuffer&) = delete;
+
+  static StatusOr<PeerBuffer> open(int64_t pid, int fd, uint64_t offset, size_t bytes);
+  std::byte* data() const { return data_; }
+
+ private:
+  void* base_ = nullptr;
+  size_t mapped_ = 0;
+  std::byte* data_ = nullptr;
 };
 
 // Copies `bytes` from address `remote` of process `pid` into `local` (process_vm_readv: the kernel
