@@ -31,8 +31,10 @@
 #include <vector>
 
 #include "core/crypto/crypto.h"
+#include "algorithms/process_group_ops.h"
 #include "core/rendezvous.h"
 #include "tests/multiprocess/harness.h"
+#include "transports/shm/shm_group.h"
 #include "transports/tcp/tcp_wire.h"
 #include "tributary/store.h"
 
@@ -580,6 +582,165 @@ TEST(SharedMemorySingleCopy, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
     EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
   }
   EXPECT_EQ(segments_left(before, g), "");
+}
+
+// ---- Shared memory's direct path: registered buffers from Buffer::allocate_shareable ----------
+
+// Mappings of shareable buffers (memfds named "tributary-shareable") in this process: its own
+// allocations and the peers' it maps for a registration.
+size_t shareable_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("tributary-shareable") != std::string::npos;
+  }
+  return n;
+}
+
+// A float32 buffer of `count` from Buffer::allocate_shareable, every element `value`.
+Buffer shareable_filled(int64_t count, float value) {
+  auto b = Buffer::allocate_shareable(DType::kFloat32, Shape{count});
+  if (!b.ok()) std::abort();
+  std::fill_n(b->data_as<float>(), count, value);
+  return std::move(b).value();
+}
+
+// A peer killed while the others write into its buffer and read from it: 16 MiB direct all-reduces
+// back to back, rank 1 killed by a thread of its own 300 ms in. Every survivor fails within the
+// timeout naming rank 1 (the kill is seen in a wait, through its pidfd), and once the registration
+// and the instance are gone nothing is left mapped: not rank 1's buffer (the survivors' mappings of
+// it were the last), nor any segment.
+TEST(SharedMemoryDirect, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
+  const std::vector<std::string> before = dev_shm_entries();
+  const std::string dir = make_temp_dir("direct_kill");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=8s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = int64_t{1} << 22;
+    {
+      Buffer x = shareable_filled(count, 1.0f);
+      PerReplica<Tensor> v{x.tensor()};
+      auto reg = (*ops)->register_buffers(v);
+      if (!reg.ok()) return kChildFailed;
+      const size_t mapped_registered = shareable_mappings();
+      const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
+      const auto* shm =
+          pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+      if (shm == nullptr || !shm->registered_direct(reg->id())) return kChildFailed;
+      if (rank == 1) {
+        std::thread([] {
+          std::this_thread::sleep_for(300ms);
+          raise(SIGKILL);
+        }).detach();
+      }
+      int result = kChildOk;
+      for (int i = 0; i < 100000 && result == kChildOk; ++i) {
+        const auto start = Clock::now();
+        Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(120s);
+        if (!s.ok()) {
+          write_note(dir, rank,
+                     s.to_string() + "\nseconds=" +
+                         std::to_string(std::chrono::duration<double>(Clock::now() - start).count()) +
+                         "\nmapped_registered=" + std::to_string(mapped_registered));
+          result = kChildSawError;
+        }
+        std::fill_n(x.data_as<float>(), count, 1.0f);  // every sum stays 3
+      }
+      reg->release();
+      if (result != kChildSawError) return result;
+    }
+    drop_and_note_mappings(*ops, dir, rank);
+    append_note(dir, rank, "\nshareable_after=" + std::to_string(shareable_mappings()));
+    return kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
+    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), 1.5) << note;  // an exit is seen at once, not at the timeout
+    EXPECT_NE(note.find("mapped_registered=3"), std::string::npos) << note;  // own + 2 peers'
+    EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
+    EXPECT_NE(note.find("shareable_after=0"), std::string::npos) << note;
+  }
+  EXPECT_EQ(segments_left(before, g), "");
+}
+
+// A rank that all-reduces another buffer while its peers all-reduce the registered one breaks the
+// rule that registered buffers are used on every rank: every rank fails with a mismatch that names
+// both calls, at once, not at the timeout.
+TEST(SharedMemoryDirect, ARankOffTheRegisteredBufferIsAMismatchOnEveryRank) {
+  const std::string dir = make_temp_dir("direct_mismatch");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = int64_t{1} << 18;  // 1 MiB
+    Buffer x = shareable_filled(count, 1.0f);
+    Buffer other = shareable_filled(count, 1.0f);
+    PerReplica<Tensor> v{x.tensor()};
+    auto reg = (*ops)->register_buffers(v);
+    if (!reg.ok()) return kChildFailed;
+    PerReplica<Tensor> w{rank == 2 ? other.tensor() : x.tensor()};
+    const auto start = Clock::now();
+    const Status s = (*ops)->all_reduce(ReduceOp::kSum, w, w).wait(60s);
+    write_note(dir, rank,
+               s.to_string() + "\nseconds=" +
+                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
+    return s.ok() ? kChildOk : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("collective mismatch"), std::string::npos) << note;
+    EXPECT_NE(note.find("on a registered shareable buffer"), std::string::npos) << note;
+    EXPECT_NE(note.find("must be used on every rank"), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), 10.0) << note;
+  }
+}
+
+// Registration where one rank's buffer is ordinary memory: no rank takes the direct path (one
+// that did alone would be a mismatch), and every result is right.
+TEST(SharedMemoryDirect, OneRankWithOrdinaryMemoryKeepsEveryRankOnTheUsualPath) {
+  const std::string dir = make_temp_dir("direct_mixed");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = (int64_t{1} << 20) + 3;
+    auto x = rank == 1 ? Buffer::allocate(DType::kFloat32, Shape{count})
+                       : Buffer::allocate_shareable(DType::kFloat32, Shape{count});
+    if (!x.ok()) return kChildFailed;
+    std::fill_n(x->data_as<float>(), count, static_cast<float>(rank + 1));
+    PerReplica<Tensor> v{x->tensor()};
+    auto reg = (*ops)->register_buffers(v);
+    if (!reg.ok()) return kChildFailed;
+    const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
+    const auto* shm =
+        pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+    if (shm == nullptr) return kChildFailed;
+    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s);
+    const float* p = x->data_as<float>();
+    write_note(dir, rank,
+               s.to_string() + " direct=" + std::to_string(shm->registered_direct(reg->id())) +
+                   " note=" + shm->describe_registration(reg->id()) +
+                   " first=" + std::to_string(p[0]) + " last=" + std::to_string(p[count - 1]));
+    return s.ok() && !shm->registered_direct(reg->id()) && p[0] == 6.0f && p[count - 1] == 6.0f
+               ? kChildOk
+               : kChildFailed;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
+        << "rank " << r << ": " << read_note(dir, r) << "\n" << g.describe();
+    EXPECT_NE(read_note(dir, r).find("the buffer of rank 1 is not from Buffer::allocate_shareable"),
+              std::string::npos)
+        << read_note(dir, r);
+  }
 }
 
 // Root cause to every rank: the group meets through a real TcpStore (make_backend_context), rank

@@ -1,6 +1,8 @@
 // read_peer_memory (shm_segment.h), the read under shared memory's single-copy all-reduce: it reads
 // another process's pages, and says ESRCH once that process is gone (what turns a peer killed in
-// the middle of a single-copy all-reduce into an error naming it).
+// the middle of a single-copy all-reduce into an error naming it). Shareable buffers
+// (Buffer::allocate_shareable) and PeerBuffer, the mapping under the direct path: a forked child
+// maps the parent's buffer through /proc/<pid>/fd and writes into it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,7 +12,9 @@
 #include <cerrno>
 #include <cstdint>
 
+#include "core/shareable_memory.h"
 #include "transports/shm/shm_segment.h"
+#include "tributary/tensor.h"
 
 namespace tributary::transports::shm {
 namespace {
@@ -54,6 +58,64 @@ TEST(ReadPeerMemory, ReadsAnotherProcesssPagesThenSaysItIsGone) {
   EXPECT_EQ(read_peer_memory(child, got.data(), reinterpret_cast<uintptr_t>(g_pages.data()),
                              sizeof got),
             ESRCH);
+}
+
+TEST(ShareableBuffer, IsFoundByAnyRangeInsideItAndNotOnceFreed) {
+  auto b = Buffer::allocate_shareable(DType::kFloat32, Shape{3000});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const auto* p = static_cast<const std::byte*>(b->data());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
+  auto whole = internal::find_shareable(p, 12000);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->offset, 0u);
+  EXPECT_GE(whole->fd, 0);
+  auto inner = internal::find_shareable(p + 4100, 100);
+  ASSERT_TRUE(inner.has_value());
+  EXPECT_EQ(inner->offset, 4100u);
+  EXPECT_EQ(inner->fd, whole->fd);
+  // Past the allocation's pages, or ordinary memory: not shareable.
+  EXPECT_FALSE(internal::find_shareable(p + 4096, 3 * 4096).has_value());
+  std::array<float, 16> ordinary{};
+  EXPECT_FALSE(internal::find_shareable(ordinary.data(), sizeof ordinary).has_value());
+  // Non-CPU devices are refused with a reason.
+  auto gpu = Buffer::allocate_shareable(DType::kFloat32, Shape{4}, Device::cuda(0));
+  EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument);
+  Buffer freed = std::move(b).value();
+  const void* at = freed.data();
+  freed = Buffer();
+  EXPECT_FALSE(internal::find_shareable(at, 4).has_value());
+}
+
+TEST(PeerBuffer, AChildMapsTheParentsShareableBufferAndWritesIntoIt) {
+  auto b = Buffer::allocate_shareable(DType::kInt32, Shape{4096});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto* words = b->data_as<uint32_t>();
+  for (int i = 0; i < 4096; ++i) words[i] = 1;
+  const auto region = internal::find_shareable(words + 1000, 2000 * sizeof(uint32_t));
+  ASSERT_TRUE(region.has_value());
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Through the parent's descriptor, at an offset that is not a page boundary.
+    auto m = PeerBuffer::open(parent, region->fd, region->offset, 2000 * sizeof(uint32_t));
+    if (!m.ok()) _exit(2);
+    auto* theirs = reinterpret_cast<uint32_t*>(m->data());
+    if (theirs[0] != 1 || theirs[1999] != 1) _exit(3);
+    for (int i = 0; i < 2000; ++i) theirs[i] = 5;
+    // A descriptor the parent does not hold is an error that names the path.
+    auto bad = PeerBuffer::open(parent, 1 << 20, 0, 4096);
+    if (bad.ok() || bad.status().message().find("/fd/1048576") == std::string::npos) _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(words[999], 1u);
+  EXPECT_EQ(words[1000], 5u);
+  EXPECT_EQ(words[2999], 5u);
+  EXPECT_EQ(words[3000], 1u);
 }
 
 }  // namespace

@@ -261,7 +261,11 @@ struct ShmGroup::Impl {
         return aborted("collective mismatch: " + name(r) + " issued " + describe(theirs) + " but " +
                        name(rank) + " issued " + describe(header) +
                        "; every rank must issue the same collectives in the same order, with the "
-                       "same backend options");
+                       "same backend options" +
+                       ((theirs.single_copy == kHeaderDirect) != (header.single_copy == kHeaderDirect)
+                            ? std::string("; a registered buffer (register_buffers) must be used "
+                                          "on every rank, and released at the same point")
+                            : std::string()));
       }
     }
     return Status();
