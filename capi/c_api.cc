@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/logging.h"
+#include "core/shareable_memory.h"
 #include "tributary/store.h"
 #include "tributary/tributary.h"
 
@@ -612,6 +613,21 @@ trib_status trib_register_buffers(trib_backend* b, trib_dtype dtype, void* const
     *out = new trib_registration{std::move(*slot), b->executor};
     return Status();
   });
+}
+
+trib_status trib_alloc_shareable(size_t bytes, void** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded([&]() -> Status {
+    if (out == nullptr) return invalid_argument("trib_alloc_shareable: out is NULL");
+    TRIBUTARY_ASSIGN_OR_RETURN(void* p,
+                               internal::shareable_allocator()->allocate(Device::cpu(), bytes));
+    *out = p;
+    return Status();
+  });
+}
+
+void trib_free_shareable(void* ptr) {
+  if (ptr != nullptr) internal::shareable_allocator()->deallocate(Device::cpu(), ptr, 0);
 }
 
 void trib_registration_release(trib_registration* r) {

@@ -281,6 +281,18 @@ TRIBUTARY_C_API trib_status trib_reduce_scatter(trib_backend* backend, trib_redu
 TRIBUTARY_C_API trib_status trib_register_buffers(trib_backend* backend, trib_dtype dtype,
                                                   void* const* buffers, int64_t count,
                                                   trib_registration** out);
+/* Host memory that the other processes of this host can map (Buffer::allocate_shareable in
+ * include/tributary/tensor.h): `bytes` bytes (at least one page), page-aligned and zeroed, in *out;
+ * on failure *out is NULL. Registered on every process with trib_register_buffers, the ring
+ * backend's shared memory all-reduces it in place with no copies: each process reduces its share
+ * straight from every process's buffer and writes the result into all of them (NCCL's ncclMemAlloc
+ * with symmetric registration). Any backend takes it as ordinary memory. Free it with
+ * trib_free_shareable once no registration or collective uses it. */
+TRIBUTARY_C_API trib_status trib_alloc_shareable(size_t bytes, void** out);
+/* Frees memory from trib_alloc_shareable; NULL, or memory that did not come from it, does
+ * nothing. */
+TRIBUTARY_C_API void trib_free_shareable(void* ptr);
+
 /* Ends the registration on this process, behind every collective issued before on its backend,
  * and frees it. It may be called after trib_backend_destroy of its backend (then it only frees),
  * but not at the same time. NULL does nothing. */

@@ -186,6 +186,15 @@ class CrossDeviceOps {
   //         the call (without registration, a buffer is bound to an instance only after the
   //         ranks agree on it, a round trip per call, only with one local replica, and below
   //         1 MiB with verify=false it is copied instead).
+  //   ring  (processes of one host, shared memory) where every rank's buffer comes from
+  //         Buffer::allocate_shareable: every rank maps every rank's buffer at registration, and
+  //         an all-reduce of more than 16 KiB on it then reduces each rank's 1/n share straight
+  //         from all the buffers and writes the result into all of them, with no copy through
+  //         slots or the kernel (the direct path; NCCL's symmetric registration of ncclMemAlloc
+  //         memory). Out of place, the input is first copied into the registered output. Where
+  //         some rank's buffer is ordinary memory or cannot be mapped, no rank takes it (the info
+  //         log says why), and the usual path runs. Registering and then using another buffer
+  //         on one rank fails every rank with a mismatch naming the rule.
   //   every other backend: nothing; the call is checked and counted, and the buffers work as any.
   // Registration is collective, as TF's and NCCL's setup calls are: every rank registers at the
   // same point of its call sequence (it takes a sequence number; a backend that prepares state

@@ -322,6 +322,23 @@ static void test_registration(const char* spec) {
   trib_registration_release(reg); /* its backend is gone: it only frees */
 }
 
+/* Shareable memory: zeroed, page-aligned, usable; bad arguments refused; freeing NULL does
+ * nothing. */
+static void test_shareable(void) {
+  void* p = (void*)1;
+  CHECK_ERROR(trib_alloc_shareable(16, NULL), TRIB_INVALID_ARGUMENT, "out is NULL");
+  CHECK(trib_alloc_shareable(10000, &p) == TRIB_OK);
+  CHECK(p != NULL && ((uintptr_t)p % 4096) == 0);
+  if (p != NULL) {
+    const unsigned char* c = (const unsigned char*)p;
+    CHECK(c[0] == 0 && c[9999] == 0);
+    memset(p, 7, 10000);
+    CHECK(c[9999] == 7);
+  }
+  trib_free_shareable(p);
+  trib_free_shareable(NULL);
+}
+
 static void run(const char* spec) {
   const char* devices[3] = {"CPU:0", "CPU:1", "/device:CPU:2"};
   trib_backend* b = NULL;
@@ -570,6 +587,7 @@ int main(void) {
   test_version();
   run("reduction_to_one_device");
   run("hierarchical_copy:num_packs=2");
+  test_shareable();
   test_registration("reduction_to_one_device");
   test_registration("hierarchical_copy");
   test_create_errors();
