@@ -3,6 +3,8 @@
 # that a change in the machine's load hits every line alike), float32 sum, N processes on this host.
 # The lines, by --set:
 #   shm (default)  ring (tributary's default: shared memory between same-host processes),
+#                  ring -R 2 (the same on buffers from Buffer::allocate_shareable, registered:
+#                  shared memory's direct path, as nccl-tests' -R 2 allocates with ncclMemAlloc),
 #                  ring:slots (ring:shm_single_copy=off: no single-copy reads of the peers'
 #                  buffers), ring:net (ring:intra_host=net, TCP loopback), mpi vader (--mca pml ob1 --mca btl
 #                  vader,self: Open MPI's shared memory), mpi ucx sm (--mca pml ucx, UCX_TLS=sm,self;
@@ -65,11 +67,12 @@ n_for() {
 }
 
 # "oop_time oop_busbw ip_time ip_busbw" of one size, from each program's table ("" if it failed).
-ours() {  # spec size
-  local n; n=$(n_for "$2")
+ours() {  # spec size [tributary-bench flags]
+  local n extra=(); n=$(n_for "$2")
+  [ -n "${3:-}" ] && read -r -a extra <<< "$3"
   # nccl-tests' columns: size count type redop root, then time algbw busbw #wrong out of place
   # ($6 $7 $8 $9) and in place ($10 $11 $12 $13).
-  "$build/bench/tributary-bench" --np "$np" --replicas 1 --backend "$1" --sizes "$2" -n "$n" \
+  "$build/bench/tributary-bench" --np "$np" --replicas 1 --backend "$1" --sizes "$2" -n "$n" "${extra[@]}" \
     -w $(( n / 4 + 1 )) -q | awk '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ { print $6, $8, $10, $12; exit }' || true
 }
 theirs() {  # size, then mpirun options
@@ -80,9 +83,9 @@ theirs() {  # size, then mpirun options
 }
 
 mpi_ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
-# Each line: "name|ours|spec" or "name|theirs|mpirun options".
+# Each line: "name|ours|spec[|tributary-bench flags]" or "name|theirs|mpirun options".
 case "$set" in
-  shm) lines=("ring|ours|ring" "ring:slots|ours|ring:shm_single_copy=off"
+  shm) lines=("ring|ours|ring" "ring -R 2|ours|ring|-R 2" "ring:slots|ours|ring:shm_single_copy=off"
               "ring:net|ours|ring:intra_host=net"
               "mpi vader|theirs|--mca pml ob1 --mca btl vader,self"
               "mpi ucx sm|theirs|${mpi_ucx[*]} -x UCX_TLS=sm,self") ;;
@@ -103,9 +106,9 @@ for s in "${list[@]}"; do
   for (( r = 0; r < repeat; r++ )); do
     for (( j = 0; j < nlines; j++ )); do
       k=$(( (j + r) % nlines ))  # round r starts with line r: no line always runs first
-      IFS='|' read -r _ kind what <<< "${lines[$k]}"
+      IFS='|' read -r _ kind what extra <<< "${lines[$k]}"
       if [ "$kind" = ours ]; then
-        figures[$s,$k,$r]=$(ours "$what" "$s")
+        figures[$s,$k,$r]=$(ours "$what" "$s" "$extra")
       else
         read -r -a opts <<< "$what"
         figures[$s,$k,$r]=$(theirs "$s" "${opts[@]}")

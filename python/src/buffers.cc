@@ -272,6 +272,21 @@ Array array_from(py::handle obj, const std::string& what, std::optional<DType> d
   return value_or_throw(Array::copy_of(h.tensor));
 }
 
+py::array shareable_array(py::handle shape, py::handle dtype) {
+  const py::dtype dt = py::dtype::from_args(py::reinterpret_borrow<py::object>(dtype));
+  const DType t = dtype_from_numpy(dt, "dtype");
+  Shape dims;
+  if (py::isinstance<py::int_>(shape)) {
+    dims.push_back(shape.cast<int64_t>());
+  } else {
+    for (py::handle d : shape) dims.push_back(d.cast<int64_t>());
+  }
+  auto* keep = new Buffer(value_or_throw(Buffer::allocate_shareable(t, dims)));
+  py::capsule owner(keep, [](void* p) { delete static_cast<Buffer*>(p); });
+  return py::array(dt, std::vector<py::ssize_t>(dims.begin(), dims.end()),
+                   std::vector<py::ssize_t>{}, keep->data(), owner);
+}
+
 py::array to_numpy(const Array& a) {
   Array host = a;
   if (!host.device().is_cpu()) host = value_or_throw(a.to_device(Device::cpu()));

@@ -115,6 +115,8 @@ Array array_from(py::handle obj, const std::string& what,
 // A read-only NumPy view of an Array that keeps its storage alive (bfloat16 without ml_dtypes: a
 // float32 copy).
 py::array to_numpy(const Array& a);
+// A writable NumPy array in memory from Buffer::allocate_shareable (tributary.shareable_array).
+py::array shareable_array(py::handle shape, py::handle dtype);
 
 // tributary.PerReplica: one Python value per local replica.
 struct PerReplicaValue {

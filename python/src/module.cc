@@ -12,6 +12,10 @@ PYBIND11_MODULE(_tributary, m) {
   tp::bind_data(m);
   m.def("cuda_available", &tributary::cuda_available,
         "True when tributary was built with CUDA and sees a GPU.");
+  m.def("shareable_array", &tp::shareable_array, pybind11::arg("shape"), pybind11::arg("dtype") = "float32",
+        "A zeroed, writable NumPy array in memory that the other processes of this host can map "
+        "(Buffer::allocate_shareable). Registered on every process with Backend.register_buffers, "
+        "ring's shared memory all-reduces it in place with no copies; any backend takes it.");
   m.def("backends", [] { return tributary::builtin_backends().names(); },
         "The names of the backends built into libtributary.");
 }

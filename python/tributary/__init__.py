@@ -57,6 +57,7 @@ from ._tributary import (  # noqa: F401
     make_context,
     make_strategy,
     scale_regularization_loss,
+    shareable_array,
 )
 
 __all__ = _errors_all + [
@@ -66,4 +67,5 @@ __all__ = _errors_all + [
     "VariableSynchronization", "Work", "backend", "backends", "compute_average_loss",
     "cuda_available", "get_replica_context", "get_strategy", "has_strategy",
     "in_cross_replica_context", "make_context", "make_strategy", "scale_regularization_loss",
+    "shareable_array",
 ]

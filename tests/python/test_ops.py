@@ -198,6 +198,15 @@ def test_abort_breaks_the_backend():
         ops.all_reduce(replicas(2, 2, np.float32))
 
 
+def test_shareable_array():
+    x = tributary.shareable_array((3, 5), "int32")
+    assert x.dtype == np.int32 and x.shape == (3, 5) and x.flags.writeable and not x.any()
+    x[:] = 4
+    assert tributary.shareable_array(7).dtype == np.float32
+    with pytest.raises(TypeError):
+        tributary.shareable_array(4, np.complex64)
+
+
 def test_registered_buffers():
     # In one process registration changes nothing but is checked and counted; the Registration
     # holds the buffers until released, and may outlive a closed backend.

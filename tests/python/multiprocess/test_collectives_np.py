@@ -51,6 +51,21 @@ def test_all_reduce(ops, dtype):
     np.testing.assert_array_equal(out[1], n)
 
 
+def test_registered_shareable_arrays(ops):
+    # Arrays every process takes from shareable memory, registered: ring's shared memory
+    # all-reduces them in place through its direct path; every backend takes them.
+    n = LOCAL * WORLD
+    xs = [tributary.shareable_array(300001, np.float32) for _ in range(LOCAL)]
+    assert all(x.flags.writeable and x.shape == (300001,) and not x.any() for x in xs)
+    with ops.register_buffers(xs):
+        for step in (1, 2):
+            for i, x in enumerate(xs):
+                x[:] = step * (global_id(i) + 1)
+            ops.all_reduce(xs, op="sum")
+            for x in xs:
+                np.testing.assert_array_equal(x, step * n * (n + 1) // 2)
+
+
 def test_async_all_reduce_mean(ops):
     n = LOCAL * WORLD
     xs = [np.full(1 << 18, 2.0 * global_id(i), np.float32) for i in range(LOCAL)]
