@@ -669,6 +669,53 @@ TEST(SharedMemoryDirect, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
   EXPECT_EQ(segments_left(before, g), "");
 }
 
+// A rank that falls silent on the direct path: the others fail at the timeout naming it, and when
+// it wakes and issues the call they gave up on, it finds them gone before it writes a byte into
+// their buffers (each checks, before every block, whether a peer gave up): what they got back
+// stays as it was.
+TEST(SharedMemoryDirect, ALateRankNeverWritesIntoBuffersItsPeersGotBack) {
+  const std::string dir = make_temp_dir("direct_late");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=2s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = int64_t{1} << 20;  // 4 MiB
+    Buffer x = shareable_filled(count, 1.0f);
+    PerReplica<Tensor> v{x.tensor()};
+    auto reg = (*ops)->register_buffers(v);
+    if (!reg.ok()) return kChildFailed;
+    const auto start = Clock::now();
+    for (int i = 0; i < 3; ++i) {
+      if (rank == 1 && i == 2) std::this_thread::sleep_for(4s);
+      std::fill_n(x.data_as<float>(), count, static_cast<float>(rank + 1));
+      const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      if (s.ok()) continue;
+      // What this rank got back, then again once the late rank has surely run its call.
+      double before = 0;
+      for (int64_t k = 0; k < count; ++k) before += x.data_as<float>()[k];
+      if (rank != 1) std::this_thread::sleep_until(start + 8s);
+      double after = 0;
+      for (int64_t k = 0; k < count; ++k) after += x.data_as<float>()[k];
+      write_note(dir, rank,
+                 s.to_string() + "\ncall=" + std::to_string(i) +
+                     "\nunchanged=" + std::to_string(before == after));
+      return kChildSawError;
+    }
+    return kChildOk;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("call=2"), std::string::npos) << note;
+    EXPECT_NE(note.find("unchanged=1"), std::string::npos) << note;
+    if (r != 1) {
+      EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
+    }
+  }
+  EXPECT_NE(read_note(dir, 1).find("gave up"), std::string::npos) << read_note(dir, 1);
+}
+
 // A rank that all-reduces another buffer while its peers all-reduce the registered one breaks the
 // rule that registered buffers are used on every rank: every rank fails with a mismatch that names
 // both calls, at once, not at the timeout.
