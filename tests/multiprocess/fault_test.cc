@@ -200,6 +200,26 @@ double seconds_in(const std::string& note) {
   return pos == std::string::npos ? 1e9 : std::stod(note.substr(pos + 8));
 }
 
+// Rank 1 of `g` was killed with SIGKILL in the middle of all-reduces: every rank of `survivors`
+// failed within `within` seconds with an error naming rank 1 and the all-reduce, its note holds
+// every string of `also` (what it noted of its mappings), and no segment is left in /dev/shm.
+void expect_survivors_name_killed_rank_1(const GroupResult& g, const std::string& dir,
+                                         std::initializer_list<int> survivors, double within,
+                                         std::initializer_list<const char*> also,
+                                         const std::vector<std::string>& dev_shm_before) {
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
+  for (int r : survivors) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
+    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
+    EXPECT_LT(seconds_in(note), within) << note;
+    for (const char* text : also) EXPECT_NE(note.find(text), std::string::npos) << note;
+  }
+  EXPECT_EQ(segments_left(dev_shm_before, g), "");
+}
+
 // A backend that is not built in (ucx without UCX) is a visible skip, not a failure.
 class RingFaults : public ::testing::TestWithParam<std::string> {
  protected:
@@ -450,18 +470,9 @@ TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
                    "\nmapped_after=" + std::to_string(segment_mappings()));
     return result;
   });
-  ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
-  for (int r : {0, 2}) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    const std::string note = read_note(dir, r);
-    EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
-    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
-    EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
-    EXPECT_NE(note.find("mapped_during=3"), std::string::npos) << note;  // its own and 2 peers'
-    EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
-  }
-  EXPECT_EQ(segments_left(before, g), "");
+  // Within the timeout (8 s) and the roll call's grace; its own segment and 2 peers' were mapped.
+  expect_survivors_name_killed_rank_1(g, dir, {0, 2}, 8.0 + 4.0,
+                                      {"mapped_during=3", "mapped_after=0"}, before);
 }
 
 // Makes every process_vm_readv of this process fail with EPERM, as the kernel answers where Yama or a
@@ -568,20 +579,9 @@ TEST(SharedMemorySingleCopy, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
     drop_and_note_mappings(*ops, dir, rank);
     return result;
   });
-  ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
-  for (int r : {0, 2}) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    const std::string note = read_note(dir, r);
-    EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
-    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
-    EXPECT_LT(seconds_in(note), 8.0 + 4.0) << note;
-    // The error says rank 1 exited, so the roll call does not wait its 2 s grace (timeout / 4)
-    // for rank 1's report before returning it (the FileStore keeps no wills to tell it sooner).
-    EXPECT_LT(seconds_in(note), 1.5) << note;
-    EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
-  }
-  EXPECT_EQ(segments_left(before, g), "");
+  // The error says rank 1 exited, so the roll call does not wait its 2 s grace (timeout / 4) for
+  // rank 1's report before returning it (the FileStore keeps no wills to tell it sooner).
+  expect_survivors_name_killed_rank_1(g, dir, {0, 2}, 1.5, {"mapped_after=0"}, before);
 }
 
 // ---- Shared memory's direct path: registered buffers from Buffer::allocate_shareable ----------
@@ -654,19 +654,9 @@ TEST(SharedMemoryDirect, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
     append_note(dir, rank, "\nshareable_after=" + std::to_string(shareable_mappings()));
     return kChildSawError;
   });
-  ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
-  for (int r : {0, 2}) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    const std::string note = read_note(dir, r);
-    EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
-    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
-    EXPECT_LT(seconds_in(note), 1.5) << note;  // an exit is seen at once, not at the timeout
-    EXPECT_NE(note.find("mapped_registered=3"), std::string::npos) << note;  // own + 2 peers'
-    EXPECT_NE(note.find("mapped_after=0"), std::string::npos) << note;
-    EXPECT_NE(note.find("shareable_after=0"), std::string::npos) << note;
-  }
-  EXPECT_EQ(segments_left(before, g), "");
+  // An exit is seen at once, not at the timeout; its own buffer and 2 peers' were mapped.
+  expect_survivors_name_killed_rank_1(
+      g, dir, {0, 2}, 1.5, {"mapped_registered=3", "mapped_after=0", "shareable_after=0"}, before);
 }
 
 // A rank that falls silent on the direct path: the others fail at the timeout naming it, and when
