@@ -25,6 +25,33 @@ size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 size_t control_bytes() { return round_up(sizeof(Control), kPage); }
 
+// Maps `bytes` at page-aligned `offset` of the file process `pid` holds open as `fd`, through
+// /proc/<pid>/fd/<fd> (what `what` is, for messages; `open_hint` follows an open failure).
+StatusOr<void*> map_peer_file(int64_t pid, int fd, uint64_t offset, size_t bytes,
+                              const std::string& what, const std::string& open_hint) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  const int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (f < 0) {
+    return unavailable("cannot open the " + what + " of process " + std::to_string(pid) + " (" +
+                       path + "): " + std::strerror(errno) + open_hint);
+  }
+  struct stat st {};
+  if (::fstat(f, &st) != 0 || static_cast<uint64_t>(st.st_size) < offset + bytes) {
+    ::close(f);
+    return unavailable("the " + what + " of process " + std::to_string(pid) +
+                       " is smaller than it published (" + path + ")");
+  }
+  void* base =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, static_cast<off_t>(offset));
+  const int e = errno;
+  ::close(f);  // the mapping keeps the memory alive
+  if (base == MAP_FAILED) {
+    return unavailable("cannot map the " + what + " of process " + std::to_string(pid) + ": " +
+                       std::strerror(e));
+  }
+  return base;
+}
+
 }  // namespace
 
 Mapping::~Mapping() {
@@ -94,28 +121,12 @@ StatusOr<Mapping> Mapping::create(size_t slots, size_t slot_bytes, uint64_t layo
 }
 
 StatusOr<Mapping> Mapping::open_peer(int64_t pid, int fd, size_t bytes) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  const int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (f < 0) {
-    return unavailable("cannot open the shared-memory segment of process " + std::to_string(pid) +
-                       " (" + path + "): " + std::strerror(errno) +
-                       "; processes that share memory must run as the same user and see each "
-                       "other's /proc (no ptrace restriction between them); else set "
-                       "intra_host=net, or give them different TRIBUTARY_HOST_ID values");
-  }
-  struct stat st {};
-  if (::fstat(f, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
-    ::close(f);
-    return unavailable("the shared-memory segment of process " + std::to_string(pid) +
-                       " is not the size it published");
-  }
-  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
-  const int e = errno;
-  ::close(f);  // the mapping keeps the memory alive
-  if (base == MAP_FAILED) {
-    return unavailable("cannot map the shared-memory segment of process " + std::to_string(pid) +
-                       ": " + std::strerror(e));
-  }
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      void* base,
+      map_peer_file(pid, fd, 0, bytes, "shared-memory segment",
+                    "; processes that share memory must run as the same user and see each "
+                    "other's /proc (no ptrace restriction between them); else set "
+                    "intra_host=net, or give them different TRIBUTARY_HOST_ID values"));
   Mapping m;
   m.base_ = base;
   m.bytes_ = bytes;
@@ -151,28 +162,10 @@ PeerBuffer& PeerBuffer::operator=(PeerBuffer&& o) noexcept {
 }
 
 StatusOr<PeerBuffer> PeerBuffer::open(int64_t pid, int fd, uint64_t offset, size_t bytes) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  const int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (f < 0) {
-    return unavailable("cannot open the registered buffer of process " + std::to_string(pid) +
-                       " (" + path + "): " + std::strerror(errno));
-  }
   const uint64_t first = offset / kPage * kPage;
   const size_t mapped = round_up(static_cast<size_t>(offset - first) + bytes, kPage);
-  struct stat st {};
-  if (::fstat(f, &st) != 0 || static_cast<uint64_t>(st.st_size) < first + mapped) {
-    ::close(f);
-    return unavailable("the registered buffer of process " + std::to_string(pid) +
-                       " is smaller than it published (" + path + ")");
-  }
-  void* base =
-      ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, f, static_cast<off_t>(first));
-  const int e = errno;
-  ::close(f);  // the mapping keeps the memory alive
-  if (base == MAP_FAILED) {
-    return unavailable("cannot map the registered buffer of process " + std::to_string(pid) +
-                       ": " + std::strerror(e));
-  }
+  TRIBUTARY_ASSIGN_OR_RETURN(void* base,
+                             map_peer_file(pid, fd, first, mapped, "registered buffer", ""));
   PeerBuffer b;
   b.base_ = base;
   b.mapped_ = mapped;
