@@ -23,6 +23,12 @@ echo "== tributary-bench: all-reduce across 2 local processes: ring (shared memo
 "$build/bench/tributary-bench" --np 2 -t 1 -b 8 -e 64M --ceiling \
   -J "$out/allreduce_np2.json" --csv "$out/allreduce_np2.csv" --plot "$out/allreduce_np2.png"
 echo
+echo "== tributary-bench: the same 2 processes, ring on buffers from Buffer::allocate_shareable, registered on every rank (-R 2: shared memory's direct path, no copies) =="
+"$build/bench/tributary-bench" --np 2 -t 1 -b 8 -e 64M -R 2 --backend ring \
+  -J "$out/allreduce_np2_shareable.json" --csv "$out/allreduce_np2_shareable.csv" \
+  --plot "$out/allreduce_np2_shareable.png"
+echo
 echo "Tables above; figures in $out/allreduce*.json and .csv; the plots are $out/allreduce.png"
-echo "(in-process replicas) and $out/allreduce_np2.png (2 processes)."
+echo "(in-process replicas), $out/allreduce_np2.png (2 processes) and"
+echo "$out/allreduce_np2_shareable.png (2 processes, registered shareable buffers)."
 echo "Compare other backends or options with --backend SPEC (repeatable); see '$build/tools/tributary-info'."
