@@ -62,8 +62,8 @@ class ProcessGroup {
                                 DType dtype, ReduceOp op, int64_t mean_divisor) = 0;
 
   // register_buffers (cross_device_ops.h): later all-reduces on exactly `data` (count elements
-  // of dtype) may use what the group prepares for it, until release_buffer(id). Collective, like
-  // the others. Default: nothing to prepare.
+  // of dtype; ShmGroup: or a prefix of it) may use what the group prepares for it, until
+  // release_buffer(id). Collective, like the others. Default: nothing to prepare.
   virtual Status register_buffer(const GroupCall& call, uint64_t id, void* data, int64_t count,
                                  DType dtype) {
     (void)call, (void)id, (void)data, (void)count, (void)dtype;
@@ -71,6 +71,11 @@ class ProcessGroup {
   }
   // Local: drops what register_buffer(id) prepared.
   virtual void release_buffer(uint64_t id) { (void)id; }
+  // Whether the host buffers this group all-reduces should be shareable memory
+  // (Buffer::allocate_shareable), registered: ProcessGroupOps then stages batch_reduce's packs
+  // there and registers the staging buffer whenever it grows (at the same call on every rank,
+  // since every rank packs alike), so that the group can take a faster path on it.
+  virtual bool wants_shareable_staging() const { return false; }
   // What register_buffer(id) prepared, for the info log; empty when nothing.
   virtual std::string describe_registration(uint64_t id) const {
     (void)id;

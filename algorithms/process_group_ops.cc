@@ -134,6 +134,41 @@ std::byte* ProcessGroupOps::staging(size_t bytes) {
   return staging_.data();
 }
 
+// The id of pack_staging's registration with the group, apart from register_buffers' 1, 2, ...
+constexpr uint64_t kPackStagingRegistration = ~uint64_t{0};
+
+StatusOr<std::byte*> ProcessGroupOps::pack_staging(const CallInfo& call, size_t bytes) {
+  if (!group_ || world_size() <= 1 || !group_->wants_shareable_staging()) return staging(bytes);
+  if (bytes > pack_staging_bytes_) {
+    // Grown in powers of two from 64 KiB, so that packs of varying sizes register rarely.
+    size_t grown = size_t{64} << 10;
+    while (grown < bytes) grown *= 2;
+    shared_staging_ = Buffer();
+    fallback_staging_.clear();
+    auto b = Buffer::allocate_shareable(DType::kUInt8, Shape{static_cast<int64_t>(grown)});
+    if (b.ok()) {
+      shared_staging_ = std::move(b).value();
+    } else {
+      // Still registered below (every rank must take the step): as ordinary memory, so that no
+      // rank takes the direct path.
+      log_info("batch_reduce stages its packs in ordinary memory: " + b.status().message());
+      fallback_staging_.resize(grown);
+    }
+    pack_staging_bytes_ = grown;
+    std::byte* data = b.ok() ? static_cast<std::byte*>(shared_staging_.data())
+                             : fallback_staging_.data();
+    TRIBUTARY_RETURN_IF_ERROR(group_->register_buffer(group_call(call), kPackStagingRegistration,
+                                                      data, static_cast<int64_t>(grown),
+                                                      DType::kUInt8));
+    if (std::string what = group_->describe_registration(kPackStagingRegistration);
+        !what.empty()) {
+      log_info("batch_reduce's packs, staged in " + format_size(grown) + ": " + what);
+    }
+  }
+  return shared_staging_.data() != nullptr ? static_cast<std::byte*>(shared_staging_.data())
+                                           : fallback_staging_.data();
+}
+
 Work ProcessGroupOps::finish(Status s) {
   if (!s.ok() && group_ && group_->error().ok()) {
     // A local failure (not the group's): peers may be waiting for us, so fail them fast.
@@ -191,8 +226,10 @@ Status ProcessGroupOps::batch_reduce_packs(const CallInfo& call, ReduceOp op,
   how.reduce_pack = [&](const CallInfo& pack_call,
                         std::span<const Tensor> views) -> StatusOr<const std::byte*> {
     if (pack_call.count == 0) return nullptr;
-    const Tensor result(staging(static_cast<size_t>(pack_call.count) * dtype_size(pack_call.dtype)),
-                        pack_call.dtype, Shape{pack_call.count}, devices()[0]);
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        std::byte * buf,
+        pack_staging(pack_call, static_cast<size_t>(pack_call.count) * dtype_size(pack_call.dtype)));
+    const Tensor result(buf, pack_call.dtype, Shape{pack_call.count}, devices()[0]);
     TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, result));
     return static_cast<const std::byte*>(result.data());
   };

@@ -87,10 +87,17 @@ class ProcessGroupOps final : public CrossDeviceOps {
   Work finish(Status s);
   // A host buffer of at least `bytes`, reused across calls.
   std::byte* staging(size_t bytes);
+  // batch_reduce's buffer for a pack of `bytes`, reused across calls. Where the group wants it
+  // (wants_shareable_staging), shareable memory registered with the group, registered anew
+  // whenever it grows: a collective step, taken at the same call on every rank.
+  StatusOr<std::byte*> pack_staging(const CallInfo& call, size_t bytes);
 
   std::unique_ptr<ProcessGroup> group_;
   uint64_t bytes_per_pack_;
   std::vector<std::byte> staging_;
+  Buffer shared_staging_;                   // pack_staging's, where shareable
+  std::vector<std::byte> fallback_staging_;  // pack_staging's where shareable memory failed
+  size_t pack_staging_bytes_ = 0;
   std::vector<std::vector<std::byte>> packs_;  // batch_reduce's packs, one per local replica
 };
 

@@ -110,8 +110,7 @@ struct ShmGroup::Impl {
   // A registered buffer that every rank allocated shareable and maps (the direct path).
   struct Direct {
     std::byte* data = nullptr;  // this rank's
-    int64_t count = 0;
-    DType dtype = DType::kFloat32;
+    size_t bytes = 0;
     std::vector<PeerBuffer> peers;  // by local rank (this rank's own is empty)
     std::vector<std::byte*> views;  // every rank's buffer, by local rank, as mapped here
   };
@@ -305,7 +304,7 @@ struct ShmGroup::Impl {
   Status all_reduce_single_copy(const GroupCall& call, std::byte* out, const std::byte* in,
                                 int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
   Status all_reduce_direct(const GroupCall& call, const Direct& d, const std::byte* in,
-                           ReduceOp op, int64_t mean_divisor);
+                           int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
   Status register_buffer(const GroupCall& call, uint64_t id, std::byte* data, int64_t count,
                          DType dtype);
   // After a failure in the middle of a direct all-reduce (chunk `g`): waits until no live peer
@@ -326,9 +325,11 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
   const size_t total = static_cast<size_t>(count) * elem;
   const bool small = total <= options.small_bytes;
   if (!small && !direct.empty()) {
+    // The registered buffer, or a prefix of it: every rank's header says how much (a rank that
+    // all-reduces another length is a mismatch), and every rank's registration starts at its own.
     for (const auto& [id, d] : direct) {
-      if (d.data == out && d.count == count && d.dtype == dtype) {
-        return all_reduce_direct(call, d, in, op, mean_divisor);
+      if (d.data == out && total <= d.bytes) {
+        return all_reduce_direct(call, d, in, count, dtype, op, mean_divisor);
       }
     }
   }
@@ -505,8 +506,7 @@ Status ShmGroup::Impl::register_buffer(const GroupCall& call, uint64_t id, std::
   publish(Field::kConsumed, g + 1);
   Direct d;
   d.data = data;
-  d.count = count;
-  d.dtype = dtype;
+  d.bytes = total;
   d.peers.resize(static_cast<size_t>(size));
   d.views.resize(static_cast<size_t>(size));
   d.views[static_cast<size_t>(rank)] = data;
@@ -552,9 +552,9 @@ Status ShmGroup::Impl::register_buffer(const GroupCall& call, uint64_t id, std::
 // its buffer, and the call is the same); `consumed` the exit one (no rank writes into this one's
 // buffer any more).
 Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
-                                         const std::byte* in, ReduceOp op, int64_t mean_divisor) {
-  const size_t elem = dtype_size(d.dtype);
-  const int64_t count = d.count;
+                                         const std::byte* in, int64_t count, DType dtype,
+                                         ReduceOp op, int64_t mean_divisor) {
+  const size_t elem = dtype_size(dtype);
   if (in != d.data) std::memcpy(d.data, in, static_cast<size_t>(count) * elem);
   SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
   header.single_copy = kHeaderDirect;
@@ -585,7 +585,7 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
       srcs[static_cast<size_t>(r)] = d.views[static_cast<size_t>(r)] + off;
     }
     void* dst = d.data + off;
-    algorithms::reduce(op, d.dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
+    algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
                        mean_divisor);
     // Reduced here first, then copied: memcpy's string stores, not the kernel's vector ones, go
     // to the lines that the peers' cores read (see all_reduce).
@@ -907,6 +907,8 @@ void ShmGroup::release_buffer(uint64_t id) {
   impl_->direct.erase(id);
   impl_->registration_notes.erase(id);
 }
+
+bool ShmGroup::wants_shareable_staging() const { return impl_->size > 1; }
 
 std::string ShmGroup::describe_registration(uint64_t id) const {
   auto it = impl_->registration_notes.find(id);

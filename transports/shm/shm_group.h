@@ -109,13 +109,15 @@ class ShmGroup final : public algorithms::ProcessGroup {
   Status reduce_scatter(const algorithms::GroupCall& call, void* data, void* out, int64_t count,
                         DType dtype, ReduceOp op, int64_t mean_divisor) override;
   // A buffer from Buffer::allocate_shareable on every rank is mapped by every rank (the direct
-  // path, above); any other registration prepares nothing.
+  // path, above), for all-reduces on it or on a prefix of it; any other registration prepares
+  // nothing.
   Status register_buffer(const algorithms::GroupCall& call, uint64_t id, void* data, int64_t count,
                          DType dtype) override;
   void release_buffer(uint64_t id) override;
   // Whether registration `id` takes the direct path (every rank maps every rank's buffer).
   bool registered_direct(uint64_t id) const;
   std::string describe_registration(uint64_t id) const override;
+  bool wants_shareable_staging() const override;
   void abort(const Status& why) override;
   Status error() const override;
 
