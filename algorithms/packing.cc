@@ -91,11 +91,17 @@ Status packed_batch_reduce(const CallInfo& call, std::span<const ReducePair> pai
         if (packs.size() < replicas) packs.resize(replicas);
         views.resize(replicas);
         for (size_t r = 0; r < replicas; ++r) {
-          if (packs[r].size() < bytes) packs[r].resize(bytes);
-          views[r] = Tensor(packs[r].data(), dtype, Shape{total}, devices[r]);
+          std::byte* buf = nullptr;
+          if (r == 0 && how.first_pack_buffer) {
+            TRIBUTARY_ASSIGN_OR_RETURN(buf, how.first_pack_buffer(pack_call, bytes));
+          } else {
+            if (packs[r].size() < bytes) packs[r].resize(bytes);
+            buf = packs[r].data();
+          }
+          views[r] = Tensor(buf, dtype, Shape{total}, devices[r]);
           std::vector<Tensor> parts;
           for (size_t g : group) parts.push_back(pairs[members[g]].value[r]);
-          pack(parts, packs[r].data());
+          pack(parts, buf);
         }
       }
       TRIBUTARY_ASSIGN_OR_RETURN(const std::byte* result, how.reduce_pack(pack_call, views));

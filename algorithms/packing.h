@@ -63,6 +63,9 @@ struct PackedBatchReduce {
   std::function<Status(const CallInfo& pack, const ReducePair& pair)> reduce_one;
   std::function<StatusOr<const std::byte*>(const CallInfo& pack, std::span<const Tensor> views)>
       reduce_pack;
+  // Optional: where local replica 0's pack of `bytes` is built instead of packs[0] (memory its
+  // collective can run on in place, e.g. shareable memory registered with a group).
+  std::function<StatusOr<std::byte*>(const CallInfo& pack, size_t bytes)> first_pack_buffer;
 };
 Status packed_batch_reduce(const CallInfo& call, std::span<const ReducePair> pairs,
                            std::span<const Device> devices,

@@ -138,7 +138,6 @@ std::byte* ProcessGroupOps::staging(size_t bytes) {
 constexpr uint64_t kPackStagingRegistration = ~uint64_t{0};
 
 StatusOr<std::byte*> ProcessGroupOps::pack_staging(const CallInfo& call, size_t bytes) {
-  if (!group_ || world_size() <= 1 || !group_->wants_shareable_staging()) return staging(bytes);
   if (bytes > pack_staging_bytes_) {
     // Grown in powers of two from 64 KiB, so that packs of varying sizes register rarely.
     size_t grown = size_t{64} << 10;
@@ -223,13 +222,22 @@ Status ProcessGroupOps::batch_reduce_packs(const CallInfo& call, ReduceOp op,
     if (pack_call.count == 0) return Status();
     return reduce_to_all(pack_call, op, p.value.values(), p.destinations.values());
   };
+  // Where the group wants it, replica 0's pack is built in the registered shareable staging
+  // buffer and reduced there in place: no copy between the pack and the group's buffer.
+  const bool shareable = group_ && world_size() > 1 && group_->wants_shareable_staging();
+  if (shareable) {
+    how.first_pack_buffer = [&](const CallInfo& pack_call, size_t bytes) {
+      return pack_staging(pack_call, bytes);
+    };
+  }
   how.reduce_pack = [&](const CallInfo& pack_call,
                         std::span<const Tensor> views) -> StatusOr<const std::byte*> {
     if (pack_call.count == 0) return nullptr;
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        std::byte * buf,
-        pack_staging(pack_call, static_cast<size_t>(pack_call.count) * dtype_size(pack_call.dtype)));
-    const Tensor result(buf, pack_call.dtype, Shape{pack_call.count}, devices()[0]);
+    const Tensor result =
+        shareable ? views[0]
+                  : Tensor(staging(static_cast<size_t>(pack_call.count) *
+                                   dtype_size(pack_call.dtype)),
+                           pack_call.dtype, Shape{pack_call.count}, devices()[0]);
     TRIBUTARY_RETURN_IF_ERROR(reduce_everywhere(pack_call, op, views, result));
     return static_cast<const std::byte*>(result.data());
   };

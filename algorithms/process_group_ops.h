@@ -87,9 +87,10 @@ class ProcessGroupOps final : public CrossDeviceOps {
   Work finish(Status s);
   // A host buffer of at least `bytes`, reused across calls.
   std::byte* staging(size_t bytes);
-  // batch_reduce's buffer for a pack of `bytes`, reused across calls. Where the group wants it
-  // (wants_shareable_staging), shareable memory registered with the group, registered anew
-  // whenever it grows: a collective step, taken at the same call on every rank.
+  // Where the group wants it (wants_shareable_staging), batch_reduce builds local replica 0's pack
+  // here: shareable memory of at least `bytes`, reused across calls and registered with the group
+  // anew whenever it grows (a collective step, taken at the same call on every rank, since every
+  // rank packs alike), so the pack is all-reduced in place on it.
   StatusOr<std::byte*> pack_staging(const CallInfo& call, size_t bytes);
 
   std::unique_ptr<ProcessGroup> group_;
