@@ -143,7 +143,7 @@ StatusOr<std::byte*> ProcessGroupOps::pack_staging(const CallInfo& call, size_t 
     size_t grown = size_t{64} << 10;
     while (grown < bytes) grown *= 2;
     shared_staging_ = Buffer();
-    fallback_staging_.clear();
+    std::vector<std::byte>().swap(fallback_staging_);
     auto b = Buffer::allocate_shareable(DType::kUInt8, Shape{static_cast<int64_t>(grown)});
     if (b.ok()) {
       shared_staging_ = std::move(b).value();

@@ -18,6 +18,7 @@ constexpr size_t kPage = 4096;
 struct Allocation {
   size_t bytes = 0;  // mapped (a whole number of pages)
   int fd = -1;
+  uint64_t serial = 0;
 };
 
 class ShareableAllocator final : public Allocator {
@@ -47,7 +48,7 @@ class ShareableAllocator final : public Allocator {
                                 " bytes: " + std::strerror(e));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    table_[reinterpret_cast<uintptr_t>(p)] = Allocation{mapped, fd};
+    table_[reinterpret_cast<uintptr_t>(p)] = Allocation{mapped, fd, ++serials_};
     return p;
   }
 
@@ -83,12 +84,13 @@ class ShareableAllocator final : public Allocator {
     const uintptr_t base = it->first;
     const Allocation& a = it->second;
     if (at - base > a.bytes || bytes > a.bytes - (at - base)) return std::nullopt;
-    return ShareableRegion{a.fd, static_cast<uint64_t>(at - base)};
+    return ShareableRegion{a.fd, static_cast<uint64_t>(at - base), a.serial};
   }
 
  private:
   std::mutex mu_;
   std::map<uintptr_t, Allocation> table_;  // by base address
+  uint64_t serials_ = 0;
 };
 
 ShareableAllocator& instance() {

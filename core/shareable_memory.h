@@ -21,6 +21,9 @@ Allocator* shareable_allocator();
 struct ShareableRegion {
   int fd = -1;
   uint64_t offset = 0;
+  // Unique per allocation in this process (an address and a descriptor may be reused after a free;
+  // this is not): a holder of a region can tell whether its memory is still the same allocation.
+  uint64_t serial = 0;
 };
 std::optional<ShareableRegion> find_shareable(const void* p, size_t bytes);
 

@@ -194,7 +194,8 @@ class CrossDeviceOps {
   //         memory). Out of place, the input is first copied into the registered output. Where
   //         some rank's buffer is ordinary memory or cannot be mapped, no rank takes it (the info
   //         log says why), and the usual path runs. Registering and then using another buffer
-  //         on one rank fails every rank with a mismatch naming the rule.
+  //         (or another registration's) on one rank fails every rank with a mismatch naming the
+  //         rule; a buffer freed while registered is FailedPrecondition at its next all-reduce.
   //   every other backend: nothing; the call is checked and counted, and the buffers work as any.
   // Registration is collective, as TF's and NCCL's setup calls are: every rank registers at the
   // same point of its call sequence (it takes a sequence number; a backend that prepares state

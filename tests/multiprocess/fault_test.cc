@@ -734,9 +734,68 @@ TEST(SharedMemoryDirect, ARankOffTheRegisteredBufferIsAMismatchOnEveryRank) {
     EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
     const std::string note = read_note(dir, r);
     EXPECT_NE(note.find("collective mismatch"), std::string::npos) << note;
-    EXPECT_NE(note.find("on a registered shareable buffer"), std::string::npos) << note;
+    EXPECT_NE(note.find("on the registered shareable buffer of registration #1"),
+              std::string::npos)
+        << note;
     EXPECT_NE(note.find("must be used on every rank"), std::string::npos) << note;
     EXPECT_LT(seconds_in(note), 10.0) << note;
+  }
+}
+
+// Two registrations of the same size, and one rank all-reducing the other one: the headers name
+// the registration, so every rank fails with a mismatch naming both, rather than each reading and
+// writing buffers its peers are not using.
+TEST(SharedMemoryDirect, RanksOnDifferentRegistrationsAreAMismatch) {
+  const std::string dir = make_temp_dir("direct_two");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = int64_t{1} << 18;
+    Buffer x = shareable_filled(count, 1.0f), y = shareable_filled(count, 1.0f);
+    PerReplica<Tensor> vx{x.tensor()}, vy{y.tensor()};
+    auto rx = (*ops)->register_buffers(vx);
+    auto ry = (*ops)->register_buffers(vy);
+    if (!rx.ok() || !ry.ok()) return kChildFailed;
+    const PerReplica<Tensor>& v = rank == 2 ? vy : vx;
+    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s);
+    write_note(dir, rank, s.to_string());
+    return s.ok() ? kChildOk : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    const std::string note = read_note(dir, r);
+    EXPECT_NE(note.find("collective mismatch"), std::string::npos) << note;
+    EXPECT_NE(note.find("registration #1"), std::string::npos) << note;
+    EXPECT_NE(note.find("registration #2"), std::string::npos) << note;
+  }
+}
+
+// A registered buffer freed before its registration ends: the next all-reduce on its address is
+// an error that says so, on every rank, not writes into memory its owner no longer holds.
+TEST(SharedMemoryDirect, ABufferFreedWhileRegisteredIsAnError) {
+  const std::string dir = make_temp_dir("direct_freed");
+  GroupResult g = run_group(2, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 2, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = int64_t{1} << 18;
+    Buffer x = shareable_filled(count, 1.0f);
+    PerReplica<Tensor> v{x.tensor()};
+    auto reg = (*ops)->register_buffers(v);
+    if (!reg.ok()) return kChildFailed;
+    if (!(*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s).ok()) return kChildFailed;
+    x = Buffer();  // freed; the registration still names its address (never read: refused)
+    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s);
+    write_note(dir, rank, s.to_string());
+    return s.ok() ? kChildOk : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    EXPECT_NE(read_note(dir, r).find("was freed while registered"), std::string::npos)
+        << read_note(dir, r);
   }
 }
 

@@ -71,9 +71,12 @@ SlotHeader header_of(const MessageTag& tag, size_t bytes, int root) {
 }
 
 bool same_call(const SlotHeader& a, const SlotHeader& b) {
+  // A direct all-reduce also names its registration: ranks on different registered buffers of
+  // the same size would otherwise read and write buffers their peers are not using.
   return a.sequence == b.sequence && a.count == b.count && a.bytes == b.bytes && a.root == b.root &&
          a.collective == b.collective && a.op == b.op && a.dtype == b.dtype &&
-         a.single_copy == b.single_copy;
+         a.single_copy == b.single_copy &&
+         (a.single_copy != kHeaderDirect || a.source_address == b.source_address);
 }
 
 // Splits `total` items into chunks of at most `max_per_chunk`, as evenly as possible, each a
@@ -109,8 +112,10 @@ struct ShmGroup::Impl {
 
   // A registered buffer that every rank allocated shareable and maps (the direct path).
   struct Direct {
+    uint64_t id = 0;            // the registration's, alike on every rank
     std::byte* data = nullptr;  // this rank's
     size_t bytes = 0;
+    uint64_t serial = 0;  // of the shareable allocation (internal::ShareableRegion::serial)
     std::vector<PeerBuffer> peers;  // by local rank (this rank's own is empty)
     std::vector<std::byte*> views;  // every rank's buffer, by local rank, as mapped here
   };
@@ -274,7 +279,11 @@ struct ShmGroup::Impl {
     std::string s = tag_of(h).describe() + " (" + std::to_string(h.bytes) + " bytes";
     if (h.root >= 0) s += ", root " + std::to_string(h.root);
     if (h.single_copy == kHeaderSingleCopy) s += ", single copy";
-    if (h.single_copy == kHeaderDirect) s += ", on a registered shareable buffer";
+    if (h.single_copy == kHeaderDirect) {
+      s += ", on the registered shareable buffer of registration #" +
+           (h.source_address == ~uint64_t{0} ? std::string("(batch_reduce's packs)")
+                                             : std::to_string(h.source_address));
+    }
     if (h.single_copy == kHeaderRegister) s += ", a registration";
     return s + ")";
   }
@@ -505,8 +514,10 @@ Status ShmGroup::Impl::register_buffer(const GroupCall& call, uint64_t id, std::
   }
   publish(Field::kConsumed, g + 1);
   Direct d;
+  d.id = id;
   d.data = data;
   d.bytes = total;
+  d.serial = region ? region->serial : 0;
   d.peers.resize(static_cast<size_t>(size));
   d.views.resize(static_cast<size_t>(size));
   d.views[static_cast<size_t>(rank)] = data;
@@ -555,9 +566,21 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
                                          const std::byte* in, int64_t count, DType dtype,
                                          ReduceOp op, int64_t mean_divisor) {
   const size_t elem = dtype_size(dtype);
+  // The registration needs its buffer until it is released; one freed (and its address reused)
+  // would have every peer write into memory it no longer holds.
+  const std::optional<internal::ShareableRegion> still =
+      internal::find_shareable(d.data, static_cast<size_t>(count) * elem);
+  if (!still || still->serial != d.serial) {
+    return failed_precondition(
+        call.tag.describe() + ": the buffer of registration #" +
+        std::to_string(d.id) +
+        " was freed while registered; register_buffers' buffers must stay valid until the "
+        "registration is released (on every rank)");
+  }
   if (in != d.data) std::memcpy(d.data, in, static_cast<size_t>(count) * elem);
   SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
   header.single_copy = kHeaderDirect;
+  header.source_address = d.id;
   const uint64_t g = next_chunk++;
   const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
   const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
@@ -576,6 +599,9 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
     return Status();
   };
   Status s = stage(call, g, header, [](std::byte*) {});
+  // Pairs with the fence in quiesce(): either this rank sees a peer's `aborted` below, or that
+  // peer sees this rank's `staged` and waits until it is done writing.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int64_t b = first; b < last && s.ok(); b += block) {
     s = peer_gave_up();
     if (!s.ok()) break;
@@ -598,20 +624,24 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
     s = wait_all(Field::kConsumed, g + 1, call);
   }
   if (!s.ok()) {
-    // Published before waiting, so that the peers stop writing too.
+    // Published before waiting, so that the peers stop writing too. A peer can only have passed
+    // the entry barrier (and so write into this rank's buffer) once this rank staged its header.
     fail(s);
-    quiesce(g, call);
+    if (field(rank, Field::kStaged).load(std::memory_order_relaxed) >= g + 1) quiesce(g, call);
   }
   return s;
 }
 
 void ShmGroup::Impl::quiesce(uint64_t g, const GroupCall& call) {
-  // Past the deadline too, briefly: a peer that passed the entry barrier just as this rank gave
-  // up writes at most one block before it sees that.
+  // `aborted` is published (fail()); a peer that has not staged yet will see it before it writes
+  // (the fence pairs with the one after its entry barrier), so only peers past it are waited for.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Past the deadline too, briefly: a peer inside the loop sees `aborted` within one block.
   const auto until = std::max(call.deadline, Clock::now() + std::chrono::milliseconds(100));
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
     Control& c = ctl(r);
+    if (c.staged.value.load(std::memory_order_acquire) < g + 1) continue;
     while (c.consumed.value.load(std::memory_order_acquire) < g + 1 &&
            c.aborted.load(std::memory_order_acquire) == 0 &&
            !procs[static_cast<size_t>(r)].exited() && Clock::now() < until) {
