@@ -39,12 +39,14 @@
 // buffer's memfd and offset in a slot header, maps every peer's through /proc/<pid>/fd/<fd>, and
 // says whether that worked; if every rank mapped every peer, the registration's all-reduces
 // neither stage nor copy through the kernel: after a header round (the entry barrier, with the
-// checks above), each rank reduces piece `rank` straight from every rank's buffer, a slot-sized
+// checks above; the header also names the registration, so ranks on two registrations of one size
+// are a mismatch), each rank reduces piece `rank` straight from every rank's buffer, a slot-sized
 // block at a time, into its own and copies it into every peer's, then publishes `consumed` and
 // waits for every peer's (the exit barrier). Each byte is read once and written once per rank, as
-// in one process. A rank that fails in the middle waits until every live peer has stopped
-// writing into its buffer (finished, failed or exited) before it returns; a peer checks between
-// blocks whether another gave up.
+// in one process. A registration serves its buffer or a prefix of it; a buffer freed while
+// registered (its allocation's serial changed) is an error. A rank that fails in the middle waits
+// until every live peer past the entry barrier has stopped writing into its buffer (finished,
+// failed or exited) before it returns; a peer checks before every block whether another gave up.
 //
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
