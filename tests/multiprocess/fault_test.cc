@@ -597,6 +597,12 @@ size_t shareable_mappings() {
   return n;
 }
 
+// The shared-memory group under a ring backend whose processes share a host; null otherwise.
+const transports::shm::ShmGroup* shm_group_of(const CrossDeviceOps& ops) {
+  const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(&ops);
+  return pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+}
+
 // A float32 buffer of `count` from Buffer::allocate_shareable, every element `value`.
 Buffer shareable_filled(int64_t count, float value) {
   auto b = Buffer::allocate_shareable(DType::kFloat32, Shape{count});
@@ -624,9 +630,7 @@ TEST(SharedMemoryDirect, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
       auto reg = (*ops)->register_buffers(v);
       if (!reg.ok()) return kChildFailed;
       const size_t mapped_registered = shareable_mappings();
-      const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
-      const auto* shm =
-          pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+      const transports::shm::ShmGroup* shm = shm_group_of(**ops);
       if (shm == nullptr || !shm->registered_direct(reg->id())) return kChildFailed;
       if (rank == 1) {
         std::thread([] {
@@ -815,9 +819,7 @@ TEST(SharedMemoryDirect, OneRankWithOrdinaryMemoryKeepsEveryRankOnTheUsualPath) 
     PerReplica<Tensor> v{x->tensor()};
     auto reg = (*ops)->register_buffers(v);
     if (!reg.ok()) return kChildFailed;
-    const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
-    const auto* shm =
-        pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+    const transports::shm::ShmGroup* shm = shm_group_of(**ops);
     if (shm == nullptr) return kChildFailed;
     const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s);
     const float* p = x->data_as<float>();
