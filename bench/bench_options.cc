@@ -267,8 +267,9 @@ class Parser {
           "slowest (3, default; nccl-tests' default is 1)");
     value("-z,--blocking", "0|1", "1: wait for each all-reduce before the next (GPU lines)");
     value("-R,--local_register", "0|1|2",
-          "1: register the buffers the results go to with each backend line before its warm-up "
-          "(CrossDeviceOps::register_buffers, as nccl-tests' -R registers with NCCL; gloo then "
+          "1: register the buffers the results go to (and out of place the inputs) with each "
+          "backend line before its warm-up (CrossDeviceOps::register_buffers, as nccl-tests' -R "
+          "registers its send and receive buffers with NCCL; gloo then "
           "runs on them without a per-call agreement); 2: also allocate every CPU buffer with "
           "Buffer::allocate_shareable (as nccl-tests' -R 2 allocates with ncclMemAlloc), so that "
           "ring's shared memory all-reduces them in place without copies; reference lines are "

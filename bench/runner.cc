@@ -449,15 +449,19 @@ class Runner::Impl {
       PerReplica<Tensor> in = views(pair.dtype, count, false);
       PerReplica<Tensor> out = in_place ? in : views(pair.dtype, count, true);
       TRIBUTARY_RETURN_IF_ERROR(fill(pair, count));
-      // -R 1: the results' buffers registered with the backend for this placement and size.
-      BufferRegistration registration;
+      // -R 1: the results' buffers registered with the backend for this placement and size, and
+      // out of place the inputs too (as nccl-tests registers its send and receive buffers).
+      std::vector<BufferRegistration> registrations;
       if (o_.local_register && line.backend() != nullptr) {
-        StatusOr<BufferRegistration> r = line.backend()->register_buffers(out);
-        if (!r.ok()) {
-          return r.status().with_context(line.spec() + ": -R " +
-                                         std::to_string(o_.local_register));
+        for (const PerReplica<Tensor>* buffers : {&in, &out}) {
+          if (in_place && buffers == &in) continue;
+          StatusOr<BufferRegistration> r = line.backend()->register_buffers(*buffers);
+          if (!r.ok()) {
+            return r.status().with_context(line.spec() + ": -R " +
+                                           std::to_string(o_.local_register));
+          }
+          registrations.push_back(std::move(r).value());
         }
-        registration = std::move(r).value();
       }
       double seconds = 0;
       TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, o_.warmup_iters, &seconds));

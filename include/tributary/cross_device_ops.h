@@ -191,11 +191,13 @@ class CrossDeviceOps {
   //         an all-reduce of more than 16 KiB on it then reduces each rank's 1/n share straight
   //         from all the buffers and writes the result into all of them, with no copy through
   //         slots or the kernel (the direct path; NCCL's symmetric registration of ncclMemAlloc
-  //         memory). Out of place, the input is first copied into the registered output. Where
-  //         some rank's buffer is ordinary memory or cannot be mapped, no rank takes it (the info
-  //         log says why), and the usual path runs. Registering and then using another buffer
-  //         (or another registration's) on one rank fails every rank with a mismatch naming the
-  //         rule; a buffer freed while registered is FailedPrecondition at its next all-reduce.
+  //         memory). Out of place, an input that is itself registered (a second registration,
+  //         as nccl-tests registers send and receive buffers) is read where it is; any other input
+  //         is first copied into the registered output. Where some rank's buffer is ordinary
+  //         memory or cannot be mapped, no rank takes it (the info log says why), and the usual
+  //         path runs. Registering and then using another buffer (or another registration's) as
+  //         the output on one rank fails every rank with a mismatch naming the rule; a buffer
+  //         freed while registered is FailedPrecondition at its next all-reduce.
   //   every other backend: nothing; the call is checked and counted, and the buffers work as any.
   // Registration is collective, as TF's and NCCL's setup calls are: every rank registers at the
   // same point of its call sequence (it takes a sequence number; a backend that prepares state

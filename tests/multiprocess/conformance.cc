@@ -144,13 +144,15 @@ class Matrix {
         out(t, count, ops_.devices(), shareable_);
     if (!staged(what, op, in, out)) return;
     const DeviceBuffers& dst = in_place ? in : out;
-    BufferRegistration registration;
-    if (shareable_) {
-      StatusOr<BufferRegistration> r = ops_.register_buffers(dst.views);
+    // Shareable: the output registered, and out of place the input too (read where it is).
+    std::vector<BufferRegistration> registrations;
+    for (const DeviceBuffers* b : {&dst, static_cast<const DeviceBuffers*>(&in)}) {
+      if (!shareable_ || (b == &in && in_place)) continue;
+      StatusOr<BufferRegistration> r = ops_.register_buffers(b->views);
       if (!r.ok()) return fail(what, "register_buffers: " + r.status().to_string());
-      registration = std::move(r).value();
+      registrations.push_back(std::move(r).value());
       if (direct_ && static_cast<size_t>(count) * dtype_size(t) > (size_t{16} << 10) &&
-          !takes_direct_path(registration.id())) {
+          !takes_direct_path(registrations.back().id())) {
         fail(what, "the registration of shareable buffers did not take the direct path");
       }
     }
@@ -162,6 +164,13 @@ class Matrix {
     for (int64_t i = 0; i < count; ++i) {
       const double want = expected_at(op, t, n, i);
       for (const Tensor& d : dst.hosts) check(what, d, i, want);
+    }
+    // Out of place, the inputs are as they were (the peers may read them where they are).
+    if (in_place || !moved(what, in.download())) return;
+    for (size_t k = 0; k < in.hosts.size(); ++k) {
+      for (int64_t i = 0; i < count; ++i) {
+        check(what + " (its input)", in.host(k), i, exact_value(op, global(k), i));
+      }
     }
   }
 

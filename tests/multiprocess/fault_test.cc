@@ -803,6 +803,81 @@ TEST(SharedMemoryDirect, ABufferFreedWhileRegisteredIsAnError) {
   }
 }
 
+// Out of place on the direct path, where each rank's input is may differ: ranks 0 and 2 read from
+// a registered input (the peers read it where it is), rank 1 from ordinary memory (copied into its
+// output first). Every result is right, on the direct path, and every input is unchanged.
+TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
+  const std::string dir = make_temp_dir("direct_inputs");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = (int64_t{1} << 18) + 5;
+    Buffer x = shareable_filled(count, static_cast<float>(rank + 1));
+    Buffer y = shareable_filled(count, -1.0f);
+    auto z = Buffer::allocate(DType::kFloat32, Shape{count});
+    if (!z.ok()) return kChildFailed;
+    std::fill_n(z->data_as<float>(), count, static_cast<float>(rank + 1));
+    PerReplica<Tensor> vx{x.tensor()}, vy{y.tensor()}, vz{z->tensor()};
+    auto rx = (*ops)->register_buffers(vx);
+    auto ry = (*ops)->register_buffers(vy);
+    const transports::shm::ShmGroup* shm = shm_group_of(**ops);
+    if (!rx.ok() || !ry.ok() || shm == nullptr) return kChildFailed;
+    const PerReplica<Tensor>& in = rank == 1 ? vz : vx;
+    const Status s = (*ops)->all_reduce(ReduceOp::kSum, in, vy).wait(60s);
+    const float* out = y.data_as<float>();
+    const float* kept = in[0].data_as<float>();
+    const bool inputs_kept = std::all_of(kept, kept + count, [&](float v) { return v == rank + 1; });
+    const bool right = std::all_of(out, out + count, [](float v) { return v == 6.0f; });
+    write_note(dir, rank,
+               s.to_string() + " direct=" + std::to_string(shm->registered_direct(rx->id())) +
+                   std::to_string(shm->registered_direct(ry->id())) +
+                   " right=" + std::to_string(right) + " inputs_kept=" + std::to_string(inputs_kept));
+    return s.ok() && right && inputs_kept ? kChildOk : kChildFailed;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
+        << "rank " << r << ": " << read_note(dir, r) << "\n" << g.describe();
+    EXPECT_NE(read_note(dir, r).find("direct=11"), std::string::npos) << read_note(dir, r);
+  }
+}
+
+// A rank that released its input's registration before its peers did, then all-reduces out of
+// place from that buffer: the peers name a registration it no longer maps, so it cannot read their
+// inputs; every rank fails (that rank naming the rule) instead of reading unmapped memory.
+TEST(SharedMemoryDirect, AnInputRegistrationReleasedOnOneRankIsAnErrorOnEveryRank) {
+  const std::string dir = make_temp_dir("direct_released_input");
+  GroupResult g = run_group(3, 60s, [&](int rank) {
+    auto ctx = group_context(rank, 3, 1, dir);
+    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
+    if (!ops.ok()) return kChildFailed;
+    const int64_t count = int64_t{1} << 18;
+    Buffer x = shareable_filled(count, 1.0f), y = shareable_filled(count, 0.0f);
+    PerReplica<Tensor> vx{x.tensor()}, vy{y.tensor()};
+    auto rx = (*ops)->register_buffers(vx);
+    auto ry = (*ops)->register_buffers(vy);
+    if (!rx.ok() || !ry.ok()) return kChildFailed;
+    if (rank == 2) rx->release();
+    const auto start = Clock::now();
+    const Status s = (*ops)->all_reduce(ReduceOp::kSum, vx, vy).wait(60s);
+    write_note(dir, rank,
+               s.to_string() + "\nseconds=" +
+                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
+    return s.ok() ? kChildOk : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+    EXPECT_LT(seconds_in(read_note(dir, r)), 10.0) << read_note(dir, r);
+  }
+  const std::string note = read_note(dir, 2);
+  EXPECT_NE(note.find("rank 0 reads its input from registration #1, which rank 2 does not hold"),
+            std::string::npos)
+      << note;
+  EXPECT_NE(note.find("released at the same point on every rank"), std::string::npos) << note;
+}
+
 // Registration where one rank's buffer is ordinary memory: no rank takes the direct path (one
 // that did alone would be a mismatch), and every result is right.
 TEST(SharedMemoryDirect, OneRankWithOrdinaryMemoryKeepsEveryRankOnTheUsualPath) {

@@ -72,7 +72,8 @@ SlotHeader header_of(const MessageTag& tag, size_t bytes, int root) {
 
 bool same_call(const SlotHeader& a, const SlotHeader& b) {
   // A direct all-reduce also names its registration: ranks on different registered buffers of
-  // the same size would otherwise read and write buffers their peers are not using.
+  // the same size would otherwise read and write buffers their peers are not using. (Where each
+  // rank's input is may differ: see all_reduce_direct.)
   return a.sequence == b.sequence && a.count == b.count && a.bytes == b.bytes && a.root == b.root &&
          a.collective == b.collective && a.op == b.op && a.dtype == b.dtype &&
          a.single_copy == b.single_copy &&
@@ -283,6 +284,9 @@ struct ShmGroup::Impl {
       s += ", on the registered shareable buffer of registration #" +
            (h.source_address == ~uint64_t{0} ? std::string("(batch_reduce's packs)")
                                              : std::to_string(h.source_address));
+      if (h.output_address != 0) {
+        s += " from that of registration #" + std::to_string(h.output_address);
+      }
     }
     if (h.single_copy == kHeaderRegister) s += ", a registration";
     return s + ")";
@@ -312,7 +316,8 @@ struct ShmGroup::Impl {
                     DType dtype, ReduceOp op, int64_t mean_divisor);
   Status all_reduce_single_copy(const GroupCall& call, std::byte* out, const std::byte* in,
                                 int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
-  Status all_reduce_direct(const GroupCall& call, const Direct& d, const std::byte* in,
+  Status all_reduce_direct(const GroupCall& call, const Direct& d, const Direct* from,
+                           const std::byte* in,
                            int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
   Status register_buffer(const GroupCall& call, uint64_t id, std::byte* data, int64_t count,
                          DType dtype);
@@ -336,11 +341,14 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
   if (!small && !direct.empty()) {
     // The registered buffer, or a prefix of it: every rank's header says how much (a rank that
     // all-reduces another length is a mismatch), and every rank's registration starts at its own.
+    // Out of place, the input may be a registration of its own too.
+    const Direct* to = nullptr;
+    const Direct* from = nullptr;
     for (const auto& [id, d] : direct) {
-      if (d.data == out && total <= d.bytes) {
-        return all_reduce_direct(call, d, in, count, dtype, op, mean_divisor);
-      }
+      if (d.data == out && total <= d.bytes) to = &d;
+      if (in != out && d.data == in && total <= d.bytes) from = &d;
     }
+    if (to != nullptr) return all_reduce_direct(call, *to, from, in, count, dtype, op, mean_divisor);
   }
   if (single_copy && !small && total >= options.single_copy_min_bytes &&
       total <= options.single_copy_max_bytes) {
@@ -563,24 +571,29 @@ Status ShmGroup::Impl::register_buffer(const GroupCall& call, uint64_t id, std::
 // its buffer, and the call is the same); `consumed` the exit one (no rank writes into this one's
 // buffer any more).
 Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
-                                         const std::byte* in, int64_t count, DType dtype,
-                                         ReduceOp op, int64_t mean_divisor) {
+                                         const Direct* from, const std::byte* in, int64_t count,
+                                         DType dtype, ReduceOp op, int64_t mean_divisor) {
   const size_t elem = dtype_size(dtype);
-  // The registration needs its buffer until it is released; one freed (and its address reused)
-  // would have every peer write into memory it no longer holds.
-  const std::optional<internal::ShareableRegion> still =
-      internal::find_shareable(d.data, static_cast<size_t>(count) * elem);
-  if (!still || still->serial != d.serial) {
-    return failed_precondition(
-        call.tag.describe() + ": the buffer of registration #" +
-        std::to_string(d.id) +
-        " was freed while registered; register_buffers' buffers must stay valid until the "
-        "registration is released (on every rank)");
+  // A registration needs its buffer until it is released; one freed (and its address reused)
+  // would have every peer read or write memory this rank no longer holds.
+  for (const Direct* r : {&d, from}) {
+    if (r == nullptr) continue;
+    const std::optional<internal::ShareableRegion> still =
+        internal::find_shareable(r->data, static_cast<size_t>(count) * elem);
+    if (!still || still->serial != r->serial) {
+      return failed_precondition(
+          call.tag.describe() + ": the buffer of registration #" + std::to_string(r->id) +
+          " was freed while registered; register_buffers' buffers must stay valid until the "
+          "registration is released (on every rank)");
+    }
   }
-  if (in != d.data) std::memcpy(d.data, in, static_cast<size_t>(count) * elem);
+  // Out of place from a registered input, the peers read the input where it is (the header names
+  // its registration); from any other, it is copied into the output first.
+  if (from == nullptr && in != d.data) std::memcpy(d.data, in, static_cast<size_t>(count) * elem);
   SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
   header.single_copy = kHeaderDirect;
   header.source_address = d.id;
+  header.output_address = from != nullptr ? from->id : 0;
   const uint64_t g = next_chunk++;
   const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
   const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
@@ -602,13 +615,30 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
   // Pairs with the fence in quiesce(): either this rank sees a peer's `aborted` below, or that
   // peer sees this rank's `staged` and waits until it is done writing.
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Each rank's input: its registered input, or its output (copied in, or in place). Ranks may
+  // differ here (one process reducing several local replicas into its output first, beside one
+  // that has a single replica), so each header says where its own input is.
+  std::vector<const std::byte*> sources(static_cast<size_t>(size));
+  for (int r = 0; r < size && s.ok(); ++r) {
+    const uint64_t input = maps[static_cast<size_t>(r)].header(slot_of(g)).output_address;
+    const auto it = input == 0 ? direct.end() : direct.find(input);
+    if (input != 0 && it == direct.end()) {
+      s = aborted(call.tag.describe() + ": " + name(r) + " reads its input from registration #" +
+                  std::to_string(input) + ", which " + name(rank) +
+                  " does not hold; a registration must be released at the same point on every "
+                  "rank");
+      break;
+    }
+    sources[static_cast<size_t>(r)] =
+        (it == direct.end() ? d : it->second).views[static_cast<size_t>(r)];
+  }
   for (int64_t b = first; b < last && s.ok(); b += block) {
     s = peer_gave_up();
     if (!s.ok()) break;
     const int64_t n = std::min<int64_t>(block, last - b);
     const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(n) * elem;
     for (int r = 0; r < size; ++r) {
-      srcs[static_cast<size_t>(r)] = d.views[static_cast<size_t>(r)] + off;
+      srcs[static_cast<size_t>(r)] = sources[static_cast<size_t>(r)] + off;
     }
     void* dst = d.data + off;
     algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),

@@ -43,10 +43,13 @@
 // are a mismatch), each rank reduces piece `rank` straight from every rank's buffer, a slot-sized
 // block at a time, into its own and copies it into every peer's, then publishes `consumed` and
 // waits for every peer's (the exit barrier). Each byte is read once and written once per rank, as
-// in one process. A registration serves its buffer or a prefix of it; a buffer freed while
-// registered (its allocation's serial changed) is an error. A rank that fails in the middle waits
-// until every live peer past the entry barrier has stopped writing into its buffer (finished,
-// failed or exited) before it returns; a peer checks before every block whether another gave up.
+// in one process. Out of place, a rank whose input is a registered buffer too (registered and
+// mapped as the output is) names that registration in its header and the peers read the input
+// where it is; any other input is copied into the output first. A registration serves its
+// buffer or a prefix of it; a buffer freed while registered (its allocation's serial changed) is
+// an error. A rank that fails in the middle waits until every live peer past the entry barrier
+// has stopped writing into its buffer (finished, failed or exited) before it returns; a peer
+// checks before every block whether another gave up.
 //
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can

@@ -80,7 +80,8 @@ struct alignas(64) SlotHeader {
 // SlotHeader::single_copy: through the slots; single copy (the addresses are the input and
 // output); a registration (source_address: the buffer's memfd in the owner, UINT64_MAX when it is
 // not shareable; output_address: its offset there); an all-reduce on a registered buffer that
-// every rank maps (direct).
+// every rank maps (direct; source_address: the output's registration id, output_address: the
+// input's when the peers read it there, else 0).
 inline constexpr uint8_t kHeaderSlots = 0, kHeaderSingleCopy = 1, kHeaderRegister = 2,
                          kHeaderDirect = 3;
 inline constexpr uint8_t kVerdictMapped = 1, kVerdictRefused = 2;
