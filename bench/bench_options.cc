@@ -267,7 +267,7 @@ class Parser {
           "slowest (3, default; nccl-tests' default is 1)");
     value("-z,--blocking", "0|1", "1: wait for each all-reduce before the next (GPU lines)");
     value("-R,--local_register", "0|1|2",
-          "1: register the buffers the results go to (and out of place the inputs) with each "
+          "1: register the buffers the results go to (and out of place the CPU inputs) with each "
           "backend line before its warm-up (CrossDeviceOps::register_buffers, as nccl-tests' -R "
           "registers its send and receive buffers with NCCL; gloo then "
           "runs on them without a per-call agreement); 2: also allocate every CPU buffer with "

@@ -450,11 +450,13 @@ class Runner::Impl {
       PerReplica<Tensor> out = in_place ? in : views(pair.dtype, count, true);
       TRIBUTARY_RETURN_IF_ERROR(fill(pair, count));
       // -R 1: the results' buffers registered with the backend for this placement and size, and
-      // out of place the inputs too (as nccl-tests registers its send and receive buffers).
+      // out of place the CPU lines' inputs too (as nccl-tests registers its send and receive
+      // buffers; GPU lines' inputs are staged through host memory that a registration would only
+      // double).
       std::vector<BufferRegistration> registrations;
       if (o_.local_register && line.backend() != nullptr) {
         for (const PerReplica<Tensor>* buffers : {&in, &out}) {
-          if (in_place && buffers == &in) continue;
+          if (buffers == &in && (in_place || o_.gpus > 0)) continue;
           StatusOr<BufferRegistration> r = line.backend()->register_buffers(*buffers);
           if (!r.ok()) {
             return r.status().with_context(line.spec() + ": -R " +

@@ -179,7 +179,8 @@ class CrossDeviceOps {
   // to the same buffers every step (gradient buckets) registers them once, one per local replica
   // (same dtype and count, on the replicas' devices, not overlapping), and a backend may prepare
   // state bound to them. An all_reduce or reduce whose first output (destination) is exactly the
-  // first registered tensor then uses it. What it changes per backend:
+  // first registered tensor then uses it (ring: all_gather and broadcast too). What it changes per
+  // backend:
   //   gloo  (several processes) runs its classic algorithm on the first registered buffer itself,
   //         built on first use for each op: no copy in or out (with several local replicas, they
   //         are reduced into it first) and, with verify=false, no exchange among the ranks before
@@ -191,13 +192,16 @@ class CrossDeviceOps {
   //         an all-reduce of more than 16 KiB on it then reduces each rank's 1/n share straight
   //         from all the buffers and writes the result into all of them, with no copy through
   //         slots or the kernel (the direct path; NCCL's symmetric registration of ncclMemAlloc
-  //         memory). Out of place, an input that is itself registered (a second registration,
-  //         as nccl-tests registers send and receive buffers) is read where it is; any other input
-  //         is first copied into the registered output. Where some rank's buffer is ordinary
-  //         memory or cannot be mapped, no rank takes it (the info log says why), and the usual
-  //         path runs. Registering and then using another buffer (or another registration's) as
-  //         the output on one rank fails every rank with a mismatch naming the rule; a buffer
-  //         freed while registered is FailedPrecondition at its next all-reduce.
+  //         memory). An all_gather whose output, or a broadcast whose destination, is the
+  //         registered buffer takes it too (each rank copies its peers' blocks, or the root's
+  //         buffer, straight from their buffers into its own). Out of place, an all-reduce's
+  //         input that is itself registered (a second registration, as nccl-tests registers send
+  //         and receive buffers) is read where it is; any other input is first copied into the
+  //         registered output. Where some rank's buffer is ordinary memory or cannot be mapped, no
+  //         rank takes it (the info log says why), and the usual path runs. Registering and then
+  //         using another buffer (or another registration's) as the output on one rank fails
+  //         every rank with a mismatch naming the rule; a buffer freed while registered is
+  //         FailedPrecondition at its next collective on it.
   //   every other backend: nothing; the call is checked and counted, and the buffers work as any.
   // Registration is collective, as TF's and NCCL's setup calls are: every rank registers at the
   // same point of its call sequence (it takes a sequence number; a backend that prepares state

@@ -114,6 +114,23 @@ class Matrix {
       fail(what, "element " + std::to_string(i) + " is " + std::to_string(got) + ", want " +
                      std::to_string(want));
   }
+  // Shareable: registers `b` (one buffer per replica), and checks that a registration over 16 KiB
+  // takes the direct path where it should. False (a failure noted) when registration fails.
+  bool register_shareable(const std::string& what, const DeviceBuffers& b,
+                          std::vector<BufferRegistration>* out) {
+    if (!shareable_) return true;
+    StatusOr<BufferRegistration> r = ops_.register_buffers(b.views);
+    if (!r.ok()) {
+      fail(what, "register_buffers: " + r.status().to_string());
+      return false;
+    }
+    out->push_back(std::move(r).value());
+    if (direct_ && b.views[0].nbytes() > (size_t{16} << 10) &&
+        !takes_direct_path(out->back().id())) {
+      fail(what, "the registration of shareable buffers did not take the direct path");
+    }
+    return true;
+  }
   bool takes_direct_path(uint64_t id) const {
     const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(&ops_);
     const auto* shm = pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
@@ -146,15 +163,9 @@ class Matrix {
     const DeviceBuffers& dst = in_place ? in : out;
     // Shareable: the output registered, and out of place the input too (read where it is).
     std::vector<BufferRegistration> registrations;
-    for (const DeviceBuffers* b : {&dst, static_cast<const DeviceBuffers*>(&in)}) {
-      if (!shareable_ || (b == &in && in_place)) continue;
-      StatusOr<BufferRegistration> r = ops_.register_buffers(b->views);
-      if (!r.ok()) return fail(what, "register_buffers: " + r.status().to_string());
-      registrations.push_back(std::move(r).value());
-      if (direct_ && static_cast<size_t>(count) * dtype_size(t) > (size_t{16} << 10) &&
-          !takes_direct_path(registrations.back().id())) {
-        fail(what, "the registration of shareable buffers did not take the direct path");
-      }
+    if (!register_shareable(what, dst, &registrations) ||
+        (!in_place && !register_shareable(what, in, &registrations))) {
+      return;
     }
     if (!run_or_refused(what, Collective::kAllReduce, op, t,
                         ops_.all_reduce(op, in.views, dst.views)))
@@ -256,8 +267,10 @@ class Matrix {
   void broadcast(DType t, int64_t count, bool in_place) {
     const std::string what = name("broadcast", ReduceOp::kSum, t, count, in_place);
     const int root = ops_.world_size() - 1;
-    DeviceBuffers out(t, count, ops_.devices()), src(t, count, {ops_.devices()[0]});
+    DeviceBuffers out(t, count, ops_.devices(), shareable_), src(t, count, {ops_.devices()[0]});
     poison(out);
+    std::vector<BufferRegistration> registrations;
+    if (!register_shareable(what, out, &registrations)) return;
     // In place: the source is the root's first destination.
     const Tensor& source_host = in_place ? out.host(0) : src.host(0);
     if (ops_.rank() == root) {
@@ -279,8 +292,10 @@ class Matrix {
   void all_gather(DType t, int64_t count, bool in_place) {
     const std::string what = name("all_gather", ReduceOp::kSum, t, count, in_place);
     const int n = ops_.num_replicas_in_sync();
-    DeviceBuffers in(t, count, ops_.devices()), out(t, count * n, ops_.devices());
+    DeviceBuffers in(t, count, ops_.devices()), out(t, count * n, ops_.devices(), shareable_);
     poison(out);
+    std::vector<BufferRegistration> registrations;
+    if (!register_shareable(what, out, &registrations)) return;
     PerReplica<Tensor> src = in.views;
     for (size_t k = 0; k < src.size(); ++k) {
       // In place: each replica's input is its own block of its output.

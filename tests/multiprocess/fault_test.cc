@@ -206,14 +206,15 @@ double seconds_in(const std::string& note) {
 void expect_survivors_name_killed_rank_1(const GroupResult& g, const std::string& dir,
                                          std::initializer_list<int> survivors, double within,
                                          std::initializer_list<const char*> also,
-                                         const std::vector<std::string>& dev_shm_before) {
+                                         const std::vector<std::string>& dev_shm_before,
+                                         const std::string& collective = "all_reduce") {
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   EXPECT_EQ(g.children[1].signal, SIGKILL) << g.describe();
   for (int r : survivors) {
     EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
     const std::string note = read_note(dir, r);
     EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
-    EXPECT_NE(note.find("all_reduce #"), std::string::npos) << note;
+    EXPECT_NE(note.find(collective + " #"), std::string::npos) << note;
     EXPECT_LT(seconds_in(note), within) << note;
     for (const char* text : also) EXPECT_NE(note.find(text), std::string::npos) << note;
   }
@@ -611,14 +612,17 @@ Buffer shareable_filled(int64_t count, float value) {
   return std::move(b).value();
 }
 
-// A peer killed while the others write into its buffer and read from it: 16 MiB direct all-reduces
-// back to back, rank 1 killed by a thread of its own 300 ms in. Every survivor fails within the
-// timeout naming rank 1 (the kill is seen in a wait, through its pidfd), and once the registration
-// and the instance are gone nothing is left mapped: not rank 1's buffer (the survivors' mappings of
-// it were the last), nor any segment.
-TEST(SharedMemoryDirect, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
+// A peer killed while the others write into its buffer or read from it: 16 MiB direct
+// all-reduces, all-gathers (4 MiB per rank) or broadcasts back to back, rank 1 killed by a thread
+// of its own 300 ms in. Every survivor fails within the timeout naming rank 1 (the kill is seen in
+// a wait, through its pidfd), and once the registration and the instance are gone nothing is left
+// mapped: not rank 1's buffer (the survivors' mappings of it were the last), nor any segment.
+class SharedMemoryDirectKill : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SharedMemoryDirectKill, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
+  const std::string collective = GetParam();
   const std::vector<std::string> before = dev_shm_entries();
-  const std::string dir = make_temp_dir("direct_kill");
+  const std::string dir = make_temp_dir("direct_kill_" + collective);
   GroupResult g = run_group(3, 60s, [&](int rank) {
     auto ctx = group_context(rank, 3, 1, dir);
     auto ops = builtin_backends().create("ring:timeout=8s", *ctx);
@@ -638,10 +642,18 @@ TEST(SharedMemoryDirect, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
           raise(SIGKILL);
         }).detach();
       }
+      // All-gather in place: this rank's block of the buffer is its input.
+      PerReplica<Tensor> block{x.tensor().slice(rank * (count / 3), count / 3)};
+      PerReplica<Tensor> gathered{x.tensor().slice(0, count / 3 * 3)};
       int result = kChildOk;
       for (int i = 0; i < 100000 && result == kChildOk; ++i) {
         const auto start = Clock::now();
-        Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(120s);
+        Status s = collective == "all_reduce"   ? (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(120s)
+                   : collective == "all_gather" ? (*ops)->all_gather(block, gathered).wait(120s)
+                                                : (*ops)->broadcast(x.tensor(), Mirrored<Tensor>{
+                                                                                  x.tensor()},
+                                                                    0)
+                                                      .wait(120s);
         if (!s.ok()) {
           write_note(dir, rank,
                      s.to_string() + "\nseconds=" +
@@ -660,8 +672,13 @@ TEST(SharedMemoryDirect, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
   });
   // An exit is seen at once, not at the timeout; its own buffer and 2 peers' were mapped.
   expect_survivors_name_killed_rank_1(
-      g, dir, {0, 2}, 1.5, {"mapped_registered=3", "mapped_after=0", "shareable_after=0"}, before);
+      g, dir, {0, 2}, 1.5, {"mapped_registered=3", "mapped_after=0", "shareable_after=0"}, before,
+      collective);
 }
+
+INSTANTIATE_TEST_SUITE_P(Collectives, SharedMemoryDirectKill,
+                         ::testing::Values("all_reduce", "all_gather", "broadcast"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // A rank that falls silent on the direct path: the others fail at the timeout naming it, and when
 // it wakes and issues the call they gave up on, it finds them gone before it writes a byte into
@@ -805,7 +822,8 @@ TEST(SharedMemoryDirect, ABufferFreedWhileRegisteredIsAnError) {
 
 // Out of place on the direct path, where each rank's input is may differ: ranks 0 and 2 read from
 // a registered input (the peers read it where it is), rank 1 from ordinary memory (copied into its
-// output first). Every result is right, on the direct path, and every input is unchanged.
+// output first; its registered input holds 100s, so a peer that read it there would sum wrong).
+// Every result is right, on the direct path, and every input is unchanged.
 TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
   const std::string dir = make_temp_dir("direct_inputs");
   GroupResult g = run_group(3, 60s, [&](int rank) {
@@ -813,7 +831,7 @@ TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
     auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
     if (!ops.ok()) return kChildFailed;
     const int64_t count = (int64_t{1} << 18) + 5;
-    Buffer x = shareable_filled(count, static_cast<float>(rank + 1));
+    Buffer x = shareable_filled(count, rank == 1 ? 100.0f : static_cast<float>(rank + 1));
     Buffer y = shareable_filled(count, -1.0f);
     auto z = Buffer::allocate(DType::kFloat32, Shape{count});
     if (!z.ok()) return kChildFailed;
@@ -827,7 +845,8 @@ TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
     const Status s = (*ops)->all_reduce(ReduceOp::kSum, in, vy).wait(60s);
     const float* out = y.data_as<float>();
     const float* kept = in[0].data_as<float>();
-    const bool inputs_kept = std::all_of(kept, kept + count, [&](float v) { return v == rank + 1; });
+    const bool inputs_kept = std::all_of(kept, kept + count, [&](float v) { return v == rank + 1; }) &&
+                             x.data_as<float>()[count - 1] == (rank == 1 ? 100.0f : rank + 1.0f);
     const bool right = std::all_of(out, out + count, [](float v) { return v == 6.0f; });
     write_note(dir, rank,
                s.to_string() + " direct=" + std::to_string(shm->registered_direct(rx->id())) +

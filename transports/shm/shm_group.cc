@@ -317,13 +317,71 @@ struct ShmGroup::Impl {
   Status all_reduce_single_copy(const GroupCall& call, std::byte* out, const std::byte* in,
                                 int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
   Status all_reduce_direct(const GroupCall& call, const Direct& d, const Direct* from,
-                           const std::byte* in,
-                           int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
+                           const std::byte* in, int64_t count, DType dtype, ReduceOp op,
+                           int64_t mean_divisor);
+  Status all_gather_direct(const GroupCall& call, const Direct& d, size_t block);
+  Status broadcast_direct(const GroupCall& call, const Direct& d, size_t bytes, int root);
+  // The registration (direct) whose buffer starts at `data` and holds at least `bytes`, for a
+  // call over `small_bytes`; null if none.
+  const Direct* direct_at(const std::byte* data, size_t bytes) const {
+    if (bytes <= options.small_bytes) return nullptr;
+    for (const auto& [id, d] : direct) {
+      if (d.data == data && bytes <= d.bytes) return &d;
+    }
+    return nullptr;
+  }
+  // FailedPrecondition when the buffer of registration `d` was freed while registered: one freed
+  // (and its address reused) would have every peer read or write memory this rank no longer holds.
+  Status still_held(const GroupCall& call, const Direct& d, size_t bytes) const {
+    const std::optional<internal::ShareableRegion> still = internal::find_shareable(d.data, bytes);
+    if (still && still->serial == d.serial) return Status();
+    return failed_precondition(
+        call.tag.describe() + ": the buffer of registration #" + std::to_string(d.id) +
+        " was freed while registered; register_buffers' buffers must stay valid until the "
+        "registration is released (on every rank)");
+  }
+  // The frame of every direct call (see the header): the header round (the entry barrier), then
+  // `body(g, gave_up)`, which calls gave_up() before each block it reads or writes in a peer's
+  // buffer (an error once a peer gave up: that peer may have handed its buffers back to its
+  // caller), then `consumed` (the exit barrier). On failure this rank tells its peers and waits
+  // until none still reads or writes its buffers.
+  template <typename Body>
+  Status direct_call(const GroupCall& call, SlotHeader header, Body&& body) {
+    header.single_copy = kHeaderDirect;
+    const uint64_t g = next_chunk++;
+    auto gave_up = [&]() -> Status {
+      for (int r = 0; r < size; ++r) {
+        if (r != rank && ctl(r).aborted.load(std::memory_order_acquire) != 0) {
+          return peer_trouble(call.tag);
+        }
+      }
+      return Status();
+    };
+    Status s = stage(call, g, header, [](std::byte*) {});
+    // Pairs with the fence in quiesce(): either this rank sees a peer's `aborted` in gave_up(), or
+    // that peer sees this rank's `staged` and waits until it is done.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (s.ok()) s = body(g, gave_up);
+    if (s.ok()) {
+      publish(Field::kConsumed, g + 1);
+      s = wait_all(Field::kConsumed, g + 1, call);
+    }
+    if (!s.ok()) {
+      // Published before waiting, so that the peers stop too. A peer can only have passed the
+      // entry barrier (and so touch this rank's buffers) once this rank staged its header.
+      fail(s);
+      if (field(rank, Field::kStaged).load(std::memory_order_relaxed) >= g + 1) quiesce(g, call);
+    }
+    return s;
+  }
   Status register_buffer(const GroupCall& call, uint64_t id, std::byte* data, int64_t count,
                          DType dtype);
-  // After a failure in the middle of a direct all-reduce (chunk `g`): waits until no live peer
-  // may still write into this rank's buffer (each has finished, failed or exited), so that the
-  // caller never gets back a buffer that changes under it.
+  // After a failure in the middle of a direct call (chunk `g`): waits until no live peer may
+  // still read or write this rank's buffers (each has finished, failed or exited), so that the
+  // caller never gets back a buffer that changes under it, nor hands one back that a peer reads.
+  // Bounded by the call's deadline (at least 100 ms): a peer stalled past it that then reads a
+  // buffer its caller took back cannot succeed with what it read, since this rank never publishes
+  // `consumed` for the call.
   void quiesce(uint64_t g, const GroupCall& call);
   Status reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out, int64_t count,
                         DType dtype, ReduceOp op, int64_t mean_divisor);
@@ -338,17 +396,12 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
   const Chunking cut(count, static_cast<int64_t>(options.slot_bytes / elem), align);
   const size_t total = static_cast<size_t>(count) * elem;
   const bool small = total <= options.small_bytes;
-  if (!small && !direct.empty()) {
-    // The registered buffer, or a prefix of it: every rank's header says how much (a rank that
-    // all-reduces another length is a mismatch), and every rank's registration starts at its own.
-    // Out of place, the input may be a registration of its own too.
-    const Direct* to = nullptr;
-    const Direct* from = nullptr;
-    for (const auto& [id, d] : direct) {
-      if (d.data == out && total <= d.bytes) to = &d;
-      if (in != out && d.data == in && total <= d.bytes) from = &d;
-    }
-    if (to != nullptr) return all_reduce_direct(call, *to, from, in, count, dtype, op, mean_divisor);
+  // The registered buffer, or a prefix of it: every rank's header says how much (a rank that
+  // all-reduces another length is a mismatch), and every rank's registration starts at its own.
+  // Out of place, the input may be a registration of its own too.
+  if (const Direct* to = direct_at(out, total); to != nullptr) {
+    return all_reduce_direct(call, *to, in != out ? direct_at(in, total) : nullptr, in, count,
+                             dtype, op, mean_divisor);
   }
   if (single_copy && !small && total >= options.single_copy_min_bytes &&
       total <= options.single_copy_max_bytes) {
@@ -558,9 +611,9 @@ Status ShmGroup::Impl::register_buffer(const GroupCall& call, uint64_t id, std::
   }
   publish(Field::kConsumed, g2 + 1);
   registration_notes[id] =
-      mapped ? "all-reduces on it read and write every rank's buffer directly (shared memory, no "
-               "copies)"
-             : "all-reduces on it take the usual shared-memory path: " + why_not;
+      mapped ? "all-reduces, all-gathers and broadcasts on it read and write every rank's buffer "
+               "directly (shared memory, no copies)"
+             : "collectives on it take the usual shared-memory path: " + why_not;
   if (mapped) direct.emplace(id, std::move(d));
   return Status();
 }
@@ -574,92 +627,94 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
                                          const Direct* from, const std::byte* in, int64_t count,
                                          DType dtype, ReduceOp op, int64_t mean_divisor) {
   const size_t elem = dtype_size(dtype);
-  // A registration needs its buffer until it is released; one freed (and its address reused)
-  // would have every peer read or write memory this rank no longer holds.
-  for (const Direct* r : {&d, from}) {
-    if (r == nullptr) continue;
-    const std::optional<internal::ShareableRegion> still =
-        internal::find_shareable(r->data, static_cast<size_t>(count) * elem);
-    if (!still || still->serial != r->serial) {
-      return failed_precondition(
-          call.tag.describe() + ": the buffer of registration #" + std::to_string(r->id) +
-          " was freed while registered; register_buffers' buffers must stay valid until the "
-          "registration is released (on every rank)");
-    }
-  }
+  const size_t total = static_cast<size_t>(count) * elem;
+  TRIBUTARY_RETURN_IF_ERROR(still_held(call, d, total));
+  if (from != nullptr) TRIBUTARY_RETURN_IF_ERROR(still_held(call, *from, total));
   // Out of place from a registered input, the peers read the input where it is (the header names
   // its registration); from any other, it is copied into the output first.
-  if (from == nullptr && in != d.data) std::memcpy(d.data, in, static_cast<size_t>(count) * elem);
-  SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
-  header.single_copy = kHeaderDirect;
+  if (from == nullptr && in != d.data) std::memcpy(d.data, in, total);
+  SlotHeader header = header_of(call.tag, total, -1);
   header.source_address = d.id;
   header.output_address = from != nullptr ? from->id : 0;
-  const uint64_t g = next_chunk++;
   const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
   const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
   const int64_t block = std::max<int64_t>(align, static_cast<int64_t>(options.slot_bytes / elem) /
                                                      align * align);
   const int64_t first = std::min<int64_t>(count, piece * rank);
   const int64_t last = std::min<int64_t>(count, first + piece);
-  std::vector<const void*> srcs(static_cast<size_t>(size));
-  // A peer that gave up may have handed its buffer back to its caller: no more writes into it.
-  auto peer_gave_up = [&]() -> Status {
+  return direct_call(call, header, [&](uint64_t g, auto& gave_up) -> Status {
+    // Each rank's input: its registered input, or its output (copied in, or in place). Ranks may
+    // differ here (one process reducing several local replicas into its output first, beside one
+    // that has a single replica), so each header says where its own input is.
+    std::vector<const std::byte*> sources(static_cast<size_t>(size));
     for (int r = 0; r < size; ++r) {
-      if (r != rank && ctl(r).aborted.load(std::memory_order_acquire) != 0) {
-        return peer_trouble(call.tag);
+      const uint64_t input = maps[static_cast<size_t>(r)].header(slot_of(g)).output_address;
+      const auto it = input == 0 ? direct.end() : direct.find(input);
+      if (input != 0 && it == direct.end()) {
+        return aborted(call.tag.describe() + ": " + name(r) +
+                       " reads its input from registration #" + std::to_string(input) +
+                       ", which " + name(rank) +
+                       " does not hold; a registration must be released at the same point on "
+                       "every rank");
+      }
+      sources[static_cast<size_t>(r)] =
+          (it == direct.end() ? d : it->second).views[static_cast<size_t>(r)];
+    }
+    std::vector<const void*> srcs(static_cast<size_t>(size));
+    for (int64_t b = first; b < last; b += block) {
+      TRIBUTARY_RETURN_IF_ERROR(gave_up());
+      const int64_t n = std::min<int64_t>(block, last - b);
+      const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(n) * elem;
+      for (int r = 0; r < size; ++r) {
+        srcs[static_cast<size_t>(r)] = sources[static_cast<size_t>(r)] + off;
+      }
+      void* dst = d.data + off;
+      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
+                         mean_divisor);
+      // Reduced here first, then copied: memcpy's string stores, not the kernel's vector ones, go
+      // to the lines that the peers' cores read (see all_reduce).
+      for (int r = 0; r < size; ++r) {
+        if (r != rank) std::memcpy(d.views[static_cast<size_t>(r)] + off, dst, len);
       }
     }
     return Status();
-  };
-  Status s = stage(call, g, header, [](std::byte*) {});
-  // Pairs with the fence in quiesce(): either this rank sees a peer's `aborted` below, or that
-  // peer sees this rank's `staged` and waits until it is done writing.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  // Each rank's input: its registered input, or its output (copied in, or in place). Ranks may
-  // differ here (one process reducing several local replicas into its output first, beside one
-  // that has a single replica), so each header says where its own input is.
-  std::vector<const std::byte*> sources(static_cast<size_t>(size));
-  for (int r = 0; r < size && s.ok(); ++r) {
-    const uint64_t input = maps[static_cast<size_t>(r)].header(slot_of(g)).output_address;
-    const auto it = input == 0 ? direct.end() : direct.find(input);
-    if (input != 0 && it == direct.end()) {
-      s = aborted(call.tag.describe() + ": " + name(r) + " reads its input from registration #" +
-                  std::to_string(input) + ", which " + name(rank) +
-                  " does not hold; a registration must be released at the same point on every "
-                  "rank");
-      break;
+  });
+}
+
+// The direct all-gather: every rank's own block is in its registered buffer at the entry barrier,
+// and each rank copies every peer's block from the peer's buffer into its own (it writes only its
+// own buffer; the exit barrier keeps each block until every peer has read it).
+Status ShmGroup::Impl::all_gather_direct(const GroupCall& call, const Direct& d, size_t block) {
+  TRIBUTARY_RETURN_IF_ERROR(still_held(call, d, block * static_cast<size_t>(size)));
+  SlotHeader header = header_of(call.tag, block, -1);
+  header.source_address = d.id;
+  return direct_call(call, header, [&](uint64_t, auto& gave_up) -> Status {
+    for (size_t off = 0; off < block; off += options.slot_bytes) {
+      TRIBUTARY_RETURN_IF_ERROR(gave_up());
+      const size_t len = std::min(options.slot_bytes, block - off);
+      for (int r = 0; r < size; ++r) {
+        const size_t at = static_cast<size_t>(r) * block + off;
+        if (r != rank) std::memcpy(d.data + at, d.views[static_cast<size_t>(r)] + at, len);
+      }
     }
-    sources[static_cast<size_t>(r)] =
-        (it == direct.end() ? d : it->second).views[static_cast<size_t>(r)];
-  }
-  for (int64_t b = first; b < last && s.ok(); b += block) {
-    s = peer_gave_up();
-    if (!s.ok()) break;
-    const int64_t n = std::min<int64_t>(block, last - b);
-    const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(n) * elem;
-    for (int r = 0; r < size; ++r) {
-      srcs[static_cast<size_t>(r)] = sources[static_cast<size_t>(r)] + off;
+    return Status();
+  });
+}
+
+// The direct broadcast: every rank but the root copies the root's registered buffer into its own.
+Status ShmGroup::Impl::broadcast_direct(const GroupCall& call, const Direct& d, size_t bytes,
+                                        int root) {
+  TRIBUTARY_RETURN_IF_ERROR(still_held(call, d, bytes));
+  SlotHeader header = header_of(call.tag, bytes, root);
+  header.source_address = d.id;
+  return direct_call(call, header, [&](uint64_t, auto& gave_up) -> Status {
+    for (size_t off = 0; rank != root && off < bytes; off += options.slot_bytes) {
+      TRIBUTARY_RETURN_IF_ERROR(gave_up());
+      std::memcpy(d.data + off, d.views[static_cast<size_t>(root)] + off,
+                  std::min(options.slot_bytes, bytes - off));
     }
-    void* dst = d.data + off;
-    algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
-                       mean_divisor);
-    // Reduced here first, then copied: memcpy's string stores, not the kernel's vector ones, go
-    // to the lines that the peers' cores read (see all_reduce).
-    for (int r = 0; r < size; ++r) {
-      if (r != rank) std::memcpy(d.views[static_cast<size_t>(r)] + off, dst, len);
-    }
-  }
-  if (s.ok()) {
-    publish(Field::kConsumed, g + 1);
-    s = wait_all(Field::kConsumed, g + 1, call);
-  }
-  if (!s.ok()) {
-    // Published before waiting, so that the peers stop writing too. A peer can only have passed
-    // the entry barrier (and so write into this rank's buffer) once this rank staged its header.
-    fail(s);
-    if (field(rank, Field::kStaged).load(std::memory_order_relaxed) >= g + 1) quiesce(g, call);
-  }
-  return s;
+    return Status();
+  });
 }
 
 void ShmGroup::Impl::quiesce(uint64_t g, const GroupCall& call) {
@@ -722,6 +777,9 @@ Status ShmGroup::Impl::reduce_scatter(const GroupCall& call, const std::byte* in
 }
 
 Status ShmGroup::Impl::all_gather(const GroupCall& call, std::byte* data, size_t block) {
+  if (const Direct* d = direct_at(data, block * static_cast<size_t>(size)); d != nullptr) {
+    return all_gather_direct(call, *d, block);
+  }
   const Chunking cut(static_cast<int64_t>(block), static_cast<int64_t>(options.slot_bytes), 64);
   const SlotHeader header = header_of(call.tag, block, -1);
   for (int64_t k = 0; k < cut.chunks; ++k) {
@@ -740,6 +798,9 @@ Status ShmGroup::Impl::all_gather(const GroupCall& call, std::byte* data, size_t
 }
 
 Status ShmGroup::Impl::broadcast(const GroupCall& call, std::byte* data, size_t bytes, int root) {
+  if (const Direct* d = direct_at(data, bytes); d != nullptr) {
+    return broadcast_direct(call, *d, bytes, root);
+  }
   const Chunking cut(static_cast<int64_t>(bytes), static_cast<int64_t>(options.slot_bytes), 64);
   const SlotHeader header = header_of(call.tag, bytes, root);
   for (int64_t k = 0; k < cut.chunks; ++k) {

@@ -34,8 +34,8 @@
 // CAP_SYS_PTRACE) is probed at setup; the path is used only where every rank can. A peer that dies
 // mid-read is ESRCH, an error naming it as in a wait.
 //
-// Direct (all-reduces on a registered buffer that every rank allocated with
-// Buffer::allocate_shareable, over `small_bytes`): at registration every rank publishes the
+// Direct (all-reduces, all-gathers and broadcasts over `small_bytes` on a registered buffer that
+// every rank allocated with Buffer::allocate_shareable): at registration every rank publishes the
 // buffer's memfd and offset in a slot header, maps every peer's through /proc/<pid>/fd/<fd>, and
 // says whether that worked; if every rank mapped every peer, the registration's all-reduces
 // neither stage nor copy through the kernel: after a header round (the entry barrier, with the
@@ -45,11 +45,14 @@
 // waits for every peer's (the exit barrier). Each byte is read once and written once per rank, as
 // in one process. Out of place, a rank whose input is a registered buffer too (registered and
 // mapped as the output is) names that registration in its header and the peers read the input
-// where it is; any other input is copied into the output first. A registration serves its
-// buffer or a prefix of it; a buffer freed while registered (its allocation's serial changed) is
-// an error. A rank that fails in the middle waits until every live peer past the entry barrier
-// has stopped writing into its buffer (finished, failed or exited) before it returns; a peer
-// checks before every block whether another gave up.
+// where it is; any other input is copied into the output first. All-gathers and broadcasts on a
+// registered buffer take the same frame (entry barrier, blocks, exit barrier): each rank copies
+// every peer's block (all-gather) or the root's buffer (broadcast) from the peer's mapping into
+// its own buffer, writing nothing of a peer's. A registration serves its buffer or a prefix of
+// it; a buffer freed while registered (its allocation's serial changed) is an error. A rank that
+// fails in the middle waits until every live peer past the entry barrier has stopped reading or
+// writing its buffers (finished, failed or exited) before it returns; a peer checks before every
+// block whether another gave up.
 //
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
