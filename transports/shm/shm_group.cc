@@ -701,17 +701,25 @@ Status ShmGroup::Impl::all_gather_direct(const GroupCall& call, const Direct& d,
   });
 }
 
-// The direct broadcast: every rank but the root copies the root's registered buffer into its own.
+// The direct broadcast: each rank, the root included, copies its 1/n piece of the root's registered
+// buffer into every other rank's (so every core copies, as the slots have root and peers copy at
+// once: one rank copying the whole buffer alone moved 10% less at 128 MiB with 2 processes).
 Status ShmGroup::Impl::broadcast_direct(const GroupCall& call, const Direct& d, size_t bytes,
                                         int root) {
   TRIBUTARY_RETURN_IF_ERROR(still_held(call, d, bytes));
   SlotHeader header = header_of(call.tag, bytes, root);
   header.source_address = d.id;
+  const size_t piece = (bytes + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
+  const size_t first = std::min(bytes, (piece + 63) / 64 * 64 * static_cast<size_t>(rank));
+  const size_t last = std::min(bytes, first + (piece + 63) / 64 * 64);
   return direct_call(call, header, [&](uint64_t, auto& gave_up) -> Status {
-    for (size_t off = 0; rank != root && off < bytes; off += options.slot_bytes) {
+    const std::byte* from = d.views[static_cast<size_t>(root)];
+    for (size_t off = first; off < last; off += options.slot_bytes) {
       TRIBUTARY_RETURN_IF_ERROR(gave_up());
-      std::memcpy(d.data + off, d.views[static_cast<size_t>(root)] + off,
-                  std::min(options.slot_bytes, bytes - off));
+      const size_t len = std::min(options.slot_bytes, last - off);
+      for (int r = 0; r < size; ++r) {
+        if (r != root) std::memcpy(d.views[static_cast<size_t>(r)] + off, from + off, len);
+      }
     }
     return Status();
   });

@@ -66,6 +66,31 @@ def test_registered_shareable_arrays(ops):
                 np.testing.assert_array_equal(x, step * n * (n + 1) // 2)
 
 
+def test_registered_shareable_gather_and_broadcast(ops):
+    # All-gathers and broadcasts on registered shareable arrays (ring's direct path between the
+    # processes of one host), and an all-reduce out of place from a registered input.
+    n = LOCAL * WORLD
+    count = 70001
+    outs = [tributary.shareable_array(count * n, np.float32) for _ in range(LOCAL)]
+    ins = [tributary.shareable_array(count, np.float32) for _ in range(LOCAL)]
+    with ops.register_buffers(outs), ops.register_buffers(ins):
+        for i in range(LOCAL):
+            ins[i][:] = global_id(i) + 1
+        ops.all_gather(ins, outs)
+        want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+        for o in outs:
+            np.testing.assert_array_equal(o, want)
+        for i, o in enumerate(outs):
+            o[:] = 7.0 if RANK == WORLD - 1 else global_id(i)
+        ops.broadcast(outs[0], outs, root=WORLD - 1)
+        for o in outs:
+            np.testing.assert_array_equal(o, 7.0)
+        ops.all_reduce(ins, [o[:count] for o in outs], op="sum")
+        for i, (x, o) in enumerate(zip(ins, outs)):
+            np.testing.assert_array_equal(o[:count], n * (n + 1) // 2)
+            np.testing.assert_array_equal(x, global_id(i) + 1)
+
+
 def test_async_all_reduce_mean(ops):
     n = LOCAL * WORLD
     xs = [np.full(1 << 18, 2.0 * global_id(i), np.float32) for i in range(LOCAL)]
