@@ -60,9 +60,13 @@ class ProcessGroup {
   // overlapping `data`) receives block rank() of the reduction.
   virtual Status reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count,
                                 DType dtype, ReduceOp op, int64_t mean_divisor) = 0;
+  // Whether reduce_scatter only reads `data` (never as scratch): ProcessGroupOps then passes a
+  // single local replica's input itself, with no copy into staging.
+  virtual bool reduce_scatter_reads_only() const { return false; }
 
   // register_buffers (cross_device_ops.h): later all-reduces on exactly `data` (count elements
-  // of dtype; ShmGroup: or a prefix of it) may use what the group prepares for it, until
+  // of dtype; ShmGroup: or a prefix of it, and its other collectives) may use what the group
+  // prepares for it, until
   // release_buffer(id). Collective, like the others. Default: nothing to prepare.
   virtual Status register_buffer(const GroupCall& call, uint64_t id, void* data, int64_t count,
                                  DType dtype) {

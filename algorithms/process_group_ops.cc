@@ -333,6 +333,16 @@ Work ProcessGroupOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
   const int64_t n = num_replicas_in_sync();
   const size_t elem = dtype_size(dtype);
   const bool across = group_ != nullptr && world_size() > 1;
+  // One local replica, where the group only reads its input: straight from the input into the
+  // output (unless they overlap: in place, the output is a block of the input).
+  const Tensor& in0 = inputs[0];
+  const Tensor& out0 = outputs[0];
+  if (s.ok() && across && local == 1 && group_->reduce_scatter_reads_only() &&
+      (out0.data_as<std::byte>() + out0.nbytes() <= in0.data_as<std::byte>() ||
+       in0.data_as<std::byte>() + in0.nbytes() <= out0.data_as<std::byte>())) {
+    return finish(group_->reduce_scatter(group_call(call), const_cast<void*>(in0.data()),
+                                         out0.data(), count, dtype, op, n));
+  }
   // Reduce the local replicas' inputs into one buffer, then reduce-scatter blocks of `local`
   // outputs across processes; this process's block lands after the full buffer in staging.
   std::byte* buf = staging(static_cast<size_t>(total + local * count) * elem);

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""All-gather, broadcast and out-of-place all-reduce on ordinary arrays beside registered shareable
-ones (ring's direct path between the processes of one host), interleaved, one replica per process.
+"""All-gather, broadcast, reduce-scatter and out-of-place all-reduce on ordinary arrays beside
+registered shareable ones (ring's direct path between the processes of one host), interleaved, one
+replica per process.
 
 tributary-bench measures all-reduces only; this covers the other collectives that the direct path
-serves. Busbw follows nccl-tests: all-gather (total bytes) x (n-1)/n / time, broadcast bytes /
-time, all-reduce bytes x 2(n-1)/n / time. Each size and line runs --rounds times in a rotated
+serves. Busbw follows nccl-tests: all-gather and reduce-scatter (total bytes) x (n-1)/n / time,
+broadcast bytes / time, all-reduce bytes x 2(n-1)/n / time. Each size and line runs --rounds times in a rotated
 order; the median is printed with the range. Run it under the launcher, with the Python module
 built (the build tree's python/ on PYTHONPATH):
 
@@ -75,6 +76,10 @@ def main():
                 t = timed(lambda: ops.all_reduce([src], [out[:count]]), a.iters, a.warmup)
                 figures.setdefault((size, "all_reduce out of place", line), []).append(
                     whole * 2 * (n - 1) / n / t / 1e9)
+                scattered = np.zeros(count, np.float32)
+                t = timed(lambda: ops.reduce_scatter([out], [scattered]), a.iters, a.warmup)
+                figures.setdefault((size, "reduce_scatter", line), []).append(
+                    whole * n * (n - 1) / n / t / 1e9)
                 for reg in regs:
                     reg.release()
     if rank != 0:

@@ -206,8 +206,11 @@ class Matrix {
   void reduce_scatter(ReduceOp op, DType t, int64_t count, bool in_place) {
     const std::string what = name("reduce_scatter", op, t, count, in_place);
     const int n = ops_.num_replicas_in_sync();
-    DeviceBuffers in(t, count * n, ops_.devices()), out(t, count, ops_.devices());
+    DeviceBuffers in(t, count * n, ops_.devices(), shareable_), out(t, count, ops_.devices());
     if (!staged(what, op, in, out)) return;
+    // Shareable, out of place: the input registered (ring reads every rank's where it is).
+    std::vector<BufferRegistration> registrations;
+    if (!in_place && !register_shareable(what, in, &registrations)) return;
     PerReplica<Tensor> dst = out.views;
     for (size_t k = 0; k < in.views.size(); ++k) {
       // In place: each replica's own block of its input.
@@ -222,6 +225,13 @@ class Matrix {
       const int64_t at = in_place ? global(k) * count : 0;
       for (int64_t i = 0; i < count; ++i)
         check(what, result.host(k), at + i, expected_at(op, t, n, global(k) * count + i));
+    }
+    // Out of place, the inputs are as they were (the group may read them where they are).
+    if (in_place || !moved(what, in.download())) return;
+    for (size_t k = 0; k < in.hosts.size(); ++k) {
+      for (int64_t i = 0; i < count * n; ++i) {
+        check(what + " (its input)", in.host(k), i, exact_value(op, global(k), i));
+      }
     }
   }
 

@@ -41,10 +41,11 @@ namespace tributary::testing {
 // kGpuShared: GPU:k on every rank, processes sharing GPUs (backends that stage through host memory
 // allow it; NCCL does not). kMixed: GPU:k where r + k is even, else CPU:k, so ranks with GPU and
 // CPU replicas meet in one group, and a process may hold both.
-// kCpuShareable: CPU:k; the buffers of all-reduces, all-gathers and broadcasts from
-// Buffer::allocate_shareable, their outputs (and an out-of-place all-reduce's inputs) registered
-// (register_buffers) before the call and released after it; for ring on one host a registration
-// over 16 KiB must take shared memory's direct path (every rank maps every rank's buffer).
+// kCpuShareable: CPU:k; the buffers of all-reduces, all-gathers and broadcasts, and
+// reduce-scatters' inputs, from Buffer::allocate_shareable; the outputs of the first three (and
+// out-of-place all-reduces' and reduce-scatters' inputs) registered (register_buffers) before the
+// call and released after it; for ring on one host a registration over 16 KiB must take shared
+// memory's direct path (every rank maps every rank's buffer).
 enum class DeviceKind { kCpu, kGpu, kGpuShared, kMixed, kCpuShareable };
 inline void PrintTo(DeviceKind kind, std::ostream* os) {
   *os << (kind == DeviceKind::kGpu           ? "GPU"

@@ -613,7 +613,8 @@ Buffer shareable_filled(int64_t count, float value) {
 }
 
 // A peer killed while the others write into its buffer or read from it: 16 MiB direct
-// all-reduces, all-gathers (4 MiB per rank) or broadcasts back to back, rank 1 killed by a thread
+// all-reduces, all-gathers (4 MiB per rank), broadcasts or reduce-scatters (from the buffer into
+// ordinary memory) back to back, rank 1 killed by a thread
 // of its own 300 ms in. Every survivor fails within the timeout naming rank 1 (the kill is seen in
 // a wait, through its pidfd), and once the registration and the instance are gone nothing is left
 // mapped: not rank 1's buffer (the survivors' mappings of it were the last), nor any segment.
@@ -642,18 +643,21 @@ TEST_P(SharedMemoryDirectKill, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
           raise(SIGKILL);
         }).detach();
       }
-      // All-gather in place: this rank's block of the buffer is its input.
+      // All-gather in place: this rank's block of the buffer is its input; reduce-scatter from
+      // the buffer into ordinary memory.
       PerReplica<Tensor> block{x.tensor().slice(rank * (count / 3), count / 3)};
       PerReplica<Tensor> gathered{x.tensor().slice(0, count / 3 * 3)};
+      auto scattered = Buffer::allocate(DType::kFloat32, Shape{count / 3});
+      if (!scattered.ok()) return kChildFailed;
+      PerReplica<Tensor> into{scattered->tensor()};
       int result = kChildOk;
       for (int i = 0; i < 100000 && result == kChildOk; ++i) {
         const auto start = Clock::now();
         Status s = collective == "all_reduce"   ? (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(120s)
                    : collective == "all_gather" ? (*ops)->all_gather(block, gathered).wait(120s)
-                                                : (*ops)->broadcast(x.tensor(), Mirrored<Tensor>{
-                                                                                  x.tensor()},
-                                                                    0)
-                                                      .wait(120s);
+                   : collective == "reduce_scatter"
+                       ? (*ops)->reduce_scatter(ReduceOp::kSum, gathered, into).wait(120s)
+                       : (*ops)->broadcast(x.tensor(), Mirrored<Tensor>{x.tensor()}, 0).wait(120s);
         if (!s.ok()) {
           write_note(dir, rank,
                      s.to_string() + "\nseconds=" +
@@ -677,7 +681,8 @@ TEST_P(SharedMemoryDirectKill, PeerKilledInTheMiddleFailsTheOthersNamingIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, SharedMemoryDirectKill,
-                         ::testing::Values("all_reduce", "all_gather", "broadcast"),
+                         ::testing::Values("all_reduce", "all_gather", "broadcast",
+                                           "reduce_scatter"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // A rank that falls silent on the direct path: the others fail at the timeout naming it, and when

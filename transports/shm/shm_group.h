@@ -35,7 +35,7 @@
 // mid-read is ESRCH, an error naming it as in a wait.
 //
 // Direct (all-reduces, all-gathers and broadcasts over `small_bytes` on a registered buffer that
-// every rank allocated with Buffer::allocate_shareable): at registration every rank publishes the
+// every rank allocated with Buffer::allocate_shareable, and reduce-scatters from one): at registration every rank publishes the
 // buffer's memfd and offset in a slot header, maps every peer's through /proc/<pid>/fd/<fd>, and
 // says whether that worked; if every rank mapped every peer, the registration's all-reduces
 // neither stage nor copy through the kernel: after a header round (the entry barrier, with the
@@ -48,7 +48,9 @@
 // where it is; any other input is copied into the output first. All-gathers and broadcasts on a
 // registered buffer take the same frame (entry barrier, blocks, exit barrier): each rank copies
 // every peer's block (all-gather) or the root's buffer (broadcast) from the peer's mapping into
-// its own buffer, writing nothing of a peer's. A registration serves its buffer or a prefix of
+// its own buffer, writing nothing of a peer's; a reduce-scatter whose input is a registered
+// buffer reduces block `rank` from every rank's input into its (any) output. A registration
+// serves its buffer or a prefix of
 // it; a buffer freed while registered (its allocation's serial changed) is an error. A rank that
 // fails in the middle waits until every live peer past the entry barrier has stopped reading or
 // writing its buffers (finished, failed or exited) before it returns; a peer checks before every
@@ -116,6 +118,7 @@ class ShmGroup final : public algorithms::ProcessGroup {
   Status all_gather(const algorithms::GroupCall& call, void* data, size_t bytes_per_rank) override;
   Status reduce_scatter(const algorithms::GroupCall& call, void* data, void* out, int64_t count,
                         DType dtype, ReduceOp op, int64_t mean_divisor) override;
+  bool reduce_scatter_reads_only() const override { return true; }
   // A buffer from Buffer::allocate_shareable on every rank is mapped by every rank (the direct
   // path, above), for all-reduces on it or on a prefix of it; any other registration prepares
   // nothing.

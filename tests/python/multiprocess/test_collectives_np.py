@@ -66,9 +66,10 @@ def test_registered_shareable_arrays(ops):
                 np.testing.assert_array_equal(x, step * n * (n + 1) // 2)
 
 
-def test_registered_shareable_gather_and_broadcast(ops):
-    # All-gathers and broadcasts on registered shareable arrays (ring's direct path between the
-    # processes of one host), and an all-reduce out of place from a registered input.
+def test_registered_shareable_gather_broadcast_and_scatter(ops):
+    # All-gathers, broadcasts and reduce-scatters on registered shareable arrays (ring's direct
+    # path between the processes of one host), and an all-reduce out of place from a registered
+    # input.
     n = LOCAL * WORLD
     count = 70001
     outs = [tributary.shareable_array(count * n, np.float32) for _ in range(LOCAL)]
@@ -89,6 +90,13 @@ def test_registered_shareable_gather_and_broadcast(ops):
         for i, (x, o) in enumerate(zip(ins, outs)):
             np.testing.assert_array_equal(o[:count], n * (n + 1) // 2)
             np.testing.assert_array_equal(x, global_id(i) + 1)
+        # Reduce-scatter from the registered arrays into ordinary ones: block j of every input
+        # holds j + 1, so block g of the sum is n * (g + 1).
+        for o in outs:
+            o[:] = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+        got = ops.reduce_scatter(outs, [np.zeros(count, np.float32) for _ in range(LOCAL)])
+        for i, g in enumerate(got):
+            np.testing.assert_array_equal(g, n * (global_id(i) + 1))
 
 
 def test_async_all_reduce_mean(ops):
