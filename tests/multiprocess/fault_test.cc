@@ -221,6 +221,18 @@ void expect_survivors_name_killed_rank_1(const GroupResult& g, const std::string
   EXPECT_EQ(segments_left(dev_shm_before, g), "");
 }
 
+// Runs `body(rank, ops)` in `n` processes, each with a `spec` backend made from the group's
+// context (a child whose backend cannot be made fails with kChildFailed); 60 s watchdog.
+template <typename Body>
+GroupResult run_backend_group(int n, const std::string& dir, const std::string& spec, Body body) {
+  return run_group(n, 60s, [&](int rank) {
+    auto ctx = group_context(rank, n, 1, dir);
+    auto ops = builtin_backends().create(spec, *ctx);
+    if (!ops.ok()) return kChildFailed;
+    return body(rank, **ops);
+  });
+}
+
 // A backend that is not built in (ucx without UCX) is a visible skip, not a failure.
 class RingFaults : public ::testing::TestWithParam<std::string> {
  protected:
@@ -277,15 +289,12 @@ TEST_P(RingFaults, KilledWorkerFailsEverySurvivorWithinTheTimeout) {
 TEST_P(RingFaults, SilentWorkerIsADeadlineNamingIt) {
   const std::string spec = GetParam() + ",timeout=2s";
   const std::string dir = make_temp_dir("silent");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create(spec, *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, spec, [&](int rank, CrossDeviceOps& ops) {
     if (rank == 1) {
       std::this_thread::sleep_for(6s);  // alive, connected, but never joins the collective
       return kChildOk;
     }
-    return all_reduce_until_error(**ops, dir, 1, 1024);
+    return all_reduce_until_error(ops, dir, 1, 1024);
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   // Every survivor names the silent rank; at least one (the rank that waited on it) says it was a
@@ -363,14 +372,11 @@ TEST_P(RingFaults, MismatchedCollectivesFailOnEveryRank) {
 TEST_P(RingFaults, BroadcastWithAnotherRootFailsOnEveryRank) {
   const std::string spec = GetParam() + ",timeout=5s";
   const std::string dir = make_temp_dir("root");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create(spec, *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, spec, [&](int rank, CrossDeviceOps& ops) {
     std::vector<float> v(64, static_cast<float>(rank));
     Tensor t(v.data(), DType::kFloat32, Shape{64});
     const int root = rank == 2 ? 1 : 0;
-    Status s = (*ops)->broadcast(t, Mirrored<Tensor>({t}), root).wait(30s);
+    Status s = ops.broadcast(t, Mirrored<Tensor>({t}), root).wait(30s);
     write_note(dir, rank, s.to_string());
     return s.ok() ? kChildOk : kChildSawError;
   });
@@ -691,20 +697,17 @@ INSTANTIATE_TEST_SUITE_P(Collectives, SharedMemoryDirectKill,
 // stays as it was.
 TEST(SharedMemoryDirect, ALateRankNeverWritesIntoBuffersItsPeersGotBack) {
   const std::string dir = make_temp_dir("direct_late");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create("ring:timeout=2s", *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, "ring:timeout=2s", [&](int rank, CrossDeviceOps& ops) {
     const int64_t count = int64_t{1} << 20;  // 4 MiB
     Buffer x = shareable_filled(count, 1.0f);
     PerReplica<Tensor> v{x.tensor()};
-    auto reg = (*ops)->register_buffers(v);
+    auto reg = ops.register_buffers(v);
     if (!reg.ok()) return kChildFailed;
     const auto start = Clock::now();
     for (int i = 0; i < 3; ++i) {
       if (rank == 1 && i == 2) std::this_thread::sleep_for(4s);
       std::fill_n(x.data_as<float>(), count, static_cast<float>(rank + 1));
-      const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      const Status s = ops.all_reduce(ReduceOp::kSum, v, v).wait(30s);
       if (s.ok()) continue;
       // What this rank got back, then again once the late rank has surely run its call.
       double before = 0;
@@ -737,19 +740,16 @@ TEST(SharedMemoryDirect, ALateRankNeverWritesIntoBuffersItsPeersGotBack) {
 // both calls, at once, not at the timeout.
 TEST(SharedMemoryDirect, ARankOffTheRegisteredBufferIsAMismatchOnEveryRank) {
   const std::string dir = make_temp_dir("direct_mismatch");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, "ring:timeout=20s", [&](int rank, CrossDeviceOps& ops) {
     const int64_t count = int64_t{1} << 18;  // 1 MiB
     Buffer x = shareable_filled(count, 1.0f);
     Buffer other = shareable_filled(count, 1.0f);
     PerReplica<Tensor> v{x.tensor()};
-    auto reg = (*ops)->register_buffers(v);
+    auto reg = ops.register_buffers(v);
     if (!reg.ok()) return kChildFailed;
     PerReplica<Tensor> w{rank == 2 ? other.tensor() : x.tensor()};
     const auto start = Clock::now();
-    const Status s = (*ops)->all_reduce(ReduceOp::kSum, w, w).wait(60s);
+    const Status s = ops.all_reduce(ReduceOp::kSum, w, w).wait(60s);
     write_note(dir, rank,
                s.to_string() + "\nseconds=" +
                    std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
@@ -773,18 +773,15 @@ TEST(SharedMemoryDirect, ARankOffTheRegisteredBufferIsAMismatchOnEveryRank) {
 // writing buffers its peers are not using.
 TEST(SharedMemoryDirect, RanksOnDifferentRegistrationsAreAMismatch) {
   const std::string dir = make_temp_dir("direct_two");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, "ring:timeout=20s", [&](int rank, CrossDeviceOps& ops) {
     const int64_t count = int64_t{1} << 18;
     Buffer x = shareable_filled(count, 1.0f), y = shareable_filled(count, 1.0f);
     PerReplica<Tensor> vx{x.tensor()}, vy{y.tensor()};
-    auto rx = (*ops)->register_buffers(vx);
-    auto ry = (*ops)->register_buffers(vy);
+    auto rx = ops.register_buffers(vx);
+    auto ry = ops.register_buffers(vy);
     if (!rx.ok() || !ry.ok()) return kChildFailed;
     const PerReplica<Tensor>& v = rank == 2 ? vy : vx;
-    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s);
+    const Status s = ops.all_reduce(ReduceOp::kSum, v, v).wait(60s);
     write_note(dir, rank, s.to_string());
     return s.ok() ? kChildOk : kChildSawError;
   });
@@ -802,18 +799,15 @@ TEST(SharedMemoryDirect, RanksOnDifferentRegistrationsAreAMismatch) {
 // an error that says so, on every rank, not writes into memory its owner no longer holds.
 TEST(SharedMemoryDirect, ABufferFreedWhileRegisteredIsAnError) {
   const std::string dir = make_temp_dir("direct_freed");
-  GroupResult g = run_group(2, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 2, 1, dir);
-    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(2, dir, "ring:timeout=20s", [&](int rank, CrossDeviceOps& ops) {
     const int64_t count = int64_t{1} << 18;
     Buffer x = shareable_filled(count, 1.0f);
     PerReplica<Tensor> v{x.tensor()};
-    auto reg = (*ops)->register_buffers(v);
+    auto reg = ops.register_buffers(v);
     if (!reg.ok()) return kChildFailed;
-    if (!(*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s).ok()) return kChildFailed;
+    if (!ops.all_reduce(ReduceOp::kSum, v, v).wait(60s).ok()) return kChildFailed;
     x = Buffer();  // freed; the registration still names its address (never read: refused)
-    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s);
+    const Status s = ops.all_reduce(ReduceOp::kSum, v, v).wait(60s);
     write_note(dir, rank, s.to_string());
     return s.ok() ? kChildOk : kChildSawError;
   });
@@ -831,10 +825,7 @@ TEST(SharedMemoryDirect, ABufferFreedWhileRegisteredIsAnError) {
 // Every result is right, on the direct path, and every input is unchanged.
 TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
   const std::string dir = make_temp_dir("direct_inputs");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, "ring:timeout=20s", [&](int rank, CrossDeviceOps& ops) {
     const int64_t count = (int64_t{1} << 18) + 5;
     Buffer x = shareable_filled(count, rank == 1 ? 100.0f : static_cast<float>(rank + 1));
     Buffer y = shareable_filled(count, -1.0f);
@@ -842,12 +833,12 @@ TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
     if (!z.ok()) return kChildFailed;
     std::fill_n(z->data_as<float>(), count, static_cast<float>(rank + 1));
     PerReplica<Tensor> vx{x.tensor()}, vy{y.tensor()}, vz{z->tensor()};
-    auto rx = (*ops)->register_buffers(vx);
-    auto ry = (*ops)->register_buffers(vy);
-    const transports::shm::ShmGroup* shm = shm_group_of(**ops);
+    auto rx = ops.register_buffers(vx);
+    auto ry = ops.register_buffers(vy);
+    const transports::shm::ShmGroup* shm = shm_group_of(ops);
     if (!rx.ok() || !ry.ok() || shm == nullptr) return kChildFailed;
     const PerReplica<Tensor>& in = rank == 1 ? vz : vx;
-    const Status s = (*ops)->all_reduce(ReduceOp::kSum, in, vy).wait(60s);
+    const Status s = ops.all_reduce(ReduceOp::kSum, in, vy).wait(60s);
     const float* out = y.data_as<float>();
     const float* kept = in[0].data_as<float>();
     const bool inputs_kept = std::all_of(kept, kept + count, [&](float v) { return v == rank + 1; }) &&
@@ -872,19 +863,16 @@ TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
 // inputs; every rank fails (that rank naming the rule) instead of reading unmapped memory.
 TEST(SharedMemoryDirect, AnInputRegistrationReleasedOnOneRankIsAnErrorOnEveryRank) {
   const std::string dir = make_temp_dir("direct_released_input");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, "ring:timeout=20s", [&](int rank, CrossDeviceOps& ops) {
     const int64_t count = int64_t{1} << 18;
     Buffer x = shareable_filled(count, 1.0f), y = shareable_filled(count, 0.0f);
     PerReplica<Tensor> vx{x.tensor()}, vy{y.tensor()};
-    auto rx = (*ops)->register_buffers(vx);
-    auto ry = (*ops)->register_buffers(vy);
+    auto rx = ops.register_buffers(vx);
+    auto ry = ops.register_buffers(vy);
     if (!rx.ok() || !ry.ok()) return kChildFailed;
     if (rank == 2) rx->release();
     const auto start = Clock::now();
-    const Status s = (*ops)->all_reduce(ReduceOp::kSum, vx, vy).wait(60s);
+    const Status s = ops.all_reduce(ReduceOp::kSum, vx, vy).wait(60s);
     write_note(dir, rank,
                s.to_string() + "\nseconds=" +
                    std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
@@ -906,21 +894,18 @@ TEST(SharedMemoryDirect, AnInputRegistrationReleasedOnOneRankIsAnErrorOnEveryRan
 // that did alone would be a mismatch), and every result is right.
 TEST(SharedMemoryDirect, OneRankWithOrdinaryMemoryKeepsEveryRankOnTheUsualPath) {
   const std::string dir = make_temp_dir("direct_mixed");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create("ring:timeout=20s", *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(3, dir, "ring:timeout=20s", [&](int rank, CrossDeviceOps& ops) {
     const int64_t count = (int64_t{1} << 20) + 3;
     auto x = rank == 1 ? Buffer::allocate(DType::kFloat32, Shape{count})
                        : Buffer::allocate_shareable(DType::kFloat32, Shape{count});
     if (!x.ok()) return kChildFailed;
     std::fill_n(x->data_as<float>(), count, static_cast<float>(rank + 1));
     PerReplica<Tensor> v{x->tensor()};
-    auto reg = (*ops)->register_buffers(v);
+    auto reg = ops.register_buffers(v);
     if (!reg.ok()) return kChildFailed;
-    const transports::shm::ShmGroup* shm = shm_group_of(**ops);
+    const transports::shm::ShmGroup* shm = shm_group_of(ops);
     if (shm == nullptr) return kChildFailed;
-    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(60s);
+    const Status s = ops.all_reduce(ReduceOp::kSum, v, v).wait(60s);
     const float* p = x->data_as<float>();
     write_note(dir, rank,
                s.to_string() + " direct=" + std::to_string(shm->registered_direct(reg->id())) +
@@ -1099,15 +1084,12 @@ TEST_P(PollAlways, ResultsAreRightAndASilentPeerIsStillADeadline) {
     GTEST_SKIP() << "backend '" << spec << "' is not built into this tributary";
   }
   const std::string dir = make_temp_dir("poll_always");
-  GroupResult g = run_group(2, 60s, [&](int rank) {
-    auto ctx = group_context(rank, 2, 1, dir);
-    auto ops = builtin_backends().create(spec, *ctx);
-    if (!ops.ok()) return kChildFailed;
+  GroupResult g = run_backend_group(2, dir, spec, [&](int rank, CrossDeviceOps& ops) {
     for (int call = 0; call < 20; ++call) {
       const int64_t count = call % 2 ? 4096 : (1 << 18) + 3;
       std::vector<float> x(static_cast<size_t>(count), static_cast<float>(rank + 1 + call));
       PerReplica<Tensor> v{Tensor(x.data(), DType::kFloat32, Shape{count})};
-      const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      const Status s = ops.all_reduce(ReduceOp::kSum, v, v).wait(30s);
       const float want = static_cast<float>(3 + 2 * call);
       if (!s.ok() || x.front() != want || x.back() != want) {
         write_note(dir, rank, "call " + std::to_string(call) + ": " + s.to_string() +
@@ -1119,7 +1101,7 @@ TEST_P(PollAlways, ResultsAreRightAndASilentPeerIsStillADeadline) {
       std::this_thread::sleep_for(5s);  // alive, connected, but never joins the next collective
       return kChildOk;
     }
-    return all_reduce_until_error(**ops, dir, 1, 1024);
+    return all_reduce_until_error(ops, dir, 1, 1024);
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   EXPECT_EQ(g.children[1].exit_code, kChildOk) << g.describe() << read_note(dir, 1);
