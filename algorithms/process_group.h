@@ -60,8 +60,9 @@ class ProcessGroup {
   // overlapping `data`) receives block rank() of the reduction.
   virtual Status reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count,
                                 DType dtype, ReduceOp op, int64_t mean_divisor) = 0;
-  // Whether reduce_scatter only reads `data` (never as scratch): ProcessGroupOps then passes a
-  // single local replica's input itself, with no copy into staging.
+  // Whether reduce_scatter only reads `data` (never as scratch) and takes for `out` data's own
+  // block rank() too (in place): ProcessGroupOps then passes a single local replica's input and
+  // output themselves, with no copy through staging.
   virtual bool reduce_scatter_reads_only() const { return false; }
 
   // register_buffers (cross_device_ops.h): later all-reduces on exactly `data` (count elements

@@ -334,12 +334,16 @@ Work ProcessGroupOps::reduce_scatter_impl(const CallInfo& call, ReduceOp op,
   const size_t elem = dtype_size(dtype);
   const bool across = group_ != nullptr && world_size() > 1;
   // One local replica, where the group only reads its input: straight from the input into the
-  // output (unless they overlap: in place, the output is a block of the input).
+  // output (apart from it, or in place its own block of it; the front door allows no other).
   const Tensor& in0 = inputs[0];
   const Tensor& out0 = outputs[0];
+  const auto in_at = reinterpret_cast<uintptr_t>(in0.data());
+  const auto out_at = reinterpret_cast<uintptr_t>(out0.data());
+  const bool apart = out_at + out0.nbytes() <= in_at || in_at + in0.nbytes() <= out_at;
+  const bool own_block =
+      across && out_at == in_at + static_cast<uintptr_t>(group_->rank() * count) * elem;
   if (s.ok() && across && local == 1 && group_->reduce_scatter_reads_only() &&
-      (out0.data_as<std::byte>() + out0.nbytes() <= in0.data_as<std::byte>() ||
-       in0.data_as<std::byte>() + in0.nbytes() <= out0.data_as<std::byte>())) {
+      (apart || own_block)) {
     return finish(group_->reduce_scatter(group_call(call), const_cast<void*>(in0.data()),
                                          out0.data(), count, dtype, op, n));
   }

@@ -5,8 +5,8 @@ replica per process.
 
 tributary-bench measures all-reduces only; this covers the other collectives that the direct path
 serves. Busbw follows nccl-tests: all-gather and reduce-scatter (total bytes) x (n-1)/n / time,
-broadcast bytes / time, all-reduce bytes x 2(n-1)/n / time. Each size and line runs --rounds times in a rotated
-order; the median is printed with the range. Run it under the launcher, with the Python module
+broadcast bytes / time, all-reduce bytes x 2(n-1)/n / time. Each size and line runs --rounds
+times in a rotated order; the median is printed with the range. Run it under the launcher, with the Python module
 built (the build tree's python/ on PYTHONPATH):
 
   PYTHONPATH=build/python build/tools/tributary-run -n 2 python3 bench/direct_collectives.py \\
@@ -41,7 +41,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="ring")
     p.add_argument("--sizes", default="1M,16M,64M",
-                   help="bytes per rank's block (all-gather) and message (broadcast, all-reduce)")
+                   help="bytes per rank's block (all-gather, reduce-scatter) and message "
+                        "(broadcast, all-reduce)")
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)

@@ -179,8 +179,8 @@ class CrossDeviceOps {
   // to the same buffers every step (gradient buckets) registers them once, one per local replica
   // (same dtype and count, on the replicas' devices, not overlapping), and a backend may prepare
   // state bound to them. An all_reduce or reduce whose first output (destination) is exactly the
-  // first registered tensor then uses it (ring: all_gather, broadcast and reduce_scatter too). What
-  // it changes per backend:
+  // first registered tensor then uses it (ring: an all_gather's output, a broadcast's destination
+  // and a reduce_scatter's input too). What it changes per backend:
   //   gloo  (several processes) runs its classic algorithm on the first registered buffer itself,
   //         built on first use for each op: no copy in or out (with several local replicas, they
   //         are reduced into it first) and, with verify=false, no exchange among the ranks before
@@ -193,10 +193,11 @@ class CrossDeviceOps {
   //         from all the buffers and writes the result into all of them, with no copy through
   //         slots or the kernel (the direct path; NCCL's symmetric registration of ncclMemAlloc
   //         memory). An all_gather whose output, or a broadcast whose destination, is the
-  //         registered buffer takes it too (each rank copies its peers' blocks, or the root's
-  //         buffer, straight from their buffers into its own), and so does a reduce_scatter
-  //         whose input is, with one local replica per process (each rank reduces its block
-  //         straight from every rank's input into its output). Out of place, an all-reduce's
+  //         registered buffer takes it too (each rank copies its peers' blocks straight from
+  //         their buffers into its own, or its 1/n share of the root's buffer into every other
+  //         rank's), and so does a reduce_scatter whose input is, with one local replica per
+  //         process (each rank reduces its block straight from every rank's input into its
+  //         output). Out of place, an all-reduce's
   //         input that is itself registered (a second registration, as nccl-tests registers send
   //         and receive buffers) is read where it is; any other input is first copied into the
   //         registered output. Where some rank's buffer is ordinary memory or cannot be mapped, no

@@ -431,11 +431,12 @@ void bind_ops(py::module_& m) {
            py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
            "Reduces the replicas' inputs into every output (outputs=None: in place).")
       .def("register_buffers", &register_buffers, py::arg("buffers"),
-           "Registers the buffers later collectives write their results to (one per local "
-           "replica), as NCCL's ncclCommRegister: gloo then runs on them without a copy and, "
-           "with verify=false, without the ranks' agreement per call; ring between processes of "
-           "one host, on arrays from shareable_array, all-reduces, all-gathers and broadcasts "
-           "them straight from every process's array (an all-reduce's registered input too); "
+           "Registers buffers that later collectives use (one per local replica), as NCCL's "
+           "ncclCommRegister: gloo then all-reduces into them without a copy and, with "
+           "verify=false, without the ranks' agreement per call; ring between processes of one "
+           "host, on arrays from shareable_array, runs all-reduces, all-gathers and broadcasts "
+           "into them and reduce-scatters (and out-of-place all-reduces) from them straight "
+           "from every process's array; "
            "other backends change nothing. Collective: every process registers, uses and "
            "releases at the same points. Returns a Registration (release(), or use it in a "
            "`with` block).")

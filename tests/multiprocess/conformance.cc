@@ -131,10 +131,20 @@ class Matrix {
     }
     return true;
   }
-  bool takes_direct_path(uint64_t id) const {
+  const transports::shm::ShmGroup* shm_group() const {
     const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(&ops_);
-    const auto* shm = pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
-    return shm != nullptr && shm->registered_direct(id);
+    return pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+  }
+  bool takes_direct_path(uint64_t id) const {
+    return shm_group() != nullptr && shm_group()->registered_direct(id);
+  }
+  uint64_t direct_calls() const { return shm_group() ? shm_group()->direct_calls() : 0; }
+  // Where the direct path is expected (`takes`, and over 16 KiB): that the call counted from
+  // `before` took it, rather than the slots.
+  void expect_direct_call(const std::string& what, uint64_t before, size_t bytes, bool takes) {
+    if (direct_ && takes && bytes > (size_t{16} << 10) && direct_calls() == before) {
+      fail(what, "the call on registered shareable buffers did not take the direct path");
+    }
   }
   static std::string name(const char* c, ReduceOp op, DType t, int64_t n, bool in_place) {
     return std::string(c) + " " + std::string(reduce_op_name(op)) + " " +
@@ -167,9 +177,11 @@ class Matrix {
         (!in_place && !register_shareable(what, in, &registrations))) {
       return;
     }
+    const uint64_t direct_before = direct_calls();
     if (!run_or_refused(what, Collective::kAllReduce, op, t,
                         ops_.all_reduce(op, in.views, dst.views)))
       return;
+    expect_direct_call(what, direct_before, dst.views[0].nbytes(), true);
     if (!moved(what, dst.download())) return;
     const int n = ops_.num_replicas_in_sync();
     for (int64_t i = 0; i < count; ++i) {
@@ -208,17 +220,20 @@ class Matrix {
     const int n = ops_.num_replicas_in_sync();
     DeviceBuffers in(t, count * n, ops_.devices(), shareable_), out(t, count, ops_.devices());
     if (!staged(what, op, in, out)) return;
-    // Shareable, out of place: the input registered (ring reads every rank's where it is).
+    // Shareable: the input registered (ring reads every rank's where it is, with one local
+    // replica per process).
     std::vector<BufferRegistration> registrations;
-    if (!in_place && !register_shareable(what, in, &registrations)) return;
+    if (!register_shareable(what, in, &registrations)) return;
     PerReplica<Tensor> dst = out.views;
     for (size_t k = 0; k < in.views.size(); ++k) {
       // In place: each replica's own block of its input.
       if (in_place) dst[k] = in.views[k].slice(global(k) * count, count);
     }
+    const uint64_t direct_before = direct_calls();
     if (!run_or_refused(what, Collective::kReduceScatter, op, t,
                         ops_.reduce_scatter(op, in.views, dst)))
       return;
+    expect_direct_call(what, direct_before, in.views[0].nbytes(), ops_.devices().size() == 1);
     const DeviceBuffers& result = in_place ? in : out;
     if (!moved(what, result.download())) return;
     for (size_t k = 0; k < dst.size(); ++k) {
@@ -289,10 +304,12 @@ class Matrix {
     }
     if (!moved(what, out.upload()) || !moved(what, src.upload())) return;
     const Tensor source = in_place ? out.views[0] : src.views[0];
+    const uint64_t direct_before = direct_calls();
     if (!run_or_refused(what, Collective::kBroadcast, ReduceOp::kSum, t,
                         ops_.broadcast(source, Mirrored<Tensor>(out.views.values()), root))) {
       return;
     }
+    expect_direct_call(what, direct_before, out.views[0].nbytes(), true);
     if (!moved(what, out.download())) return;
     for (const Tensor& o : out.hosts) {
       for (int64_t i = 0; i < count; ++i) check(what, o, i, exact_value(ReduceOp::kMax, 3, i));
@@ -316,9 +333,11 @@ class Matrix {
         dtype_store(t, host.data(), at + i, exact_value(ReduceOp::kMax, global(k), i));
     }
     if (!moved(what, in.upload()) || !moved(what, out.upload())) return;
+    const uint64_t direct_before = direct_calls();
     if (!run_or_refused(what, Collective::kAllGather, ReduceOp::kSum, t,
                         ops_.all_gather(src, out.views)))
       return;
+    expect_direct_call(what, direct_before, out.views[0].nbytes(), true);
     if (!moved(what, out.download())) return;
     for (const Tensor& o : out.hosts) {
       for (int g = 0; g < n; ++g) {

@@ -43,9 +43,10 @@ namespace tributary::testing {
 // CPU replicas meet in one group, and a process may hold both.
 // kCpuShareable: CPU:k; the buffers of all-reduces, all-gathers and broadcasts, and
 // reduce-scatters' inputs, from Buffer::allocate_shareable; the outputs of the first three (and
-// out-of-place all-reduces' and reduce-scatters' inputs) registered (register_buffers) before the
-// call and released after it; for ring on one host a registration over 16 KiB must take shared
-// memory's direct path (every rank maps every rank's buffer).
+// out-of-place all-reduces' and every reduce-scatter's inputs) registered (register_buffers)
+// before the call and released after it; for ring on one host a registration over 16 KiB must
+// take shared memory's direct path (every rank maps every rank's buffer), and so must each such
+// call (reduce-scatters with one local replica per process).
 enum class DeviceKind { kCpu, kGpu, kGpuShared, kMixed, kCpuShareable };
 inline void PrintTo(DeviceKind kind, std::ostream* os) {
   *os << (kind == DeviceKind::kGpu           ? "GPU"

@@ -619,7 +619,7 @@ Buffer shareable_filled(int64_t count, float value) {
 }
 
 // A peer killed while the others write into its buffer or read from it: 16 MiB direct
-// all-reduces, all-gathers (4 MiB per rank), broadcasts or reduce-scatters (from the buffer into
+// all-reduces, all-gathers (16/3 MiB per rank), broadcasts or reduce-scatters (from the buffer into
 // ordinary memory) back to back, rank 1 killed by a thread
 // of its own 300 ms in. Every survivor fails within the timeout naming rank 1 (the kill is seen in
 // a wait, through its pidfd), and once the registration and the instance are gone nothing is left

@@ -347,8 +347,10 @@ struct ShmGroup::Impl {
   // buffer (an error once a peer gave up: that peer may have handed its buffers back to its
   // caller), then `consumed` (the exit barrier). On failure this rank tells its peers and waits
   // until none still reads or writes its buffers.
+  uint64_t direct_calls = 0;  // run on the direct path (ShmGroup::direct_calls)
   template <typename Body>
   Status direct_call(const GroupCall& call, SlotHeader header, Body&& body) {
+    ++direct_calls;
     header.single_copy = kHeaderDirect;
     const uint64_t g = next_chunk++;
     auto gave_up = [&]() -> Status {
@@ -613,8 +615,8 @@ Status ShmGroup::Impl::register_buffer(const GroupCall& call, uint64_t id, std::
   }
   publish(Field::kConsumed, g2 + 1);
   registration_notes[id] =
-      mapped ? "all-reduces, all-gathers and broadcasts on it read and write every rank's buffer "
-               "directly (shared memory, no copies)"
+      mapped ? "collectives on it (all-reduce, all-gather, broadcast, reduce-scatter) read and "
+               "write every rank's buffer directly (shared memory, no copies)"
              : "collectives on it take the usual shared-memory path: " + why_not;
   if (mapped) direct.emplace(id, std::move(d));
   return Status();
@@ -786,8 +788,8 @@ Status ShmGroup::Impl::reduce_scatter(const GroupCall& call, const std::byte* in
                                       int64_t count, DType dtype, ReduceOp op,
                                       int64_t mean_divisor) {
   const size_t elem = dtype_size(dtype);
-  if (const Direct* d = direct_at(in, static_cast<size_t>(count) * elem * static_cast<size_t>(size));
-      d != nullptr) {
+  const size_t total = static_cast<size_t>(count) * elem * static_cast<size_t>(size);
+  if (const Direct* d = direct_at(in, total); d != nullptr) {
     return reduce_scatter_direct(call, *d, out, count, dtype, op, mean_divisor);
   }
   const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
@@ -1082,6 +1084,7 @@ std::string ShmGroup::describe_registration(uint64_t id) const {
 }
 
 bool ShmGroup::registered_direct(uint64_t id) const { return impl_->direct.count(id) != 0; }
+uint64_t ShmGroup::direct_calls() const { return impl_->direct_calls; }
 
 void ShmGroup::abort(const Status& why) { impl_->fail(why); }
 

@@ -35,9 +35,9 @@
 // mid-read is ESRCH, an error naming it as in a wait.
 //
 // Direct (all-reduces, all-gathers and broadcasts over `small_bytes` on a registered buffer that
-// every rank allocated with Buffer::allocate_shareable, and reduce-scatters from one): at registration every rank publishes the
-// buffer's memfd and offset in a slot header, maps every peer's through /proc/<pid>/fd/<fd>, and
-// says whether that worked; if every rank mapped every peer, the registration's all-reduces
+// every rank allocated with Buffer::allocate_shareable, and reduce-scatters from one): at
+// registration every rank publishes the buffer's memfd and offset in a slot header, maps every
+// peer's through /proc/<pid>/fd/<fd>, and says whether that worked; if every rank mapped every peer, the registration's all-reduces
 // neither stage nor copy through the kernel: after a header round (the entry barrier, with the
 // checks above; the header also names the registration, so ranks on two registrations of one size
 // are a mismatch), each rank reduces piece `rank` straight from every rank's buffer, a slot-sized
@@ -47,9 +47,11 @@
 // mapped as the output is) names that registration in its header and the peers read the input
 // where it is; any other input is copied into the output first. All-gathers and broadcasts on a
 // registered buffer take the same frame (entry barrier, blocks, exit barrier): each rank copies
-// every peer's block (all-gather) or the root's buffer (broadcast) from the peer's mapping into
-// its own buffer, writing nothing of a peer's; a reduce-scatter whose input is a registered
-// buffer reduces block `rank` from every rank's input into its (any) output. A registration
+// every peer's block from the peer's mapping into
+// its own buffer (all-gather: it writes nothing of a peer's), or each rank, the root too, copies
+// its 1/n share of the root's buffer into every other rank's (broadcast); a reduce-scatter whose
+// input is a registered buffer reduces block `rank` from every rank's input into its (any)
+// output. A registration
 // serves its buffer or a prefix of
 // it; a buffer freed while registered (its allocation's serial changed) is an error. A rank that
 // fails in the middle waits until every live peer past the entry barrier has stopped reading or
@@ -120,13 +122,15 @@ class ShmGroup final : public algorithms::ProcessGroup {
                         DType dtype, ReduceOp op, int64_t mean_divisor) override;
   bool reduce_scatter_reads_only() const override { return true; }
   // A buffer from Buffer::allocate_shareable on every rank is mapped by every rank (the direct
-  // path, above), for all-reduces on it or on a prefix of it; any other registration prepares
+  // path, above), for collectives on it or on a prefix of it; any other registration prepares
   // nothing.
   Status register_buffer(const algorithms::GroupCall& call, uint64_t id, void* data, int64_t count,
                          DType dtype) override;
   void release_buffer(uint64_t id) override;
   // Whether registration `id` takes the direct path (every rank maps every rank's buffer).
   bool registered_direct(uint64_t id) const;
+  // Collectives this rank has run on the direct path (for tests: that a call took it).
+  uint64_t direct_calls() const;
   std::string describe_registration(uint64_t id) const override;
   bool wants_shareable_staging() const override;
   void abort(const Status& why) override;
