@@ -221,6 +221,15 @@ void expect_survivors_name_killed_rank_1(const GroupResult& g, const std::string
   EXPECT_EQ(segments_left(dev_shm_before, g), "");
 }
 
+// Writes a call's outcome in `rank`'s note ("<status>\nseconds=<since start>") and returns the
+// child's exit code for it: kChildOk when it succeeded, else kChildSawError.
+int note_outcome(const std::string& dir, int rank, const Status& s, Clock::time_point start) {
+  write_note(dir, rank,
+             s.to_string() + "\nseconds=" +
+                 std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
+  return s.ok() ? kChildOk : kChildSawError;
+}
+
 // Runs `body(rank, ops)` in `n` processes, each with a `spec` backend made from the group's
 // context (a child whose backend cannot be made fails with kChildFailed); 60 s watchdog.
 template <typename Body>
@@ -436,10 +445,7 @@ TEST_P(RingFaults, CallRefusedOnOneRankFailsThePeersQuickly) {
     PerReplica<Tensor> y{Tensor(out.data(), DType::kFloat32, static_cast<int64_t>(out.size()))};
     const auto start = Clock::now();
     Status s = (*ops)->all_reduce(ReduceOp::kSum, x, y).wait(60s);
-    write_note(dir, rank,
-               s.to_string() + "\nseconds=" +
-                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
-    return s.ok() ? kChildOk : kChildSawError;
+    return note_outcome(dir, rank, s, start);
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   EXPECT_NE(read_note(dir, 1).find("invalid_argument: all_reduce: outputs[0] has 63 elements"),
@@ -750,10 +756,7 @@ TEST(SharedMemoryDirect, ARankOffTheRegisteredBufferIsAMismatchOnEveryRank) {
     PerReplica<Tensor> w{rank == 2 ? other.tensor() : x.tensor()};
     const auto start = Clock::now();
     const Status s = ops.all_reduce(ReduceOp::kSum, w, w).wait(60s);
-    write_note(dir, rank,
-               s.to_string() + "\nseconds=" +
-                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
-    return s.ok() ? kChildOk : kChildSawError;
+    return note_outcome(dir, rank, s, start);
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   for (int r = 0; r < 3; ++r) {
@@ -873,10 +876,7 @@ TEST(SharedMemoryDirect, AnInputRegistrationReleasedOnOneRankIsAnErrorOnEveryRan
     if (rank == 2) rx->release();
     const auto start = Clock::now();
     const Status s = ops.all_reduce(ReduceOp::kSum, vx, vy).wait(60s);
-    write_note(dir, rank,
-               s.to_string() + "\nseconds=" +
-                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
-    return s.ok() ? kChildOk : kChildSawError;
+    return note_outcome(dir, rank, s, start);
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   for (int r = 0; r < 3; ++r) {
