@@ -23,13 +23,6 @@ using algorithms::parse_algorithm;
 
 using algorithms::HostLayout;
 
-// shm_single_copy=auto: all-reduces of these sizes read the peers' buffers. Measured on a 2-vCPU
-// Intel Xeon VM, 2 processes, float32 sum, interleaved with the slots (README, "The ring
-// backend"): ahead by 15-50% from 2 to 32 MiB, level at 64 MiB (5-20% behind there with 4
-// processes on the 2 cores), 5-8% behind at 256 MiB in place, and behind at 256-512 KiB in place.
-constexpr size_t kSingleCopyAutoMinBytes = size_t{2} << 20;
-constexpr size_t kSingleCopyAutoMaxBytes = size_t{32} << 20;
-
 // What every rank must agree on, as text (checked by the transports' handshakes).
 std::string layout_text(const BackendContext& context, const Options& options) {
   return algorithms::transport_group_layout(context, options) +
@@ -83,15 +76,8 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
   transports::shm::ShmGroupOptions o;
   const uint64_t chunk = options.get_size("shm_chunk_bytes");
-  if (chunk != 0) o.slot_bytes = chunk;
+  if (chunk != 0) o.slot_bytes = o.single_copy_block_bytes = chunk;
   const std::string single_copy = options.get_string("shm_single_copy");
-  if (single_copy == "on") {
-    o.single_copy_min_bytes = 0;
-    o.single_copy_required = true;
-  } else if (single_copy == "auto") {
-    o.single_copy_min_bytes = kSingleCopyAutoMinBytes;
-    o.single_copy_max_bytes = kSingleCopyAutoMaxBytes;
-  }
   o.timeout = options.get_duration("timeout");
   const std::string poll = options.get_string("poll");
   const auto cores = static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
@@ -104,6 +90,14 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   // sleeping; the rank being waited for usually runs within that, and a futex wake-up would cost
   // tens of microseconds per step (4 ranks on 2 cores, 4 KiB: 62 us with futexes, 13 us so).
   if (poll == "auto" && oversubscribed) o.yield = std::chrono::milliseconds(1);
+  // shm_single_copy=auto: every all-reduce over the latency path's 16 KiB where every process may
+  // reach its peers' memory, or from 1 MiB with more ranks than cores. Measured on a 2-vCPU Intel
+  // Xeon VM, float32 sum in place, interleaved with the slots (README, "The ring backend"): with 2
+  // processes ahead at every size from 64 KiB to 256 MiB (1.4x at 64 KiB, 2.4x at 1 MiB, 1.2-1.3x
+  // at 256 MiB); with 4 on the 2 cores behind to 512 KiB (0.6-0.7x at 32-64 KiB), ahead from 1 MiB.
+  if (single_copy == "on") o.single_copy_min_bytes = 0;
+  if (single_copy == "auto") o.single_copy_min_bytes = oversubscribed ? size_t{1} << 20 : 0;
+  o.single_copy_required = single_copy == "on";
   o.global_ranks = members;
   // The secret is not sent anywhere: a digest of it (with the cluster) must match, so that a
   // process without it cannot join, as over TCP.
@@ -189,19 +183,23 @@ Status register_ring(BackendRegistry& registry) {
            .type = OptionType::kSize,
            .default_value = "0",
            .help = "shared memory: collectives move through each process's slots in chunks of this "
-                   "size; 0 = auto (512KiB)",
+                   "size, and single copy reads and writes blocks of this size; 0 = auto (512KiB "
+                   "slots, "
+                   "256KiB blocks)",
            .min = 0},
           {.name = "shm_single_copy",
            .type = OptionType::kEnum,
            .default_value = "auto",
-           .help = "shared memory: large all-reduces read each peer's buffer straight from its "
-                   "process (process_vm_readv, as Open MPI's vader and UCX's cma do) instead of "
-                   "going through the slots, so that each byte crosses between processes once "
-                   "instead of twice: auto from 2MiB to 32MiB (where it was measured ahead) where "
-                   "every process may read its peers' memory (same user, and Yama's "
-                   "ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), on for every all-reduce "
-                   "over 16KiB (setup fails where it is refused), off never; every process must "
-                   "use the same",
+           .help =
+               "shared memory: all-reduces read each peer's share of the input straight "
+               "from its process and write the results straight into its output "
+               "(process_vm_readv/writev, as Open MPI's vader and UCX's cma do) instead of "
+               "going through the slots, so that each byte crosses between processes once "
+               "instead of twice: auto for every all-reduce over 16KiB (from 1MiB with more "
+               "processes than cores) where every process may reach its peers' memory (same "
+               "user, and Yama's ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), on for "
+               "every all-reduce over 16KiB (setup fails where it is refused), off never; every "
+               "process must use the same",
            .choices = {"auto", "on", "off"}},
           {.name = "authenticate_frames",
            .type = OptionType::kBool,

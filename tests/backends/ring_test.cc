@@ -10,9 +10,13 @@ TEST(RingCapabilities, EveryCollectiveOpAndDtypeOnCpu) {
 
 // Every process here is on one host: "ring" goes through shared memory, intra_host=net through TCP.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
-TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks, "ring:shm_chunk_bytes=4KiB");
-// Every all-reduce over 16 KiB reads the peers' buffers (auto does so only from 2 MiB, larger than
-// the suite's), in blocks of 4 KiB: many blocks per piece, and short last pieces.
+// The slots for every collective (auto's all-reduces over 16 KiB take single copy), in chunks of
+// 4 KiB.
+TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks,
+                                   "ring:shm_chunk_bytes=4KiB,shm_single_copy=off");
+// Every all-reduce over 16 KiB reads the peers' inputs and writes into their outputs (auto does so
+// only from 1 MiB where the suite's ranks outnumber the cores), in blocks of 4 KiB: many blocks per
+// piece, and short last pieces.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSingleCopy, "ring:shm_single_copy=on,shm_chunk_bytes=4KiB");
 // Buffers from Buffer::allocate_shareable, every all-reduce's outputs registered: the direct path
 // (each rank reduces its piece from every rank's buffer and writes it into all), in blocks of 4 KiB.

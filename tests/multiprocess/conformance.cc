@@ -547,7 +547,7 @@ TEST_P(MultiProcessConformance, EveryCollective) {
                      spec.c_str(), group.c_str());
         return kChildFailed;
       }
-      // And with single copy asked for, its all-reduces read the peers' buffers.
+      // And with single copy asked for, its all-reduces read and write the peers' buffers.
       if (single_copy && group.find("(single copy)") == std::string::npos) {
         std::fprintf(stderr, "[rank %d] '%s' runs over '%s', without single copy\n", rank,
                      spec.c_str(), group.c_str());

@@ -562,7 +562,8 @@ TEST(SharedMemorySingleCopy, OnFailsEveryRankAtSetupWhereOneMayNotReadItsPeers) 
       EXPECT_NE(note.find("Operation not permitted"), std::string::npos) << note;
       EXPECT_NE(note.find("ptrace_scope"), std::string::npos) << note;
     } else {
-      EXPECT_NE(note.find("rank 1 may not read the memory of its peers"), std::string::npos)
+      EXPECT_NE(note.find("rank 1 may not read and write the memory of its peers"),
+                std::string::npos)
           << note;
     }
   }

@@ -1,8 +1,8 @@
-// read_peer_memory (shm_segment.h), the read under shared memory's single-copy all-reduce: it reads
-// another process's pages, and says ESRCH once that process is gone (what turns a peer killed in
-// the middle of a single-copy all-reduce into an error naming it). Shareable buffers
-// (Buffer::allocate_shareable) and PeerBuffer, the mapping under the direct path: a forked child
-// maps the parent's buffer through /proc/<pid>/fd and writes into it.
+// peer_memory (shm_segment.h), the reads and writes under shared memory's single-copy all-reduce:
+// it reads and writes another process's pages, and says ESRCH once that process is gone (what turns
+// a peer killed in the middle of a single-copy all-reduce into an error naming it). Shareable
+// buffers (Buffer::allocate_shareable) and PeerBuffer, the mapping under the direct path: a forked
+// child maps the parent's buffer through /proc/<pid>/fd and writes into it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -22,7 +22,7 @@ namespace {
 // At the same address in the parent and in a forked child; the child writes its own values.
 std::array<uint32_t, 4096> g_pages;
 
-TEST(ReadPeerMemory, ReadsAnotherProcesssPagesThenSaysItIsGone) {
+TEST(PeerMemory, ReadsAndWritesAnotherProcesssPagesThenSaysItIsGone) {
   g_pages.fill(1);
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
@@ -41,23 +41,36 @@ TEST(ReadPeerMemory, ReadsAnotherProcesssPagesThenSaysItIsGone) {
   close(ready[0]);
   close(ready[1]);
 
+  const auto at = reinterpret_cast<uintptr_t>(g_pages.data());
   std::array<uint32_t, 4096> got{};
-  const int e =
-      read_peer_memory(child, got.data(), reinterpret_cast<uintptr_t>(g_pages.data()), sizeof got);
-  EXPECT_EQ(e, 0);
+  EXPECT_EQ(peer_memory(child, got.data(), at, sizeof got, PeerAccess::kRead), 0);
   EXPECT_EQ(got.front(), 7u);  // the child's values, not this process's
   EXPECT_EQ(got.back(), 9u);
   EXPECT_EQ(g_pages.front(), 1u);
 
-  // An address the child does not map is EFAULT, not a crash or a silent short read.
-  EXPECT_EQ(read_peer_memory(child, got.data(), 4096, sizeof got), EFAULT);
+  // A write lands in the child's pages (read back from there), not in this process's; from an
+  // offset that is not a page boundary, across pages.
+  std::array<uint32_t, 2000> put;
+  put.fill(5);
+  EXPECT_EQ(
+      peer_memory(child, put.data(), at + 1000 * sizeof(uint32_t), sizeof put, PeerAccess::kWrite),
+      0);
+  EXPECT_EQ(peer_memory(child, got.data(), at, sizeof got, PeerAccess::kRead), 0);
+  EXPECT_EQ(got[999], 7u);
+  EXPECT_EQ(got[1000], 5u);
+  EXPECT_EQ(got[2999], 5u);
+  EXPECT_EQ(got[3000], 7u);
+  EXPECT_EQ(g_pages[1000], 1u);
+
+  // An address the child does not map is EFAULT, not a crash or a silent short read or write.
+  EXPECT_EQ(peer_memory(child, got.data(), 4096, sizeof got, PeerAccess::kRead), EFAULT);
+  EXPECT_EQ(peer_memory(child, got.data(), 4096, sizeof got, PeerAccess::kWrite), EFAULT);
 
   ASSERT_EQ(kill(child, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_EQ(read_peer_memory(child, got.data(), reinterpret_cast<uintptr_t>(g_pages.data()),
-                             sizeof got),
-            ESRCH);
+  EXPECT_EQ(peer_memory(child, got.data(), at, sizeof got, PeerAccess::kRead), ESRCH);
+  EXPECT_EQ(peer_memory(child, got.data(), at, sizeof got, PeerAccess::kWrite), ESRCH);
 }
 
 TEST(ShareableBuffer, IsFoundByAnyRangeInsideItAndNotOnceFreed) {

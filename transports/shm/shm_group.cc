@@ -30,7 +30,7 @@ using algorithms::GroupCall;
 using algorithms::MessageTag;
 using Clock = std::chrono::steady_clock;
 
-enum class Field { kStaged, kReduced, kConsumed, kBlocks };
+enum class Field { kStaged, kReduced, kConsumed };
 
 const char* verb(Field f) {
   switch (f) {
@@ -40,8 +40,6 @@ const char* verb(Field f) {
       return "reduce its piece of";
     case Field::kConsumed:
       return "finish reading";
-    case Field::kBlocks:
-      return "reduce its next block of";
   }
   return "";
 }
@@ -106,10 +104,9 @@ struct ShmGroup::Impl {
   std::vector<PeerProcess> procs;  // by local rank (this rank's own is empty)
   uint64_t next_chunk = 0;         // chunks every rank has walked so far
   Status error;
-  // Large all-reduces read the peers' buffers (every rank found at setup that it may).
+  // All-reduces read and write the peers' buffers (every rank found at setup that it may).
   bool single_copy = false;
-  std::vector<std::byte> scratch;  // single copy: a slot-sized block for each peer
-  uint64_t blocks_done = 0;        // single copy: blocks every rank has walked so far
+  std::vector<std::byte> scratch;  // single copy: a block for each peer
 
   // A registered buffer that every rank allocated shareable and maps (the direct path).
   struct Direct {
@@ -136,11 +133,9 @@ struct ShmGroup::Impl {
       case Field::kReduced:
         return c.reduced.value;
       case Field::kConsumed:
-        return c.consumed.value;
-      case Field::kBlocks:
         break;
     }
-    return c.blocks.value;
+    return c.consumed.value;
   }
   size_t slot_of(uint64_t g) const { return static_cast<size_t>(g % options.slots); }
   std::byte* slot(int r, uint64_t g) { return maps[static_cast<size_t>(r)].data(slot_of(g)); }
@@ -301,14 +296,20 @@ struct ShmGroup::Impl {
     return s;
   }
 
-  // Copies `bytes` at `remote` in rank `r`'s address space into `local` (single copy).
-  Status read_peer(int r, void* local, uint64_t remote, size_t bytes, const GroupCall& call) {
-    const int e = read_peer_memory(procs[static_cast<size_t>(r)].pid(), local, remote, bytes);
+  // Copies `bytes` between `local` and `remote` in rank `r`'s address space (single copy).
+  Status access_peer(int r, void* local, uint64_t remote, size_t bytes, PeerAccess access,
+                     const GroupCall& call) {
+    const int e = peer_memory(procs[static_cast<size_t>(r)].pid(), local, remote, bytes, access);
     if (e == 0) return Status();
     if (Status s = peer_trouble(call.tag); !s.ok()) return s;
-    if (e == ESRCH) return unavailable(exited(r, "read its data for " + call.tag.describe()));
-    return unavailable("cannot read the buffer of " + name(r) + " for " + call.tag.describe() +
-                       " (process_vm_readv: " + std::strerror(e) +
+    const bool read = access == PeerAccess::kRead;
+    if (e == ESRCH) {
+      return unavailable(exited(r, std::string(read ? "read its data" : "write its result") +
+                                       " for " + call.tag.describe()));
+    }
+    return unavailable(std::string("cannot ") + (read ? "read" : "write") + " the buffer of " +
+                       name(r) + " for " + call.tag.describe() + " (" +
+                       (read ? "process_vm_readv" : "process_vm_writev") + ": " + std::strerror(e) +
                        "); set shm_single_copy=off to exchange data through the slots");
   }
 
@@ -352,6 +353,12 @@ struct ShmGroup::Impl {
   Status direct_call(const GroupCall& call, SlotHeader header, Body&& body) {
     ++direct_calls;
     header.single_copy = kHeaderDirect;
+    return framed_call(call, header, std::forward<Body>(body));
+  }
+  // direct_call's frame, for any call whose ranks write into each other's buffers (the direct path,
+  // and single copy's writes into the peers' outputs).
+  template <typename Body>
+  Status framed_call(const GroupCall& call, const SlotHeader& header, Body&& body) {
     const uint64_t g = next_chunk++;
     auto gave_up = [&]() -> Status {
       for (int r = 0; r < size; ++r) {
@@ -475,8 +482,12 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
   return Status();
 }
 
-// The single-copy all-reduce (see the header): one slot carries the header with the addresses; the
-// data moves between the ranks' own buffers. Each piece is reduced by one rank, from every rank's
+// The single-copy all-reduce (see the header), in direct_call's frame: the header round carries
+// every rank's input and output address; then each rank reduces its 1/n share a block at a time,
+// reading each peer's input of the block into a scratch block (which stays in the cache), reducing
+// it with its own input into its output, and writing the result from there into every peer's
+// output. Each share of every rank's buffers is read and written by its reducer alone, so in place
+// too no rank waits on another between the barriers; and each piece is reduced from every rank's
 // input in rank order, so that every rank ends with the same bits, as on the slot path.
 Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* out,
                                               const std::byte* in, int64_t count, DType dtype,
@@ -487,69 +498,45 @@ Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* 
   header.single_copy = kHeaderSingleCopy;
   header.source_address = reinterpret_cast<uintptr_t>(in);
   header.output_address = reinterpret_cast<uintptr_t>(out);
-  const uint64_t g = next_chunk++;
-  TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [](std::byte*) {}));
-  std::vector<uint64_t> sources(static_cast<size_t>(size)), outputs(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    const SlotHeader& h = maps[static_cast<size_t>(r)].header(slot_of(g));
-    sources[static_cast<size_t>(r)] = h.source_address;
-    outputs[static_cast<size_t>(r)] = h.output_address;
-  }
   const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
-  const int64_t block = std::max<int64_t>(align, static_cast<int64_t>(options.slot_bytes / elem) /
-                                                     align * align);
-  const int64_t blocks = (piece + block - 1) / block;  // per piece; a short last piece has fewer
-  // Block k of rank r's piece, as elements [first, second) of the message (empty past its end).
-  auto block_range = [&](int r, int64_t k) {
-    const int64_t piece_end = std::min<int64_t>(count, piece * (r + 1));
-    const int64_t b = std::min<int64_t>(piece_end, piece * r + block * k);
-    return std::pair<int64_t, int64_t>(b, std::min<int64_t>(piece_end, b + block));
-  };
-  const uint64_t base = blocks_done;
-  blocks_done += static_cast<uint64_t>(blocks);
-  std::vector<const void*> srcs(static_cast<size_t>(size));
-  // Block k of this rank's piece: each peer's part read into its scratch block (which stays in
-  // the cache), then reduced with this rank's own input into its output; then block k-1 of every
-  // other piece, read from its reducer's output while it is still in that core's cache. A peer
-  // has read this rank's input of a block before it publishes that block reduced, so writing the
-  // block's result here is safe in place too.
-  for (int64_t k = 0; k <= blocks; ++k) {
-    if (k < blocks) {
-      const auto [b, e] = block_range(rank, k);
-      if (e > b) {
-        const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(e - b) * elem;
-        for (int r = 0; r < size; ++r) {
-          if (r == rank) {
-            srcs[static_cast<size_t>(r)] = in + off;
-            continue;
-          }
-          std::byte* to =
-              scratch.data() + static_cast<size_t>(r < rank ? r : r - 1) * options.slot_bytes;
-          TRIBUTARY_RETURN_IF_ERROR(
-              read_peer(r, to, sources[static_cast<size_t>(r)] + off, len, call));
-          srcs[static_cast<size_t>(r)] = to;
-        }
-        void* dst = out + off;
-        algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1),
-                           static_cast<size_t>(e - b), mean_divisor);
-      }
-      publish(Field::kBlocks, base + static_cast<uint64_t>(k) + 1);
-    }
-    if (k == 0) continue;
+  const int64_t block = std::max<int64_t>(
+      align, static_cast<int64_t>(options.single_copy_block_bytes / elem) / align * align);
+  const int64_t first = std::min<int64_t>(count, piece * rank);
+  const int64_t last = std::min<int64_t>(count, first + piece);
+  return framed_call(call, header, [&](uint64_t g, auto& gave_up) -> Status {
+    std::vector<uint64_t> sources(static_cast<size_t>(size)), outputs(static_cast<size_t>(size));
     for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
-      const auto [b, e] = block_range(r, k - 1);
-      if (e <= b) continue;
-      TRIBUTARY_RETURN_IF_ERROR(wait_one(r, Field::kBlocks, base + static_cast<uint64_t>(k), call));
-      const size_t off = static_cast<size_t>(b) * elem;
-      TRIBUTARY_RETURN_IF_ERROR(read_peer(r, out + off, outputs[static_cast<size_t>(r)] + off,
-                                          static_cast<size_t>(e - b) * elem, call));
+      const SlotHeader& h = maps[static_cast<size_t>(r)].header(slot_of(g));
+      sources[static_cast<size_t>(r)] = h.source_address;
+      outputs[static_cast<size_t>(r)] = h.output_address;
     }
-  }
-  publish(Field::kConsumed, g + 1);
-  // The peers read this rank's input and output until they publish theirs: only then may the
-  // caller have its buffers back.
-  return wait_all(Field::kConsumed, g + 1, call);
+    std::vector<const void*> srcs(static_cast<size_t>(size));
+    for (int64_t b = first; b < last; b += block) {
+      TRIBUTARY_RETURN_IF_ERROR(gave_up());
+      const int64_t n = std::min<int64_t>(block, last - b);
+      const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(n) * elem;
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) {
+          srcs[static_cast<size_t>(r)] = in + off;
+          continue;
+        }
+        std::byte* to = scratch.data() +
+                        static_cast<size_t>(r < rank ? r : r - 1) * options.single_copy_block_bytes;
+        TRIBUTARY_RETURN_IF_ERROR(access_peer(r, to, sources[static_cast<size_t>(r)] + off, len,
+                                              PeerAccess::kRead, call));
+        srcs[static_cast<size_t>(r)] = to;
+      }
+      void* dst = out + off;
+      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
+                         mean_divisor);
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        TRIBUTARY_RETURN_IF_ERROR(access_peer(r, out + off, outputs[static_cast<size_t>(r)] + off,
+                                              len, PeerAccess::kWrite, call));
+      }
+    }
+    return Status();
+  });
 }
 
 // Registration, in two header-only rounds: every rank publishes where its buffer lies (its memfd
@@ -967,13 +954,22 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
     std::string& refused = own_refusal;
     for (int peer = 0; peer < size && refused.empty(); ++peer) {
       if (peer == rank) continue;
+      // Reads the peer's segment magic where the peer maps it, then writes the same value back
+      // (single copy writes its results into the peers' outputs): the kernel asks the same of
+      // both, but a seccomp filter may allow only one.
+      const int64_t pid = impl->procs[static_cast<size_t>(peer)].pid();
       uint64_t magic = 0;
-      const int e = read_peer_memory(impl->procs[static_cast<size_t>(peer)].pid(), &magic,
-                                     impl->ctl(peer).self_address, sizeof magic);
+      int e =
+          peer_memory(pid, &magic, impl->ctl(peer).self_address, sizeof magic, PeerAccess::kRead);
+      const char* call = "process_vm_readv";
+      if (e == 0 && magic == kSegmentMagic) {
+        e = peer_memory(pid, &magic, impl->ctl(peer).self_address, sizeof magic,
+                        PeerAccess::kWrite);
+        call = "process_vm_writev";
+      }
       if (e != 0 || magic != kSegmentMagic) {
-        refused = "reading the memory of " + impl->name(peer) + " (process " +
-                  std::to_string(impl->procs[static_cast<size_t>(peer)].pid()) +
-                  ") with process_vm_readv failed: " +
+        refused = "reaching the memory of " + impl->name(peer) + " (process " +
+                  std::to_string(pid) + ") with " + call + " failed: " +
                   (e != 0 ? std::string(std::strerror(e)) : std::string("it read back wrong"));
       }
     }
@@ -1002,13 +998,14 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
       if (impl->ctl(r).single_copy.load(std::memory_order_acquire) == kSingleCopyReadable) continue;
       impl->single_copy = false;
       if (options.single_copy_required) {
-        return failed_precondition(who + ": shm_single_copy=on, but " + impl->name(r) +
-                                   " may not read the memory of its peers (its own error says "
-                                   "why); set shm_single_copy=auto to use the slots there");
+        return failed_precondition(
+            who + ": shm_single_copy=on, but " + impl->name(r) +
+            " may not read and write the memory of its peers (its own error says "
+            "why); set shm_single_copy=auto to use the slots there");
       }
     }
     if (impl->single_copy) {
-      impl->scratch.resize(static_cast<size_t>(size - 1) * options.slot_bytes);
+      impl->scratch.resize(static_cast<size_t>(size - 1) * options.single_copy_block_bytes);
     }
   }
   return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(impl)));
@@ -1032,7 +1029,7 @@ std::string ShmGroup::describe() const {
                                                   : "over " + format_size(o.small_bytes)) +
          (o.single_copy_max_bytes != SIZE_MAX ? " to " + format_size(o.single_copy_max_bytes)
                                               : std::string()) +
-         " read the peers' buffers (single copy)";
+         " read and write the peers' buffers (single copy)";
   }
   return s + ")";
 }

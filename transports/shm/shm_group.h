@@ -22,41 +22,46 @@
 // memcpy: on a VM whose two vCPUs sat far apart, reduction kernels storing into slot lines that the
 // peer had read ran at half the speed (see all_reduce in the .cc).
 //
-// Single copy (large all-reduces, `single_copy_min_bytes`): no slots, as Open MPI's vader and UCX's
-// cma transport do for large messages. Every rank publishes where its input and output are (a slot
-// header, checked as above), then reduces piece `rank` of the whole message reading each peer's
-// part of it straight from the peer's input with process_vm_readv into a cache-sized scratch block,
-// publishes `reduced`, reads every other piece straight from its owner's output into its own, and
-// publishes `consumed`; it returns only once every peer has consumed too, since they read its
-// buffers until then. Each byte is copied once between processes instead of twice through the
-// slots, which pays where the buffers no longer fit in the caches. Whether a rank may read its
-// peers' memory (the kernel asks what ptrace asks: the same user, and Yama's ptrace_scope 0 or
-// CAP_SYS_PTRACE) is probed at setup; the path is used only where every rank can. A peer that dies
-// mid-read is ESRCH, an error naming it as in a wait.
+// Single copy (all-reduces over `small_bytes`, from `single_copy_min_bytes`): no slots, as Open
+// MPI's vader and UCX's cma transport do for large messages. Every rank publishes where its input
+// and output are (a slot header, checked as above: the entry barrier), then reduces piece `rank`
+// of the whole message a block (`single_copy_block_bytes`) at a time: it reads each peer's part of
+// the block straight from the peer's input with process_vm_readv into a scratch block (which stays
+// in the cache), reduces it with its own input into its output, and writes the result from there
+// straight into every peer's output with process_vm_writev. Each piece of every rank's buffers is
+// read and written by its reducer alone, so in place too no rank waits for another between the
+// barriers. Then it publishes `consumed` and waits for every peer's (the exit barrier): the peers
+// read and write its buffers until then. Each byte crosses between processes once, by the kernel,
+// instead of twice through the slots (two user copies), and a result is written to a peer while it
+// is still in the reducer's cache. The frame is the direct path's below: a rank that fails in the
+// middle waits until no live peer still writes into its output before it returns, and a peer checks
+// before every block whether another gave up. Whether a rank may reach its peers' memory (the
+// kernel asks what ptrace asks: the same user, and Yama's ptrace_scope 0 or CAP_SYS_PTRACE; a
+// seccomp filter may refuse either call) is probed at setup, reading and writing back a word of
+// each peer's segment; the path is used only where every rank can. A peer that dies mid-call is
+// ESRCH, an error naming it as in a wait.
 //
 // Direct (all-reduces, all-gathers and broadcasts over `small_bytes` on a registered buffer that
 // every rank allocated with Buffer::allocate_shareable, and reduce-scatters from one): at
 // registration every rank publishes the buffer's memfd and offset in a slot header, maps every
-// peer's through /proc/<pid>/fd/<fd>, and says whether that worked; if every rank mapped every peer, the registration's all-reduces
-// neither stage nor copy through the kernel: after a header round (the entry barrier, with the
-// checks above; the header also names the registration, so ranks on two registrations of one size
-// are a mismatch), each rank reduces piece `rank` straight from every rank's buffer, a slot-sized
-// block at a time, into its own and copies it into every peer's, then publishes `consumed` and
-// waits for every peer's (the exit barrier). Each byte is read once and written once per rank, as
-// in one process. Out of place, a rank whose input is a registered buffer too (registered and
-// mapped as the output is) names that registration in its header and the peers read the input
-// where it is; any other input is copied into the output first. All-gathers and broadcasts on a
-// registered buffer take the same frame (entry barrier, blocks, exit barrier): each rank copies
-// every peer's block from the peer's mapping into
-// its own buffer (all-gather: it writes nothing of a peer's), or each rank, the root too, copies
-// its 1/n share of the root's buffer into every other rank's (broadcast); a reduce-scatter whose
-// input is a registered buffer reduces block `rank` from every rank's input into its (any)
-// output. A registration
-// serves its buffer or a prefix of
-// it; a buffer freed while registered (its allocation's serial changed) is an error. A rank that
-// fails in the middle waits until every live peer past the entry barrier has stopped reading or
-// writing its buffers (finished, failed or exited) before it returns; a peer checks before every
-// block whether another gave up.
+// peer's through /proc/<pid>/fd/<fd>, and says whether that worked; if every rank mapped every
+// peer, the registration's all-reduces neither stage nor copy through the kernel: after a header
+// round (the entry barrier, with the checks above; the header also names the registration, so ranks
+// on two registrations of one size are a mismatch), each rank reduces piece `rank` straight from
+// every rank's buffer, a slot-sized block at a time, into its own and copies it into every peer's,
+// then publishes `consumed` and waits for every peer's (the exit barrier). Each byte is read once
+// and written once per rank, as in one process. Out of place, a rank whose input is a registered
+// buffer too (registered and mapped as the output is) names that registration in its header and the
+// peers read the input where it is; any other input is copied into the output first. All-gathers
+// and broadcasts on a registered buffer take the same frame (entry barrier, blocks, exit barrier):
+// each rank copies every peer's block from the peer's mapping into its own buffer (all-gather: it
+// writes nothing of a peer's), or each rank, the root too, copies its 1/n share of the root's
+// buffer into every other rank's (broadcast); a reduce-scatter whose input is a registered buffer
+// reduces block `rank` from every rank's input into its (any) output. A registration serves its
+// buffer or a prefix of it; a buffer freed while registered (its allocation's serial changed) is an
+// error. A rank that fails in the middle waits until every live peer past the entry barrier has
+// stopped reading or writing its buffers (finished, failed or exited) before it returns; a peer
+// checks before every block whether another gave up.
 //
 // Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
 // more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
@@ -96,6 +101,8 @@ struct ShmGroupOptions {
   // memory (probed at setup); min SIZE_MAX: never.
   size_t single_copy_min_bytes = SIZE_MAX;
   size_t single_copy_max_bytes = SIZE_MAX;
+  // Single copy's block: what a rank reads from each peer, reduces and writes back in one step.
+  size_t single_copy_block_bytes = size_t{256} << 10;
   // Setup fails, naming the rank that cannot read a peer and why, instead of keeping the slots.
   bool single_copy_required = false;
   std::string layout;  // what every rank must agree on, as text (named in the mismatch message)

@@ -173,19 +173,21 @@ StatusOr<PeerBuffer> PeerBuffer::open(int64_t pid, int fd, uint64_t offset, size
   return b;
 }
 
-int read_peer_memory(int64_t pid, void* local, uint64_t remote, size_t bytes) {
-  auto* to = static_cast<std::byte*>(local);
+int peer_memory(int64_t pid, void* local, uint64_t remote, size_t bytes, PeerAccess access) {
+  auto* at = static_cast<std::byte*>(local);
   while (bytes > 0) {
-    // One call moves at most what the kernel pins in one go; a short read goes on from there.
-    iovec l{to, bytes};
+    // One call moves at most what the kernel pins in one go; a short one goes on from there.
+    iovec l{at, bytes};
     iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
-    const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    const ssize_t got = access == PeerAccess::kRead
+                            ? ::process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0)
+                            : ::process_vm_writev(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
     if (got < 0) {
       if (errno == EINTR) continue;
       return errno;
     }
     if (got == 0) return EFAULT;
-    to += got;
+    at += got;
     remote += static_cast<uint64_t>(got);
     bytes -= static_cast<size_t>(got);
   }

@@ -46,8 +46,6 @@ struct Control {
   // Chunks this rank has staged into its slot / reduced its piece of / finished reading (from
   // every peer's slot). Monotonic over the group's life: every rank walks the same chunk sequence.
   Counter staged, reduced, consumed;
-  // Single copy: blocks of its piece this rank has reduced, monotonic over the group's life.
-  Counter blocks;
   // Futex word: bumped after every counter update, so that a sleeping peer wakes.
   alignas(64) std::atomic<uint32_t> bell{0};
   std::atomic<uint32_t> sleepers{0};
@@ -136,10 +134,12 @@ class PeerBuffer {
   std::byte* data_ = nullptr;
 };
 
-// Copies `bytes` from address `remote` of process `pid` into `local` (process_vm_readv: the kernel
-// allows it where this process may ptrace `pid`, as for Open MPI's and UCX's CMA); 0, or the errno
-// of the failure (ESRCH: the process is gone; EPERM: not allowed).
-int read_peer_memory(int64_t pid, void* local, uint64_t remote, size_t bytes);
+// Copies `bytes` between `local` and address `remote` of process `pid`, one way or the other
+// (process_vm_readv / process_vm_writev: the kernel allows either where this process may ptrace
+// `pid`, as for Open MPI's and UCX's CMA); 0, or the errno of the failure (ESRCH: the process is
+// gone; EPERM: not allowed).
+enum class PeerAccess { kRead, kWrite };
+int peer_memory(int64_t pid, void* local, uint64_t remote, size_t bytes, PeerAccess access);
 
 // Bumps `c`'s bell and wakes its sleepers (after a counter update, or an abort).
 void ring_bell(Control& c);
