@@ -5,8 +5,8 @@
 #   shm (default)  ring (tributary's default: shared memory between same-host processes),
 #                  ring -R 2 (the same on buffers from Buffer::allocate_shareable, registered:
 #                  shared memory's direct path, as nccl-tests' -R 2 allocates with ncclMemAlloc),
-#                  ring:slots (ring:shm_single_copy=off: no single-copy reads of the peers'
-#                  buffers), ring:net (ring:intra_host=net, TCP loopback), mpi vader (--mca pml ob1 --mca btl
+#                  ring:slots (ring:shm_single_copy=off: no single-copy reads and writes of the
+#                  peers' buffers), ring:net (ring:intra_host=net, TCP loopback), mpi vader (--mca pml ob1 --mca btl
 #                  vader,self: Open MPI's shared memory), mpi ucx sm (--mca pml ucx, UCX_TLS=sm,self;
 #                  Open MPI 4.1 passes over UCX without an RDMA device unless pml_ucx_tls/devices
 #                  say "any")

@@ -30,13 +30,13 @@ constexpr const char* kTool = "tributary-tune";
 // 15-35% faster on one 2-vCPU Intel VM and about 10% slower on a 2-vCPU AMD EPYC one, where the
 // spliced link itself was slower than send()), so `auto` (zero-copy from 2 MiB) is a guess that
 // the file may correct; plus, where processes share a host, the `shm_single_copy=on` and `=off`
-// variants of every backend that has that option: whether reading the peers' buffers beats the
-// slots, and from which size, depends on the machine's caches (`auto` takes 2 to 32 MiB, where it
-// was ahead on one 2-vCPU Intel VM). Not ring's algorithm variants when every
-// process is on this host: ring then moves everything through shared memory, and `algorithm`
-// (the TCP algorithm) changes nothing, so its variants would differ only by noise and split the
-// file into ranges for nothing; `note` says so. `launched_here`: this tool started every rank
-// itself (--np), so all are on this host.
+// variants of every backend that has that option: whether reaching the peers' buffers beats the
+// slots, and from which size, depends on the machine's caches (`auto` takes every all-reduce over
+// 16 KiB, from 1 MiB with more processes than cores, as measured on one 2-vCPU Intel VM). Not
+// ring's algorithm variants when every process is on this host: ring then moves everything through
+// shared memory, and `algorithm` (the TCP algorithm) changes nothing, so its variants would differ
+// only by noise and split the file into ranges for nothing; `note` says so. `launched_here`: this
+// tool started every rank itself (--np), so all are on this host.
 std::vector<std::string> default_candidates(const BackendContext& ctx, bool launched_here,
                                             std::string* note) {
   BackendRegistry registry = builtin_backends();

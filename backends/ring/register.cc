@@ -106,7 +106,12 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
     const internal::Digest d = internal::hmac_sha256(secret, "shm:" + context.cluster_id);
     proof = internal::hex(d.data(), d.size());
   }
-  o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof;
+  // With auto's threshold, which depends on this host's cores as this process counts them: ranks
+  // that counted differently fail setup naming it, instead of every all-reduce of 16 KiB-1 MiB.
+  o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof +
+             ",single_copy_from=" +
+             (o.single_copy_min_bytes == SIZE_MAX ? std::string("never")
+                                                  : std::to_string(o.single_copy_min_bytes));
   const int local =
       static_cast<int>(std::find(members.begin(), members.end(), context.rank) - members.begin());
   TRIBUTARY_ASSIGN_OR_RETURN(auto group, transports::shm::ShmGroup::create(

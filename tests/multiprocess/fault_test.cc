@@ -488,13 +488,14 @@ TEST(SharedMemoryFaults, KilledPeerFailsTheOthersAndLeavesNoSegment) {
                                       {"mapped_during=3", "mapped_after=0"}, before);
 }
 
-// Makes every process_vm_readv of this process fail with EPERM, as the kernel answers where Yama or a
-// missing CAP_SYS_PTRACE forbids reading a peer's memory (a seccomp filter: tests run as root here,
-// where the kernel itself would allow it).
-bool refuse_reading_other_processes() {
+// Makes every call `nr` (process_vm_readv or process_vm_writev) of this process fail with EPERM, as
+// the kernel answers where Yama or a missing CAP_SYS_PTRACE forbids reaching a peer's memory (a
+// seccomp filter, which may also refuse one call alone: tests run as root here, where the kernel
+// itself would allow it).
+bool refuse_reaching_other_processes(long nr) {
   sock_filter filter[] = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
@@ -503,36 +504,49 @@ bool refuse_reading_other_processes() {
          prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
 }
 
-// Shared memory's single copy where one rank may not read its peers' memory: with `auto` every
-// rank keeps the slots (a rank that took the single-copy path alone would be a mismatch, and one
-// that read anyway an error), so a 4 MiB all-reduce, inside auto's range, is right everywhere;
-// with `on` every rank fails at setup at once, rank 1 with the kernel's refusal and the others
-// naming rank 1.
+// The calls single copy needs, each refused alone below.
+struct RefusedCall {
+  long nr;
+  const char* name;
+};
+const RefusedCall kRefusedCalls[] = {{__NR_process_vm_readv, "process_vm_readv"},
+                                     {__NR_process_vm_writev, "process_vm_writev"}};
+
+// Shared memory's single copy where one rank may not read (or may not write) its peers' memory:
+// with `auto` every rank keeps the slots (a rank that took the single-copy path alone would be a
+// mismatch, and one that read or wrote anyway an error), so a 4 MiB all-reduce, inside auto's
+// range, is right everywhere; with `on` every rank fails at setup at once, rank 1 with the kernel's
+// refusal and the others naming rank 1.
 TEST(SharedMemorySingleCopy, ARankThatMayNotReadItsPeersKeepsEveryRankOnTheSlots) {
   if (!why_siblings_cannot_read_each_other().empty()) {
     GTEST_SKIP() << why_siblings_cannot_read_each_other();
   }
-  const std::string dir = make_temp_dir("single_copy_auto");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    if (rank == 1 && !refuse_reading_other_processes()) return kChildFailed;
-    auto ctx = group_context(rank, 3, 1, dir);
-    auto ops = builtin_backends().create("ring:shm_single_copy=auto,timeout=10s", *ctx);
-    if (!ops.ok()) {
-      write_note(dir, rank, ops.status().to_string());
-      return kChildFailed;
+  for (const RefusedCall& refused : kRefusedCalls) {
+    SCOPED_TRACE(refused.name);
+    const std::string dir = make_temp_dir("single_copy_auto");
+    GroupResult g = run_group(3, 60s, [&](int rank) {
+      if (rank == 1 && !refuse_reaching_other_processes(refused.nr)) return kChildFailed;
+      auto ctx = group_context(rank, 3, 1, dir);
+      auto ops = builtin_backends().create("ring:shm_single_copy=auto,timeout=10s", *ctx);
+      if (!ops.ok()) {
+        write_note(dir, rank, ops.status().to_string());
+        return kChildFailed;
+      }
+      const int64_t count = int64_t{1} << 20;  // 4 MiB of float32
+      std::vector<float> x(static_cast<size_t>(count), static_cast<float>(rank + 1));
+      PerReplica<Tensor> v{Tensor(x.data(), DType::kFloat32, Shape{count})};
+      const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
+      write_note(dir, rank,
+                 s.to_string() + " first=" + std::to_string(x.front()) +
+                     " last=" + std::to_string(x.back()));
+      return s.ok() && x.front() == 6.0f && x.back() == 6.0f ? kChildOk : kChildFailed;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
+          << "rank " << r << ": " << read_note(dir, r) << "\n"
+          << g.describe();
     }
-    const int64_t count = int64_t{1} << 20;  // 4 MiB of float32
-    std::vector<float> x(static_cast<size_t>(count), static_cast<float>(rank + 1));
-    PerReplica<Tensor> v{Tensor(x.data(), DType::kFloat32, Shape{count})};
-    const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);
-    write_note(dir, rank, s.to_string() + " first=" + std::to_string(x.front()) +
-                              " last=" + std::to_string(x.back()));
-    return s.ok() && x.front() == 6.0f && x.back() == 6.0f ? kChildOk : kChildFailed;
-  });
-  ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
-        << "rank " << r << ": " << read_note(dir, r) << "\n" << g.describe();
   }
 }
 
@@ -540,31 +554,37 @@ TEST(SharedMemorySingleCopy, OnFailsEveryRankAtSetupWhereOneMayNotReadItsPeers) 
   if (!why_siblings_cannot_read_each_other().empty()) {
     GTEST_SKIP() << why_siblings_cannot_read_each_other();
   }
-  const std::string dir = make_temp_dir("single_copy_on");
-  GroupResult g = run_group(3, 60s, [&](int rank) {
-    if (rank == 1 && !refuse_reading_other_processes()) return kChildFailed;
-    auto ctx = group_context(rank, 3, 1, dir);
-    const auto start = Clock::now();
-    auto ops = builtin_backends().create("ring:shm_single_copy=on,timeout=20s", *ctx);
-    write_note(dir, rank,
-               ops.status().to_string() + "\nseconds=" +
-                   std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
-    return ops.ok() ? kChildOk : kChildSawError;
-  });
-  ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    const std::string note = read_note(dir, r);
-    EXPECT_NE(note.find("failed_precondition"), std::string::npos) << note;
-    EXPECT_NE(note.find("shm_single_copy=on"), std::string::npos) << note;
-    EXPECT_LT(seconds_in(note), 10.0) << note;  // at once, not at the 20 s timeout
-    if (r == 1) {
-      EXPECT_NE(note.find("Operation not permitted"), std::string::npos) << note;
-      EXPECT_NE(note.find("ptrace_scope"), std::string::npos) << note;
-    } else {
-      EXPECT_NE(note.find("rank 1 may not read and write the memory of its peers"),
-                std::string::npos)
-          << note;
+  for (const RefusedCall& refused : kRefusedCalls) {
+    SCOPED_TRACE(refused.name);
+    const std::string dir = make_temp_dir("single_copy_on");
+    GroupResult g = run_group(3, 60s, [&](int rank) {
+      if (rank == 1 && !refuse_reaching_other_processes(refused.nr)) return kChildFailed;
+      auto ctx = group_context(rank, 3, 1, dir);
+      const auto start = Clock::now();
+      auto ops = builtin_backends().create("ring:shm_single_copy=on,timeout=20s", *ctx);
+      write_note(dir, rank,
+                 ops.status().to_string() + "\nseconds=" +
+                     std::to_string(std::chrono::duration<double>(Clock::now() - start).count()));
+      return ops.ok() ? kChildOk : kChildSawError;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
+      const std::string note = read_note(dir, r);
+      EXPECT_NE(note.find("failed_precondition"), std::string::npos) << note;
+      EXPECT_NE(note.find("shm_single_copy=on"), std::string::npos) << note;
+      EXPECT_LT(seconds_in(note), 10.0) << note;  // at once, not at the 20 s timeout
+      if (r == 1) {
+        EXPECT_NE(
+            note.find(std::string("with ") + refused.name + " failed: Operation not permitted"),
+            std::string::npos)
+            << note;
+        EXPECT_NE(note.find("ptrace_scope"), std::string::npos) << note;
+      } else {
+        EXPECT_NE(note.find("rank 1 may not read and write the memory of its peers"),
+                  std::string::npos)
+            << note;
+      }
     }
   }
 }

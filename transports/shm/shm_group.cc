@@ -39,7 +39,7 @@ const char* verb(Field f) {
     case Field::kReduced:
       return "reduce its piece of";
     case Field::kConsumed:
-      return "finish reading";
+      return "finish its reads and writes of";
   }
   return "";
 }
@@ -387,12 +387,15 @@ struct ShmGroup::Impl {
   }
   Status register_buffer(const GroupCall& call, uint64_t id, std::byte* data, int64_t count,
                          DType dtype);
-  // After a failure in the middle of a direct call (chunk `g`): waits until no live peer may
-  // still read or write this rank's buffers (each has finished, failed or exited), so that the
-  // caller never gets back a buffer that changes under it, nor hands one back that a peer reads.
-  // Bounded by the call's deadline (at least 100 ms): a peer stalled past it that then reads a
-  // buffer its caller took back cannot succeed with what it read, since this rank never publishes
-  // `consumed` for the call.
+  // After a failure in the middle of a framed call (chunk `g`: the direct path, single copy):
+  // waits until no live peer may still read or write this rank's buffers (each has finished,
+  // failed or exited), so that the caller never gets back a buffer that changes under it, nor hands
+  // one back that a peer reads. Bounded by the call's deadline (at least 100 ms): a peer stalled
+  // past it that then reads a buffer its caller took back cannot succeed with what it read, since
+  // this rank never publishes `consumed` for the call; but one stalled inside a block (it checks
+  // before every block, and single copy before every write, whether this rank gave up) may still
+  // write that block into this rank's buffer after the call returned its error. Only a peer
+  // stopped (SIGSTOP, a debugger) or starved for longer than that can.
   void quiesce(uint64_t g, const GroupCall& call);
   Status reduce_scatter(const GroupCall& call, const std::byte* in, std::byte* out, int64_t count,
                         DType dtype, ReduceOp op, int64_t mean_divisor);
@@ -531,6 +534,8 @@ Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* 
                          mean_divisor);
       for (int r = 0; r < size; ++r) {
         if (r == rank) continue;
+        // A peer that gave up since the block began may have handed its output back already.
+        if (ctl(r).aborted.load(std::memory_order_acquire) != 0) return peer_trouble(call.tag);
         TRIBUTARY_RETURN_IF_ERROR(access_peer(r, out + off, outputs[static_cast<size_t>(r)] + off,
                                               len, PeerAccess::kWrite, call));
       }
@@ -901,8 +906,10 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
                                                      const ShmGroupOptions& options) {
   const std::string who = "shared memory (rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + " on this host)";
-  if (options.slot_bytes < 4096 || options.slots < 2) {
-    return invalid_argument(who + ": slots of at least 4 KiB, and at least 2 of them, are needed");
+  if (options.slot_bytes < 4096 || options.slots < 2 || options.single_copy_block_bytes < 4096) {
+    return invalid_argument(who +
+                            ": slots of at least 4 KiB, at least 2 of them, and single-copy blocks "
+                            "of at least 4 KiB are needed");
   }
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;

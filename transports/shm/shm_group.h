@@ -97,13 +97,14 @@ struct ShmGroupOptions {
   std::chrono::nanoseconds yield{0};
   std::chrono::nanoseconds timeout{std::chrono::minutes(5)};  // setup deadline
   // All-reduces of more than `small_bytes`, at least `single_copy_min_bytes` and at most
-  // `single_copy_max_bytes` take the single-copy path where every rank may read every peer's
-  // memory (probed at setup); min SIZE_MAX: never.
+  // `single_copy_max_bytes` take the single-copy path where every rank may read and write every
+  // peer's memory (probed at setup); min SIZE_MAX: never.
   size_t single_copy_min_bytes = SIZE_MAX;
   size_t single_copy_max_bytes = SIZE_MAX;
-  // Single copy's block: what a rank reads from each peer, reduces and writes back in one step.
+  // Single copy's block: what a rank reads from each peer, reduces and writes back in one step; at
+  // least 4 KiB.
   size_t single_copy_block_bytes = size_t{256} << 10;
-  // Setup fails, naming the rank that cannot read a peer and why, instead of keeping the slots.
+  // Setup fails, naming the rank that cannot reach a peer and why, instead of keeping the slots.
   bool single_copy_required = false;
   std::string layout;  // what every rank must agree on, as text (named in the mismatch message)
   // Global ranks of the members, in local-rank order, for messages ("rank 3 exited ...").

@@ -23,7 +23,7 @@
 
 namespace tributary::transports::shm {
 
-inline constexpr uint64_t kSegmentMagic = 0x5452425348'4d0003;  // "TRBSHM", version 3
+inline constexpr uint64_t kSegmentMagic = 0x5452425348'4d0004;  // "TRBSHM", version 4
 inline constexpr size_t kMaxReason = 1024;
 
 struct alignas(64) Counter {
@@ -38,10 +38,11 @@ struct Control {
   uint64_t slots = 0;
   uint64_t slot_bytes = 0;
   // Where the owner maps this segment in its own address space: a peer's single-copy probe reads
-  // the magic back from there (process_vm_readv) to learn whether it may read the owner's memory.
+  // the magic from there (process_vm_readv) and writes it back (process_vm_writev) to learn
+  // whether it may reach the owner's memory.
   uint64_t self_address = 0;
-  // The owner's single-copy verdict at setup (kSingleCopy*): whether it can read every peer's
-  // memory; written before its "mapped" key, read by every peer after all of them.
+  // The owner's single-copy verdict at setup (kSingleCopy*): whether it can read and write every
+  // peer's memory; written before its "mapped" key, read by every peer after all of them.
   std::atomic<uint32_t> single_copy{0};
   // Chunks this rank has staged into its slot / reduced its piece of / finished reading (from
   // every peer's slot). Monotonic over the group's life: every rank walks the same chunk sequence.
