@@ -91,12 +91,13 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   // tens of microseconds per step (4 ranks on 2 cores, 4 KiB: 62 us with futexes, 13 us so).
   if (poll == "auto" && oversubscribed) o.yield = std::chrono::milliseconds(1);
   // shm_single_copy=auto: every all-reduce over the latency path's 16 KiB where every process may
-  // reach its peers' memory, or from 1 MiB with more ranks than cores. Measured on a 2-vCPU Intel
+  // reach its peers' memory, or from 2 MiB with more ranks than cores. Measured on a 2-vCPU Intel
   // Xeon VM, float32 sum in place, interleaved with the slots (README, "The ring backend"): with 2
   // processes ahead at every size from 64 KiB to 256 MiB (1.4x at 64 KiB, 2.4x at 1 MiB, 1.2-1.3x
-  // at 256 MiB); with 4 on the 2 cores behind to 512 KiB (0.6-0.7x at 32-64 KiB), ahead from 1 MiB.
+  // at 256 MiB); with 4 on the 2 cores behind to 512 KiB (0.6-0.7x at 32-64 KiB), ahead or behind
+  // by run at 1 MiB, ahead from 2 MiB.
   if (single_copy == "on") o.single_copy_min_bytes = 0;
-  if (single_copy == "auto") o.single_copy_min_bytes = oversubscribed ? size_t{1} << 20 : 0;
+  if (single_copy == "auto") o.single_copy_min_bytes = oversubscribed ? size_t{2} << 20 : 0;
   o.single_copy_required = single_copy == "on";
   o.global_ranks = members;
   // The secret is not sent anywhere: a digest of it (with the cluster) must match, so that a
@@ -200,7 +201,7 @@ Status register_ring(BackendRegistry& registry) {
                "from its process and write the results straight into its output "
                "(process_vm_readv/writev, as Open MPI's vader and UCX's cma do) instead of "
                "going through the slots, so that each byte crosses between processes once "
-               "instead of twice: auto for every all-reduce over 16KiB (from 1MiB with more "
+               "instead of twice: auto for every all-reduce over 16KiB (from 2MiB with more "
                "processes than cores) where every process may reach its peers' memory (same "
                "user, and Yama's ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), on for "
                "every all-reduce over 16KiB (setup fails where it is refused), off never; every "

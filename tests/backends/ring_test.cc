@@ -15,7 +15,7 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks,
                                    "ring:shm_chunk_bytes=4KiB,shm_single_copy=off");
 // Every all-reduce over 16 KiB reads the peers' inputs and writes into their outputs (auto does so
-// only from 1 MiB where the suite's ranks outnumber the cores), in blocks of 4 KiB: many blocks per
+// only from 2 MiB where the suite's ranks outnumber the cores), in blocks of 4 KiB: many blocks per
 // piece, and short last pieces.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSingleCopy, "ring:shm_single_copy=on,shm_chunk_bytes=4KiB");
 // Buffers from Buffer::allocate_shareable, every all-reduce's outputs registered: the direct path
