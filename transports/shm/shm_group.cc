@@ -324,6 +324,26 @@ struct ShmGroup::Impl {
   Status broadcast_direct(const GroupCall& call, const Direct& d, size_t bytes, int root);
   Status reduce_scatter_direct(const GroupCall& call, const Direct& d, std::byte* out,
                                int64_t count, DType dtype, ReduceOp op, int64_t mean_divisor);
+  // Walks this rank's 1/n piece of a `count`-element all-reduce (pieces of whole 64-byte lines, the
+  // last ones short or empty) in blocks of at most `block_bytes`: for each, gave_up() (a peer that
+  // gave up may have handed its buffers back), then body(byte offset, bytes, elements).
+  template <typename GaveUp, typename Body>
+  Status for_each_own_block(int64_t count, DType dtype, size_t block_bytes, GaveUp& gave_up,
+                            Body&& body) const {
+    const size_t elem = dtype_size(dtype);
+    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
+    const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
+    const int64_t block =
+        std::max<int64_t>(align, static_cast<int64_t>(block_bytes / elem) / align * align);
+    const int64_t last = std::min<int64_t>(count, piece * (rank + 1));
+    for (int64_t b = std::min<int64_t>(count, piece * rank); b < last; b += block) {
+      TRIBUTARY_RETURN_IF_ERROR(gave_up());
+      const int64_t n = std::min<int64_t>(block, last - b);
+      TRIBUTARY_RETURN_IF_ERROR(
+          body(static_cast<size_t>(b) * elem, static_cast<size_t>(n) * elem, n));
+    }
+    return Status();
+  }
   // The registration (direct) whose buffer starts at `data` and holds at least `bytes`, for a
   // call over `small_bytes`; null if none.
   const Direct* direct_at(const std::byte* data, size_t bytes) const {
@@ -495,17 +515,10 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
 Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* out,
                                               const std::byte* in, int64_t count, DType dtype,
                                               ReduceOp op, int64_t mean_divisor) {
-  const size_t elem = dtype_size(dtype);
-  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
-  SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * elem, -1);
+  SlotHeader header = header_of(call.tag, static_cast<size_t>(count) * dtype_size(dtype), -1);
   header.single_copy = kHeaderSingleCopy;
   header.source_address = reinterpret_cast<uintptr_t>(in);
   header.output_address = reinterpret_cast<uintptr_t>(out);
-  const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
-  const int64_t block = std::max<int64_t>(
-      align, static_cast<int64_t>(options.single_copy_block_bytes / elem) / align * align);
-  const int64_t first = std::min<int64_t>(count, piece * rank);
-  const int64_t last = std::min<int64_t>(count, first + piece);
   return framed_call(call, header, [&](uint64_t g, auto& gave_up) -> Status {
     std::vector<uint64_t> sources(static_cast<size_t>(size)), outputs(static_cast<size_t>(size));
     for (int r = 0; r < size; ++r) {
@@ -514,33 +527,33 @@ Status ShmGroup::Impl::all_reduce_single_copy(const GroupCall& call, std::byte* 
       outputs[static_cast<size_t>(r)] = h.output_address;
     }
     std::vector<const void*> srcs(static_cast<size_t>(size));
-    for (int64_t b = first; b < last; b += block) {
-      TRIBUTARY_RETURN_IF_ERROR(gave_up());
-      const int64_t n = std::min<int64_t>(block, last - b);
-      const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(n) * elem;
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) {
-          srcs[static_cast<size_t>(r)] = in + off;
-          continue;
-        }
-        std::byte* to = scratch.data() +
-                        static_cast<size_t>(r < rank ? r : r - 1) * options.single_copy_block_bytes;
-        TRIBUTARY_RETURN_IF_ERROR(access_peer(r, to, sources[static_cast<size_t>(r)] + off, len,
-                                              PeerAccess::kRead, call));
-        srcs[static_cast<size_t>(r)] = to;
-      }
-      void* dst = out + off;
-      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
-                         mean_divisor);
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        // A peer that gave up since the block began may have handed its output back already.
-        if (ctl(r).aborted.load(std::memory_order_acquire) != 0) return peer_trouble(call.tag);
-        TRIBUTARY_RETURN_IF_ERROR(access_peer(r, out + off, outputs[static_cast<size_t>(r)] + off,
-                                              len, PeerAccess::kWrite, call));
-      }
-    }
-    return Status();
+    return for_each_own_block(
+        count, dtype, options.single_copy_block_bytes, gave_up,
+        [&](size_t off, size_t len, int64_t n) -> Status {
+          for (int r = 0; r < size; ++r) {
+            if (r == rank) {
+              srcs[static_cast<size_t>(r)] = in + off;
+              continue;
+            }
+            std::byte* to = scratch.data() + static_cast<size_t>(r < rank ? r : r - 1) *
+                                                 options.single_copy_block_bytes;
+            TRIBUTARY_RETURN_IF_ERROR(access_peer(r, to, sources[static_cast<size_t>(r)] + off, len,
+                                                  PeerAccess::kRead, call));
+            srcs[static_cast<size_t>(r)] = to;
+          }
+          void* dst = out + off;
+          algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1),
+                             static_cast<size_t>(n), mean_divisor);
+          for (int r = 0; r < size; ++r) {
+            if (r == rank) continue;
+            // A peer that gave up since the block began may have handed its output back already.
+            if (ctl(r).aborted.load(std::memory_order_acquire) != 0) return peer_trouble(call.tag);
+            TRIBUTARY_RETURN_IF_ERROR(access_peer(r, out + off,
+                                                  outputs[static_cast<size_t>(r)] + off, len,
+                                                  PeerAccess::kWrite, call));
+          }
+          return Status();
+        });
   });
 }
 
@@ -632,12 +645,6 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
   SlotHeader header = header_of(call.tag, total, -1);
   header.source_address = d.id;
   header.output_address = from != nullptr ? from->id : 0;
-  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(elem));
-  const int64_t piece = ((count + size - 1) / size + align - 1) / align * align;
-  const int64_t block = std::max<int64_t>(align, static_cast<int64_t>(options.slot_bytes / elem) /
-                                                     align * align);
-  const int64_t first = std::min<int64_t>(count, piece * rank);
-  const int64_t last = std::min<int64_t>(count, first + piece);
   return direct_call(call, header, [&](uint64_t g, auto& gave_up) -> Status {
     // Each rank's input: its registered input, or its output (copied in, or in place). Ranks may
     // differ here (one process reducing several local replicas into its output first, beside one
@@ -657,23 +664,24 @@ Status ShmGroup::Impl::all_reduce_direct(const GroupCall& call, const Direct& d,
           (it == direct.end() ? d : it->second).views[static_cast<size_t>(r)];
     }
     std::vector<const void*> srcs(static_cast<size_t>(size));
-    for (int64_t b = first; b < last; b += block) {
-      TRIBUTARY_RETURN_IF_ERROR(gave_up());
-      const int64_t n = std::min<int64_t>(block, last - b);
-      const size_t off = static_cast<size_t>(b) * elem, len = static_cast<size_t>(n) * elem;
-      for (int r = 0; r < size; ++r) {
-        srcs[static_cast<size_t>(r)] = sources[static_cast<size_t>(r)] + off;
-      }
-      void* dst = d.data + off;
-      algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1), static_cast<size_t>(n),
-                         mean_divisor);
-      // Reduced here first, then copied: memcpy's string stores, not the kernel's vector ones, go
-      // to the lines that the peers' cores read (see all_reduce).
-      for (int r = 0; r < size; ++r) {
-        if (r != rank) std::memcpy(d.views[static_cast<size_t>(r)] + off, dst, len);
-      }
-    }
-    return Status();
+    return for_each_own_block(count, dtype, options.slot_bytes, gave_up,
+                              [&](size_t off, size_t len, int64_t n) -> Status {
+                                for (int r = 0; r < size; ++r) {
+                                  srcs[static_cast<size_t>(r)] =
+                                      sources[static_cast<size_t>(r)] + off;
+                                }
+                                void* dst = d.data + off;
+                                algorithms::reduce(op, dtype, srcs, std::span<void* const>(&dst, 1),
+                                                   static_cast<size_t>(n), mean_divisor);
+                                // Reduced here first, then copied: memcpy's string stores, not the
+                                // kernel's vector ones, go to the lines that the peers' cores read
+                                // (see all_reduce).
+                                for (int r = 0; r < size; ++r) {
+                                  if (r != rank)
+                                    std::memcpy(d.views[static_cast<size_t>(r)] + off, dst, len);
+                                }
+                                return Status();
+                              });
   });
 }
 
