@@ -65,14 +65,11 @@ class ShareableAllocator final : public Allocator {
     ::close(a.fd);  // a peer that mapped it keeps its pages until it unmaps them
   }
 
+  // Host memory like any other: the CPU allocator's copy.
   Status copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
               size_t bytes) override {
-    if (!dst_device.is_cpu() || !src_device.is_cpu()) {
-      return unimplemented("the shareable allocator cannot copy " + src_device.to_string() +
-                           " -> " + dst_device.to_string());
-    }
-    if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);
-    return Status();
+    TRIBUTARY_ASSIGN_OR_RETURN(Allocator * cpu, allocator_for(Device::cpu()));
+    return cpu->copy(dst, dst_device, src, src_device, bytes);
   }
 
   std::optional<ShareableRegion> find(const void* p, size_t bytes) {
