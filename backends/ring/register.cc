@@ -108,7 +108,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
     proof = internal::hex(d.data(), d.size());
   }
   // With auto's threshold, which depends on this host's cores as this process counts them: ranks
-  // that counted differently fail setup naming it, instead of every all-reduce of 16 KiB-1 MiB.
+  // that counted differently fail setup naming it, instead of every all-reduce of 16 KiB-2 MiB.
   o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof +
              ",single_copy_from=" +
              (o.single_copy_min_bytes == SIZE_MAX ? std::string("never")
@@ -189,9 +189,8 @@ Status register_ring(BackendRegistry& registry) {
            .type = OptionType::kSize,
            .default_value = "0",
            .help = "shared memory: collectives move through each process's slots in chunks of this "
-                   "size, and single copy reads and writes blocks of this size; 0 = auto (512KiB "
-                   "slots, "
-                   "256KiB blocks)",
+                   "size, and single copy reads and writes blocks of this size; 0 = auto "
+                   "(512KiB slots, 256KiB blocks)",
            .min = 0},
           {.name = "shm_single_copy",
            .type = OptionType::kEnum,
