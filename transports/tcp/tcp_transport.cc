@@ -641,40 +641,38 @@ struct TcpTransport::Impl {
 // --- setup ---------------------------------------------------------------------------------------
 namespace {
 
-template <typename Impl, typename Buffer>
-Status read_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, const char* what) {
+// Reads (kWrite false) or writes all of `buf` on `s` by `deadline`; `what` names it in errors.
+template <bool kWrite, typename Impl, typename Buffer>
+Status transfer_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, const char* what) {
   bool done = false;
   boost::system::error_code result;
-  asio::async_read(s, buf, [&](const boost::system::error_code& ec, size_t) {
+  auto handler = [&](const boost::system::error_code& ec, size_t) {
     result = ec;
     done = true;
-  });
+  };
+  if constexpr (kWrite) {
+    asio::async_write(s, buf, handler);
+  } else {
+    asio::async_read(s, buf, handler);
+  }
+  const std::string verb = kWrite ? "writing the " : "reading the ";
   if (!impl.run_until(deadline, [&] { return done; })) {
     s.cancel();
     impl.run_until(Clock::now() + std::chrono::seconds(1), [&] { return done; });
-    return deadline_exceeded(std::string("timed out reading the ") + what);
+    return deadline_exceeded("timed out " + verb + what);
   }
-  if (result)
-    return unavailable(std::string("reading the ") + what + " failed: " + result.message());
+  if (result) return unavailable(verb + what + " failed: " + result.message());
   return Status();
 }
 
 template <typename Impl, typename Buffer>
+Status read_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, const char* what) {
+  return transfer_exact<false>(impl, s, buf, deadline, what);
+}
+
+template <typename Impl, typename Buffer>
 Status write_exact(Impl& impl, tcp::socket& s, Buffer buf, Deadline deadline, const char* what) {
-  bool done = false;
-  boost::system::error_code result;
-  asio::async_write(s, buf, [&](const boost::system::error_code& ec, size_t) {
-    result = ec;
-    done = true;
-  });
-  if (!impl.run_until(deadline, [&] { return done; })) {
-    s.cancel();
-    impl.run_until(Clock::now() + std::chrono::seconds(1), [&] { return done; });
-    return deadline_exceeded(std::string("timed out writing the ") + what);
-  }
-  if (result)
-    return unavailable(std::string("writing the ") + what + " failed: " + result.message());
-  return Status();
+  return transfer_exact<true>(impl, s, buf, deadline, what);
 }
 
 // TCP_NODELAY, and the congestion control (congestion.h): `congestion` was checked when the
