@@ -65,6 +65,22 @@ void append_note(const std::string& dir, int rank, const std::string& text) {
   std::ofstream(dir + "/note" + std::to_string(rank), std::ios::app) << text;
 }
 
+// Each of the group's first `ranks` children exited with `exit_code` and wrote a note that says
+// every one of `says`.
+void expect_every_rank(const GroupResult& g, const std::string& dir, int ranks, int exit_code,
+                       std::initializer_list<std::string_view> says) {
+  for (int r = 0; r < ranks; ++r) {
+    const std::string note = read_note(dir, r);
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, exit_code)
+        << "rank " << r << ": " << note << "\n"
+        << g.describe();
+    for (std::string_view want : says) {
+      EXPECT_NE(note.find(want), std::string::npos)
+          << "rank " << r << " should say '" << want << "': " << note;
+    }
+  }
+}
+
 // ---- The harness's watchdog -----------------------------------------------------------------
 
 // A rank that hangs is killed by the watchdog, and its threads' stacks are printed first, so that a
@@ -390,12 +406,7 @@ TEST_P(RingFaults, BroadcastWithAnotherRootFailsOnEveryRank) {
     return s.ok() ? kChildOk : kChildSawError;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    const std::string note = read_note(dir, r);
-    EXPECT_NE(note.find("collective mismatch"), std::string::npos) << "rank " << r << ": " << note;
-    EXPECT_NE(note.find("root"), std::string::npos) << "rank " << r << ": " << note;
-  }
+  expect_every_rank(g, dir, 3, kChildSawError, {"collective mismatch", "root"});
 }
 
 // A rank that ends early and cleanly (its last collective done, its backend destroyed, its process
@@ -542,11 +553,7 @@ TEST(SharedMemorySingleCopy, ARankThatMayNotReadItsPeersKeepsEveryRankOnTheSlots
       return s.ok() && x.front() == 6.0f && x.back() == 6.0f ? kChildOk : kChildFailed;
     });
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
-    for (int r = 0; r < 3; ++r) {
-      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
-          << "rank " << r << ": " << read_note(dir, r) << "\n"
-          << g.describe();
-    }
+    expect_every_rank(g, dir, 3, kChildOk, {});
   }
 }
 
@@ -780,16 +787,10 @@ TEST(SharedMemoryDirect, ARankOffTheRegisteredBufferIsAMismatchOnEveryRank) {
     return note_outcome(dir, rank, s, start);
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    const std::string note = read_note(dir, r);
-    EXPECT_NE(note.find("collective mismatch"), std::string::npos) << note;
-    EXPECT_NE(note.find("on the registered shareable buffer of registration #1"),
-              std::string::npos)
-        << note;
-    EXPECT_NE(note.find("must be used on every rank"), std::string::npos) << note;
-    EXPECT_LT(seconds_in(note), 10.0) << note;
-  }
+  expect_every_rank(g, dir, 3, kChildSawError,
+                    {"collective mismatch", "on the registered shareable buffer of registration #1",
+                     "must be used on every rank"});
+  for (int r = 0; r < 3; ++r) EXPECT_LT(seconds_in(read_note(dir, r)), 10.0) << read_note(dir, r);
 }
 
 // Two registrations of the same size, and one rank all-reducing the other one: the headers name
@@ -810,13 +811,8 @@ TEST(SharedMemoryDirect, RanksOnDifferentRegistrationsAreAMismatch) {
     return s.ok() ? kChildOk : kChildSawError;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    const std::string note = read_note(dir, r);
-    EXPECT_NE(note.find("collective mismatch"), std::string::npos) << note;
-    EXPECT_NE(note.find("registration #1"), std::string::npos) << note;
-    EXPECT_NE(note.find("registration #2"), std::string::npos) << note;
-  }
+  expect_every_rank(g, dir, 3, kChildSawError,
+                    {"collective mismatch", "registration #1", "registration #2"});
 }
 
 // A registered buffer freed before its registration ends: the next all-reduce on its address is
@@ -836,11 +832,7 @@ TEST(SharedMemoryDirect, ABufferFreedWhileRegisteredIsAnError) {
     return s.ok() ? kChildOk : kChildSawError;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError) << g.describe();
-    EXPECT_NE(read_note(dir, r).find("was freed while registered"), std::string::npos)
-        << read_note(dir, r);
-  }
+  expect_every_rank(g, dir, 2, kChildSawError, {"was freed while registered"});
 }
 
 // Out of place on the direct path, where each rank's input is may differ: ranks 0 and 2 read from
@@ -875,11 +867,7 @@ TEST(SharedMemoryDirect, OutOfPlaceFromRegisteredAndOrdinaryInputsIsRight) {
     return s.ok() && right && inputs_kept ? kChildOk : kChildFailed;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
-        << "rank " << r << ": " << read_note(dir, r) << "\n" << g.describe();
-    EXPECT_NE(read_note(dir, r).find("direct=11"), std::string::npos) << read_note(dir, r);
-  }
+  expect_every_rank(g, dir, 3, kChildOk, {"direct=11"});
 }
 
 // A rank that released its input's registration before its peers did, then all-reduces out of
@@ -937,13 +925,8 @@ TEST(SharedMemoryDirect, OneRankWithOrdinaryMemoryKeepsEveryRankOnTheUsualPath) 
                : kChildFailed;
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
-        << "rank " << r << ": " << read_note(dir, r) << "\n" << g.describe();
-    EXPECT_NE(read_note(dir, r).find("the buffer of rank 1 is not from Buffer::allocate_shareable"),
-              std::string::npos)
-        << read_note(dir, r);
-  }
+  expect_every_rank(g, dir, 3, kChildOk,
+                    {"the buffer of rank 1 is not from Buffer::allocate_shareable"});
 }
 
 // Root cause to every rank: the group meets through a real TcpStore (make_backend_context), rank
@@ -1515,10 +1498,7 @@ TEST(RingSecurity, TamperedFramesAreRejectedNotReduced) {
     });
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
     if (authenticate) {
-      for (int r = 0; r < 2; ++r) {
-        EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError)
-            << "rank " << r << ": " << read_note(dir, r);
-      }
+      expect_every_rank(g, dir, 2, kChildSawError, {});
       EXPECT_NE(read_note(dir, 0).find("failed authentication"), std::string::npos)
           << read_note(dir, 0);
     } else {
@@ -1566,10 +1546,7 @@ TEST(RendezvousSecurity, TheStoreRefusesRanksWithoutTheSecret) {
       return ops.ok() ? kChildOk : kChildSawError;
     });
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildSawError)
-          << "rank " << r << ": " << read_note(dir, r);
-    }
+    expect_every_rank(g, dir, 2, kChildSawError, {});
     const std::string refused = read_note(dir, 1);
     EXPECT_NE(refused.find(*other ? "authentication failed" : "requires the job's shared secret"),
               std::string::npos)
