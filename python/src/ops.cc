@@ -202,6 +202,21 @@ Shape gathered_shape(const Tensor& t, int n) {
   return s;
 }
 
+// The outputs the caller passed as `given`, or for None `count` new arrays like like[0], shaped
+// shape_of(like[0]) and labelled `what`, returned as one array where `single`; `empty` is the
+// error when there is no like[0] to go by.
+template <typename ShapeOf>
+Args given_or_new(CrossDeviceOps& ops, py::handle given, const PerReplica<Tensor>& like,
+                  size_t count, bool single, const std::string& what, const std::string& empty,
+                  ShapeOf&& shape_of) {
+  if (!given.is_none()) return args_from(given);
+  if (like.empty()) throw_invalid(empty);
+  Args out;
+  out.objects = new_outputs(ops, like[0], shape_of(like[0]), count, what);
+  out.single = single;
+  return out;
+}
+
 Shape scattered_shape(const Tensor& t, int n) {
   Shape s = t.shape();
   if (!s.empty() && s[0] % n == 0) {
@@ -235,14 +250,9 @@ py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::h
   Args in = args_from(value);
   auto w = std::make_unique<PyWork>();
   PerReplica<Tensor> tv(hold_all(ops, in.objects, Access::kRead, "value", w->held));
-  Args out;
-  if (destinations.is_none()) {
-    if (tv.empty()) throw_invalid("value is empty: pass one buffer per local replica");
-    out.objects = new_outputs(ops, tv[0], tv[0].shape(), ops.devices().size(), "destinations");
-    out.single = in.single;
-  } else {
-    out = args_from(destinations);
-  }
+  Args out = given_or_new(ops, destinations, tv, ops.devices().size(), in.single, "destinations",
+                          "value is empty: pass one buffer per local replica",
+                          [](const Tensor& t) { return t.shape(); });
   Mirrored<Tensor> td(hold_all(ops, out.objects, Access::kWrite, "destinations", w->held));
   w->result = result_of(out.objects, out.single);
   return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.reduce(rop, tv, td); },
@@ -265,15 +275,9 @@ py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool asyn
     Args in = args_from(t[0]);
     ReducePair p;
     p.value = PerReplica<Tensor>(hold_all(ops, in.objects, Access::kRead, at + ".value", w->held));
-    Args out;
-    if (t.size() == 1 || t[1].is_none()) {
-      if (p.value.empty()) throw_invalid(at + ".value is empty");
-      out.objects = new_outputs(ops, p.value[0], p.value[0].shape(), ops.devices().size(),
-                                at + ".destinations");
-      out.single = in.single;
-    } else {
-      out = args_from(t[1]);
-    }
+    Args out = given_or_new(ops, t.size() == 1 ? py::handle(py::none()) : py::handle(t[1]), p.value,
+                            ops.devices().size(), in.single, at + ".destinations",
+                            at + ".value is empty", [](const Tensor& v) { return v.shape(); });
     p.destinations = Mirrored<Tensor>(hold_all(ops, out.objects, Access::kWrite,
                                                at + ".destinations", w->held));
     rp.push_back(std::move(p));
@@ -308,15 +312,10 @@ py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool 
   Args in = args_from(inputs);
   auto w = std::make_unique<PyWork>();
   PerReplica<Tensor> ti(hold_all(ops, in.objects, Access::kRead, "inputs", w->held));
-  Args out;
-  if (outputs.is_none()) {
-    if (ti.empty()) throw_invalid("inputs is empty: pass one buffer per local replica");
-    out.objects = new_outputs(ops, ti[0], gathered_shape(ti[0], ops.num_replicas_in_sync()),
-                              ti.size(), "outputs");
-    out.single = in.single;
-  } else {
-    out = args_from(outputs);
-  }
+  Args out =
+      given_or_new(ops, outputs, ti, ti.size(), in.single, "outputs",
+                   "inputs is empty: pass one buffer per local replica",
+                   [&](const Tensor& t) { return gathered_shape(t, ops.num_replicas_in_sync()); });
   PerReplica<Tensor> to(hold_all(ops, out.objects, Access::kWrite, "outputs", w->held));
   w->result = result_of(out.objects, out.single);
   return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.all_gather(ti, to); },
@@ -330,15 +329,10 @@ py::object reduce_scatter(PyBackend& b, py::handle inputs, py::handle outputs, p
   Args in = args_from(inputs);
   auto w = std::make_unique<PyWork>();
   PerReplica<Tensor> ti(hold_all(ops, in.objects, Access::kRead, "inputs", w->held));
-  Args out;
-  if (outputs.is_none()) {
-    if (ti.empty()) throw_invalid("inputs is empty: pass one buffer per local replica");
-    out.objects = new_outputs(ops, ti[0], scattered_shape(ti[0], ops.num_replicas_in_sync()),
-                              ti.size(), "outputs");
-    out.single = in.single;
-  } else {
-    out = args_from(outputs);
-  }
+  Args out =
+      given_or_new(ops, outputs, ti, ti.size(), in.single, "outputs",
+                   "inputs is empty: pass one buffer per local replica",
+                   [&](const Tensor& t) { return scattered_shape(t, ops.num_replicas_in_sync()); });
   PerReplica<Tensor> to(hold_all(ops, out.objects, Access::kWrite, "outputs", w->held));
   w->result = result_of(out.objects, out.single);
   return finish(b, std::move(w), [&](CrossDeviceOps& o) { return o.reduce_scatter(rop, ti, to); },

@@ -84,6 +84,23 @@ def test_batch_reduce():
     np.testing.assert_array_equal(out[0][0], 3)
     assert out[1][1] is dest_b[1]
     np.testing.assert_array_equal(dest_b[0], 21)
+    # A pair of the value alone gets new destinations, as (value, None) does.
+    (alone,) = ops.batch_reduce([(b,)], op="max")
+    assert len(alone) == 2 and alone[0] is not b[0]
+    np.testing.assert_array_equal(alone[1], 11)
+
+
+@pytest.mark.parametrize("call", ["reduce", "batch_reduce", "all_gather", "reduce_scatter"])
+def test_new_outputs_need_an_input_to_go_by(call):
+    ops = tributary.backend("hierarchical_copy", devices=2)
+    run = {
+        "reduce": lambda: ops.reduce([], op="sum"),
+        "batch_reduce": lambda: ops.batch_reduce([([],)], op="sum"),
+        "all_gather": lambda: ops.all_gather([]),
+        "reduce_scatter": lambda: ops.reduce_scatter([], op="sum"),
+    }[call]
+    with pytest.raises(ValueError, match="is empty"):
+        run()
 
 
 def test_broadcast():
