@@ -35,6 +35,18 @@ int local_ranks(const BackendContext& context);
 // their own ranks in LOCAL_WORLD_SIZE, but share the cores).
 inline constexpr std::chrono::nanoseconds kPollAlways = std::chrono::hours(24 * 365);
 inline constexpr std::chrono::nanoseconds kPollOn = std::chrono::microseconds(50);
+// How long a poll looks without pause before it calls sched_yield() between looks. A rank woken by
+// its peer is often placed on the peer's core by the scheduler (wake-affine), where it cannot run
+// while the peer polls for its answer: every step of a collective then costs the peer's whole poll,
+// until the load balancer moves one of them milliseconds later. Measured on a 2-vCPU VM, 2
+// processes, in the 20 timed iterations that follow a line that slept (tributary-bench's raw Gloo
+// line), 4 KiB all-reduces took 60-70 us over shared memory and TCP with 50 us of pure poll (about
+// 150 with 250 us) against 2 and 7 alone; yielding after 2 us, 4.5-11 and about 20 where the trap
+// was met, and no change alone (six interleaved runs each, 2026-12-06); both ranks pinned to one
+// core (taskset -c 0), 4.8 us against 62. A yield lets a peer on this core run at once; alone on
+// its core it returns at once. Shared memory's and TCP's waits do this; ucx's do not, where the
+// yields cost more than they saved (4 KiB 13-17 us against 6-8, four interleaved runs).
+inline constexpr std::chrono::nanoseconds kPollAlone = std::chrono::microseconds(2);
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
                                        std::chrono::nanoseconds on = kPollOn,
                                        int machine_ranks = 0);

@@ -12,6 +12,7 @@
 
 #include "algorithms/reduce_kernels.h"
 #include "core/crypto/crypto.h"
+#include "core/rendezvous.h"
 #include "core/shareable_memory.h"
 #include "transports/shm/shm_segment.h"
 #include "tributary/options.h"
@@ -197,6 +198,7 @@ struct ShmGroup::Impl {
         }
         const auto now = Clock::now();
         if (now >= spin_until) break;
+        if (now - start >= internal::kPollAlone) sched_yield();  // see kPollAlone
         if (now >= next_look) {
           if (Status s = peer_trouble(call.tag); !s.ok()) return s;
           if (now >= call.deadline) break;  // the loop below says so

@@ -63,9 +63,10 @@
 // stopped reading or writing its buffers (finished, failed or exited) before it returns; a peer
 // checks before every block whether another gave up.
 //
-// Waiting: a rank polls a counter for `spin` (when the host has a core for every rank), or, with
-// more ranks than cores, polls with sched_yield() for `yield` (the core goes to a rank that can
-// make progress, but this one stays runnable: no wake-up latency), then
+// Waiting: a rank polls a counter for `spin` (when the host has a core for every rank; with
+// sched_yield() between looks after internal::kPollAlone, so that a peer the scheduler put on this
+// core can run), or, with more ranks than cores, polls with sched_yield() for `yield` (the core
+// goes to a rank that can make progress, but this one stays runnable: no wake-up latency), then
 // sleeps on the peer's futex word, waking at least every millisecond to check the deadline,
 // whether a peer gave up (its reason is in its segment), and whether a peer process has exited
 // (a pidfd); each ends the collective with an error naming the rank and the collective. After an

@@ -573,21 +573,22 @@ struct TcpTransport::Impl {
   }
 
   // Reads and takes the writer's completions until `done()` or the deadline; false on timeout.
-  // Polls without sleeping for `spin` first: a message is often only microseconds away, and waking
-  // from poll() costs more than that. Then, with more ranks than cores, polls with sched_yield()
-  // for `yield`. Then sleeps in poll() on the sockets with receives posted and the writer's
-  // eventfd, until the deadline.
+  // Polls without sleeping for `spin` first (yielding between looks after kPollAlone): a message
+  // is often only microseconds away, and waking from poll() costs more than that. Then, with more
+  // ranks than cores, polls with sched_yield() for `yield`. Then sleeps in poll() on the sockets
+  // with receives posted and the writer's eventfd, until the deadline.
   template <typename Done>
   bool progress_until(Deadline deadline, Done&& done) {
     pump_all();
     if (done()) return true;
     // Not while the writer thread has work: on a busy link it needs the core more than we do.
     const bool writer_busy = writer && !writer->idle();
-    const Deadline spin_until =
-        writer_busy ? Clock::now() : std::min(deadline, Clock::now() + spin);
-    while (Clock::now() < spin_until) {
+    const auto start = Clock::now();
+    const Deadline spin_until = writer_busy ? start : std::min(deadline, start + spin);
+    for (auto now = start; now < spin_until; now = Clock::now()) {
       pump_all();
       if (done()) return true;
+      if (now - start >= internal::kPollAlone) sched_yield();  // see kPollAlone
     }
     if (yield.count() > 0 && !writer_busy) {
       const Deadline yield_until = std::min(deadline, Clock::now() + yield);
