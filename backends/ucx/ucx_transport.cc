@@ -611,12 +611,19 @@ struct UcxTransport::Impl {
     return t.ok() ? s : t;
   }
 
+  // How long a wait polls progress without pause before it yields between polls: a peer that the
+  // scheduler placed on this core (core/rendezvous.h, internal::kPollAlone) cannot answer while
+  // this rank polls, and its 1 ms poll then costs each step of a collective 1 ms. Longer than
+  // shared memory's and TCP's 2 us: UCX's waits on small messages often last a few microseconds,
+  // and yields within them cost more than they saved.
+  static constexpr std::chrono::nanoseconds kPollAlone = std::chrono::microseconds(20);
+
   // Drives progress until `done()` or `deadline`; `op` (optional) names what is waited for, and
   // `what()` says it in the timeout's message (called then only: waits are on the hot path).
   template <typename Done, typename What>
   Status drive(Done&& done, Deadline deadline, const Op* op, What&& what) {
-    const auto spin_until = Clock::now() + options.poll_before_sleep;
-    const auto yield_until = spin_until + options.yield_before_sleep;
+    const auto start = Clock::now();
+    const auto yield_until = start + options.poll_before_sleep + options.yield_before_sleep;
     for (;;) {
       progress();
       if (done()) return Status();
@@ -630,8 +637,8 @@ struct UcxTransport::Impl {
       }
       if (now >= yield_until) {
         sleep_until(deadline);
-      } else if (now >= spin_until) {
-        sched_yield();
+      } else if (now - start >= kPollAlone) {
+        sched_yield();  // a peer the scheduler put on this core can answer (see kPollAlone)
       }
     }
   }
