@@ -51,7 +51,9 @@ std::vector<OptionDef> transport_group_options() {
       {.name = "poll",
        .type = OptionType::kEnum,
        .default_value = "auto",
-       .help = "whether a wait polls before sleeping (ring 50 us, ucx 1 ms): on (lowest latency), "
+       .help = "whether a wait polls before sleeping (ring 50 us, ucx 1 ms; yielding the core "
+               "between looks after the first 2 us, ucx 20 us, to a peer placed on it): on "
+               "(lowest latency), "
                "off, or auto (on unless this machine runs more ranks than it has cores, counting "
                "those of other containers or network namespaces on the same kernel, where "
                "polling would steal the CPU from the peers: it then yields the core between polls "
