@@ -58,7 +58,8 @@ std::vector<OptionDef> transport_group_options() {
                "those of other containers or network namespaces on the same kernel, where "
                "polling would steal the CPU from the peers: it then yields the core between polls "
                "for up to 1 ms); "
-               "always polls through the whole wait, as Open MPI does (a core per waiting rank)",
+               "always polls through the whole wait without yielding, as Open MPI does (a core per "
+               "waiting rank)",
        .choices = {"auto", "on", "off", "always"}},
       internal::secret_file_option(),
   };

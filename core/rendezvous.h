@@ -46,7 +46,8 @@ inline constexpr std::chrono::nanoseconds kPollOn = std::chrono::microseconds(50
 // core (taskset -c 0), 4.8 us against 62. A yield lets a peer on this core run at once; alone on
 // its core it returns at once. Shared memory's and TCP's waits do this; ucx's wait 20 us first,
 // since yields within its short waits cost more than they saved (4 KiB 13-17 us against 6-8 with
-// 2 us); on one core ucx then takes 26-34 us per 4 KiB all-reduce instead of 1 ms.
+// 2 us); on one core ucx then takes 26-34 us per 4 KiB all-reduce instead of 1 ms. poll=always
+// (kPollAlways) polls without yielding, as it says.
 inline constexpr std::chrono::nanoseconds kPollAlone = std::chrono::microseconds(2);
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
                                        std::chrono::nanoseconds on = kPollOn,

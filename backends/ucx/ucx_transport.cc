@@ -21,6 +21,7 @@
 
 #include "core/crypto/crypto.h"
 #include "core/logging.h"
+#include "core/rendezvous.h"
 #include "core/strings.h"
 #include "transports/shm/shm_segment.h"
 
@@ -623,7 +624,10 @@ struct UcxTransport::Impl {
   template <typename Done, typename What>
   Status drive(Done&& done, Deadline deadline, const Op* op, What&& what) {
     const auto start = Clock::now();
-    const auto yield_until = start + options.poll_before_sleep + options.yield_before_sleep;
+    const auto spin_until = start + options.poll_before_sleep;
+    const auto yield_until = spin_until + options.yield_before_sleep;
+    // poll=always polls without yielding.
+    const bool yields = options.poll_before_sleep != internal::kPollAlways;
     for (;;) {
       progress();
       if (done()) return Status();
@@ -637,7 +641,7 @@ struct UcxTransport::Impl {
       }
       if (now >= yield_until) {
         sleep_until(deadline);
-      } else if (now - start >= kPollAlone) {
+      } else if (now >= spin_until || (yields && now - start >= kPollAlone)) {
         sched_yield();  // a peer the scheduler put on this core can answer (see kPollAlone)
       }
     }

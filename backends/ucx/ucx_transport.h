@@ -58,10 +58,10 @@
 // gracefully. After a failure the worker is destroyed without progress (see shutdown()).
 //
 // Waits: progress is polled for `poll_before_sleep` (with sched_yield() between polls after the
-// first 20 us, so that a peer the scheduler put on this core can answer), then with sched_yield()
-// between polls for `yield_before_sleep` (more ranks than cores), then the thread sleeps on the
-// worker's event descriptor (UCP wakeup) in slices of at most 100 ms, checking the deadline between
-// slices.
+// first 20 us unless it is kPollAlways, so that a peer the scheduler put on this core can answer),
+// then with sched_yield() between polls for `yield_before_sleep` (more ranks than cores), then the
+// thread sleeps on the worker's event descriptor (UCP wakeup) in slices of at most 100 ms, checking
+// the deadline between slices.
 #pragma once
 
 #include <chrono>

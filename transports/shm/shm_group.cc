@@ -180,8 +180,10 @@ struct ShmGroup::Impl {
     return Status();
   }
 
-  // Waits until rank `r`'s counter `f` reaches `value`: polls for `spin`, then sleeps on its bell,
-  // checking the deadline and the peers at least every millisecond.
+  // Waits until rank `r`'s counter `f` reaches `value`: polls for `spin` (yielding between looks
+  // after kPollAlone, unless poll=always), then with more ranks than cores polls with sched_yield()
+  // for `yield`, then sleeps on its bell, checking the deadline and the peers at least every
+  // millisecond.
   Status wait_one(int r, Field f, uint64_t value, const GroupCall& call) {
     std::atomic<uint64_t>& a = field(r, f);
     if (a.load(std::memory_order_acquire) >= value) return Status();
@@ -190,6 +192,7 @@ struct ShmGroup::Impl {
       // sleeping loop below does; the default 50 us never gets there.
       const auto start = Clock::now();
       const auto spin_until = start + options.spin;
+      const bool yields = options.spin != internal::kPollAlways;  // always: a pure poll
       auto next_look = start + std::chrono::milliseconds(1);
       for (;;) {
         for (int i = 0; i < 32; ++i) {
@@ -198,7 +201,7 @@ struct ShmGroup::Impl {
         }
         const auto now = Clock::now();
         if (now >= spin_until) break;
-        if (now - start >= internal::kPollAlone) sched_yield();  // see kPollAlone
+        if (yields && now - start >= internal::kPollAlone) sched_yield();  // see kPollAlone
         if (now >= next_look) {
           if (Status s = peer_trouble(call.tag); !s.ok()) return s;
           if (now >= call.deadline) break;  // the loop below says so

@@ -573,10 +573,10 @@ struct TcpTransport::Impl {
   }
 
   // Reads and takes the writer's completions until `done()` or the deadline; false on timeout.
-  // Polls without sleeping for `spin` first (yielding between looks after kPollAlone): a message
-  // is often only microseconds away, and waking from poll() costs more than that. Then, with more
-  // ranks than cores, polls with sched_yield() for `yield`. Then sleeps in poll() on the sockets
-  // with receives posted and the writer's eventfd, until the deadline.
+  // Polls without sleeping for `spin` first (yielding between looks after kPollAlone, unless
+  // poll=always): a message is often only microseconds away, and waking from poll() costs more
+  // than that. Then, with more ranks than cores, polls with sched_yield() for `yield`. Then sleeps
+  // in poll() on the sockets with receives posted and the writer's eventfd, until the deadline.
   template <typename Done>
   bool progress_until(Deadline deadline, Done&& done) {
     pump_all();
@@ -588,7 +588,9 @@ struct TcpTransport::Impl {
     for (auto now = start; now < spin_until; now = Clock::now()) {
       pump_all();
       if (done()) return true;
-      if (now - start >= internal::kPollAlone) sched_yield();  // see kPollAlone
+      if (spin != internal::kPollAlways && now - start >= internal::kPollAlone) {
+        sched_yield();  // see kPollAlone; poll=always is a pure poll
+      }
     }
     if (yield.count() > 0 && !writer_busy) {
       const Deadline yield_until = std::min(deadline, Clock::now() + yield);
