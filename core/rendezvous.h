@@ -41,13 +41,13 @@ inline constexpr std::chrono::nanoseconds kPollOn = std::chrono::microseconds(50
 // until the load balancer moves one of them milliseconds later. Measured on a 2-vCPU VM, 2
 // processes, in the 20 timed iterations that follow a line that slept (tributary-bench's raw Gloo
 // line), 4 KiB all-reduces took 60-70 us over shared memory and TCP with 50 us of pure poll (about
-// 150 with 250 us) against 2 and 7 alone; yielding after 2 us, 4.5-11 and about 20 where the trap
-// was met, and no change alone (six interleaved runs each, 2026-12-06); both ranks pinned to one
-// core (taskset -c 0), 4.8 us against 62. A yield lets a peer on this core run at once; alone on
-// its core it returns at once. Shared memory's and TCP's waits do this; ucx's wait 20 us first,
-// since yields within its short waits cost more than they saved (4 KiB 13-17 us against 6-8 with
-// 2 us); on one core ucx then takes 26-34 us per 4 KiB all-reduce instead of 1 ms. poll=always
-// (kPollAlways) polls without yielding, as it says.
+// 150 with a poll let grow to 250 us) against 2 and 7 alone; yielding after 2 us, 4.5-11 and about
+// 20 where the trap was met, and no change alone (six interleaved runs each, 2026-12-06); both
+// ranks pinned to one core (taskset -c 0), 4.8 us against 62. A yield lets a peer on this core run
+// at once; alone on its core it returns at once. Shared memory's and TCP's waits do this; ucx's
+// wait 20 us first, since yields within its short waits cost more than they saved (4 KiB 13-17 us
+// against 6-8 with 2 us); on one core ucx then takes 26-34 us per 4 KiB all-reduce instead of 1 ms.
+// poll=always (kPollAlways) polls without yielding, as it says.
 inline constexpr std::chrono::nanoseconds kPollAlone = std::chrono::microseconds(2);
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
                                        std::chrono::nanoseconds on = kPollOn,
