@@ -4,6 +4,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/hierarchical_group.h"
+#include "core/cpus.h"
 #include "core/kernel_id.h"
 #include "core/rendezvous.h"
 
@@ -31,12 +32,34 @@ size_t ring_slice_bytes(uint64_t configured, const HostLayout& layout,
   return one_kernel ? 0 : kNoSlices;
 }
 
-int HostLayout::ranks_on_kernel_of(int rank) const {
+namespace {
+
+// The ranks that share `rank`'s machine: those with its kernel when that is known, else those of
+// its host.
+std::vector<int> machine_members(const HostLayout& layout, int rank) {
   const auto r = static_cast<size_t>(rank);
-  if (r < kernel_of.size() && !kernel_of[r].empty()) {
-    return static_cast<int>(std::count(kernel_of.begin(), kernel_of.end(), kernel_of[r]));
+  if (r < layout.kernel_of.size() && !layout.kernel_of[r].empty()) {
+    std::vector<int> same;
+    for (size_t i = 0; i < layout.kernel_of.size(); ++i) {
+      if (layout.kernel_of[i] == layout.kernel_of[r]) same.push_back(static_cast<int>(i));
+    }
+    return same;
   }
-  return static_cast<int>(members.at(static_cast<size_t>(host_of.at(r))).size());
+  return layout.members.at(static_cast<size_t>(layout.host_of.at(r)));
+}
+
+}  // namespace
+
+internal::MachineShare HostLayout::machine_of(int rank) const {
+  const std::vector<int> same = machine_members(*this, rank);
+  std::string all;
+  for (const int m : same) {
+    const auto i = static_cast<size_t>(m);
+    if (i >= cpus_of.size() || cpus_of[i].empty()) return {static_cast<int>(same.size()), 0};
+    all += (all.empty() ? "" : ",") + cpus_of[i];
+  }
+  const auto cpus = internal::parse_cpu_list(all);
+  return {static_cast<int>(same.size()), cpus ? static_cast<int>(cpus->size()) : 0};
 }
 
 std::vector<bool> HostLayout::same_kernel_as(int rank, const std::vector<int>& members) const {
@@ -53,8 +76,9 @@ std::vector<bool> HostLayout::same_kernel_as(int rank, const std::vector<int>& m
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
                                  const std::string& backend, const std::string& agreement,
                                  std::chrono::nanoseconds timeout) {
-  const std::string mine =
-      agreement + "|" + internal::kernel_id() + "|" + internal::host_id(context.config);
+  const std::string mine = agreement + "|" + internal::kernel_id() + "|" +
+                           internal::cpu_list_text(internal::affinity_cpus()) + "|" +
+                           internal::host_id(context.config);
   TRIBUTARY_RETURN_IF_ERROR(store.set("host/" + std::to_string(context.rank), mine));
   HostLayout layout;
   std::vector<std::string> ids;
@@ -76,11 +100,18 @@ StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
                               choice + " but rank " + std::to_string(context.rank) + " " +
                               agreement + "; every process must use the same");
     }
-    // "agreement|kernel|host": the host is what follows the kernel, which holds no '|'.
+    // "agreement|kernel|cpus|host": the host is what follows the CPUs; kernel and CPUs hold no '|'.
     const size_t second = bar == std::string::npos ? bar : theirs.find('|', bar + 1);
-    layout.kernel_of.push_back(
-        second == std::string::npos ? std::string() : theirs.substr(bar + 1, second - bar - 1));
-    if (second != std::string::npos) theirs.erase(0, second + 1);
+    const size_t third = second == std::string::npos ? second : theirs.find('|', second + 1);
+    if (third == std::string::npos) {
+      return invalid_argument("backend '" + backend + "': rank " + std::to_string(r) +
+                              " published '" + theirs +
+                              "' as its host, not agreement|kernel|cpus|host; is it running the "
+                              "same version of tributary?");
+    }
+    layout.kernel_of.push_back(theirs.substr(bar + 1, second - bar - 1));
+    layout.cpus_of.push_back(theirs.substr(second + 1, third - second - 1));
+    theirs.erase(0, third + 1);
     auto it = std::find(ids.begin(), ids.end(), theirs);
     if (it == ids.end()) {
       ids.push_back(theirs);

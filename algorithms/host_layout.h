@@ -2,11 +2,12 @@
 // multi-process backend whose groups are ProcessGroups (ring, ucx).
 //
 //  - learn_hosts(): every rank publishes its host id (core/rendezvous.h: hostname, boot id and
-//    namespaces, or TRIBUTARY_HOST_ID) and its kernel's boot id (never overridden) with the
-//    settings every rank must share (`agreement`, e.g. "intra_host=shm,hierarchy=auto") as
-//    "agreement|kernel|host" under "host/<rank>" of the backend instance's store, and
-//    reads every rank's. Hosts are numbered in the order of their lowest rank; a rank whose
-//    agreement differs fails the setup on every rank that reads it, naming both.
+//    namespaces, or TRIBUTARY_HOST_ID), its kernel's boot id (never overridden) and the CPUs it may
+//    run on (its affinity, core/cpus.h) with the settings every rank must share (`agreement`, e.g.
+//    "intra_host=shm,hierarchy=auto") as "agreement|kernel|cpus|host" under "host/<rank>" of the
+//    backend instance's store, and reads every rank's. Hosts are numbered in the order of their
+//    lowest rank; a rank whose agreement differs fails the setup on every rank that reads it,
+//    naming both.
 //  - use_hierarchy(): the `hierarchy` option's rule. auto takes the hierarchy when there are
 //    several hosts and every host runs the same number of processes, more than one. That is what
 //    the alpha-beta cost model gives at every size: against a flat ring over all H x L ranks, the
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "algorithms/process_group.h"
+#include "core/rendezvous.h"
 #include "tributary/options.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
@@ -40,12 +42,17 @@ struct HostLayout {
   // hosts with the same one are containers or network namespaces of one machine, whose TCP
   // connections never leave its memory. Empty when not learned.
   std::vector<std::string> kernel_of;
+  // Each rank's CPUs (its affinity as a cpulist, "0-3,8"; "" unknown). Empty when not learned.
+  std::vector<std::string> cpus_of;
   int hosts() const { return static_cast<int>(members.size()); }
   // Every host runs the same number of processes.
   bool uniform() const;
-  // The ranks that share `rank`'s machine, and so its cores: those with its kernel when that is
-  // known, else those of its host.
-  int ranks_on_kernel_of(int rank) const;
+  // How many ranks share `rank`'s machine, and so its cores (those with its kernel when that is
+  // known, else those of its host), and the CPUs they may run on between them (the union of their
+  // affinities; 0 when any of them is unknown), for the oversubscription rule
+  // (internal::oversubscribed): ranks started under one `taskset -c 0` share one CPU, ranks bound
+  // to a core each do not.
+  internal::MachineShare machine_of(int rank) const;
   // For each of `members` (global ranks): whether it runs on `rank`'s kernel (false when either
   // kernel is unknown).
   std::vector<bool> same_kernel_as(int rank, const std::vector<int>& members) const;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "algorithms/reduce_kernels.h"
+#include "core/cpus.h"
 
 namespace tributary::algorithms {
 namespace {
@@ -17,7 +18,9 @@ namespace {
 class WorkerPool {
  public:
   WorkerPool() {
-    unsigned n = std::max(1u, std::thread::hardware_concurrency());
+    // The CPUs this process may run on (core/cpus.h), not the machine's: a container given 2 of
+    // 64 would otherwise wake 63 threads per job to share 2 CPUs.
+    auto n = static_cast<unsigned>(internal::usable_cpus());
     if (const char* e = std::getenv("TRIBUTARY_NUM_THREADS"); e && *e) {
       char* end = nullptr;
       const long v = std::strtol(e, &end, 10);

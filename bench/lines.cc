@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpus.h"
+
 namespace tributary::bench {
 namespace {
 
@@ -171,7 +173,7 @@ StatusOr<std::unique_ptr<Line>> yardstick(const BackendSpec& spec, const Backend
   if (op != ReduceOp::kSum || (dtype != DType::kFloat32 && dtype != DType::kFloat64)) {
     return invalid_argument("it measures float32 and float64 sum only");
   }
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = tributary::internal::usable_cpus();
   for (const auto& [key, value] : spec.options) {
     if (key != "threads") return invalid_argument("unknown option '" + key + "' (threads)");
     char* end = nullptr;

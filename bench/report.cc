@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include "core/cpus.h"
+
 namespace tributary::bench {
 namespace {
 
@@ -75,7 +77,8 @@ Machine Machine::probe() {
       break;
     }
   }
-  m.cores = static_cast<int>(std::thread::hardware_concurrency());
+  m.cores = internal::usable_cpus();
+  m.online = internal::online_cpus();
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0) m.memory_gib = static_cast<double>(pages) * page / (1 << 30);
   return m;
@@ -185,7 +188,11 @@ std::string format_header(const Report& r) {
          "all_reduce_perf prints it (replicas per process are -t/--replicas)\n";
   }
   s += "# host " + r.machine.host + ": " + r.machine.cpu + ", " + std::to_string(r.machine.cores) +
-       " cores, " + fmt_num("%.0f", r.machine.memory_gib) + " GiB\n";
+       " cores" +
+       (r.machine.online > r.machine.cores
+            ? " (of " + std::to_string(r.machine.online) + " online: this process's affinity)"
+            : std::string()) +
+       ", " + fmt_num("%.0f", r.machine.memory_gib) + " GiB\n";
   const int n = r.processes * o.replicas;
   if (o.gpus > 0 && r.ceiling.memcpy_gbps > 0) {
     if (r.ceiling.device_error.empty()) {

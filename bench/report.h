@@ -41,7 +41,8 @@ struct BackendResult {
 
 struct Machine {
   std::string host, cpu;
-  int cores = 0;
+  int cores = 0;   // the CPUs this process may run on (its affinity, core/cpus.h)
+  int online = 0;  // the machine's online CPUs
   double memory_gib = 0;
   static Machine probe();
 };

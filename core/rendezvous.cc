@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
-#include <thread>
 
+#include "core/cpus.h"
 #include "core/kernel_id.h"
 #include "core/store/tcp_store_protocol.h"
 #include "core/strings.h"
@@ -133,25 +133,23 @@ int local_ranks(const BackendContext& context) {
   return is_loopback_name(context.coordinator_host) ? context.world_size : 1;
 }
 
-namespace {
-bool oversubscribed(const BackendContext& context, int machine_ranks) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(local_ranks(context), machine_ranks) > cores;
+bool oversubscribed(const BackendContext& context, MachineShare machine) {
+  const int cpus = machine.cpus > 0 ? machine.cpus : online_cpus();
+  return std::max(local_ranks(context), machine.ranks) > cpus;
 }
-}  // namespace
 
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
-                                       std::chrono::nanoseconds on, int machine_ranks) {
+                                       std::chrono::nanoseconds on, MachineShare machine) {
   if (mode == "on") return on;
   if (mode == "off") return std::chrono::nanoseconds(0);
   if (mode == "always") return kPollAlways;
-  return oversubscribed(context, machine_ranks) ? std::chrono::nanoseconds(0) : on;
+  return oversubscribed(context, machine) ? std::chrono::nanoseconds(0) : on;
 }
 
 std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendContext& context,
-                                        int machine_ranks) {
-  return mode == "auto" && oversubscribed(context, machine_ranks) ? std::chrono::milliseconds(1)
-                                                                  : std::chrono::nanoseconds(0);
+                                        MachineShare machine) {
+  return mode == "auto" && oversubscribed(context, machine) ? std::chrono::milliseconds(1)
+                                                            : std::chrono::nanoseconds(0);
 }
 
 std::string interface_towards(const std::string& coordinator) {

@@ -26,13 +26,24 @@ OptionDef secret_file_option();
 // them when the coordinator is this host's loopback, else one.
 int local_ranks(const BackendContext& context);
 
+// The ranks a backend found on this process's machine and the CPUs they may run on between them
+// (algorithms::HostLayout::machine_of): the ranks on this kernel, since network namespaces or
+// containers of one machine count only their own ranks in LOCAL_WORLD_SIZE but share its cores,
+// and the union of those ranks' affinities (core/cpus.h), since taskset, a cgroup cpuset or a
+// launcher's binding may give them fewer CPUs than the machine has. 0 = unknown.
+struct MachineShare {
+  int ranks = 0;
+  int cpus = 0;
+  bool operator==(const MachineShare&) const = default;
+};
+// Whether this host runs more ranks than it has CPUs for them: the larger of local_ranks() and
+// `machine.ranks` against `machine.cpus`, else (unknown) the machine's online CPUs.
+bool oversubscribed(const BackendContext& context, MachineShare machine = {});
+
 // How long a wait polls before sleeping, from a backend's `poll` option: "on" `on` (50 us unless
-// the backend says otherwise), "off" none, "auto" `on` unless this host runs more ranks than it
-// has cores (polling would then steal the CPU from the peers), "always" the whole wait
-// (kPollAlways: Open MPI's and Gloo busy_poll's way, one core per waiting rank). This host's ranks
-// are the larger of local_ranks() and `machine_ranks`, the ranks a backend found on this machine's
-// kernel (HostLayout::ranks_on_kernel_of: network namespaces or containers of one machine count
-// their own ranks in LOCAL_WORLD_SIZE, but share the cores).
+// the backend says otherwise), "off" none, "auto" `on` unless this host is oversubscribed()
+// (polling would then steal the CPU from the peers), "always" the whole wait (kPollAlways: Open
+// MPI's and Gloo busy_poll's way, one core per waiting rank).
 inline constexpr std::chrono::nanoseconds kPollAlways = std::chrono::hours(24 * 365);
 inline constexpr std::chrono::nanoseconds kPollOn = std::chrono::microseconds(50);
 // How long a poll looks without pause before it calls sched_yield() between looks. A rank woken by
@@ -51,13 +62,12 @@ inline constexpr std::chrono::nanoseconds kPollOn = std::chrono::microseconds(50
 inline constexpr std::chrono::nanoseconds kPollAlone = std::chrono::microseconds(2);
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
                                        std::chrono::nanoseconds on = kPollOn,
-                                       int machine_ranks = 0);
+                                       MachineShare machine = {});
 // How long a wait then polls with sched_yield() before sleeping: 1 ms when `mode` is "auto" and
 // this host runs more ranks than it has cores (the rank being waited for gets the core, and no
-// wake-up is paid when it answers, as Open MPI does when oversubscribed), else none. This host's
-// ranks as for poll_duration().
+// wake-up is paid when it answers, as Open MPI does when oversubscribed), else none.
 std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendContext& context,
-                                        int machine_ranks = 0);
+                                        MachineShare machine = {});
 
 // The local address (IPv4 or IPv6, as text) of the interface that routes to `coordinator`; no
 // packet is sent. Loopback coordinators ("", "localhost", 127.x, "::1") give the loopback of their

@@ -11,6 +11,8 @@
 #include <map>
 #include <utility>
 
+#include "core/cpus.h"
+
 namespace tributary::tools {
 
 std::vector<std::vector<int>> group_cores(const std::vector<CpuInfo>& cpus) {
@@ -49,32 +51,12 @@ int read_int(const std::string& path, int fallback) {
 
 std::vector<CpuInfo> allowed_cpus(std::string& error) {
   std::vector<CpuInfo> found;
-#if defined(__linux__)
-  // The kernel refuses (EINVAL) a mask smaller than its own CPU count: grow until it fits.
-  for (int size = CPU_SETSIZE;; size *= 2) {
-    CpuMask mask{CpuMask::Set(CPU_ALLOC(size)), CPU_ALLOC_SIZE(size)};
-    if (!mask.set) {
-      error = "cannot read this process's CPU affinity: out of memory";
-      return found;
-    }
-    CPU_ZERO_S(mask.bytes, mask.set.get());
-    if (sched_getaffinity(0, mask.bytes, mask.set.get()) != 0) {
-      if (errno == EINVAL && size < (1 << 22)) continue;
-      error = std::string("cannot read this process's CPU affinity: ") + std::strerror(errno);
-      return found;
-    }
-    for (int cpu = 0; cpu < size; ++cpu) {
-      if (!CPU_ISSET_S(cpu, mask.bytes, mask.set.get())) continue;
-      const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-      const int core = read_int(dir + "core_id", -1);
-      found.push_back(core < 0 ? CpuInfo{cpu, kUnknownPackage, cpu}
-                               : CpuInfo{cpu, read_int(dir + "physical_package_id", 0), core});
-    }
-    return found;
+  for (const int cpu : internal::affinity_cpus(&error)) {
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    const int core = read_int(dir + "core_id", -1);
+    found.push_back(core < 0 ? CpuInfo{cpu, kUnknownPackage, cpu}
+                             : CpuInfo{cpu, read_int(dir + "physical_package_id", 0), core});
   }
-#else
-  error = "CPU binding is supported on Linux only";
-#endif
   return found;
 }
 
@@ -90,18 +72,5 @@ CpuMask cpu_mask(const std::vector<int>& cpus) {
   return mask;
 }
 #endif
-
-std::string cpu_list_text(const std::vector<int>& cpus) {
-  std::string text;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!text.empty()) text += ',';
-    text += std::to_string(cpus[i]);
-    if (j > i) text += '-' + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return text;
-}
 
 }  // namespace tributary::tools

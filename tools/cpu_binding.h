@@ -45,7 +45,8 @@ std::vector<std::vector<int>> plan_core_binding(const std::vector<std::vector<in
                                                 int workers);
 
 // The CPUs this process may run on, with their sysfs topology (a CPU whose topology cannot be read
-// counts as a core of its own). Empty with `error` set when the affinity cannot be read.
+// counts as a core of its own). Empty with `error` set when the affinity cannot be read
+// (internal::affinity_cpus, core/cpus.h).
 std::vector<CpuInfo> allowed_cpus(std::string& error);
 
 #if defined(__linux__)
@@ -61,8 +62,5 @@ struct CpuMask {
 };
 CpuMask cpu_mask(const std::vector<int>& cpus);
 #endif
-
-// "0-3,8" style, as /proc/self/status's Cpus_allowed_list.
-std::string cpu_list_text(const std::vector<int>& cpus);
 
 }  // namespace tributary::tools

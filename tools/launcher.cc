@@ -29,8 +29,8 @@
 #include <cstring>
 #include <utility>
 
+#include "core/cpus.h"
 #include "tools/cpu_binding.h"
-
 #include "tools/fd.h"
 #include "tools/node_join.h"
 
@@ -295,7 +295,7 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
 #if defined(__linux__)
   const CpuMask cpus = cpu_mask(w.cpus);  // made before fork: the child only calls the kernel
   const std::string bind_error = "tributary-run: cannot bind rank " + std::to_string(w.rank) +
-                           " to CPUs " + cpu_list_text(w.cpus) + ": ";
+                                 " to CPUs " + internal::cpu_list_text(w.cpus) + ": ";
 #endif
 
   sigset_t blocked;
@@ -433,8 +433,9 @@ int Launcher::run() {
     w.prefix = opt_.prefix ? "[rank " + r + "] " : "";
     if (!binding.empty()) w.cpus = binding[static_cast<size_t>(i)];
     if (opt_.report_bindings) {
-      std::fprintf(stderr, "tributary-run: rank %s bound to CPUs %s\n", r.c_str(),
-                   w.cpus.empty() ? "(not bound: the launcher's)" : cpu_list_text(w.cpus).c_str());
+      std::fprintf(
+          stderr, "tributary-run: rank %s bound to CPUs %s\n", r.c_str(),
+          w.cpus.empty() ? "(not bound: the launcher's)" : internal::cpu_list_text(w.cpus).c_str());
     }
     std::vector<std::string> env = base;
     for (const char* k : {"RANK=", "TRIBUTARY_RANK="}) env.push_back(k + r);

@@ -2,7 +2,6 @@
 #include <memory>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "algorithms/host_layout.h"
@@ -35,11 +34,9 @@ std::string layout_text(const BackendContext& context, const Options& options) {
 
 // Ranks `rank` of `size` over TCP, meeting under `store` (the whole world, or a subgroup under its
 // own prefix); `slice_bytes` for its ring all-reduce (algorithms::ring_slice_bytes).
-StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int rank, int size,
-                                                              const BackendContext& context,
-                                                              const Options& options,
-                                                              size_t slice_bytes, int machine_ranks,
-                                                              std::vector<bool> same_kernel) {
+StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(
+    Store& store, int rank, int size, const BackendContext& context, const Options& options,
+    size_t slice_bytes, internal::MachineShare machine, std::vector<bool> same_kernel) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
   transports::TcpTransportOptions t;
@@ -49,10 +46,9 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> tcp_group(Store& store, int 
   t.cluster_id = context.cluster_id;
   t.layout = layout_text(context, options);
   t.timeout = options.get_duration("timeout");
-  t.poll_before_sleep = internal::poll_duration(options.get_string("poll"), context,
-                                                internal::kPollOn, machine_ranks);
-  t.yield_before_sleep =
-      internal::yield_duration(options.get_string("poll"), context, machine_ranks);
+  t.poll_before_sleep =
+      internal::poll_duration(options.get_string("poll"), context, internal::kPollOn, machine);
+  t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context, machine);
   t.sockets_per_peer = static_cast<int>(options.get_int("sockets_per_peer"));
   t.authenticate_frames = options.get_bool("authenticate_frames");
   t.congestion = options.get_string("tcp_congestion");
@@ -71,7 +67,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
                                                               const BackendContext& context,
                                                               const Options& options,
                                                               const std::vector<int>& members,
-                                                              int machine_ranks) {
+                                                              internal::MachineShare machine) {
   TRIBUTARY_ASSIGN_OR_RETURN(
       std::string secret, internal::read_secret(context.config, options.get_string("secret_file")));
   transports::shm::ShmGroupOptions o;
@@ -80,8 +76,8 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   const std::string single_copy = options.get_string("shm_single_copy");
   o.timeout = options.get_duration("timeout");
   const std::string poll = options.get_string("poll");
-  const auto cores = static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
-  const bool oversubscribed = std::max(members.size(), static_cast<size_t>(machine_ranks)) > cores;
+  machine.ranks = std::max(machine.ranks, static_cast<int>(members.size()));
+  const bool oversubscribed = internal::oversubscribed(context, machine);
   o.spin = poll == "always" ? internal::kPollAlways
            : poll == "off" || (poll == "auto" && oversubscribed)
                ? std::chrono::nanoseconds(0)
@@ -91,13 +87,13 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   // tens of microseconds per step (4 ranks on 2 cores, 4 KiB: 62 us with futexes, 13 us so).
   if (poll == "auto" && oversubscribed) o.yield = std::chrono::milliseconds(1);
   // shm_single_copy=auto: every all-reduce over the latency path's 16 KiB where every process may
-  // reach its peers' memory, or from 2 MiB with more ranks than cores. Measured on a 2-vCPU Intel
-  // Xeon VM, float32 sum in place, interleaved with the slots (README, "The ring backend"): with 2
-  // processes ahead at every size from 64 KiB to 256 MiB (1.4x at 64 KiB, 2.4x at 1 MiB, 1.2-1.3x
-  // at 256 MiB); with 4 on the 2 cores behind to 512 KiB (0.6-0.7x at 32-64 KiB), ahead or behind
-  // by run at 1 MiB, ahead from 2 MiB.
+  // reach its peers' memory, or from 256 KiB with more ranks than cores. Measured on a 2-vCPU Intel
+  // Xeon VM, float32 sum, interleaved with the slots (README, "The ring backend"): with 2 processes
+  // ahead at every size from 64 KiB to 256 MiB (1.4x at 64 KiB, 2.4x at 1 MiB, 1.2-1.3x at 256
+  // MiB); oversubscribed (4 processes on the 2 cores, or 2 under `taskset -c 0`), behind at 128 KiB
+  // and below, level or ahead from 256 KiB (ahead by 1.1-1.8x where the buffers have huge pages).
   if (single_copy == "on") o.single_copy_min_bytes = 0;
-  if (single_copy == "auto") o.single_copy_min_bytes = oversubscribed ? size_t{2} << 20 : 0;
+  if (single_copy == "auto") o.single_copy_min_bytes = oversubscribed ? size_t{256} << 10 : 0;
   o.single_copy_required = single_copy == "on";
   o.global_ranks = members;
   // The secret is not sent anywhere: a digest of it (with the cluster) must match, so that a
@@ -108,7 +104,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
     proof = internal::hex(d.data(), d.size());
   }
   // With auto's threshold, which depends on this host's cores as this process counts them: ranks
-  // that counted differently fail setup naming it, instead of every all-reduce of 16 KiB-2 MiB.
+  // that counted differently fail setup naming it, instead of every all-reduce of 16-256 KiB.
   o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof +
              ",single_copy_from=" +
              (o.single_copy_min_bytes == SIZE_MAX ? std::string("never")
@@ -131,23 +127,23 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> make_group(const std::shared
       const bool hierarchical,
       algorithms::use_hierarchy("ring", options.get_string("hierarchy"), hosts));
   const bool shm = options.get_string("intra_host") == "shm";
-  // Whether waits may poll: by the ranks on this machine (network namespaces of one machine share
-  // its cores, whatever each one's LOCAL_WORLD_SIZE says).
-  const int machine_ranks = hosts.ranks_on_kernel_of(context.rank);
+  // Whether waits may poll: by the ranks on this machine and the CPUs they may use (network
+  // namespaces of one machine share its cores, whatever each one's LOCAL_WORLD_SIZE says).
+  const internal::MachineShare machine = hosts.machine_of(context.rank);
   auto tcp = [&](Store& scope, int index, const std::vector<int>& members) {
     return tcp_group(scope, index, static_cast<int>(members.size()), context, options,
                      algorithms::ring_slice_bytes(options.get_size("slice_bytes"), hosts, members),
-                     machine_ranks, hosts.same_kernel_as(context.rank, members));
+                     machine, hosts.same_kernel_as(context.rank, members));
   };
   if (hierarchical) {
     auto local = [&](Store& scope, int index, const std::vector<int>& members) {
-      return shm ? shm_group(scope, context, options, members, machine_ranks)
+      return shm ? shm_group(scope, context, options, members, machine)
                  : tcp(scope, index, members);
     };
     return algorithms::hierarchical_group(store, context, hosts, local, tcp);
   }
   if (shm && hosts.hosts() == 1) {
-    return shm_group(*store, context, options, hosts.members[0], machine_ranks);
+    return shm_group(*store, context, options, hosts.members[0], machine);
   }
   std::vector<int> everyone(static_cast<size_t>(context.world_size));
   std::iota(everyone.begin(), everyone.end(), 0);

@@ -90,12 +90,12 @@ Status register_ucx(BackendRegistry& registry) {
           const algorithms::HostLayout hosts,
           algorithms::learn_hosts(*store, context, "ucx", "hierarchy=" + hierarchy,
                                   options.get_duration("timeout")));
-      // Whether waits may poll: by the ranks on this machine (see ring's make_group).
-      const int machine_ranks = hosts.ranks_on_kernel_of(context.rank);
+      // Whether waits may poll: by the ranks on this machine and their CPUs (see ring's
+      // make_group).
+      const internal::MachineShare machine = hosts.machine_of(context.rank);
       t.poll_before_sleep =
-          internal::poll_duration(options.get_string("poll"), context, kUcxPollOn, machine_ranks);
-      t.yield_before_sleep =
-          internal::yield_duration(options.get_string("poll"), context, machine_ranks);
+          internal::poll_duration(options.get_string("poll"), context, kUcxPollOn, machine);
+      t.yield_before_sleep = internal::yield_duration(options.get_string("poll"), context, machine);
       // A UCX group among `members` (global ranks), this process being members[index].
       auto ucx_group = [&](Store& at, int index, const std::vector<int>& members)
           -> StatusOr<std::unique_ptr<algorithms::ProcessGroup>> {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "algorithms/collectives.h"
+#include "core/cpus.h"
 #include "core/kernel_id.h"
 
 namespace tributary::algorithms {
@@ -128,8 +129,13 @@ TEST(HostLayout, EveryRankLearnsEveryRanksKernel) {
     EXPECT_EQ(r->host_of, (std::vector<int>{0, 1, 0}));  // the kernel does not merge hosts
     // Two "hosts" of one kernel (network namespaces of one machine): sliced, as within a host.
     EXPECT_EQ(ring_slice_bytes(0, *r, {0, 1}), 0u);
-    // And they share its cores.
-    for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(r->ranks_on_kernel_of(rank), 3);
+    // And they share its cores: threads of this process, each with this process's CPUs.
+    EXPECT_EQ(r->cpus_of,
+              std::vector<std::string>(3, internal::cpu_list_text(internal::affinity_cpus())));
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_EQ(r->machine_of(rank).ranks, 3);
+      EXPECT_EQ(r->machine_of(rank).cpus, internal::usable_cpus());
+    }
   }
 }
 
@@ -160,14 +166,50 @@ TEST(HostLayout, RingSlicesByDefaultOnlyWithinOneHostOrKernel) {
 // The ranks that share a rank's cores: those of its kernel when known, else those of its host.
 TEST(HostLayout, RanksOnAKernelAreCountedByKernelElseByHost) {
   HostLayout l = layout_of({{0, 1}, {2, 3, 4}});
-  EXPECT_EQ(l.ranks_on_kernel_of(0), 2);  // kernels not learned: the host
-  EXPECT_EQ(l.ranks_on_kernel_of(3), 3);
+  EXPECT_EQ(l.machine_of(0).ranks, 2);  // kernels not learned: the host
+  EXPECT_EQ(l.machine_of(3).ranks, 3);
   l.kernel_of = {"k", "k", "k", "m", "m"};  // rank 2 is on host 1 but on kernel k
-  EXPECT_EQ(l.ranks_on_kernel_of(0), 3);
-  EXPECT_EQ(l.ranks_on_kernel_of(2), 3);
-  EXPECT_EQ(l.ranks_on_kernel_of(4), 2);
+  EXPECT_EQ(l.machine_of(0).ranks, 3);
+  EXPECT_EQ(l.machine_of(2).ranks, 3);
+  EXPECT_EQ(l.machine_of(4).ranks, 2);
   l.kernel_of = {"", "", "", "", ""};
-  EXPECT_EQ(l.ranks_on_kernel_of(4), 3);
+  EXPECT_EQ(l.machine_of(4).ranks, 3);
+}
+
+// A machine's CPUs are the union of its ranks' affinities: ranks under one taskset share them,
+// ranks bound to a core each add theirs. Unknown (or unreadable) for any of them: unknown.
+TEST(HostLayout, AMachinesCpusAreTheUnionOfItsRanksAffinities) {
+  HostLayout l = layout_of({{0, 1}, {2, 3, 4}});
+  l.kernel_of = {"k", "k", "k", "m", "m"};
+  l.cpus_of = {"0", "0", "0-1", "4", "5"};
+  EXPECT_EQ(l.machine_of(0).cpus, 2);  // {0} + {0} + {0, 1}
+  EXPECT_EQ(l.machine_of(2).cpus, 2);
+  EXPECT_EQ(l.machine_of(3).cpus, 2);  // bound to a core each: {4} + {5}
+  l.cpus_of = {"0", "0", "0", "4", "4"};
+  EXPECT_EQ(l.machine_of(1).cpus, 1);  // three ranks under one `taskset -c 0`
+  l.cpus_of = {"0", "", "0", "4", "5"};
+  EXPECT_EQ(l.machine_of(0).cpus, 0);
+  EXPECT_EQ(l.machine_of(3).cpus, 2);  // the other machine's ranks are all known
+  l.cpus_of = {"0", "x", "0", "4", "5"};
+  EXPECT_EQ(l.machine_of(0).cpus, 0);
+  l.cpus_of.clear();  // not learned
+  EXPECT_EQ(l.machine_of(0), (internal::MachineShare{3, 0}));
+}
+
+// A rank that publishes no CPUs (an older tributary: "agreement|kernel|host") fails the setup with
+// a message saying so, rather than being read as a host id.
+TEST(HostLayout, AnEntryWithoutCpusIsRefusedNamingTheRank) {
+  MemoryStore store;
+  ASSERT_TRUE(store.set("host/1", "x|" + internal::kernel_id() + "|a").ok());
+  BackendContext ctx;
+  ctx.rank = 0;
+  ctx.world_size = 2;
+  ctx.config.set("TRIBUTARY_HOST_ID", "a");
+  const auto got = learn_hosts(store, ctx, "test", "x", 5s);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("rank 1 published"), std::string::npos)
+      << got.status().message();
+  EXPECT_NE(got.status().message().find("same version of tributary"), std::string::npos);
 }
 
 // The per-peer flags a backend hands its TCP transport: same kernel, by position in `members`.

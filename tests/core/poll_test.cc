@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <thread>
 
+#include "core/cpus.h"
 #include "core/rendezvous.h"
 #include "tributary/cross_device_ops.h"
 
@@ -39,7 +39,7 @@ TEST(Poll, EachModeOnAHostWithACorePerRank) {
 // oversubscribed host.
 TEST(Poll, TheBackendsOwnDurationForOn) {
   const BackendContext one = with_local_ranks(1);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = online_cpus();
   const BackendContext many = with_local_ranks(cores + 1);
   EXPECT_EQ(poll_duration("on", one, milliseconds(1)), milliseconds(1));
   EXPECT_EQ(poll_duration("auto", one, milliseconds(1)), milliseconds(1));
@@ -51,7 +51,7 @@ TEST(Poll, TheBackendsOwnDurationForOn) {
 // More ranks than cores: auto stops polling and yields the core for up to 1 ms instead; the
 // explicit modes do what they say.
 TEST(Poll, EachModeOnAnOversubscribedHost) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = online_cpus();
   const BackendContext many = with_local_ranks(cores + 1);
   EXPECT_EQ(poll_duration("auto", many), nanoseconds(0));
   EXPECT_EQ(yield_duration("auto", many), milliseconds(1));
@@ -63,15 +63,34 @@ TEST(Poll, EachModeOnAnOversubscribedHost) {
 // A host's launcher counts only its own ranks (LOCAL_WORLD_SIZE), but network namespaces or
 // containers of one machine share its cores: the ranks a backend found on this kernel count too.
 TEST(Poll, RanksOnThisMachinesKernelCountLikeLocalRanks) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = online_cpus();
   const BackendContext one = with_local_ranks(1);
-  EXPECT_EQ(poll_duration("auto", one, microseconds(50), cores), microseconds(50));
-  EXPECT_EQ(yield_duration("auto", one, cores), nanoseconds(0));
-  EXPECT_EQ(poll_duration("auto", one, microseconds(50), cores + 1), nanoseconds(0));
-  EXPECT_EQ(yield_duration("auto", one, cores + 1), milliseconds(1));
+  const MachineShare full{.ranks = cores}, over{.ranks = cores + 1};
+  EXPECT_EQ(poll_duration("auto", one, microseconds(50), full), microseconds(50));
+  EXPECT_EQ(yield_duration("auto", one, full), nanoseconds(0));
+  EXPECT_EQ(poll_duration("auto", one, microseconds(50), over), nanoseconds(0));
+  EXPECT_EQ(yield_duration("auto", one, over), milliseconds(1));
   // The explicit modes still do what they say.
-  EXPECT_EQ(poll_duration("on", one, microseconds(50), cores + 1), microseconds(50));
-  EXPECT_EQ(yield_duration("on", one, cores + 1), nanoseconds(0));
+  EXPECT_EQ(poll_duration("on", one, microseconds(50), over), microseconds(50));
+  EXPECT_EQ(yield_duration("on", one, over), nanoseconds(0));
+}
+
+// The CPUs the machine's ranks may run on (their affinities' union), when known, count instead of
+// the machine's: two ranks under `taskset -c 0` are oversubscribed on any machine, and as many
+// ranks as the CPUs they were given are not.
+TEST(Poll, TheRanksCpusCountWhenKnown) {
+  const BackendContext two = with_local_ranks(2);
+  EXPECT_TRUE(oversubscribed(two, {.ranks = 2, .cpus = 1}));
+  EXPECT_EQ(poll_duration("auto", two, microseconds(50), {.ranks = 2, .cpus = 1}), nanoseconds(0));
+  EXPECT_EQ(yield_duration("auto", two, {.ranks = 2, .cpus = 1}), milliseconds(1));
+  EXPECT_FALSE(oversubscribed(two, {.ranks = 2, .cpus = 2}));
+  EXPECT_EQ(poll_duration("auto", two, microseconds(50), {.ranks = 2, .cpus = 2}),
+            microseconds(50));
+  // LOCAL_WORLD_SIZE still counts: 3 ranks on this host's 2 CPUs, whatever the layout found.
+  EXPECT_TRUE(oversubscribed(with_local_ranks(3), {.ranks = 2, .cpus = 2}));
+  // Unknown CPUs: the machine's.
+  EXPECT_TRUE(oversubscribed(with_local_ranks(online_cpus() + 1)));
+  EXPECT_FALSE(oversubscribed(with_local_ranks(online_cpus())));
 }
 
 }  // namespace

@@ -35,13 +35,6 @@ TEST(CpuBinding, WorkersTakeCoresInOrderAndShareThemRoundRobin) {
   EXPECT_TRUE(plan_core_binding({}, 3).empty());
 }
 
-TEST(CpuBinding, ListsCpusAsTheKernelDoes) {
-  EXPECT_EQ(cpu_list_text({0, 1, 2, 3, 8}), "0-3,8");
-  EXPECT_EQ(cpu_list_text({1, 5}), "1,5");
-  EXPECT_EQ(cpu_list_text({7}), "7");
-  EXPECT_EQ(cpu_list_text({}), "");
-}
-
 #if defined(__linux__)
 // A worker's mask holds CPUs past glibc's fixed cpu_set_t (1024), and only the CPUs asked for.
 TEST(CpuBinding, MaskHoldsCpusBeyondTheFixedSetSize) {
