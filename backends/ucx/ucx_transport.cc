@@ -617,7 +617,7 @@ struct UcxTransport::Impl {
   // this rank polls, and its 1 ms poll then costs each step of a collective 1 ms. Longer than
   // shared memory's and TCP's 2 us: UCX's waits on small messages often last a few microseconds,
   // and yields within them cost more than they saved.
-  static constexpr std::chrono::nanoseconds kPollAlone = std::chrono::microseconds(20);
+  static constexpr std::chrono::nanoseconds kUcxPollAlone = std::chrono::microseconds(20);
 
   // Drives progress until `done()` or `deadline`; `op` (optional) names what is waited for, and
   // `what()` says it in the timeout's message (called then only: waits are on the hot path).
@@ -641,8 +641,8 @@ struct UcxTransport::Impl {
       }
       if (now >= yield_until) {
         sleep_until(deadline);
-      } else if (now >= spin_until || (yields && now - start >= kPollAlone)) {
-        sched_yield();  // a peer the scheduler put on this core can answer (see kPollAlone)
+      } else if (now >= spin_until || (yields && now - start >= kUcxPollAlone)) {
+        sched_yield();  // a peer the scheduler put on this core can answer (see kUcxPollAlone)
       }
     }
   }
