@@ -7,6 +7,7 @@
 #include "core/cpus.h"
 #include "core/kernel_id.h"
 #include "core/rendezvous.h"
+#include "core/strings.h"
 
 namespace tributary::algorithms {
 
@@ -33,6 +34,10 @@ size_t ring_slice_bytes(uint64_t configured, const HostLayout& layout,
 }
 
 namespace {
+
+// The longest CPU list a rank may publish: 8192 CPUs (Linux's largest NR_CPUS) listed one by one
+// take under 40 KiB.
+constexpr size_t kMaxCpuListBytes = 64 << 10;
 
 // The ranks that share `rank`'s machine: those with its kernel when that is known, else those of
 // its host.
@@ -103,14 +108,19 @@ StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
     // "agreement|kernel|cpus|host": the host is what follows the CPUs; kernel and CPUs hold no '|'.
     const size_t second = bar == std::string::npos ? bar : theirs.find('|', bar + 1);
     const size_t third = second == std::string::npos ? second : theirs.find('|', second + 1);
-    if (third == std::string::npos) {
+    // The CPUs must be a cpulist ("" = unknown), which also refuses an older tributary's
+    // "agreement|kernel|host" whose host holds a '|'.
+    const std::string cpus =
+        third == std::string::npos ? std::string() : theirs.substr(second + 1, third - second - 1);
+    if (third == std::string::npos || cpus.size() > kMaxCpuListBytes ||
+        !internal::parse_cpu_list(cpus)) {
       return invalid_argument("backend '" + backend + "': rank " + std::to_string(r) +
-                              " published '" + theirs +
-                              "' as its host, not agreement|kernel|cpus|host; is it running the "
-                              "same version of tributary?");
+                              " published '" + internal::excerpt(theirs, 200) +
+                              "' as its host, not agreement|kernel|cpus|host with its CPUs as a "
+                              "list such as 0-3,8; is it running the same version of tributary?");
     }
     layout.kernel_of.push_back(theirs.substr(bar + 1, second - bar - 1));
-    layout.cpus_of.push_back(theirs.substr(second + 1, third - second - 1));
+    layout.cpus_of.push_back(cpus);
     theirs.erase(0, third + 1);
     auto it = std::find(ids.begin(), ids.end(), theirs);
     if (it == ids.end()) {

@@ -32,7 +32,8 @@ constexpr const char* kTool = "tributary-tune";
 // the file may correct; plus, where processes share a host, the `shm_single_copy=on` and `=off`
 // variants of every backend that has that option: whether reaching the peers' buffers beats the
 // slots, and from which size, depends on the machine's caches (`auto` takes every all-reduce over
-// 16 KiB, from 2 MiB with more processes than cores, as measured on one 2-vCPU Intel VM). Not
+// 16 KiB, from 256 KiB with more processes than the CPUs they may run on, as measured on one
+// 2-vCPU Intel VM). Not
 // ring's algorithm variants when every process is on this host: ring then moves everything through
 // shared memory, and `algorithm` (the TCP algorithm) changes nothing, so its variants would differ
 // only by noise and split the file into ranges for nothing; `note` says so. `launched_here`: this

@@ -21,12 +21,15 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace tributary::internal {
 
 // This process's CPUs (its affinity), ascending; empty with `error` set (when given) when they
-// cannot be read, or off Linux.
+// cannot be read, or off Linux. Strictly, the calling thread's (sched_getaffinity(0)): a process
+// whose threads were all started under its launcher's mask has one; a trainer that narrows one
+// thread's mask before it sets up the library is counted by that thread's.
 inline std::vector<int> affinity_cpus(std::string* error = nullptr) {
   std::vector<int> cpus;
 #if defined(__linux__)
@@ -86,11 +89,12 @@ inline std::string cpu_list_text(const std::vector<int>& cpus) {
 }
 
 // The CPUs of a cpulist text ("0-3,8"; "" is none), ascending and each once; nullopt when the text
-// is not one. CPU numbers stop below 65536 (Linux's NR_CPUS is at most 8192), so that a text from a
-// peer cannot make a list of billions.
+// is not one. CPU numbers stop below 65536 (Linux's NR_CPUS is at most 8192), and the work is in
+// the items, not in the width of their ranges, so that a text from a peer costs no more than its
+// length and one list of at most 65536.
 inline std::optional<std::vector<int>> parse_cpu_list(std::string_view text) {
   constexpr int kMaxCpus = 1 << 16;
-  std::vector<bool> in;
+  std::vector<std::pair<int, int>> ranges;
   auto number = [](std::string_view s, int& v) {
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     return !s.empty() && ec == std::errc() && end == s.data() + s.size() && v >= 0 && v < kMaxCpus;
@@ -105,15 +109,17 @@ inline std::optional<std::vector<int>> parse_cpu_list(std::string_view text) {
     if (dash != std::string_view::npos && (!number(item.substr(dash + 1), last) || last < first)) {
       return std::nullopt;
     }
-    if (in.size() <= static_cast<size_t>(last)) in.resize(static_cast<size_t>(last) + 1);
-    for (int c = first; c <= last; ++c) in[static_cast<size_t>(c)] = true;
+    ranges.emplace_back(first, last);
     if (comma == std::string_view::npos) break;
     text.remove_prefix(comma + 1);
     if (text.empty()) return std::nullopt;  // a trailing comma
   }
+  std::sort(ranges.begin(), ranges.end());
   std::vector<int> cpus;
-  for (size_t c = 0; c < in.size(); ++c) {
-    if (in[c]) cpus.push_back(static_cast<int>(c));
+  int next = 0;  // the lowest CPU not yet listed
+  for (const auto& [first, last] : ranges) {
+    for (int c = std::max(first, next); c <= last; ++c) cpus.push_back(c);
+    next = std::max(next, last + 1);
   }
   return cpus;
 }

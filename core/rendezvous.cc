@@ -133,23 +133,29 @@ int local_ranks(const BackendContext& context) {
   return is_loopback_name(context.coordinator_host) ? context.world_size : 1;
 }
 
-bool oversubscribed(const BackendContext& context, MachineShare machine) {
-  const int cpus = machine.cpus > 0 ? machine.cpus : online_cpus();
-  return std::max(local_ranks(context), machine.ranks) > cpus;
+bool oversubscribed(MachineShare machine) {
+  return machine.ranks > (machine.cpus > 0 ? machine.cpus : online_cpus());
 }
+
+namespace {
+// For the waits: a launcher's LOCAL_WORLD_SIZE counts too (each rank decides alone).
+bool waits_oversubscribed(const BackendContext& context, MachineShare machine) {
+  return oversubscribed({std::max(local_ranks(context), machine.ranks), machine.cpus});
+}
+}  // namespace
 
 std::chrono::nanoseconds poll_duration(const std::string& mode, const BackendContext& context,
                                        std::chrono::nanoseconds on, MachineShare machine) {
   if (mode == "on") return on;
   if (mode == "off") return std::chrono::nanoseconds(0);
   if (mode == "always") return kPollAlways;
-  return oversubscribed(context, machine) ? std::chrono::nanoseconds(0) : on;
+  return waits_oversubscribed(context, machine) ? std::chrono::nanoseconds(0) : on;
 }
 
 std::chrono::nanoseconds yield_duration(const std::string& mode, const BackendContext& context,
                                         MachineShare machine) {
-  return mode == "auto" && oversubscribed(context, machine) ? std::chrono::milliseconds(1)
-                                                            : std::chrono::nanoseconds(0);
+  return mode == "auto" && waits_oversubscribed(context, machine) ? std::chrono::milliseconds(1)
+                                                                  : std::chrono::nanoseconds(0);
 }
 
 std::string interface_towards(const std::string& coordinator) {

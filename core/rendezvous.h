@@ -36,14 +36,16 @@ struct MachineShare {
   int cpus = 0;
   bool operator==(const MachineShare&) const = default;
 };
-// Whether this host runs more ranks than it has CPUs for them: the larger of local_ranks() and
-// `machine.ranks` against `machine.cpus`, else (unknown) the machine's online CPUs.
-bool oversubscribed(const BackendContext& context, MachineShare machine = {});
+// Whether `machine.ranks` outnumber `machine.cpus` (unknown: the machine's online CPUs). Every rank
+// of one machine that learned the same layout gets the same answer (shared memory's single-copy
+// threshold depends on it and must agree).
+bool oversubscribed(MachineShare machine);
 
 // How long a wait polls before sleeping, from a backend's `poll` option: "on" `on` (50 us unless
-// the backend says otherwise), "off" none, "auto" `on` unless this host is oversubscribed()
-// (polling would then steal the CPU from the peers), "always" the whole wait (kPollAlways: Open
-// MPI's and Gloo busy_poll's way, one core per waiting rank).
+// the backend says otherwise), "off" none, "auto" `on` unless this host is oversubscribed() with
+// the larger of local_ranks() and `machine.ranks` as its ranks (polling would then steal the CPU
+// from the peers), "always" the whole wait (kPollAlways: Open MPI's and Gloo busy_poll's way, one
+// core per waiting rank).
 inline constexpr std::chrono::nanoseconds kPollAlways = std::chrono::hours(24 * 365);
 inline constexpr std::chrono::nanoseconds kPollOn = std::chrono::microseconds(50);
 // How long a poll looks without pause before it calls sched_yield() between looks. A rank woken by

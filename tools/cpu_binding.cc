@@ -5,8 +5,6 @@
 #endif
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <utility>

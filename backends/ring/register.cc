@@ -76,8 +76,10 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   const std::string single_copy = options.get_string("shm_single_copy");
   o.timeout = options.get_duration("timeout");
   const std::string poll = options.get_string("poll");
+  // From the layout alone, which every rank of this machine learned alike (LOCAL_WORLD_SIZE is each
+  // process's own setting): the single-copy threshold below must agree.
   machine.ranks = std::max(machine.ranks, static_cast<int>(members.size()));
-  const bool oversubscribed = internal::oversubscribed(context, machine);
+  const bool oversubscribed = internal::oversubscribed(machine);
   o.spin = poll == "always" ? internal::kPollAlways
            : poll == "off" || (poll == "auto" && oversubscribed)
                ? std::chrono::nanoseconds(0)
@@ -196,8 +198,9 @@ Status register_ring(BackendRegistry& registry) {
                "from its process and write the results straight into its output "
                "(process_vm_readv/writev, as Open MPI's vader and UCX's cma do) instead of "
                "going through the slots, so that each byte crosses between processes once "
-               "instead of twice: auto for every all-reduce over 16KiB (from 2MiB with more "
-               "processes than cores) where every process may reach its peers' memory (same "
+               "instead of twice: auto for every all-reduce over 16KiB (from 256KiB with more "
+               "processes than the CPUs they may run on) where every process may reach its peers' "
+               "memory (same "
                "user, and Yama's ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), on for "
                "every all-reduce over 16KiB (setup fails where it is refused), off never; every "
                "process must use the same",

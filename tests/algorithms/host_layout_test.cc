@@ -14,6 +14,7 @@
 #include "algorithms/collectives.h"
 #include "core/cpus.h"
 #include "core/kernel_id.h"
+#include "core/strings.h"
 
 namespace tributary::algorithms {
 namespace {
@@ -196,20 +197,28 @@ TEST(HostLayout, AMachinesCpusAreTheUnionOfItsRanksAffinities) {
   EXPECT_EQ(l.machine_of(0), (internal::MachineShare{3, 0}));
 }
 
-// A rank that publishes no CPUs (an older tributary: "agreement|kernel|host") fails the setup with
-// a message saying so, rather than being read as a host id.
-TEST(HostLayout, AnEntryWithoutCpusIsRefusedNamingTheRank) {
-  MemoryStore store;
-  ASSERT_TRUE(store.set("host/1", "x|" + internal::kernel_id() + "|a").ok());
-  BackendContext ctx;
-  ctx.rank = 0;
-  ctx.world_size = 2;
-  ctx.config.set("TRIBUTARY_HOST_ID", "a");
-  const auto got = learn_hosts(store, ctx, "test", "x", 5s);
-  ASSERT_FALSE(got.ok());
-  EXPECT_NE(got.status().message().find("rank 1 published"), std::string::npos)
-      << got.status().message();
-  EXPECT_NE(got.status().message().find("same version of tributary"), std::string::npos);
+// A rank that publishes no CPUs (an older tributary: "agreement|kernel|host", its host id holding a
+// '|' or not), or CPUs that are no cpulist, fails the setup with a message saying so and showing
+// no more than an excerpt of what it published.
+TEST(HostLayout, AnEntryWithoutAValidCpuListIsRefusedNamingTheRank) {
+  const std::string kernel = internal::kernel_id();
+  for (const std::string& entry :
+       {"x|" + kernel + "|a", "x|" + kernel + "|a|b", "x|" + kernel + "|0-|a",
+        "x|" + kernel + "|" + std::string(100000, '1') + "|a",
+        "x|" + kernel + "|" + std::string(70000, ',') + "|a"}) {
+    MemoryStore store;
+    ASSERT_TRUE(store.set("host/1", entry).ok());
+    BackendContext ctx;
+    ctx.rank = 0;
+    ctx.world_size = 2;
+    ctx.config.set("TRIBUTARY_HOST_ID", "a");
+    const auto got = learn_hosts(store, ctx, "test", "x", 5s);
+    ASSERT_FALSE(got.ok()) << internal::excerpt(entry);
+    EXPECT_NE(got.status().message().find("rank 1 published"), std::string::npos)
+        << got.status().message();
+    EXPECT_NE(got.status().message().find("same version of tributary"), std::string::npos);
+    EXPECT_LT(got.status().message().size(), 600u);
+  }
 }
 
 // The per-peer flags a backend hands its TCP transport: same kernel, by position in `members`.

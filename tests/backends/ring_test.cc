@@ -15,8 +15,8 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(Ring, "ring");
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSmallChunks,
                                    "ring:shm_chunk_bytes=4KiB,shm_single_copy=off");
 // Every all-reduce over 16 KiB reads the peers' inputs and writes into their outputs (auto does so
-// only from 2 MiB where the suite's ranks outnumber the cores), in blocks of 4 KiB: many blocks per
-// piece, and short last pieces.
+// only from 256 KiB where the suite's ranks outnumber the cores), in blocks of 4 KiB: many blocks
+// per piece, and short last pieces.
 TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingShmSingleCopy, "ring:shm_single_copy=on,shm_chunk_bytes=4KiB");
 // Buffers from Buffer::allocate_shareable, every all-reduce's outputs registered: the direct path
 // (each rank reduces its piece from every rank's buffer and writes it into all), in blocks of 4 KiB.
@@ -54,10 +54,13 @@ TRIBUTARY_MULTIHOST_FAULTS(Ring, "ring", "ring:hierarchy=off");
 // every rank reduces its share of the pack straight from every rank's staging buffer. Checked here
 // on packs that grow across calls (2 then 3 tensors, so the staging buffer is registered twice),
 // with results exact on 3 processes x 2 replicas.
+#include <sched.h>
+
 #include <cstdio>
 #include <vector>
 
 #include "algorithms/process_group_ops.h"
+#include "core/cpus.h"
 #include "tests/multiprocess/harness.h"
 #include "transports/shm/shm_group.h"
 
@@ -114,6 +117,66 @@ TEST(RingBatchReduce, PacksOverSharedMemoryTakeTheDirectPath) {
   });
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe();
+}
+
+// ---- shm_single_copy=auto follows the CPUs the ranks may run on -------------------------------
+// Every rank publishes its affinity at setup, and the union over the machine's ranks counts: two
+// ranks pinned to one CPU (as under `taskset -c 0`) are oversubscribed and take single copy from
+// 256 KiB, two pinned to two CPUs take it over 16 KiB, whatever the machine's CPU count. Each rank
+// pins itself to cpus[rank] and checks that its shared-memory group says `want`.
+void expect_single_copy_threshold(const std::vector<int>& cpus, const std::string& want) {
+  const std::string dir = make_temp_dir("ring_threshold");
+  GroupResult g = run_group(2, std::chrono::seconds(120), [&](int rank) {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    CPU_SET(cpus[static_cast<size_t>(rank)], &mask);
+    if (sched_setaffinity(0, sizeof mask, &mask) != 0) return kChildFailed;
+    auto ctx = group_context(rank, 2, 1, dir);
+    if (!ctx.ok()) return kChildFailed;
+    auto ops = builtin_backends().create("ring:timeout=60s", *ctx);
+    if (!ops.ok()) {
+      std::fprintf(stderr, "[rank %d] %s\n", rank, ops.status().to_string().c_str());
+      return kChildFailed;
+    }
+    const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
+    const auto* shm = pg ? dynamic_cast<const transports::shm::ShmGroup*>(pg->group()) : nullptr;
+    if (shm == nullptr) return kChildFailed;
+    if (shm->describe().find(want) != std::string::npos) return kChildOk;
+    std::fprintf(stderr, "[rank %d] want '%s' in: %s\n", rank, want.c_str(),
+                 shm->describe().c_str());
+    return kChildFailed;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (const ChildResult& c : g.children) EXPECT_EQ(c.exit_code, kChildOk) << g.describe();
+}
+
+// This process's CPUs, or why the test cannot run (a reason to skip).
+std::vector<int> cpus_for_threshold_test(size_t needed, std::string& why) {
+  if (why = why_siblings_cannot_read_each_other(); !why.empty()) {
+    why = "single copy is refused here: " + why;
+    return {};
+  }
+  std::vector<int> cpus = internal::affinity_cpus(&why);
+  if (!cpus.empty() && cpus.back() >= CPU_SETSIZE) why = "a CPU is past cpu_set_t";
+  if (why.empty() && cpus.size() < needed) {
+    why = "this process may run on " + std::to_string(cpus.size()) + " CPU(s), the test needs " +
+          std::to_string(needed);
+  }
+  return why.empty() ? cpus : std::vector<int>{};
+}
+
+TEST(RingSingleCopy, TwoRanksOnOneCpuTakeItFrom256KiB) {
+  std::string why;
+  const std::vector<int> cpus = cpus_for_threshold_test(1, why);
+  if (!why.empty()) GTEST_SKIP() << why;
+  expect_single_copy_threshold({cpus[0], cpus[0]}, "all-reduces from 256KiB");
+}
+
+TEST(RingSingleCopy, TwoRanksOnTwoCpusTakeItOver16KiB) {
+  std::string why;
+  const std::vector<int> cpus = cpus_for_threshold_test(2, why);
+  if (!why.empty()) GTEST_SKIP() << why;
+  expect_single_copy_threshold({cpus[0], cpus[1]}, "all-reduces over 16KiB");
 }
 
 }  // namespace

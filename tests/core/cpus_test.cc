@@ -2,6 +2,10 @@
 // affinity as the kernel reports it.
 #include "core/cpus.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include <gtest/gtest.h>
 
 #include <fstream>

@@ -80,17 +80,19 @@ TEST(Poll, RanksOnThisMachinesKernelCountLikeLocalRanks) {
 // ranks as the CPUs they were given are not.
 TEST(Poll, TheRanksCpusCountWhenKnown) {
   const BackendContext two = with_local_ranks(2);
-  EXPECT_TRUE(oversubscribed(two, {.ranks = 2, .cpus = 1}));
+  EXPECT_TRUE(oversubscribed({.ranks = 2, .cpus = 1}));
   EXPECT_EQ(poll_duration("auto", two, microseconds(50), {.ranks = 2, .cpus = 1}), nanoseconds(0));
   EXPECT_EQ(yield_duration("auto", two, {.ranks = 2, .cpus = 1}), milliseconds(1));
-  EXPECT_FALSE(oversubscribed(two, {.ranks = 2, .cpus = 2}));
+  EXPECT_FALSE(oversubscribed({.ranks = 2, .cpus = 2}));
   EXPECT_EQ(poll_duration("auto", two, microseconds(50), {.ranks = 2, .cpus = 2}),
             microseconds(50));
-  // LOCAL_WORLD_SIZE still counts: 3 ranks on this host's 2 CPUs, whatever the layout found.
-  EXPECT_TRUE(oversubscribed(with_local_ranks(3), {.ranks = 2, .cpus = 2}));
   // Unknown CPUs: the machine's.
-  EXPECT_TRUE(oversubscribed(with_local_ranks(online_cpus() + 1)));
-  EXPECT_FALSE(oversubscribed(with_local_ranks(online_cpus())));
+  EXPECT_TRUE(oversubscribed({.ranks = online_cpus() + 1}));
+  EXPECT_FALSE(oversubscribed({.ranks = online_cpus()}));
+  // The waits count LOCAL_WORLD_SIZE too: 3 ranks on this host's 2 CPUs, whatever the layout found.
+  EXPECT_EQ(poll_duration("auto", with_local_ranks(3), microseconds(50), {.ranks = 2, .cpus = 2}),
+            nanoseconds(0));
+  EXPECT_EQ(yield_duration("auto", with_local_ranks(3), {.ranks = 2, .cpus = 2}), milliseconds(1));
 }
 
 }  // namespace
