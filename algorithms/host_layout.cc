@@ -78,12 +78,15 @@ std::vector<bool> HostLayout::same_kernel_as(int rank, const std::vector<int>& m
   return out;
 }
 
+std::string host_entry(const Config& config, const std::string& agreement) {
+  return agreement + "|" + internal::kernel_id() + "|" +
+         internal::cpu_list_text(internal::affinity_cpus()) + "|" + internal::host_id(config);
+}
+
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
                                  const std::string& backend, const std::string& agreement,
                                  std::chrono::nanoseconds timeout) {
-  const std::string mine = agreement + "|" + internal::kernel_id() + "|" +
-                           internal::cpu_list_text(internal::affinity_cpus()) + "|" +
-                           internal::host_id(context.config);
+  const std::string mine = host_entry(context.config, agreement);
   TRIBUTARY_RETURN_IF_ERROR(store.set("host/" + std::to_string(context.rank), mine));
   HostLayout layout;
   std::vector<std::string> ids;

@@ -58,6 +58,9 @@ struct HostLayout {
   std::vector<bool> same_kernel_as(int rank, const std::vector<int>& members) const;
 };
 
+// What this process publishes under "host/<rank>": "agreement|kernel|cpus|host".
+std::string host_entry(const Config& config, const std::string& agreement);
+
 StatusOr<HostLayout> learn_hosts(Store& store, const BackendContext& context,
                                  const std::string& backend, const std::string& agreement,
                                  std::chrono::nanoseconds timeout);

@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "core/crypto/crypto.h"
+#include "algorithms/host_layout.h"
 #include "algorithms/process_group_ops.h"
-#include "core/rendezvous.h"
 #include "tests/multiprocess/harness.h"
 #include "transports/shm/shm_group.h"
 #include "transports/tcp/tcp_wire.h"
@@ -1278,7 +1278,7 @@ TEST(RingSetup, DifferentLayoutsAreRefusedNamingThem) {
 void speak_for_ranks(Store& store, int world) {
   for (int r = 1; r < world; ++r) {
     (void)store.set("ring/0/host/" + std::to_string(r),
-                    "intra_host=net,hierarchy=auto|" + internal::host_id(Config()));
+                    algorithms::host_entry(Config(), "intra_host=net,hierarchy=auto"));
   }
 }
 
