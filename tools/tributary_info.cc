@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/cpus.h"
 #include "tributary/tributary.h"
 
 namespace {
@@ -316,9 +317,28 @@ json selected_json(const BackendRegistry& registry, const BackendContext& ctx,
   return out;
 }
 
+// The CPUs this process may run on (core/cpus.h): what sizes the in-process thread pool and, with
+// the other ranks' on this machine, decides whether ring's and ucx's waits may poll.
+json cpus_json() {
+  std::string error;
+  const std::vector<int> cpus = internal::affinity_cpus(&error);
+  return {{"usable", internal::usable_cpus()},
+          {"online", internal::online_cpus()},
+          {"affinity", cpus.empty() ? json(nullptr) : json(internal::cpu_list_text(cpus))},
+          {"error", error}};
+}
+
+void print_cpus(const json& c) {
+  std::printf("CPUs: this process may run on %d of %d online (affinity %s)\n",
+              c["usable"].get<int>(), c["online"].get<int>(),
+              c["affinity"].is_null() ? ("unknown: " + c["error"].get<std::string>()).c_str()
+                                      : c["affinity"].get<std::string>().c_str());
+}
+
 void print_human(const json& doc, const BackendRegistry& registry, const BuildInfo& build) {
   std::printf("tributary %s\n", std::string(version()).c_str());
   print_build(build);
+  print_cpus(doc["cpus"]);
   std::printf("\n");
   for (const BackendInfo& b : registry.backends()) {
     const json& j = *std::find_if(doc["backends"].begin(), doc["backends"].end(),
@@ -402,6 +422,7 @@ int main(int argc, char** argv) {
   json doc;
   doc["version"] = std::string(version());
   doc["build"] = build_json(build);
+  doc["cpus"] = cpus_json();
   doc["gpus"] = build.gpus;
   doc["gpu_error"] = build.gpu_error;
   doc["visible_devices"] = build.visible_devices;

@@ -62,6 +62,16 @@ test_human() {
     fail "no build line with CUDA, NCCL, UCX and Gloo"
   has_line out "auto's cost model, for devices CPU:0,CPU:1,CPU:2: reduction_to_one_device"
   has_text out "available here: yes"
+  grep -Eq '^CPUs: this process may run on [0-9]+ of [0-9]+ online \(affinity [0-9,-]+\)' "$TMP/out" ||
+    fail "no CPUs line"
+  # Under taskset, the affinity counts, not the machine's CPUs.
+  if command -v taskset >/dev/null 2>&1; then
+    cpu=$(sed -n 's/^CPUs: .*(affinity \([0-9]*\).*/\1/p' "$TMP/out")
+    run taskset -c "$cpu" "$INFO"
+    expect_rc 0
+    grep -Eq "^CPUs: this process may run on 1 of [0-9]+ online \(affinity $cpu\)" "$TMP/out" ||
+      fail "taskset -c $cpu: not 1 CPU ($cpu)"
+  fi
   run "$INFO" --replicas=2 --devices=CPU:0,CPU:1,CPU:2
   expect_rc 0
   has_line out "auto's cost model, for devices CPU:0,CPU:1,CPU:2: reduction_to_one_device"
@@ -81,6 +91,8 @@ for k in ("cuda", "nccl", "ucx", "gloo"):
     if k != "cuda" and b[k]["built"]:
         assert re.fullmatch(r"\d+(\.\d+)*", b[k]["version"]), (k, b[k])
 assert b["type"] is not None and b["compiler"]
+c = d["cpus"]
+assert 1 <= c["usable"] <= c["online"] and re.fullmatch(r"[0-9,-]+", c["affinity"]), c
 names = [x["name"] for x in d["backends"]]
 assert "ring" in names and "hierarchical_copy" in names, names
 for x in d["backends"]:
