@@ -93,8 +93,9 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   // Xeon VM, float32 sum, interleaved with the slots (README, "The ring backend"): with 2 processes
   // ahead at every size from 64 KiB to 256 MiB (1.4x at 64 KiB, 2.4x at 1 MiB, 1.2-1.3x at 256
   // MiB); oversubscribed (4 processes on the 2 cores, or 2 under `taskset -c 0`), behind at 128 KiB
-  // and below; from 256 KiB ahead by 1.1-1.8x where the buffers are 2 MiB pages, and with 4 processes
-  // on 4 KiB pages level to 7% behind (2 under taskset ahead either way).
+  // and below; from 256 KiB ahead by 1.2-1.6x where the buffers are 2 MiB pages, and with 4 processes
+  // on 4 KiB pages level, but for 7-14% behind at 256 KiB in place and 4-7% at 1 MiB out of place
+  // (2 under taskset ahead either way).
   if (single_copy == "on") o.single_copy_min_bytes = 0;
   if (single_copy == "auto") o.single_copy_min_bytes = oversubscribed ? size_t{256} << 10 : 0;
   o.single_copy_required = single_copy == "on";
