@@ -33,10 +33,10 @@ constexpr const char* kTool = "tributary-tune";
 // variants of every backend that has that option: whether reaching the peers' buffers beats the
 // slots, and from which size, depends on the machine's caches (`auto` takes every all-reduce over
 // 16 KiB, from 256 KiB with more processes than the CPUs they may run on, as measured on one
-// 2-vCPU Intel VM). Not
-// ring's algorithm variants when every process is on this host: ring then moves everything through
-// shared memory, and `algorithm` (the TCP algorithm) changes nothing, so its variants would differ
-// only by noise and split the file into ranges for nothing; `note` says so. `launched_here`: this
+// 2-vCPU Intel VM). Not ring's algorithm variants when every process is on this host: ring then
+// moves everything through shared memory, and `algorithm` (the TCP algorithm) changes nothing, so
+// its variants would differ only by noise and split the file into ranges for nothing; `note` says
+// so. `launched_here`: this
 // tool started every rank itself (--np), so all are on this host.
 std::vector<std::string> default_candidates(const BackendContext& ctx, bool launched_here,
                                             std::string* note) {

@@ -107,8 +107,9 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
     const internal::Digest d = internal::hmac_sha256(secret, "shm:" + context.cluster_id);
     proof = internal::hex(d.data(), d.size());
   }
-  // With auto's threshold, which depends on this host's cores as this process counts them: ranks
-  // that counted differently fail setup naming it, instead of every all-reduce of 16-256 KiB.
+  // With auto's threshold, which every rank of this machine derives from the same layout (its
+  // ranks and their CPUs): a rank that still differs (another tributary, say) fails setup naming
+  // it, instead of every all-reduce of 16-256 KiB.
   o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof +
              ",single_copy_from=" +
              (o.single_copy_min_bytes == SIZE_MAX ? std::string("never")
@@ -202,8 +203,8 @@ Status register_ring(BackendRegistry& registry) {
                "going through the slots, so that each byte crosses between processes once "
                "instead of twice: auto for every all-reduce over 16KiB (from 256KiB with more "
                "processes than the CPUs they may run on) where every process may reach its peers' "
-               "memory (same "
-               "user, and Yama's ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), on for "
+               "memory (same user, and Yama's ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), "
+               "on for "
                "every all-reduce over 16KiB (setup fails where it is refused), off never; every "
                "process must use the same",
            .choices = {"auto", "on", "off"}},
