@@ -425,7 +425,11 @@ class Hosts {
       why_not_ = "iproute2's `ip` is not installed";
       return;
     }
-    tag_ = "tb" + std::to_string(::getpid() % 100000);
+    // A name of its own per instance: the kernel tears down a deleted namespace's veth pair in the
+    // background, so the next test's "ip link add" of the same name could meet the old one (tests
+    // of one binary skipped at random, "cannot create network namespaces here").
+    static int instances = 0;
+    tag_ = "tb" + std::to_string(::getpid() % 100000) + "x" + std::to_string(instances++ % 100);
     std::string script =
         "set -e; ip link add " + tag_ + "br type bridge; ip link set " + tag_ + "br up;";
     for (int h = 0; h < hosts; ++h) {
@@ -436,16 +440,27 @@ class Hosts {
                 ns + " link set eth0 up; ip -n " + ns + " link set lo up;";
       created_ = h + 1;
     }
+    // Once namespaces were made in this process, failing to make more is a fault of the tests
+    // (a name still in use, say), not of the machine: a failure, not a skip.
+    static bool made_before = false;
     if (std::system(("(" + script + ") >/dev/null 2>&1").c_str()) != 0) {
       why_not_ = "cannot create network namespaces here (ip netns add / veth / bridge failed)";
+      broken_ = made_before;
+    } else {
+      made_before = true;
     }
   }
   ~Hosts() {
     std::string script = "ip link del " + tag_ + "br;";
-    for (int h = 0; h < created_; ++h) script += " ip netns del " + name(h) + ";";
+    for (int h = 0; h < created_; ++h) {
+      script +=
+          " ip link del " + tag_ + "v" + std::to_string(h) + "; ip netns del " + name(h) + ";";
+    }
     if (!tag_.empty()) (void)!std::system(("(" + script + ") >/dev/null 2>&1").c_str());
   }
   const std::string& why_not() const { return why_not_; }
+  // True when this process made namespaces before and could not now (see the constructor).
+  bool broken() const { return broken_; }
   std::string name(int h) const { return tag_ + "h" + std::to_string(h); }
   static std::string address(int h) { return "10.77.0." + std::to_string(h + 1); }
 
@@ -461,6 +476,7 @@ class Hosts {
  private:
   std::string tag_;
   std::string why_not_;
+  bool broken_ = false;
   int created_ = 0;
 };
 
@@ -573,6 +589,7 @@ TEST_P(MultiHostConformance, EveryCollective) {
   const int per_host = std::get<2>(GetParam());
   const int local = std::get<3>(GetParam());
   Hosts net(hosts);
+  ASSERT_FALSE(net.broken()) << net.why_not() << ", after earlier tests of this run made some";
   if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
   const int world = hosts * per_host;
   const std::string dir = make_temp_dir("hosts");
@@ -621,6 +638,7 @@ TEST_P(MultiHostFaults, KilledRankOnAnotherHostFailsEverySurvivorNamingIt) {
   const std::string spec = GetParam();
   constexpr int kHosts = 2, kPerHost = 2, kWorld = kHosts * kPerHost, kVictim = 3;
   Hosts net(kHosts);
+  ASSERT_FALSE(net.broken()) << net.why_not() << ", after earlier tests of this run made some";
   if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
   const std::string dir = make_temp_dir("hostkill");
   GroupResult g = run_group(kWorld, std::chrono::seconds(90), [&](int rank) {
