@@ -198,6 +198,63 @@ TEST(UcxSegments, OverTcpChunksGoWholeUpTo1MiB) {
   EXPECT_EQ((*sm)->preferred_segment_bytes(2 * MiB), 0u);
 }
 
+// Setup warms UCX's shared-memory FIFO toward every peer on this host with one round of it, as
+// UCX's configuration sizes it (here through the environment), and nothing of the warm-up reaches
+// the messages that follow; over TCP alone there is nothing to warm.
+void expect_warm_up(const std::string& tls, const char* fifo_size, int want) {
+  const std::string dir = make_temp_dir("ucx_warm_up");
+  GroupResult g = run_group(2, 60s, [&](int rank) {
+    for (const char* key : {"UCX_POSIX_FIFO_SIZE", "UCX_SYSV_FIFO_SIZE"}) setenv(key, fifo_size, 1);
+    auto store = FileStore::open(dir + "/store");
+    if (!store.ok()) return kChildFailed;
+    backends::UcxTransportOptions o = options(true);
+    o.tls = tls;
+    auto t = backends::UcxTransport::create(**store, rank, 2, o);
+    if (!t.ok()) {
+      write_note(dir, rank, "setup: " + t.status().to_string());
+      return kChildFailed;
+    }
+    const int peer = 1 - rank;
+    if ((*t)->warm_up_messages(peer) != want || (*t)->warm_up_messages(rank) != 0) {
+      write_note(dir, rank,
+                 "warmed " + std::to_string((*t)->warm_up_messages(peer)) + " toward the peer, " +
+                     std::to_string((*t)->warm_up_messages(rank)) + " toward itself");
+      return kChildFailed;
+    }
+    // More messages than the FIFO holds, each of the warm-up's size, each way.
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (uint64_t m = 0; m < 100; ++m) {
+      std::vector<float> out(1024, static_cast<float>(rank * 1000 + m)), in(1024, -1.0f);
+      auto r = (*t)->irecv(peer, tag_of(m, 1024),
+                           std::span(reinterpret_cast<std::byte*>(in.data()), in.size() * 4));
+      auto w = (*t)->isend(peer, tag_of(m, 1024),
+                           std::span(reinterpret_cast<std::byte*>(out.data()), out.size() * 4));
+      Status s = r.ok() ? (*t)->wait(*r, deadline) : r.status();
+      if (s.ok()) s = w.ok() ? (*t)->wait(*w, deadline) : w.status();
+      const float sent = static_cast<float>(peer * 1000 + m);
+      if (!s.ok() || !std::all_of(in.begin(), in.end(), [&](float f) { return f == sent; })) {
+        write_note(dir, rank,
+                   "message " + std::to_string(m) + ": " +
+                       (s.ok() ? std::string("wrong bytes") : s.to_string()));
+        return kChildFailed;
+      }
+    }
+    return kChildOk;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
+        << "tls=" << tls << ", FIFO_SIZE " << fifo_size << ": " << g.describe() << ": "
+        << read_note(dir, r);
+  }
+}
+
+TEST(UcxSetup, PeersOnThisHostWarmOneRoundOfUcxsSharedMemoryFifo) {
+  expect_warm_up("sm", "16", 16);
+  expect_warm_up("sm", "32", 32);  // UCX takes powers of two
+  expect_warm_up("tcp", "16", 0);
+}
+
 TEST(UcxSetup, UnknownTransportsAndDevicesAreErrorsNamingThem) {
   for (const auto& [tls, devices] : {std::pair<std::string, std::string>{"bogus", ""},
                                      std::pair<std::string, std::string>{"tcp", "nosuchnic0"}}) {
