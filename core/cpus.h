@@ -6,7 +6,9 @@
 // (mpirun --bind-to, tributary-run --bind-to) all narrow it, so that a container given 2 of a
 // host's 64 CPUs would otherwise size its work for 64. `nproc`, OpenMP and Go's runtime count the
 // mask, as the library does wherever it sizes work by cores (algorithms/parallel.cc's threads,
-// core/rendezvous.h's oversubscription rule).
+// core/rendezvous.h's oversubscription rule). A CPU quota (cgroup CFS bandwidth: docker --cpus,
+// Kubernetes limits) is not counted: measured, neither the waits nor the pool gained from it
+// (README, "The ring backend").
 #pragma once
 
 #if defined(__linux__)
