@@ -80,14 +80,13 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   // process's own setting): the single-copy threshold below must agree.
   machine.ranks = std::max(machine.ranks, static_cast<int>(members.size()));
   const bool oversubscribed = internal::oversubscribed(machine);
-  o.spin = poll == "always" ? internal::kPollAlways
-           : poll == "off" || (poll == "auto" && oversubscribed)
-               ? std::chrono::nanoseconds(0)
-               : std::chrono::nanoseconds(std::chrono::microseconds(50));
-  // More ranks than cores: no busy polling, but yield the core for up to a millisecond before
-  // sleeping; the rank being waited for usually runs within that, and a futex wake-up would cost
-  // tens of microseconds per step (4 ranks on 2 cores, 4 KiB: 62 us with futexes, 13 us so).
-  if (poll == "auto" && oversubscribed) o.yield = std::chrono::milliseconds(1);
+  // The waits, as TCP's and ucx's (core/rendezvous.h; each rank decides alone, so a launcher's
+  // LOCAL_WORLD_SIZE counts too): with more ranks than cores no busy polling, but the core yielded
+  // for up to a millisecond before sleeping; the rank being waited for usually runs within that,
+  // and a futex wake-up would cost tens of microseconds per step (4 ranks on 2 cores, 4 KiB: 62 us
+  // with futexes, 13 us so).
+  o.spin = internal::poll_duration(poll, context, internal::kPollOn, machine);
+  o.yield = internal::yield_duration(poll, context, machine);
   // shm_single_copy=auto: every all-reduce over the latency path's 16 KiB where every process may
   // reach its peers' memory, or from 256 KiB with more ranks than cores. Measured on a 2-vCPU Intel
   // Xeon VM, float32 sum, interleaved with the slots (README, "The ring backend"): with 2 processes
