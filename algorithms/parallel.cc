@@ -118,8 +118,8 @@ int parallel_threads() { return pool().threads(); }
 void parallel_reduce(ReduceOp op, DType dtype, std::span<const void* const> srcs,
                      std::span<void* const> dsts, size_t count, int64_t mean_divisor) {
   const size_t elem = dtype_size(dtype);
-  if (count * elem < kParallelMinBytes || parallel_threads() == 1 || dsts.empty() ||
-      srcs.size() > 64 || dsts.size() > 64) {
+  if (count * elem * srcs.size() < kParallelReduceMinBytes || parallel_threads() == 1 ||
+      dsts.empty() || srcs.size() > 64 || dsts.size() > 64) {
     reduce(op, dtype, srcs, dsts, count, mean_divisor);
     return;
   }

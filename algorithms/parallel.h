@@ -21,9 +21,15 @@
 
 namespace tributary::algorithms {
 
-// Measured on 2 cores, 2 replicas: one thread stays ahead up to 1 MiB (27 vs 15-26 GB/s), two
-// are even at 2 MiB and ahead from 4 MiB (34-36 vs 25-27), 8 MiB (37-42 vs 17-23) up.
+// A copy goes to the pool from kParallelMinBytes, a reduction when its inputs hold
+// kParallelReduceMinBytes between them. Measured on 2 cores, 2 replicas: one thread stays ahead up
+// to 1 MiB each (27 vs 15-26 GB/s), two are even at 2 MiB and ahead from 4 MiB (34-36 vs 25-27),
+// 8 MiB (37-42 vs 17-23) up. By the inputs' total, more replicas go parallel sooner: 4 replicas of
+// 1 MiB took 140-154 us in place against 187-219 on one thread, 8 of 512 KiB 171 against 214-220,
+// 8 of 1 MiB 299-318 against 434-443 (2026-12-06, 2-vCPU VM, tributary-bench -t N, two rounds
+// interleaved), level elsewhere.
 inline constexpr size_t kParallelMinBytes = size_t{2} << 20;
+inline constexpr size_t kParallelReduceMinBytes = size_t{4} << 20;
 inline constexpr size_t kParallelBlockBytes = size_t{64} << 10;
 
 // Runs fn(0) ... fn(tasks - 1) on the caller and the pool's workers; returns when all are done.

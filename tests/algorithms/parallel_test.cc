@@ -36,8 +36,9 @@ TEST(Parallel, EveryTaskRunsOnce) {
 }
 
 TEST(Parallel, ReduceMatchesTheSingleThreadedKernel) {
-  // Past kParallelMinBytes, with a count that does not divide into whole blocks.
-  const size_t count = (kParallelMinBytes / 2) + 12345;
+  // Past kParallelReduceMinBytes for three inputs of two bytes or more (int8's stay on one
+  // thread), with a count that does not divide into whole blocks.
+  const size_t count = (kParallelReduceMinBytes / 4) + 12345;
   for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
                   DType::kInt32, DType::kInt8}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kProd}) {
