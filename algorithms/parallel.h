@@ -3,13 +3,13 @@
 // caller included, for trainers that keep cores for their own pools) and the reduction and copy
 // kernels run over it, as NCCL splits a collective across channels.
 //
-// parallel_reduce / parallel_copy run on the calling thread alone below kParallelMinBytes (a
-// wake-up costs more than a small message takes), or when the pool is busy with another caller's
-// job (no queueing: the second caller works alone instead of waiting). Otherwise the range is cut
-// into cache-sized blocks (at least kParallelBlockBytes, a multiple of 4 KiB) that the caller and
-// the workers take in turn. Results are bit-identical to reduce(): every element is computed the
-// same way, only by another thread. Non-temporal stores are chosen for the whole output, as
-// reduce() would for one call of that size.
+// parallel_reduce / parallel_copy run on the calling thread alone below kParallelReduceMinBytes
+// of inputs / kParallelMinBytes (a wake-up costs more than a small message takes), or when the
+// pool is busy with another caller's job (no queueing: the second caller works alone instead of
+// waiting). Otherwise the range is cut into cache-sized blocks (at least kParallelBlockBytes, a
+// multiple of 4 KiB) that the caller and the workers take in turn. Results are bit-identical to
+// reduce(): every element is computed the same way, only by another thread. Non-temporal stores are
+// chosen for the whole output, as reduce() would for one call of that size.
 #pragma once
 
 #include <cstddef>

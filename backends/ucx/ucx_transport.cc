@@ -68,9 +68,10 @@ using algorithms::MessageTag;
 using Clock = std::chrono::steady_clock;
 
 // --- the UCP tag ---------------------------------------------------------------------------------
-// bit 63: control message (hello, abort notice, MAC, goodbye); bit 62: abort notice (with bit 63);
-// bit 61: the MAC of the data message before it (with bit 63); bits 40..60: the sender's rank;
-// bits 0..39: the fingerprint of a data message, or which control message (0 hello, 1 goodbye).
+// bit 63: control message (hello, abort notice, MAC, goodbye, warm-up); bit 62: abort notice (with
+// bit 63); bit 61: the MAC of the data message before it (with bit 63); bits 40..60: the sender's
+// rank; bits 0..39: the fingerprint of a data message, or which control message (0 hello, 1
+// goodbye, 2 warm-up).
 constexpr uint64_t kControl = uint64_t{1} << 63;
 constexpr uint64_t kAbortBit = uint64_t{1} << 62;
 constexpr uint64_t kMacBit = uint64_t{1} << 61;
@@ -200,9 +201,9 @@ std::string installed_single_copy() {
   return out;
 }
 
-// How many messages a round of UCX's shared-memory FIFOs holds: the largest FIFO_SIZE of the
-// posix, sysv and xpmem transports this UCX has, as its configuration (environment, config file,
-// default: 64) sets it; 64 when it cannot be read.
+// How many messages a round of UCX's shared-memory FIFOs holds: the larger FIFO_SIZE of the posix
+// and sysv transports (the FIFOs this transport lets UCX use, see without_single_copy), as UCX's
+// configuration (environment, config file, default: 64) sets it; 64 when it cannot be read.
 int shm_fifo_elements() {
   constexpr int kUcxDefault = 64;
   int most = 0;
@@ -214,7 +215,7 @@ int shm_fifo_elements() {
     attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
     if (uct_component_query(components[i], &attr) != UCS_OK) continue;
     const std::string name = attr.name;
-    if (name != "posix" && name != "sysv" && name != "xpmem") continue;
+    if (name != "posix" && name != "sysv") continue;
     uct_md_config_t* md_config = nullptr;
     if (uct_md_config_read(components[i], nullptr, nullptr, &md_config) != UCS_OK) continue;
     uct_md_h md = nullptr;
@@ -303,6 +304,7 @@ struct Hello {
   uint64_t cluster = 0;
   uint32_t has_secret = 0;
   uint32_t layout_bytes = 0;
+  uint32_t warm_up = 0;  // the messages the sender would warm a same-host peer with (warm_up())
   internal::Digest proof{};
   char layout[kMaxLayout] = {};
 };
@@ -1350,6 +1352,8 @@ class UcxSetup {
     // Ours live as long as the transport: a send UCX has not finished may still read them.
     std::vector<Hello>& mine = impl_.hellos;
     mine.assign(static_cast<size_t>(size), Hello{});
+    warm_rounds_ = impl_.tcp_only || same_host_.empty() ? 0 : shm_fifo_elements();
+    peer_warm_up_.assign(static_cast<size_t>(size), 0);
     std::vector<Hello> theirs(static_cast<size_t>(size));
     std::vector<void*> requests;
     std::vector<int> received(static_cast<size_t>(size), 0);
@@ -1385,6 +1389,7 @@ class UcxSetup {
             hello_proof(o.secret, o.cluster_id, impl_.rank, p, nonces_[static_cast<size_t>(p)]);
       }
       h.layout_bytes = static_cast<uint32_t>(o.layout.size());
+      h.warm_up = static_cast<uint32_t>(warm_rounds_);
       std::memcpy(h.layout, o.layout.data(), o.layout.size());
       ucp_request_param_t sp{};
       ucs_status_ptr_t w = ucp_tag_send_nbx(impl_.eps[static_cast<size_t>(p)], &h, sizeof h,
@@ -1415,6 +1420,10 @@ class UcxSetup {
               }
               checked[static_cast<size_t>(p)] = 1;
               Status c = check(p, theirs[static_cast<size_t>(p)], received[static_cast<size_t>(p)]);
+              // Both sides of a pair warm up with the smaller count (their UCX may be set up
+              // differently), so that neither waits for messages the other will not send.
+              peer_warm_up_[static_cast<size_t>(p)] =
+                  std::min(warm_rounds_, static_cast<int>(theirs[static_cast<size_t>(p)].warm_up));
               if (!c.ok() && bad.ok()) bad = c;
             }
             if (!bad.ok()) return true;
@@ -1449,16 +1458,18 @@ class UcxSetup {
   // sides. Measured on a 2-vCPU VM, 2 processes: the first 60-65 4 KiB all-reduces took 8-11 us
   // each and the rest 2.7-3.4; 16 KiB, the first 35 about 20 us and the rest 6; with UCX's
   // FIFO_SIZE at 16 or 256 the step came after 16 or 256 messages. So setup sends every peer on
-  // this host one round of the FIFO (shm_fifo_elements()) of 4 KiB messages and receives as many:
-  // the faults happen here, once, as NCCL sets up its connections at init, and the first
-  // collectives run as fast as the rest (4 KiB: 3.3 us from the first).
+  // this host one round of the FIFO (shm_fifo_elements(), the smaller of the pair's, agreed in the
+  // hellos) of 4 KiB messages and receives as many: the faults happen here, once, as NCCL sets up
+  // its connections at init, and the first collectives run as fast as the rest (4 KiB: 3.3 us from
+  // the first). A peer that exits meanwhile fails this rank at once, naming it (its pidfd, as in
+  // every wait).
   Status warm_up() {
-    if (same_host_.empty() || impl_.tcp_only) return Status();
-    const int rounds = shm_fifo_elements();
+    if (warm_rounds_ == 0) return Status();
+    if (impl_.options.before_warm_up_for_test) impl_.options.before_warm_up_for_test();
     // Members, as the hellos: a send UCX has not finished may still read its bytes.
     impl_.warm_bytes.assign(kWarmBytes, 0);
     impl_.warm_sink.assign(kWarmBytes, 0);
-    std::vector<void*> requests;
+    std::vector<std::pair<void*, int>> requests;  // with the peer each is for
     Status s;
     auto posted = [&](ucs_status_ptr_t r, int p, const char* what) {
       if (UCS_PTR_IS_ERR(r)) {
@@ -1466,12 +1477,12 @@ class UcxSetup {
                        who() + ": " + what + " rank " + std::to_string(p) + " at warm-up");
         return false;
       }
-      if (r) requests.push_back(r);
+      if (r) requests.emplace_back(r, p);
       return true;
     };
     for (size_t i = 0; i < same_host_.size() && s.ok(); ++i) {
       const int p = same_host_[i];
-      for (int k = 0; k < rounds; ++k) {
+      for (int k = 0; k < peer_warm_up_[static_cast<size_t>(p)]; ++k) {
         ucp_request_param_t rp{};
         rp.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
         // Every message lands in one sink: its bytes are never read.
@@ -1490,21 +1501,39 @@ class UcxSetup {
         }
       }
     }
+    int pending_peer = -1;
+    Status gone;  // a peer that exited (or finished) before its messages came
     if (s.ok()) {
       s = impl_.drive(
           [&] {
-            return std::all_of(requests.begin(), requests.end(), [](void* r) {
-              return ucp_request_check_status(r) != UCS_INPROGRESS;
-            });
+            pending_peer = -1;
+            for (const auto& [r, p] : requests) {
+              if (ucp_request_check_status(r) != UCS_INPROGRESS) continue;
+              if (!impl_.peer_failed[static_cast<size_t>(p)].ok()) {
+                gone = impl_.peer_failed[static_cast<size_t>(p)].with_context(who());
+                return true;
+              }
+              if (pending_peer < 0) pending_peer = p;
+            }
+            return pending_peer < 0;
           },
           deadline_, nullptr, [] { return std::string("its same-host peers' warm-up messages"); });
+      if (s.ok()) s = gone;
+      if (s.code() == StatusCode::kDeadlineExceeded && pending_peer >= 0) {
+        s = deadline_exceeded(who() + ": rank " + std::to_string(pending_peer) +
+                              " (on this host) did not send its warm-up messages within the "
+                              "timeout; is it stuck or stopped?");
+      }
     }
     for (size_t i = 0; i < requests.size() && s.ok(); ++i) {
-      const ucs_status_t done = ucp_request_check_status(requests[i]);
-      if (done != UCS_OK) s = ucx_status(done, who() + ": a warm-up message with a same-host peer");
+      const ucs_status_t done = ucp_request_check_status(requests[i].first);
+      if (done != UCS_OK) {
+        s = ucx_status(
+            done, who() + ": a warm-up message with rank " + std::to_string(requests[i].second));
+      }
     }
     if (!s.ok()) impl_.fail(s);
-    for (void* r : requests) {
+    for (const auto& [r, p] : requests) {
       if (ucp_request_check_status(r) == UCS_INPROGRESS) {
         ucp_request_cancel(impl_.worker, r);
         impl_.progress();
@@ -1512,7 +1541,9 @@ class UcxSetup {
       ucp_request_free(r);
     }
     if (s.ok()) {
-      for (const int p : same_host_) impl_.warmed[static_cast<size_t>(p)] = rounds;
+      for (const int p : same_host_) {
+        impl_.warmed[static_cast<size_t>(p)] = peer_warm_up_[static_cast<size_t>(p)];
+      }
     }
     return s;
   }
@@ -1559,6 +1590,8 @@ class UcxSetup {
   std::string nonce_;
   std::vector<std::string> nonces_;
   std::vector<int> same_host_;  // the peers on this host
+  int warm_rounds_ = 0;         // this rank's warm-up count (0: no shared memory to warm)
+  std::vector<int> peer_warm_up_;  // per peer: the count both sides of the pair use
   // A warm-up message fills a page of a FIFO descriptor (8 KiB by default); 256-byte messages,
   // which UCX sends inline in the FIFO element, left the step where it was.
   static constexpr size_t kWarmBytes = 4096;

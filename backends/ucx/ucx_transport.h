@@ -22,11 +22,12 @@
 //     each: another job, a different layout (both texts named) or a missing or wrong proof refuses
 //     the group on both sides. The proof is bound to the receiver's fresh nonce, so a recorded
 //     hello cannot be replayed into another job.
-//  4. unless over TCP alone, every rank sends every peer on this host one round of UCX's
-//     shared-memory FIFO (FIFO_SIZE, 64 by default) of 4 KiB control messages and receives as
-//     many: the FIFO's descriptors are fresh memory until it has gone round once, and their page
-//     faults would otherwise fall on the first collectives (2 processes: the first 60-65 4 KiB
-//     all-reduces 8-11 us each instead of 3; UcxSetup::warm_up in the .cc);
+//  4. unless `tls` leaves shared memory out, every rank sends every peer on this host one round of
+//     UCX's shared-memory FIFO (FIFO_SIZE, 64 by default; the smaller of the pair's, carried in
+//     the hellos) of 4 KiB control messages and receives as many: the FIFO's descriptors are
+//     fresh memory until it has gone round once, and their page faults would otherwise fall on
+//     the first collectives (2 processes: the first 60-65 4 KiB all-reduces 8-11 us each instead
+//     of 3; UcxSetup::warm_up in the .cc). A peer that exits meanwhile fails it naming the rank;
 //  5. with a secret (and authenticate_frames), each direction of each pair gets its own key:
 //     HMAC-SHA256(secret, cluster | sender | receiver | both ranks' nonces).
 //
@@ -94,6 +95,9 @@ struct UcxTransportOptions {
   // Fault injection for this transport's own tests: called on a copy of every outgoing data
   // message's bytes after its MAC was computed, as a relay on the wire would change them.
   std::function<void(int peer, std::span<std::byte> bytes)> tamper_for_test;
+  // Called at setup right before the warm-up (step 4 of setup, above), for this transport's own
+  // tests.
+  std::function<void()> before_warm_up_for_test;
 };
 
 class UcxTransport final : public algorithms::Transport {
@@ -119,7 +123,8 @@ class UcxTransport final : public algorithms::Transport {
   // What UCX chose to reach `peer` ("tcp/lo", "posix/memory cma/memory"), for describe() and logs.
   std::string transports_to(int peer) const;
   // How many messages setup exchanged with `peer` each way to warm UCX's shared-memory FIFO
-  // (step 4 above): UCX's FIFO_SIZE for a peer on this host, 0 for others or over TCP alone.
+  // (step 4 above): UCX's FIFO_SIZE for a peer on this host, 0 for others or when `tls` leaves
+  // shared memory out.
   int warm_up_messages(int peer) const;
 
   struct Impl;

@@ -201,10 +201,13 @@ TEST(UcxSegments, OverTcpChunksGoWholeUpTo1MiB) {
 // Setup warms UCX's shared-memory FIFO toward every peer on this host with one round of it, as
 // UCX's configuration sizes it (here through the environment), and nothing of the warm-up reaches
 // the messages that follow; over TCP alone there is nothing to warm.
-void expect_warm_up(const std::string& tls, const char* fifo_size, int want) {
+// `posix`: both ranks' UCX posix FIFO_SIZE; `sysv0`, `sysv1`: rank 0's and rank 1's sysv one.
+void expect_warm_up(const std::string& tls, const char* posix, const char* sysv0, const char* sysv1,
+                    int want) {
   const std::string dir = make_temp_dir("ucx_warm_up");
   GroupResult g = run_group(2, 60s, [&](int rank) {
-    for (const char* key : {"UCX_POSIX_FIFO_SIZE", "UCX_SYSV_FIFO_SIZE"}) setenv(key, fifo_size, 1);
+    setenv("UCX_POSIX_FIFO_SIZE", posix, 1);
+    setenv("UCX_SYSV_FIFO_SIZE", rank == 0 ? sysv0 : sysv1, 1);
     auto store = FileStore::open(dir + "/store");
     if (!store.ok()) return kChildFailed;
     backends::UcxTransportOptions o = options(true);
@@ -244,15 +247,46 @@ void expect_warm_up(const std::string& tls, const char* fifo_size, int want) {
   ASSERT_FALSE(g.watchdog_fired) << g.describe();
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(g.children[static_cast<size_t>(r)].exit_code, kChildOk)
-        << "tls=" << tls << ", FIFO_SIZE " << fifo_size << ": " << g.describe() << ": "
-        << read_note(dir, r);
+        << "tls=" << tls << ", FIFO_SIZE posix " << posix << ", sysv " << sysv0 << "/" << sysv1
+        << ": " << g.describe() << ": " << read_note(dir, r);
   }
+}
+
+void expect_warm_up(const std::string& tls, const char* fifo_size, int want) {
+  expect_warm_up(tls, fifo_size, fifo_size, fifo_size, want);
 }
 
 TEST(UcxSetup, PeersOnThisHostWarmOneRoundOfUcxsSharedMemoryFifo) {
   expect_warm_up("sm", "16", 16);
   expect_warm_up("sm", "32", 32);  // UCX takes powers of two
   expect_warm_up("tcp", "16", 0);
+  // Where one rank counts a larger FIFO (a sysv one that tls=posix leaves unused), the pair agrees
+  // on the smaller round instead of one waiting for messages the other never sends.
+  expect_warm_up("posix", "16", "256", "16", 16);
+}
+
+// A same-host peer that exits before its warm-up messages come fails the rank waiting for them at
+// once, naming it, not at the setup deadline.
+TEST(UcxSetup, APeerThatExitsBeforeTheWarmUpIsNamedAtOnce) {
+  const std::string dir = make_temp_dir("ucx_warm_up_exit");
+  const auto start = std::chrono::steady_clock::now();
+  GroupResult g = run_group(2, 60s, [&](int rank) {
+    auto store = FileStore::open(dir + "/store");
+    if (!store.ok()) return kChildFailed;
+    backends::UcxTransportOptions o = options(false);
+    o.tls = "sm";
+    o.timeout = 30s;
+    if (rank == 1) o.before_warm_up_for_test = [] { _exit(kChildOk); };
+    auto t = backends::UcxTransport::create(**store, rank, 2, o);
+    write_note(dir, rank, t.ok() ? std::string("set up") : t.status().to_string());
+    return t.ok() ? kChildFailed : kChildSawError;
+  });
+  ASSERT_FALSE(g.watchdog_fired) << g.describe();
+  EXPECT_EQ(g.children[0].exit_code, kChildSawError) << g.describe();
+  const std::string note = read_note(dir, 0);
+  EXPECT_NE(note.find("rank 1"), std::string::npos) << note;
+  EXPECT_NE(note.find("exited"), std::string::npos) << note;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s) << note;
 }
 
 TEST(UcxSetup, UnknownTransportsAndDevicesAreErrorsNamingThem) {
