@@ -262,6 +262,10 @@ class Parser {
           "group call to fuse them into: -m N times -n x N calls back to back, on GPUs without "
           "waiting in between)");
     value("--time-per-size", "DURATION", "instead of -n: about this long per size (e.g. 200ms)");
+    value("--warmup-time", "DURATION",
+          "the warm-up lasts at least this long too (more than -w iterations where they are "
+          "quicker), so that the scheduler settles the ranks after the line before; default 5ms, "
+          "0: -w iterations alone, as nccl-tests");
     value("-a,--average", "0|1|2|3",
           "across processes, report rank 0's time (0), the mean (1), the fastest (2) or the "
           "slowest (3, default; nccl-tests' default is 1)");
@@ -359,6 +363,12 @@ class Parser {
     TRIBUTARY_RETURN_IF_ERROR(convert_sizes());
     TRIBUTARY_RETURN_IF_ERROR(set_int("--iters", &o_.iters, 1, kMaxInt));
     TRIBUTARY_RETURN_IF_ERROR(set_int("--warmup_iters", &o_.warmup_iters, 0, kMaxInt));
+    if (given("--warmup-time")) {
+      const std::string& v = text("--warmup-time");
+      auto d = parse_duration(v);
+      if (!d.ok()) return flag_error("--warmup-time", v, d.status().message());
+      o_.warmup_seconds = std::chrono::duration<double>(*d).count();
+    }
     TRIBUTARY_RETURN_IF_ERROR(set_int("--agg_iters", &o_.agg_iters, 1, 1'000'000));
     if (given("--time-per-size")) {
       auto d = parse_duration(text("--time-per-size"));

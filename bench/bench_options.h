@@ -28,6 +28,9 @@ struct BenchOptions {
   std::vector<uint64_t> sizes;  // explicit --sizes overrides the sweep
   int iters = 20;
   int warmup_iters = 5;
+  // After -w's iterations, more until the warm-up has lasted this long (agreed across ranks); 0:
+  // -w alone, as nccl-tests.
+  double warmup_seconds = 0.005;
   int agg_iters = 1;          // -m: all-reduces per timed iteration
   double target_seconds = 0;  // > 0: size the iteration count per size to about this long
   std::vector<DType> dtypes = {DType::kFloat32};  // -d, in order; "all" is every dtype

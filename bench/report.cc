@@ -163,7 +163,11 @@ std::string format_header(const Report& r) {
                   std::to_string(o.replicas) + " replica(s), ";
   s += o.target_seconds > 0 ? "~" + fmt_num("%g", o.target_seconds * 1e3) + " ms per size"
                             : std::to_string(o.iters) + " iters";
-  s += ", " + std::to_string(o.warmup_iters) + " warmup, check " +
+  s += ", " + std::to_string(o.warmup_iters) + " warmup" +
+       (o.warmup_iters > 0 && o.warmup_seconds > 0
+            ? " (at least " + fmt_num("%g", o.warmup_seconds * 1e3) + " ms)"
+            : std::string()) +
+       ", check " +
        (o.check > 0 ? std::to_string(o.check) : std::string("off")) + ", time: " +
        (o.average == AverageMode::kRank0  ? "rank 0's"
         : o.average == AverageMode::kMean ? "the ranks' mean"
