@@ -1,17 +1,17 @@
 #include "backends/gloo/gloo_context.h"
 
-#include <sys/random.h>
-
 #include <arpa/inet.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/buffer.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,13 +20,16 @@
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "backends/gloo/gloo_store.h"
 #include "core/crypto/crypto.h"
@@ -174,6 +177,45 @@ PeerDirectory PeerDirectory::learn(gloo::Context& context, GlooStore& store) {
   }
   return made;
 }
+
+std::string PeerDirectory::socket_of(int peer) const {
+  return peer >= 0 && static_cast<size_t>(peer) < sockets_.size()
+             ? sockets_[static_cast<size_t>(peer)]
+             : std::string();
+}
+
+size_t gloo_priming_bytes() {
+  constexpr size_t kLeast = size_t{64} << 10, kMost = size_t{4} << 20;
+  size_t bytes = kMost;
+  if (FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
+    unsigned long long v = 0;
+    if (std::fscanf(f, "%llu", &v) == 1) bytes = static_cast<size_t>(v);
+    std::fclose(f);
+  }
+  return std::clamp(bytes, kLeast, kMost);
+}
+
+namespace {
+// One message of gloo_priming_bytes() to and from every peer (see there), in Gloo's async mode:
+// its I/O thread takes them in while this thread sends. Every rank takes the same slot.
+void prime_send_buffers(gloo::Context& context) {
+  const size_t bytes = gloo_priming_bytes();
+  std::vector<char> out(bytes), in(bytes);  // every peer's message lands in `in`, never read
+  const int slot = context.nextSlot();
+  std::vector<std::unique_ptr<gloo::transport::Buffer>> recvs, sends;
+  for (int p = 0; p < context.size; ++p) {
+    if (p != context.rank)
+      recvs.push_back(context.getPair(p)->createRecvBuffer(slot, in.data(), bytes));
+  }
+  for (int p = 0; p < context.size; ++p) {
+    if (p == context.rank) continue;
+    sends.push_back(context.getPair(p)->createSendBuffer(slot, out.data(), bytes));
+    sends.back()->send();
+  }
+  for (auto& s : sends) s->waitSend();
+  for (auto& r : recvs) r->waitRecv();
+}
+}  // namespace
 
 int PeerDirectory::peer_in(const std::string& gloo_message) const {
   for (size_t r = 0; r < addresses_.size(); ++r) {
@@ -520,6 +562,7 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
       GlooConnection made;
       TRIBUTARY_RETURN_IF_ERROR(gloo_step(who, where, store_name, remaining(), nullptr, [&] {
         made.peers = PeerDirectory::learn(*context, *rendezvous);
+        prime_send_buffers(*context);  // before sync mode, which reads in the calling thread
         if (options.sync) {
           for (int p = 0; p < world_size; ++p) {
             if (p != rank) context->getPair(p)->setSync(true, options.busy_poll);

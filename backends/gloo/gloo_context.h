@@ -57,6 +57,9 @@ class PeerDirectory {
   // The rank whose connection failed: the one whose published address Gloo's message names, else
   // the one peer whose connection is closed, closing or in error; -1 when that is not clear.
   int peer_in(const std::string& gloo_message) const;
+  // This rank's connection with `peer` as "local->remote" ("[127.0.0.1]:40000->[...]:41000"), or
+  // "" where it was not found.
+  std::string socket_of(int peer) const;
 
  private:
   std::vector<std::vector<std::string>> addresses_;  // by rank, as Gloo prints them
@@ -89,12 +92,21 @@ struct GlooConnection {
   PeerDirectory peers;
 };
 
+// Gloo sizes a pair's socket send buffer (SO_SNDBUF) to the first message it sends on it and
+// raises it only for larger ones. Setting SO_SNDBUF also turns off the kernel's tuning of it, so a
+// mesh whose first messages were small kept a send buffer of about twice their size, and larger
+// messages then waited on the peer's delayed acknowledgements (40 ms each): 2 processes, 64 KiB
+// all-reduce 4-20 ms, 128 KiB 50-80 ms in some runs, in the direct Gloo line alike. connect_gloo
+// therefore sends every peer one message of this size first: net.core.wmem_max (the most
+// SO_SNDBUF may ask for; 208 KiB on a stock kernel), at most 4 MiB, at least 64 KiB.
+size_t gloo_priming_bytes();
+
 // Whether a Gloo exception's message says it timed out ("Timed out ...", "... timeout ..."): Gloo
 // has no distinct exception type for it.
 bool gloo_timed_out(std::string_view what);
 
 // Creates Gloo's TCP device and connects the full mesh through `store` (already scoped to this
-// instance). Never throws.
+// instance), then sends every peer one message of gloo_priming_bytes() (see there). Never throws.
 StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<Store> store,
                                       const GlooConnectOptions& options);
 

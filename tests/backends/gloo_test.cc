@@ -4,6 +4,10 @@
 // mid-run, a peer that goes silent, mismatched collectives, a rendezvous nobody joins, and an
 // unsupported dtype. Each rank is a forked child with alarm() set; the parent waits under a
 // watchdog and kills the children when it fires, so a hang fails the test instead of stalling it.
+#include <arpa/inet.h>
+#include <gloo/context.h>
+#include <gloo/transport/buffer.h>
+#include <gloo/transport/pair.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -25,9 +29,10 @@
 #include <thread>
 #include <vector>
 
-#include "tributary/registry.h"
+#include "backends/gloo/gloo_context.h"
 #include "tests/multiprocess/conformance.h"
 #include "tests/multiprocess/harness.h"
+#include "tributary/registry.h"
 #include "tributary/store.h"
 
 namespace tributary {
@@ -1485,6 +1490,73 @@ TEST(Gloo, RefusesBfloat16AndListsItsOptions) {
   ASSERT_NE(info, nullptr);
   ASSERT_NE(registry.find("ring"), nullptr);
   EXPECT_LT(info->auto_priority, registry.find("ring")->auto_priority);
+}
+
+// The send buffer (SO_SNDBUF) of this process's socket whose ends are "local->remote" as
+// PeerDirectory::socket_of gives them, or -1.
+long send_buffer_of(const std::string& ends) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    sockaddr_storage local{}, remote{};
+    socklen_t llen = sizeof local, rlen = sizeof remote;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0 ||
+        local.ss_family != AF_INET || remote.ss_family != AF_INET) {
+      continue;
+    }
+    auto text = [](const sockaddr_storage& a) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+      char ip[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+      return "[" + std::string(ip) + "]:" + std::to_string(ntohs(in->sin_port));
+    };
+    if (text(local) + "->" + text(remote) != ends) continue;
+    int bytes = 0;
+    socklen_t len = sizeof bytes;
+    return getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, &len) == 0 ? bytes : -1;
+  }
+  return -1;
+}
+
+// Gloo locks a pair's send buffer at about twice the first message it sends there, and larger
+// messages then wait on delayed acknowledgements (gloo_context.h, gloo_priming_bytes): the mesh
+// starts with one message as large as SO_SNDBUF may be set, so that its sockets' send buffers stay
+// as large as the kernel allows after a first collective of small messages.
+TEST(Gloo, TheMeshStartsWithSendBuffersAsLargeAsTheKernelAllows) {
+  long wmem_max = 0;
+  if (FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
+    if (std::fscanf(f, "%ld", &wmem_max) != 1) wmem_max = 0;
+    std::fclose(f);
+  }
+  if (wmem_max <= 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max";
+  const long want = 2 * std::min<long>(wmem_max, static_cast<long>(backends::gloo_priming_bytes()));
+  expect_all_zero(run_world(2, 1, [&](Rank& me) {
+    backends::GlooConnectOptions o;
+    o.host = "127.0.0.1";
+    o.coordinator = "127.0.0.1";
+    o.timeout = std::chrono::seconds(30);
+    auto made = backends::connect_gloo(me.rank, 2, me.context.store, o);
+    if (!made.ok()) {
+      std::fprintf(stderr, "[rank %d] %s\n", me.rank, made.status().to_string().c_str());
+      return 1;
+    }
+    // A first collective's small message, on which Gloo would size the send buffer.
+    gloo::Context& context = *made->context;
+    std::vector<char> out(4096, 1), in(4096, 0);
+    const int slot = context.nextSlot();
+    auto recv = context.getPair(1 - me.rank)->createRecvBuffer(slot, in.data(), in.size());
+    auto send = context.getPair(1 - me.rank)->createSendBuffer(slot, out.data(), out.size());
+    send->send();
+    send->waitSend();
+    recv->waitRecv();
+    const std::string ends = made->peers.socket_of(1 - me.rank);
+    const long bytes = send_buffer_of(ends);
+    if (bytes >= want) return 0;
+    std::fprintf(stderr, "[rank %d] SO_SNDBUF of '%s': %ld, want at least %ld\n", me.rank,
+                 ends.c_str(), bytes, want);
+    return 1;
+  }));
 }
 
 // Every dtype Gloo reduces, world 2, one call each (float16 through gloo::float16).
