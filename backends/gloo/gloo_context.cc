@@ -185,7 +185,7 @@ std::string PeerDirectory::socket_of(int peer) const {
 }
 
 size_t gloo_priming_bytes() {
-  constexpr size_t kLeast = size_t{64} << 10, kMost = size_t{4} << 20;
+  constexpr size_t kLeast = size_t{64} << 10, kMost = kGlooPrimingMostBytes;
   size_t bytes = kMost;
   if (FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
     unsigned long long v = 0;
@@ -197,23 +197,34 @@ size_t gloo_priming_bytes() {
 
 namespace {
 // One message of gloo_priming_bytes() to and from every peer (see there), in Gloo's async mode:
-// its I/O thread takes them in while this thread sends. Every rank takes the same slot.
+// its I/O thread takes them in while this thread sends. Every rank takes the same slot. Each
+// receive is posted at the largest size any rank may send, since hosts may set wmem_max apart.
+// Throws what Gloo throws, after closing every pair: Gloo's I/O thread may otherwise still write
+// into `in` for a healthy peer once it is freed.
 void prime_send_buffers(gloo::Context& context) {
   const size_t bytes = gloo_priming_bytes();
-  std::vector<char> out(bytes), in(bytes);  // every peer's message lands in `in`, never read
+  std::vector<char> out(bytes);
+  std::unique_ptr<char[]> in(new char[kGlooPrimingMostBytes]);  // every message lands here, unread
   const int slot = context.nextSlot();
   std::vector<std::unique_ptr<gloo::transport::Buffer>> recvs, sends;
-  for (int p = 0; p < context.size; ++p) {
-    if (p != context.rank)
-      recvs.push_back(context.getPair(p)->createRecvBuffer(slot, in.data(), bytes));
+  try {
+    for (int p = 0; p < context.size; ++p) {
+      if (p == context.rank) continue;
+      recvs.push_back(context.getPair(p)->createRecvBuffer(slot, in.get(), kGlooPrimingMostBytes));
+    }
+    for (int p = 0; p < context.size; ++p) {
+      if (p == context.rank) continue;
+      sends.push_back(context.getPair(p)->createSendBuffer(slot, out.data(), bytes));
+      sends.back()->send();
+    }
+    for (auto& s : sends) s->waitSend();
+    for (auto& r : recvs) r->waitRecv();
+  } catch (...) {
+    for (int p = 0; p < context.size; ++p) {
+      if (p != context.rank) context.getPair(p)->close();
+    }
+    throw;
   }
-  for (int p = 0; p < context.size; ++p) {
-    if (p == context.rank) continue;
-    sends.push_back(context.getPair(p)->createSendBuffer(slot, out.data(), bytes));
-    sends.back()->send();
-  }
-  for (auto& s : sends) s->waitSend();
-  for (auto& r : recvs) r->waitRecv();
 }
 }  // namespace
 
@@ -478,6 +489,29 @@ Status gloo_step(const std::string& who, const std::string& where, const std::st
   }
 }
 
+// prime_send_buffers() with Gloo's exceptions as a Status naming the peer where Gloo's message
+// says which.
+// Its waits have the pairs' timeout, set when the mesh was made.
+Status prime(gloo::Context& context, const PeerDirectory& peers, const std::string& who) {
+  const std::string what = who + ": priming the send buffers of Gloo's connections";
+  try {
+    SigpipeGuard guard;
+    prime_send_buffers(context);
+    return Status();
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(what + ": out of memory");
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    const int peer = peers.peer_in(message);
+    const std::string with = peer >= 0 ? " (with rank " + std::to_string(peer) + ")" : "";
+    return gloo_timed_out(message)
+               ? deadline_exceeded(what + with + " timed out: " + message +
+                                   "; is every rank still running?")
+               : unavailable(what + with + " failed: " + message +
+                             "; a rank may have exited or failed (see its log)");
+  }
+}
+
 constexpr int kMeshAttempts = 3;
 
 }  // namespace
@@ -562,7 +596,10 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
       GlooConnection made;
       TRIBUTARY_RETURN_IF_ERROR(gloo_step(who, where, store_name, remaining(), nullptr, [&] {
         made.peers = PeerDirectory::learn(*context, *rendezvous);
-        prime_send_buffers(*context);  // before sync mode, which reads in the calling thread
+      }));
+      // Before sync mode, which reads in the calling thread.
+      TRIBUTARY_RETURN_IF_ERROR(prime(*context, made.peers, who));
+      TRIBUTARY_RETURN_IF_ERROR(gloo_step(who, where, store_name, remaining(), nullptr, [&] {
         if (options.sync) {
           for (int p = 0; p < world_size; ++p) {
             if (p != rank) context->getPair(p)->setSync(true, options.busy_poll);

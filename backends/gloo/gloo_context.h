@@ -98,7 +98,11 @@ struct GlooConnection {
 // messages then waited on the peer's delayed acknowledgements (40 ms each): 2 processes, 64 KiB
 // all-reduce 4-20 ms, 128 KiB 50-80 ms in some runs, in the direct Gloo line alike. connect_gloo
 // therefore sends every peer one message of this size first: net.core.wmem_max (the most
-// SO_SNDBUF may ask for; 208 KiB on a stock kernel), at most 4 MiB, at least 64 KiB.
+// SO_SNDBUF may ask for; 208 KiB on a stock kernel), at most kGlooPrimingMostBytes, at least
+// 64 KiB. The send buffers then hold twice that: where wmem_max is larger than 4 MiB, 8 MiB,
+// below what the kernel's own tuning could reach (tcp_wmem's maximum) but far above the messages
+// that stalled. Each rank sends world size - 1 such messages at setup.
+inline constexpr size_t kGlooPrimingMostBytes = size_t{4} << 20;
 size_t gloo_priming_bytes();
 
 // Whether a Gloo exception's message says it timed out ("Timed out ...", "... timeout ..."): Gloo

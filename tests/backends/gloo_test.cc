@@ -10,8 +10,10 @@
 #include <gloo/transport/pair.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1519,19 +1521,52 @@ long send_buffer_of(const std::string& ends) {
   return -1;
 }
 
+long read_wmem_max() {
+  long v = 0;
+  if (FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
+    if (std::fscanf(f, "%ld", &v) != 1) v = 0;
+    std::fclose(f);
+  }
+  return v;
+}
+
+// In a child: gives this process a /proc/sys/net/core/wmem_max of its own that reads `value` (a
+// mount namespace and a bind mount over it, as a host set up otherwise would have), or says why
+// it cannot.
+std::string pretend_wmem_max(const std::string& dir, long value) {
+  if (unshare(CLONE_NEWNS) != 0) return std::string("unshare(CLONE_NEWNS): ") + strerror(errno);
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    return std::string("making / private: ") + strerror(errno);
+  }
+  const std::string file = dir + "/wmem_max";
+  if (FILE* f = std::fopen(file.c_str(), "w")) {
+    std::fprintf(f, "%ld\n", value);
+    std::fclose(f);
+  }
+  if (mount(file.c_str(), "/proc/sys/net/core/wmem_max", nullptr, MS_BIND, nullptr) != 0) {
+    return std::string("bind-mounting over wmem_max: ") + strerror(errno);
+  }
+  return read_wmem_max() == value ? "" : "the bind mount did not take";
+}
+
 // Gloo locks a pair's send buffer at about twice the first message it sends there, and larger
 // messages then wait on delayed acknowledgements (gloo_context.h, gloo_priming_bytes): the mesh
 // starts with one message as large as SO_SNDBUF may be set, so that its sockets' send buffers stay
-// as large as the kernel allows after a first collective of small messages.
-TEST(Gloo, TheMeshStartsWithSendBuffersAsLargeAsTheKernelAllows) {
-  long wmem_max = 0;
-  if (FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
-    if (std::fscanf(f, "%ld", &wmem_max) != 1) wmem_max = 0;
-    std::fclose(f);
-  }
-  if (wmem_max <= 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max";
-  const long want = 2 * std::min<long>(wmem_max, static_cast<long>(backends::gloo_priming_bytes()));
-  expect_all_zero(run_world(2, 1, [&](Rank& me) {
+// that large after a first collective of small messages. With `rank1_wmem_max`, rank 1 reads that
+// value instead of the host's, as a host configured otherwise would, and sends smaller messages
+// than rank 0 receives from it: both still connect.
+void expect_primed_send_buffers(long rank1_wmem_max) {
+  const std::string dir = make_temp_dir();
+  const std::vector<int> codes = run_world(2, 1, [&](Rank& me) {
+    if (me.rank == 1 && rank1_wmem_max > 0) {
+      if (std::string why = pretend_wmem_max(dir, rank1_wmem_max); !why.empty()) {
+        std::fprintf(stderr, "[rank 1] cannot pretend another wmem_max: %s\n", why.c_str());
+        return 77;
+      }
+    }
+    const long wmem_max = read_wmem_max();
+    const long want =
+        2 * std::min<long>(wmem_max, static_cast<long>(backends::gloo_priming_bytes()));
     backends::GlooConnectOptions o;
     o.host = "127.0.0.1";
     o.coordinator = "127.0.0.1";
@@ -1550,13 +1585,34 @@ TEST(Gloo, TheMeshStartsWithSendBuffersAsLargeAsTheKernelAllows) {
     send->send();
     send->waitSend();
     recv->waitRecv();
+    if (in != out) {
+      std::fprintf(stderr, "[rank %d] the 4 KiB message arrived changed\n", me.rank);
+      return 1;
+    }
     const std::string ends = made->peers.socket_of(1 - me.rank);
     const long bytes = send_buffer_of(ends);
     if (bytes >= want) return 0;
     std::fprintf(stderr, "[rank %d] SO_SNDBUF of '%s': %ld, want at least %ld\n", me.rank,
                  ends.c_str(), bytes, want);
     return 1;
-  }));
+  });
+  std::filesystem::remove_all(dir);
+  if (codes.size() == 2 && codes[1] == 77 && codes[0] != 0) {
+    GTEST_SKIP() << "rank 1 could not read another wmem_max (see its line above)";
+  }
+  expect_all_zero(codes);
+}
+
+TEST(Gloo, TheMeshStartsWithSendBuffersAsLargeAsTheKernelAllows) {
+  if (read_wmem_max() <= 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max";
+  expect_primed_send_buffers(0);
+}
+
+// A stock kernel's 208 KiB on rank 1 against this host's setting on rank 0.
+TEST(Gloo, HostsWithDifferentWmemMaxStillConnect) {
+  if (read_wmem_max() <= 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max";
+  if (read_wmem_max() <= 212992) GTEST_SKIP() << "this host's wmem_max is a stock kernel's already";
+  expect_primed_send_buffers(212992);
 }
 
 // Every dtype Gloo reduces, world 2, one call each (float16 through gloo::float16).
