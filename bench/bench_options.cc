@@ -263,9 +263,9 @@ class Parser {
           "waiting in between)");
     value("--time-per-size", "DURATION", "instead of -n: about this long per size (e.g. 200ms)");
     value("--warmup-time", "DURATION",
-          "the warm-up lasts at least this long too (more than -w iterations where they are "
-          "quicker), so that the scheduler settles the ranks after the line before; default 5ms, "
-          "0: -w iterations alone, as nccl-tests");
+          "after -w iterations, more until the warm-up has lasted this long on the slowest rank "
+          "(in up to 8 agreed rounds), so that the scheduler settles the ranks after the line "
+          "before; default 5ms; 0, or -w 0: -w iterations alone, as nccl-tests");
     value("-a,--average", "0|1|2|3",
           "across processes, report rank 0's time (0), the mean (1), the fastest (2) or the "
           "slowest (3, default; nccl-tests' default is 1)");

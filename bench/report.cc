@@ -302,6 +302,7 @@ Status write_json(const Report& r, const std::string& path) {
                     {"replicas", r.options.replicas},
                     {"iters", r.options.iters},
                     {"warmup_iters", r.options.warmup_iters},
+                    {"warmup_seconds", r.options.warmup_seconds},
                     {"agg_iters", r.options.agg_iters},
                     {"check", r.options.check},
                     {"average", static_cast<int>(r.options.average)},

@@ -366,21 +366,30 @@ class Runner::Impl {
     return Status();
   }
 
-  // -w iterations, then (unless -w 0) as many more as fill --warmup-time, the count agreed so that
-  // every rank issues as many. A line that follows one whose waits sleep (Gloo's) can start with
-  // its ranks on one core, where the scheduler put them as each woke the other, until the load
-  // balancer parts them: measured on a 2-vCPU VM, 2 processes after the Gloo line, ring 8 KiB
-  // took 8.8 us and ucx 34 with 5 warm-up iterations, 2.9 and 4.3 with 500 (about 1-2 ms).
+  // -w iterations, then (unless -w 0) more in rounds until the slowest rank's warm-up has lasted
+  // --warmup-time, every round's count agreed so that every rank issues as many (the first
+  // iterations are the slow ones, so each round is sized from the one before; at most 8 rounds).
+  // A line that follows one whose waits sleep (Gloo's) can start with its ranks on one core,
+  // where the scheduler put them as each woke the other, until the load balancer parts them:
+  // measured on a 2-vCPU VM, 2 processes after the Gloo line, ring 8 KiB took 8.8 us and ucx 34
+  // with 5 warm-up iterations, 2.9 and 4.3 with 500 (about 1-2 ms).
   Status warm_up(Line& line, ReduceOp op, const PerReplica<Tensor>& in,
                  const PerReplica<Tensor>& out) {
     double seconds = 0;
     TRIBUTARY_RETURN_IF_ERROR(timed(line, op, in, out, o_.warmup_iters, &seconds));
     if (o_.warmup_iters == 0 || o_.warmup_seconds <= 0) return Status();
-    const double each = std::max(seconds / o_.warmup_iters, 1e-8);
-    const double more =
-        seconds >= o_.warmup_seconds ? 0 : std::min(1e6, (o_.warmup_seconds - seconds) / each);
-    TRIBUTARY_ASSIGN_OR_RETURN(const double agreed, agree(std::ceil(more), ReduceOp::kMax));
-    return timed(line, op, in, out, static_cast<int64_t>(agreed), &seconds);
+    double elapsed = seconds;
+    double each = std::max(seconds / o_.warmup_iters, 1e-8);
+    for (int round = 0; round < 8; ++round) {
+      TRIBUTARY_ASSIGN_OR_RETURN(const double slowest, agree(elapsed, ReduceOp::kMax));
+      if (slowest >= o_.warmup_seconds) break;
+      const double more = std::clamp(std::ceil((o_.warmup_seconds - slowest) / each), 1.0, 1e6);
+      TRIBUTARY_ASSIGN_OR_RETURN(const double calls, agree(more, ReduceOp::kMax));
+      TRIBUTARY_RETURN_IF_ERROR(timed(line, op, in, out, static_cast<int64_t>(calls), &seconds));
+      elapsed += seconds;
+      each = std::max(seconds / calls, 1e-8);
+    }
+    return Status();
   }
 
   // The same value on every rank: max, min (times, iteration counts) or sum (wrong elements),
