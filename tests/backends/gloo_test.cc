@@ -112,7 +112,16 @@ std::vector<int> run_world(int world, int local, const std::function<int(Rank&)>
         _exit(3);
       }
       me.context.store = std::shared_ptr<Store>(std::move(store).value());
-      int code = body(me);
+      int code = 1;
+      // Nothing may leave the child's body but its exit code: an exception would reach the
+      // child's copy of GoogleTest, which would go on running the rest of the suite.
+      try {
+        code = body(me);
+      } catch (const std::exception& e) {
+        fprintf(stderr, "[rank %d] uncaught exception: %s\n", r, e.what());
+      } catch (...) {
+        fprintf(stderr, "[rank %d] uncaught exception\n", r);
+      }
       std::fflush(nullptr);
       _exit(code);
     }
