@@ -63,6 +63,7 @@ std::string address_text(const sockaddr_storage& a, bool as_gloo) {
 }
 
 struct OpenSocket {
+  int fd = -1;
   std::string local, remote;            // as the OS has them
   std::string gloo_local, gloo_remote;  // as Gloo's str() prints them
   bool healthy = true;                  // established (no FIN or reset seen)
@@ -80,8 +81,8 @@ std::vector<OpenSocket> open_tcp_sockets() {
     socklen_t llen = sizeof(local), rlen = sizeof(remote);
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) continue;
     if (getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0) continue;
-    OpenSocket s{address_text(local, false), address_text(remote, false), address_text(local, true),
-                 address_text(remote, true)};
+    OpenSocket s{fd, address_text(local, false), address_text(remote, false),
+                 address_text(local, true), address_text(remote, true)};
     // Not SO_ERROR: reading it would clear an error that Gloo has yet to see.
     tcp_info info{};
     socklen_t ilen = sizeof(info);
@@ -134,6 +135,7 @@ PeerDirectory PeerDirectory::learn(gloo::Context& context, GlooStore& store) {
   const auto n = static_cast<size_t>(size);
   made.addresses_.assign(n, {});
   made.sockets_.assign(n, "");
+  made.fds_.assign(n, -1);
   std::vector<std::string> mine(n);
   std::string list;
   for (int p = 0; p < size; ++p) {
@@ -168,6 +170,7 @@ PeerDirectory PeerDirectory::learn(gloo::Context& context, GlooStore& store) {
         const bool far = std::find(theirs.begin(), theirs.end(), s.gloo_remote) != theirs.end();
         if (far || s.gloo_local == mine[static_cast<size_t>(p)]) {
           made.sockets_[static_cast<size_t>(p)] = socket_key(s);
+          made.fds_[static_cast<size_t>(p)] = s.fd;
         }
       }
       all = all && !made.sockets_[static_cast<size_t>(p)].empty();
@@ -184,8 +187,14 @@ std::string PeerDirectory::socket_of(int peer) const {
              : std::string();
 }
 
-size_t gloo_priming_bytes() {
-  constexpr size_t kLeast = size_t{64} << 10, kMost = kGlooPrimingMostBytes;
+int PeerDirectory::fd_of(int peer) const {
+  return peer >= 0 && static_cast<size_t>(peer) < fds_.size() ? fds_[static_cast<size_t>(peer)]
+                                                              : -1;
+}
+
+size_t gloo_priming_bytes(bool sync) {
+  if (!sync) return kGlooPrimingAsyncBytes;
+  constexpr size_t kLeast = kGlooPrimingAsyncBytes, kMost = kGlooPrimingMostBytes;
   size_t bytes = kMost;
   if (FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
     unsigned long long v = 0;
@@ -196,13 +205,13 @@ size_t gloo_priming_bytes() {
 }
 
 namespace {
-// One message of gloo_priming_bytes() to and from every peer (see there), in Gloo's async mode:
+// One message of gloo_priming_bytes(sync) to and from every peer (see there), in Gloo's async mode:
 // its I/O thread takes them in while this thread sends. Every rank takes the same slot. Each
 // receive is posted at the largest size any rank may send, since hosts may set wmem_max apart.
 // Throws what Gloo throws, after closing every pair: Gloo's I/O thread may otherwise still write
 // into `in` for a healthy peer once it is freed.
-void prime_send_buffers(gloo::Context& context) {
-  const size_t bytes = gloo_priming_bytes();
+void prime_send_buffers(gloo::Context& context, bool sync) {
+  const size_t bytes = gloo_priming_bytes(sync);
   std::vector<char> out(bytes);
   std::unique_ptr<char[]> in(new char[kGlooPrimingMostBytes]);  // every message lands here, unread
   const int slot = context.nextSlot();
@@ -492,11 +501,22 @@ Status gloo_step(const std::string& who, const std::string& where, const std::st
 // prime_send_buffers() with Gloo's exceptions as a Status naming the peer where Gloo's message
 // says which.
 // Its waits have the pairs' timeout, set when the mesh was made.
-Status prime(gloo::Context& context, const PeerDirectory& peers, const std::string& who) {
+Status prime(gloo::Context& context, bool sync, const PeerDirectory& peers,
+             const std::string& who) {
   const std::string what = who + ": priming the send buffers of Gloo's connections";
   try {
     SigpipeGuard guard;
-    prime_send_buffers(context);
+    prime_send_buffers(context, sync);
+    if (!sync) {
+      // Gloo now reads 2 x (kGlooPrimingAsyncBytes + its header) back and raises the buffer only
+      // for larger messages; the kernel's goes to twice that (gloo_context.h). Where the descriptor
+      // was not found or the call fails, the buffer stays as primed: slower, not wrong.
+      const int half = static_cast<int>(kGlooAsyncSendBufferBytes / 2);
+      for (int p = 0; p < context.size; ++p) {
+        const int fd = p == context.rank ? -1 : peers.fd_of(p);
+        if (fd >= 0) (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &half, sizeof(half));
+      }
+    }
     return Status();
   } catch (const std::bad_alloc&) {
     return resource_exhausted(what + ": out of memory");
@@ -598,7 +618,7 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
         made.peers = PeerDirectory::learn(*context, *rendezvous);
       }));
       // Before sync mode, which reads in the calling thread.
-      TRIBUTARY_RETURN_IF_ERROR(prime(*context, made.peers, who));
+      TRIBUTARY_RETURN_IF_ERROR(prime(*context, options.sync, made.peers, who));
       TRIBUTARY_RETURN_IF_ERROR(gloo_step(who, where, store_name, remaining(), nullptr, [&] {
         if (options.sync) {
           for (int p = 0; p < world_size; ++p) {

@@ -60,10 +60,13 @@ class PeerDirectory {
   // This rank's connection with `peer` as "local->remote" ("[127.0.0.1]:40000->[...]:41000"), or
   // "" where it was not found.
   std::string socket_of(int peer) const;
+  // That connection's descriptor (Gloo's), or -1 where it was not found. Valid while the mesh is.
+  int fd_of(int peer) const;
 
  private:
   std::vector<std::vector<std::string>> addresses_;  // by rank, as Gloo prints them
   std::vector<std::string> sockets_;                 // by rank: "local->remote", or ""
+  std::vector<int> fds_;                             // by rank, or -1
 };
 
 struct GlooConnectOptions {
@@ -92,25 +95,40 @@ struct GlooConnection {
   PeerDirectory peers;
 };
 
-// Gloo sizes a pair's socket send buffer (SO_SNDBUF) to the first message it sends on it and
-// raises it only for larger ones. Setting SO_SNDBUF also turns off the kernel's tuning of it, so a
-// mesh whose first messages were small kept a send buffer of about twice their size, and larger
-// messages then waited on the peer's delayed acknowledgements (40 ms each): 2 processes, 64 KiB
-// all-reduce 4-20 ms, 128 KiB 50-80 ms in some runs, in the direct Gloo line alike. connect_gloo
-// therefore sends every peer one message of this size first: net.core.wmem_max (the most
-// SO_SNDBUF may ask for; 208 KiB on a stock kernel), at most kGlooPrimingMostBytes, at least
-// 64 KiB. The send buffers then hold twice that: where wmem_max is larger than 4 MiB, 8 MiB,
-// below what the kernel's own tuning could reach (tcp_wmem's maximum) but far above the messages
-// that stalled. Each rank sends world size - 1 such messages at setup.
+// Gloo sizes a pair's socket send buffer (SO_SNDBUF) so that a message's write completes at once:
+// when a message is larger than the buffer Gloo last read back, it asks for the message's size
+// (the kernel doubles it). Setting SO_SNDBUF also turns off the kernel's tuning of it. So a message
+// up to twice the last one that raised it gets a buffer of 1-2x its size, and small messages of
+// less than a TCP segment then waited on the peer's delayed acknowledgements (40 ms each): 2
+// processes, 64 KiB all-reduce 4-20 ms, 128 KiB 50-80 ms in some runs, in the direct Gloo line
+// alike. connect_gloo therefore sends every peer one message of gloo_priming_bytes(sync) first:
+// - async mode (Gloo's I/O thread reads; the default): kGlooPrimingAsyncBytes, 64 KiB, after which
+//   Gloo's own reading of the buffer is 128 KiB; the kernel's is then raised to
+//   kGlooAsyncSendBufferBytes (256 KiB) behind Gloo's back, so that every message Gloo does not
+//   raise it for has twice its size, and larger ones get twice theirs from Gloo. Priming as large
+//   as wmem_max (4 MiB here) fixed the stalls too but made 1-4 MiB all-reduces 20-60% slower than
+//   the direct Gloo line (2 processes, in place: 4 MiB 5.2-5.6 ms against 2.8-3.5): deeper send
+//   queues than Gloo's own. Priming with 64 KiB alone left 128 KiB messages a buffer of their own
+//   size, which a write fills before it is done: 256 KiB all-reduces 440-520 us against the
+//   direct line's 310-380.
+// - sync modes (the calling thread reads its own sockets): net.core.wmem_max, the most
+//   SO_SNDBUF may ask for (208 KiB on a stock kernel), at most kGlooPrimingMostBytes, at least
+//   64 KiB. There both ranks of a pair write before either reads, so a message larger than the
+//   buffers deadlocks: two ranks deadlocked from 4 MiB before, and ran up to 32 MiB with this.
+// Each rank sends world size - 1 such messages at setup. Receives are posted at
+// kGlooPrimingMostBytes, since hosts may set wmem_max apart.
+inline constexpr size_t kGlooPrimingAsyncBytes = size_t{64} << 10;
+inline constexpr size_t kGlooAsyncSendBufferBytes = size_t{256} << 10;
 inline constexpr size_t kGlooPrimingMostBytes = size_t{4} << 20;
-size_t gloo_priming_bytes();
+size_t gloo_priming_bytes(bool sync);
 
 // Whether a Gloo exception's message says it timed out ("Timed out ...", "... timeout ..."): Gloo
 // has no distinct exception type for it.
 bool gloo_timed_out(std::string_view what);
 
 // Creates Gloo's TCP device and connects the full mesh through `store` (already scoped to this
-// instance), then sends every peer one message of gloo_priming_bytes() (see there). Never throws.
+// instance), then sends every peer one message of gloo_priming_bytes(options.sync) (see there).
+// Never throws.
 StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<Store> store,
                                       const GlooConnectOptions& options);
 

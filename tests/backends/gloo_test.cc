@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <regex>
 #include <string>
@@ -1560,11 +1561,13 @@ std::string pretend_wmem_max(const std::string& dir, long value) {
 
 // Gloo locks a pair's send buffer at about twice the first message it sends there, and larger
 // messages then wait on delayed acknowledgements (gloo_context.h, gloo_priming_bytes): the mesh
-// starts with one message as large as SO_SNDBUF may be set, so that its sockets' send buffers stay
-// that large after a first collective of small messages. With `rank1_wmem_max`, rank 1 reads that
-// value instead of the host's, as a host configured otherwise would, and sends smaller messages
-// than rank 0 receives from it: both still connect.
-void expect_primed_send_buffers(long rank1_wmem_max) {
+// starts with one message of gloo_priming_bytes(sync), so that its sockets' send buffers stay
+// large after a first collective of small messages: in async mode 64 KiB, after which the buffer
+// is raised to kGlooAsyncSendBufferBytes and no more (larger buffers made 1-4 MiB all-reduces
+// slower); in the sync modes as large as SO_SNDBUF may be set. With `rank1_wmem_max`, rank 1 reads
+// that value instead of the host's, as a host configured otherwise would, and sends smaller
+// messages than rank 0 receives from it: both still connect.
+void expect_primed_send_buffers(long rank1_wmem_max, bool sync) {
   const std::string dir = make_temp_dir();
   if (rank1_wmem_max > 0) {
     // Whether a process may pretend here at all (a child, so that this process keeps its mounts).
@@ -1589,9 +1592,16 @@ void expect_primed_send_buffers(long rank1_wmem_max) {
     // Gloo throws; nothing may leave this child's body but its exit code.
     try {
       const long wmem_max = read_wmem_max();
+      // Sync mode: twice the priming (the kernel doubles what is asked for). Async mode: exactly
+      // kGlooAsyncSendBufferBytes where wmem_max allows half of it, as Gloo does not raise the
+      // buffer for the priming's size or less.
+      const long async_bytes = static_cast<long>(backends::kGlooAsyncSendBufferBytes);
       const long want =
-          2 * std::min<long>(wmem_max, static_cast<long>(backends::gloo_priming_bytes()));
+          sync ? 2 * std::min<long>(wmem_max, static_cast<long>(backends::gloo_priming_bytes(sync)))
+               : 2 * std::min<long>(wmem_max, async_bytes / 2);
+      const long most = sync ? std::numeric_limits<long>::max() : async_bytes;
       backends::GlooConnectOptions o;
+      o.sync = sync;
       o.host = "127.0.0.1";
       o.coordinator = "127.0.0.1";
       o.timeout = std::chrono::seconds(30);
@@ -1616,9 +1626,9 @@ void expect_primed_send_buffers(long rank1_wmem_max) {
       }
       const std::string ends = made->peers.socket_of(1 - me.rank);
       const long bytes = send_buffer_of(ends);
-      if (bytes < want) {
-        std::fprintf(stderr, "[rank %d] SO_SNDBUF of '%s': %ld, want at least %ld\n", me.rank,
-                     ends.c_str(), bytes, want);
+      if (bytes < want || bytes > most) {
+        std::fprintf(stderr, "[rank %d] SO_SNDBUF of '%s' (%s mode): %ld, want %ld to %ld\n",
+                     me.rank, ends.c_str(), sync ? "sync" : "async", bytes, want, most);
         code = 1;
       }
       // Neither closes its connection while the other may still read from it.
@@ -1637,16 +1647,22 @@ void expect_primed_send_buffers(long rank1_wmem_max) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(Gloo, TheMeshStartsWithSendBuffersAsLargeAsTheKernelAllows) {
+TEST(Gloo, InAsyncModeTheMeshStartsWith256KiBSendBuffers) {
   if (read_wmem_max() <= 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max";
-  expect_primed_send_buffers(0);
+  expect_primed_send_buffers(0, false);
 }
 
-// A stock kernel's 208 KiB on rank 1 against this host's setting on rank 0.
+TEST(Gloo, InSyncModeTheMeshStartsWithSendBuffersAsLargeAsTheKernelAllows) {
+  if (read_wmem_max() <= 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max";
+  expect_primed_send_buffers(0, true);
+}
+
+// A stock kernel's 208 KiB on rank 1 against this host's setting on rank 0, in sync mode, where
+// the priming follows wmem_max.
 TEST(Gloo, HostsWithDifferentWmemMaxStillConnect) {
   if (read_wmem_max() <= 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max";
   if (read_wmem_max() <= 212992) GTEST_SKIP() << "this host's wmem_max is a stock kernel's already";
-  expect_primed_send_buffers(212992);
+  expect_primed_send_buffers(212992, true);
 }
 
 // Every dtype Gloo reduces, world 2, one call each (float16 through gloo::float16).
