@@ -262,6 +262,15 @@ class Parser {
           "group call to fuse them into: -m N times -n x N calls back to back, on GPUs without "
           "waiting in between)");
     value("--time-per-size", "DURATION", "instead of -n: about this long per size (e.g. 200ms)");
+    if (tool_ == Tool::kBench) {
+      value("--repeat", "K",
+            "measure every size in K rounds, the lines in a rotated order (round r starts with "
+            "line r, so that no line always runs first after a change of size), and report each "
+            "line's median time per placement; each round runs -n iterations, or its share of "
+            "--time-per-size; only the first round is checked; JSON rows add every round's time "
+            "(time_us_rounds). Default 1. On a shared machine one run of a line can be far off "
+            "the next");
+    }
     value("--warmup-time", "DURATION",
           "after -w iterations, more until the warm-up has lasted this long on the slowest rank "
           "(in up to 8 agreed rounds), so that the scheduler settles the ranks after the line "
@@ -382,6 +391,7 @@ class Parser {
     } else if (tool_ == Tool::kTune && !given("--iters")) {
       o_.target_seconds = 0.1;  // tributary-tune: about 100 ms per size and spec
     }
+    if (tool_ == Tool::kBench) TRIBUTARY_RETURN_IF_ERROR(set_int("--repeat", &o_.repeat, 1, 1000));
     TRIBUTARY_RETURN_IF_ERROR(set_int("--average", &o_.average, 0, 3));
     bool blocking = false;
     TRIBUTARY_RETURN_IF_ERROR(set_int("--blocking", &blocking, 0, 1));

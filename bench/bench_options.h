@@ -33,6 +33,9 @@ struct BenchOptions {
   double warmup_seconds = 0.005;
   int agg_iters = 1;          // -m: all-reduces per timed iteration
   double target_seconds = 0;  // > 0: size the iteration count per size to about this long
+  // --repeat: rounds per size, the lines in a rotated order each round; the median time is
+  // reported (tributary-bench only).
+  int repeat = 1;
   std::vector<DType> dtypes = {DType::kFloat32};  // -d, in order; "all" is every dtype
   std::vector<ReduceOp> ops = {ReduceOp::kSum};   // -o, in order; "all" is every op
   std::vector<std::string> backends;              // specs, in the order given

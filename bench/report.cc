@@ -163,6 +163,9 @@ std::string format_header(const Report& r) {
                   std::to_string(o.replicas) + " replica(s), ";
   s += o.target_seconds > 0 ? "~" + fmt_num("%g", o.target_seconds * 1e3) + " ms per size"
                             : std::to_string(o.iters) + " iters";
+  if (o.repeat > 1) {
+    s += " in each of " + std::to_string(o.repeat) + " rounds (lines rotated; median shown)";
+  }
   s += ", " + std::to_string(o.warmup_iters) + " warmup" +
        (o.warmup_iters > 0 && o.warmup_seconds > 0
             ? " (at least " + fmt_num("%g", o.warmup_seconds * 1e3) + " ms)"
@@ -301,6 +304,7 @@ Status write_json(const Report& r, const std::string& path) {
                     {"ngpus", r.options.gpus},
                     {"replicas", r.options.replicas},
                     {"iters", r.options.iters},
+                    {"repeat", r.options.repeat},
                     {"warmup_iters", r.options.warmup_iters},
                     {"warmup_seconds", r.options.warmup_seconds},
                     {"agg_iters", r.options.agg_iters},
@@ -350,6 +354,7 @@ Status write_json(const Report& r, const std::string& path) {
                         {"algbw_gbps", row.algbw[k]},
                         {"busbw_gbps", row.busbw[k]},
                         {"wrong", row.wrong[k]}});
+        if (!row.rounds_us[k].empty()) rows.back()["time_us_rounds"] = row.rounds_us[k];
       }
     }
     jb["rows"] = std::move(rows);

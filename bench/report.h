@@ -21,6 +21,7 @@ struct Row {
   double algbw[2] = {0, 0};  // GB/s, GB = 1e9
   double busbw[2] = {0, 0};
   int64_t wrong[2] = {-1, -1};  // -1: not checked
+  std::vector<double> rounds_us[2];  // --repeat K > 1: every round's time, in round order
 };
 
 struct BackendResult {

@@ -179,17 +179,28 @@ class Runner::Impl {
     for (size_t p = 0; p < pairs_.size(); ++p) {
       const std::vector<uint64_t>& sizes = sizes_[p / o_.ops.size()];
       for (size_t si = 0; si < sizes.size(); ++si) {
-        for (size_t bi = 0; bi < slots_.size(); ++bi) {
-          Line* line = slots_[bi].line(p);
-          if (line == nullptr) continue;
-          if (progress) {
-            std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s %s (%zu/%zu sizes)", bi + 1,
-                         slots_.size(), line->spec().c_str(), pairs_[p].name().c_str(),
-                         format_size(sizes[si]).c_str(), si + 1, sizes.size());
+        // --repeat: round r starts with line r, so that no line always runs first after a change
+        // of size (the first line of a size read up to 30% slower on the development VM).
+        std::vector<std::vector<Row>> rounds(slots_.size());
+        for (int r = 0; r < o_.repeat; ++r) {
+          for (size_t j = 0; j < slots_.size(); ++j) {
+            const size_t bi = (j + static_cast<size_t>(r)) % slots_.size();
+            Line* line = slots_[bi].line(p);
+            if (line == nullptr) continue;
+            if (progress) {
+              std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s %s (%zu/%zu sizes", bi + 1,
+                           slots_.size(), line->spec().c_str(), pairs_[p].name().c_str(),
+                           format_size(sizes[si]).c_str(), si + 1, sizes.size());
+              if (o_.repeat > 1) std::fprintf(stderr, ", round %d/%d", r + 1, o_.repeat);
+              std::fprintf(stderr, ")");
+            }
+            Row row;
+            TRIBUTARY_RETURN_IF_ERROR(measure(*line, pairs_[p], sizes[si], r == 0, &row));
+            rounds[bi].push_back(std::move(row));
           }
-          Row row;
-          TRIBUTARY_RETURN_IF_ERROR(measure(*line, pairs_[p], sizes[si], &row));
-          report->results[bi].rows.push_back(row);
+        }
+        for (size_t bi = 0; bi < slots_.size(); ++bi) {
+          if (!rounds[bi].empty()) report->results[bi].rows.push_back(median_of(rounds[bi]));
         }
       }
     }
@@ -463,7 +474,28 @@ class Runner::Impl {
     return static_cast<int64_t>(total);
   }
 
-  Status measure(Line& line, const Pair& pair, uint64_t bytes, Row* row) {
+  // One row from the rounds of --repeat: per placement the median time (the mean of the middle
+  // two for an even count) and the bandwidths at it; the first round's check and iterations.
+  static Row median_of(std::vector<Row>& rounds) {
+    Row out = rounds.front();
+    if (rounds.size() == 1) return out;
+    for (int k = 0; k < 2; ++k) {
+      std::vector<double> t;
+      for (const Row& r : rounds) t.push_back(r.time_us[k]);
+      out.rounds_us[k] = t;
+      std::sort(t.begin(), t.end());
+      const size_t m = t.size() / 2;
+      const double median = t.size() % 2 ? t[m] : (t[m - 1] + t[m]) / 2;
+      const double scale = median > 0 ? out.time_us[k] / median : 0;  // bandwidth ~ 1 / time
+      out.time_us[k] = median;
+      out.algbw[k] *= scale;
+      out.busbw[k] *= scale;
+    }
+    return out;
+  }
+
+  // `checked`: run -c's checks (the first round of --repeat only).
+  Status measure(Line& line, const Pair& pair, uint64_t bytes, bool checked, Row* row) {
     const int64_t count = static_cast<int64_t>(bytes / dtype_size(pair.dtype));
     row->dtype = pair.dtype;
     row->op = pair.op;
@@ -495,10 +527,12 @@ class Runner::Impl {
       TRIBUTARY_RETURN_IF_ERROR(warm_up(line, pair.op, in, out));
       int iters = o_.iters;
       if (o_.target_seconds > 0) {
-        // Size the count from a short probe so that each size takes about the target time.
+        // Size the count from a short probe so that each size takes about the target time (each
+        // round of --repeat its share).
+        const double target = o_.target_seconds / o_.repeat;
         TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, 3, &seconds));
         iters = static_cast<int>(
-            std::clamp(o_.target_seconds / o_.agg_iters / std::max(seconds / 3, 1e-9), 5.0, 1e6));
+            std::clamp(target / o_.agg_iters / std::max(seconds / 3, 1e-9), 5.0, 1e6));
         TRIBUTARY_ASSIGN_OR_RETURN(double agreed, agree(iters, ReduceOp::kMax));
         iters = static_cast<int>(agreed);
       }
@@ -514,7 +548,7 @@ class Runner::Impl {
       row->algbw[k] = t > 0 ? static_cast<double>(bytes) / t / 1e9 : 0;
       row->busbw[k] = row->algbw[k] * bus_factor(n);
       // nccl-tests' -c N: up to N checked runs, stopping at the first with a wrong element.
-      for (int c = 0; c < (line.all_reduces() ? o_.check : 0); ++c) {
+      for (int c = 0; c < (line.all_reduces() && checked ? o_.check : 0); ++c) {
         TRIBUTARY_ASSIGN_OR_RETURN(row->wrong[k], check_once(line, pair, in, out, in_place));
         if (row->wrong[k] > 0) break;
       }
