@@ -166,13 +166,17 @@ PeerDirectory PeerDirectory::learn(gloo::Context& context, GlooStore& store) {
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       const auto& theirs = made.addresses_[static_cast<size_t>(p)];
+      int matches = 0;
       for (const OpenSocket& s : sockets) {
         const bool far = std::find(theirs.begin(), theirs.end(), s.gloo_remote) != theirs.end();
         if (far || s.gloo_local == mine[static_cast<size_t>(p)]) {
           made.sockets_[static_cast<size_t>(p)] = socket_key(s);
           made.fds_[static_cast<size_t>(p)] = s.fd;
+          ++matches;
         }
       }
+      // A descriptor only where exactly one socket is that connection.
+      if (matches != 1) made.fds_[static_cast<size_t>(p)] = -1;
       all = all && !made.sockets_[static_cast<size_t>(p)].empty();
     }
     if (all || std::chrono::steady_clock::now() > give_up) break;
@@ -190,6 +194,17 @@ std::string PeerDirectory::socket_of(int peer) const {
 int PeerDirectory::fd_of(int peer) const {
   return peer >= 0 && static_cast<size_t>(peer) < fds_.size() ? fds_[static_cast<size_t>(peer)]
                                                               : -1;
+}
+
+bool PeerDirectory::same_socket(int peer, int fd) const {
+  if (fd < 0 || fd_of(peer) != fd) return false;
+  sockaddr_storage local{}, remote{};
+  socklen_t llen = sizeof(local), rlen = sizeof(remote);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0) {
+    return false;
+  }
+  return address_text(local, false) + "->" + address_text(remote, false) == socket_of(peer);
 }
 
 size_t gloo_priming_bytes(bool sync) {
@@ -508,13 +523,16 @@ Status prime(gloo::Context& context, bool sync, const PeerDirectory& peers,
     SigpipeGuard guard;
     prime_send_buffers(context, sync);
     if (!sync) {
-      // Gloo now reads 2 x (kGlooPrimingAsyncBytes + its header) back and raises the buffer only
-      // for larger messages; the kernel's goes to twice that (gloo_context.h). Where the descriptor
-      // was not found or the call fails, the buffer stays as primed: slower, not wrong.
-      const int half = static_cast<int>(kGlooAsyncSendBufferBytes / 2);
+      // Gloo now reads 2 x (kGlooPrimingAsyncBytes + its 48-byte header) back and raises the
+      // buffer only for larger pinned-buffer messages; the kernel's goes to about twice that
+      // (gloo_context.h). Where the descriptor was not found, or no longer is that connection,
+      // the buffer stays as primed: slower, not wrong.
+      const int half = static_cast<int>(kGlooAsyncSendBufferBytes / 2);  // the kernel doubles it
       for (int p = 0; p < context.size; ++p) {
         const int fd = p == context.rank ? -1 : peers.fd_of(p);
-        if (fd >= 0) (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &half, sizeof(half));
+        if (fd >= 0 && peers.same_socket(p, fd)) {
+          (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &half, sizeof(half));
+        }
       }
     }
     return Status();

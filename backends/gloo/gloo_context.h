@@ -60,8 +60,11 @@ class PeerDirectory {
   // This rank's connection with `peer` as "local->remote" ("[127.0.0.1]:40000->[...]:41000"), or
   // "" where it was not found.
   std::string socket_of(int peer) const;
-  // That connection's descriptor (Gloo's), or -1 where it was not found. Valid while the mesh is.
+  // That connection's descriptor (Gloo's) when learn() found exactly one, or -1. Gloo closes it
+  // on an error, after which the number may name another file: check it (same_socket) first.
   int fd_of(int peer) const;
+  // Whether `fd` is still this rank's connection with `peer` (both addresses unchanged).
+  bool same_socket(int peer, int fd) const;
 
  private:
   std::vector<std::vector<std::string>> addresses_;  // by rank, as Gloo prints them
@@ -95,22 +98,28 @@ struct GlooConnection {
   PeerDirectory peers;
 };
 
-// Gloo sizes a pair's socket send buffer (SO_SNDBUF) so that a message's write completes at once:
-// when a message is larger than the buffer Gloo last read back, it asks for the message's size
-// (the kernel doubles it). Setting SO_SNDBUF also turns off the kernel's tuning of it. So a message
-// up to twice the last one that raised it gets a buffer of 1-2x its size, and small messages of
-// less than a TCP segment then waited on the peer's delayed acknowledgements (40 ms each): 2
-// processes, 64 KiB all-reduce 4-20 ms, 128 KiB 50-80 ms in some runs, in the direct Gloo line
-// alike. connect_gloo therefore sends every peer one message of gloo_priming_bytes(sync) first:
+// Gloo sizes a pair's socket send buffer (SO_SNDBUF) for its pinned-buffer sends (classic
+// algorithms), so that a message's write completes at once: when a message is larger than the
+// buffer Gloo last read back, it asks for the message's size (the kernel doubles it, up to twice
+// net.core.wmem_max). Its unbound-buffer sends (gloo::allreduce, broadcast, all_gather) never
+// change it. Setting SO_SNDBUF also turns off the kernel's tuning of it, so a message up to twice
+// the last one that raised it gets a buffer of 1-2x its size, and larger messages after small
+// first ones then waited on the peer's delayed acknowledgements (40 ms each): 2 processes, 64 KiB
+// all-reduce 4-20 ms, 128 KiB 50-80 ms in some runs, in the direct Gloo line alike. connect_gloo
+// therefore sends every peer one message of gloo_priming_bytes(sync) first:
 // - async mode (Gloo's I/O thread reads; the default): kGlooPrimingAsyncBytes, 64 KiB, after which
-//   Gloo's own reading of the buffer is 128 KiB; the kernel's is then raised to
-//   kGlooAsyncSendBufferBytes (256 KiB) behind Gloo's back, so that every message Gloo does not
-//   raise it for has twice its size, and larger ones get twice theirs from Gloo. Priming as large
-//   as wmem_max (4 MiB here) fixed the stalls too but made 1-4 MiB all-reduces 20-60% slower than
-//   the direct Gloo line (2 processes, in place: 4 MiB 5.2-5.6 ms against 2.8-3.5): deeper send
-//   queues than Gloo's own. Priming with 64 KiB alone left 128 KiB messages a buffer of their own
-//   size, which a write fills before it is done: 256 KiB all-reduces 440-520 us against the
-//   direct line's 310-380.
+//   Gloo reads back 2 x (64 KiB + 48); the kernel's buffer is then raised to
+//   kGlooAsyncSendBufferBytes (256 KiB; twice wmem_max where that is less) behind Gloo's back, so
+//   that a pinned-buffer message Gloo does not raise it for has about twice its size, larger ones
+//   get twice theirs from Gloo, and unbound sends keep 256 KiB at every size. Priming as large as
+//   wmem_max (4 MiB here) fixed the stalls too but made 1-4 MiB all-reduces 20-60% slower than
+//   the direct Gloo line (2 processes, in place: 4 MiB 5.2-5.6 ms against 2.8-3.5), and unbound
+//   ones slower than with 256 KiB (unbound_ring, 16 MiB in place, one run each: 14.9 ms against
+//   8.8, the direct line 15.6-16.4). Priming with
+//   64 KiB alone left 128 KiB messages a buffer of their own size, which a write fills before it
+//   is done: 256 KiB all-reduces 440-520 us against the direct line's 310-380. A fixed 1 MiB
+//   buffer (Gloo never raising it) ran 4-16 MiB faster still but stalled some rounds of 256 KiB
+//   all-reduces (0.4-2 ms).
 // - sync modes (the calling thread reads its own sockets): net.core.wmem_max, the most
 //   SO_SNDBUF may ask for (208 KiB on a stock kernel), at most kGlooPrimingMostBytes, at least
 //   64 KiB. There both ranks of a pair write before either reads, so a message larger than the

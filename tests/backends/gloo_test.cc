@@ -1559,14 +1559,15 @@ std::string pretend_wmem_max(const std::string& dir, long value) {
   return read_wmem_max() == value ? "" : "the bind mount did not take";
 }
 
-// Gloo locks a pair's send buffer at about twice the first message it sends there, and larger
-// messages then wait on delayed acknowledgements (gloo_context.h, gloo_priming_bytes): the mesh
-// starts with one message of gloo_priming_bytes(sync), so that its sockets' send buffers stay
-// large after a first collective of small messages: in async mode 64 KiB, after which the buffer
-// is raised to kGlooAsyncSendBufferBytes and no more (larger buffers made 1-4 MiB all-reduces
-// slower); in the sync modes as large as SO_SNDBUF may be set. With `rank1_wmem_max`, rank 1 reads
-// that value instead of the host's, as a host configured otherwise would, and sends smaller
-// messages than rank 0 receives from it: both still connect.
+// Gloo sizes a pair's send buffer to its pinned-buffer messages, and a mesh whose first messages
+// were small kept small buffers, on which larger messages waited for delayed acknowledgements
+// (gloo_context.h, gloo_priming_bytes): the mesh starts with one message of
+// gloo_priming_bytes(sync), so that the buffers stay large after a first collective of small
+// messages: in async mode 64 KiB, after which the kernel's buffer is set to
+// kGlooAsyncSendBufferBytes (larger ones made 1-4 MiB all-reduces slower); in the sync modes as
+// large as SO_SNDBUF may be set. With `rank1_wmem_max`, rank 1 reads that value instead of the
+// host's, as a host configured otherwise would, and sends smaller messages than rank 0 receives
+// from it: both still connect.
 void expect_primed_send_buffers(long rank1_wmem_max, bool sync) {
   const std::string dir = make_temp_dir();
   if (rank1_wmem_max > 0) {
