@@ -267,9 +267,9 @@ class Parser {
             "measure every size in K rounds, the lines in a rotated order (round r starts with "
             "line r, so that no line always runs first after a change of size), and report each "
             "line's median time per placement; each round runs -n iterations, or its share of "
-            "--time-per-size; only the first round is checked; JSON rows add every round's time "
-            "(time_us_rounds). Default 1. On a shared machine one run of a line can be far off "
-            "the next");
+            "--time-per-size; only the first round is checked, and its iteration count is the one "
+            "reported; JSON rows add every round's time (time_us_rounds). Default 1. On a shared "
+            "machine one run of a line can be far off the next");
     }
     value("--warmup-time", "DURATION",
           "after -w iterations, more until the warm-up has lasted this long on the slowest rank "

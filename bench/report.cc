@@ -164,7 +164,8 @@ std::string format_header(const Report& r) {
   s += o.target_seconds > 0 ? "~" + fmt_num("%g", o.target_seconds * 1e3) + " ms per size"
                             : std::to_string(o.iters) + " iters";
   if (o.repeat > 1) {
-    s += " in each of " + std::to_string(o.repeat) + " rounds (lines rotated; median shown)";
+    s += (o.target_seconds > 0 ? " over " : " in each of ") + std::to_string(o.repeat) +
+         " rounds (lines rotated; median shown)";
   }
   s += ", " + std::to_string(o.warmup_iters) + " warmup" +
        (o.warmup_iters > 0 && o.warmup_seconds > 0

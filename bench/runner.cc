@@ -181,12 +181,16 @@ class Runner::Impl {
       for (size_t si = 0; si < sizes.size(); ++si) {
         // --repeat: round r starts with line r, so that no line always runs first after a change
         // of size (the first line of a size read up to 30% slower on the development VM).
+        // Only the lines that run this pair take turns (the same on every rank: the lines are).
+        std::vector<size_t> live;
+        for (size_t bi = 0; bi < slots_.size(); ++bi) {
+          if (slots_[bi].line(p) != nullptr) live.push_back(bi);
+        }
         std::vector<std::vector<Row>> rounds(slots_.size());
-        for (int r = 0; r < o_.repeat; ++r) {
-          for (size_t j = 0; j < slots_.size(); ++j) {
-            const size_t bi = (j + static_cast<size_t>(r)) % slots_.size();
+        for (int r = 0; r < o_.repeat && !live.empty(); ++r) {
+          for (size_t j = 0; j < live.size(); ++j) {
+            const size_t bi = live[(j + static_cast<size_t>(r)) % live.size()];
             Line* line = slots_[bi].line(p);
-            if (line == nullptr) continue;
             if (progress) {
               std::fprintf(stderr, "\r\033[K[%zu/%zu] %s  %s %s (%zu/%zu sizes", bi + 1,
                            slots_.size(), line->spec().c_str(), pairs_[p].name().c_str(),
@@ -199,8 +203,9 @@ class Runner::Impl {
             rounds[bi].push_back(std::move(row));
           }
         }
-        for (size_t bi = 0; bi < slots_.size(); ++bi) {
-          if (!rounds[bi].empty()) report->results[bi].rows.push_back(median_of(rounds[bi]));
+        for (size_t bi : live) {
+          const int n = slots_[bi].line(p)->num_replicas_in_sync();
+          report->results[bi].rows.push_back(median_of(rounds[bi], n));
         }
       }
     }
@@ -475,8 +480,8 @@ class Runner::Impl {
   }
 
   // One row from the rounds of --repeat: per placement the median time (the mean of the middle
-  // two for an even count) and the bandwidths at it; the first round's check and iterations.
-  static Row median_of(std::vector<Row>& rounds) {
+  // two for an even count) and the bandwidths at it; the first round's check and iteration count.
+  static Row median_of(const std::vector<Row>& rounds, int n) {
     Row out = rounds.front();
     if (rounds.size() == 1) return out;
     for (int k = 0; k < 2; ++k) {
@@ -486,10 +491,9 @@ class Runner::Impl {
       std::sort(t.begin(), t.end());
       const size_t m = t.size() / 2;
       const double median = t.size() % 2 ? t[m] : (t[m - 1] + t[m]) / 2;
-      const double scale = median > 0 ? out.time_us[k] / median : 0;  // bandwidth ~ 1 / time
       out.time_us[k] = median;
-      out.algbw[k] *= scale;
-      out.busbw[k] *= scale;
+      out.algbw[k] = median > 0 ? static_cast<double>(out.bytes) / (median * 1e-6) / 1e9 : 0;
+      out.busbw[k] = out.algbw[k] * bus_factor(n);
     }
     return out;
   }

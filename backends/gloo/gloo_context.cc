@@ -175,8 +175,11 @@ PeerDirectory PeerDirectory::learn(gloo::Context& context, GlooStore& store) {
           ++matches;
         }
       }
-      // A descriptor only where exactly one socket is that connection.
-      if (matches != 1) made.fds_[static_cast<size_t>(p)] = -1;
+      // Only where exactly one socket is that connection.
+      if (matches != 1) {
+        made.sockets_[static_cast<size_t>(p)].clear();
+        made.fds_[static_cast<size_t>(p)] = -1;
+      }
       all = all && !made.sockets_[static_cast<size_t>(p)].empty();
     }
     if (all || std::chrono::steady_clock::now() > give_up) break;
@@ -526,7 +529,9 @@ Status prime(gloo::Context& context, bool sync, const PeerDirectory& peers,
       // Gloo now reads 2 x (kGlooPrimingAsyncBytes + its 48-byte header) back and raises the
       // buffer only for larger pinned-buffer messages; the kernel's goes to about twice that
       // (gloo_context.h). Where the descriptor was not found, or no longer is that connection,
-      // the buffer stays as primed: slower, not wrong.
+      // the buffer stays as primed: slower, not wrong. (Gloo's I/O thread could still close it
+      // between the check and the call, on a peer's failure that setup reports anyway; the call
+      // would then set another file's buffer, or fail.)
       const int half = static_cast<int>(kGlooAsyncSendBufferBytes / 2);  // the kernel doubles it
       for (int p = 0; p < context.size; ++p) {
         const int fd = p == context.rank ? -1 : peers.fd_of(p);
