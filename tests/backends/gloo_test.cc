@@ -1666,6 +1666,60 @@ TEST(Gloo, HostsWithDifferentWmemMaxStillConnect) {
   expect_primed_send_buffers(212992, true);
 }
 
+// This process's threads whose scheduling policy is SCHED_BATCH.
+int batch_threads() {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const pid_t tid = std::atoi(entry.path().filename().c_str());
+    if (tid > 0 && sched_getscheduler(tid) == SCHED_BATCH) ++n;
+  }
+  return n;
+}
+
+// Gloo's I/O thread runs as SCHED_BATCH (gloo_context.cc, batch_new_threads): where it shares a
+// core with the thread issuing collectives, its wake-ups otherwise preempted that thread while it
+// held a pair's lock, and it spun on the lock for the rest of its time slice. The calling thread
+// keeps its policy.
+TEST(Gloo, ItsIoThreadRunsAsSchedBatch) {
+  expect_all_zero(run_world(2, 1, [](Rank& me) {
+    try {
+      const int before = batch_threads();
+      backends::GlooConnectOptions o;
+      o.host = "127.0.0.1";
+      o.coordinator = "127.0.0.1";
+      o.timeout = std::chrono::seconds(30);
+      auto made = backends::connect_gloo(me.rank, 2, me.context.store, o);
+      if (!made.ok()) {
+        std::fprintf(stderr, "[rank %d] %s\n", me.rank, made.status().to_string().c_str());
+        return 1;
+      }
+      int code = 0;
+      const int after = batch_threads();
+      if (after < before + 1) {
+        std::fprintf(stderr, "[rank %d] SCHED_BATCH threads: %d before connecting, %d after\n",
+                     me.rank, before, after);
+        code = 1;
+      }
+      if (sched_getscheduler(0) != SCHED_OTHER) {
+        std::fprintf(stderr, "[rank %d] the calling thread's policy changed\n", me.rank);
+        code = 1;
+      }
+      // Neither closes its connection while the other may still use it.
+      if (!me.context.store->set("batch/" + std::to_string(me.rank), "1").ok() ||
+          !me.context.store->get("batch/" + std::to_string(1 - me.rank), std::chrono::seconds(30))
+               .ok()) {
+        std::fprintf(stderr, "[rank %d] the peer did not finish\n", me.rank);
+        code = 1;
+      }
+      return code;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[rank %d] %s\n", me.rank, e.what());
+      return 1;
+    }
+  }));
+}
+
 // Every dtype Gloo reduces, world 2, one call each (float16 through gloo::float16).
 TEST(Gloo, EveryDtypeAcrossTwoProcesses) {
   // Generous deadlines: CI runs this under AddressSanitizer beside other multi-process tests on two
