@@ -363,36 +363,36 @@ bool gloo_timed_out(std::string_view what) {
 
 namespace {
 
-// This process's threads (/proc/self/task).
-std::vector<pid_t> thread_ids() {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    pid_t tid = 0;
-    const std::string name = entry.path().filename().string();
-    if (std::from_chars(name.data(), name.data() + name.size(), tid).ec == std::errc()) {
-      out.push_back(tid);
-    }
-  }
-  return out;
-}
-
 // Gloo's I/O thread (the loop that CreateDevice starts) runs as SCHED_BATCH, so that its wake-ups
 // do not preempt the thread issuing the collective. In async mode that thread writes its messages
 // itself, holding the pair's lock; the I/O thread, woken by the peer's data meanwhile, cannot take
 // the lock (Pair::handleEvents tries, and returns) and finds the data again at once: where both
 // share a core (ranks bound to cores), it spun until its time slice ran out, 3-4 ms, about once a
 // collective. Measured, 2 processes bound to a core each (tributary-bench --bind-to core, gloo,
-// 256 KiB, in place): 1.6-1.8 ms per all-reduce, 0.24 ms once the loop threads were set so by hand.
-// SCHED_BATCH needs no privilege and keeps the thread's share of the CPU; a failure leaves the
-// thread as it was (slower where a core is shared, not wrong).
-void batch_new_threads(const std::vector<pid_t>& before) {
-  for (const pid_t tid : thread_ids()) {
-    if (std::find(before.begin(), before.end(), tid) != before.end()) continue;
+// 256 KiB, in place): 1.8-2.5 ms per all-reduce before, 0.28 ms after. A tick can still hand the
+// core to the I/O thread while the lock is held; it then waits for what runs there, as any
+// SCHED_BATCH thread does (its share of the CPU is unchanged). The guard sets the calling thread
+// to SCHED_BATCH while CreateDevice starts the loop thread, which inherits the policy (no other
+// thread is touched), and restores it after. Only from SCHED_OTHER, and a refusal (a container's
+// policy) leaves everything as it was: slower where a core is shared, not wrong.
+class BatchThreadsStartedHere {
+ public:
+  BatchThreadsStartedHere() {
+    if (sched_getscheduler(0) != SCHED_OTHER) return;
     sched_param param{};
-    (void)sched_setscheduler(tid, SCHED_BATCH, &param);
+    active_ = sched_setscheduler(0, SCHED_BATCH, &param) == 0;
   }
-}
+  ~BatchThreadsStartedHere() {
+    if (!active_) return;
+    sched_param param{};
+    (void)sched_setscheduler(0, SCHED_OTHER, &param);
+  }
+  BatchThreadsStartedHere(const BatchThreadsStartedHere&) = delete;
+  BatchThreadsStartedHere& operator=(const BatchThreadsStartedHere&) = delete;
+
+ private:
+  bool active_ = false;
+};
 
 // gloo::rendezvous::Context with the full mesh connected our way. Gloo's connectFullMesh connects
 // the pairs one after another, so a rank whose connection to one peer failed at once (a stranger
@@ -629,9 +629,11 @@ StatusOr<GlooConnection> connect_gloo(int rank, int world_size, std::shared_ptr<
     std::shared_ptr<gloo::rendezvous::Context> context;
     bool transient = false;
     Status mesh = gloo_step(who, where, store_name, remaining(), &transient, [&] {
-      const std::vector<pid_t> before = thread_ids();
-      std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-      batch_new_threads(before);
+      std::shared_ptr<gloo::transport::Device> device;
+      {
+        BatchThreadsStartedHere batch;
+        device = gloo::transport::tcp::CreateDevice(attr);
+      }
       auto mesh_context = std::make_shared<MeshContext>(rank, world_size, base);
       mesh_context->setTimeout(remaining());
       mesh_context->connect_mesh(*rendezvous, device);
