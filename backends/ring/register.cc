@@ -98,6 +98,7 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   if (single_copy == "on") o.single_copy_min_bytes = 0;
   if (single_copy == "auto") o.single_copy_min_bytes = oversubscribed ? size_t{256} << 10 : 0;
   o.single_copy_required = single_copy == "on";
+  o.single_copy_measure = single_copy == "auto";
   o.global_ranks = members;
   // The secret is not sent anywhere: a digest of it (with the cluster) must match, so that a
   // process without it cannot join, as over TCP.
@@ -112,7 +113,8 @@ StatusOr<std::unique_ptr<algorithms::ProcessGroup>> shm_group(Store& store,
   o.layout = layout_text(context, options) + ",cluster=" + context.cluster_id + ",secret=" + proof +
              ",single_copy_from=" +
              (o.single_copy_min_bytes == SIZE_MAX ? std::string("never")
-                                                  : std::to_string(o.single_copy_min_bytes));
+                                                  : std::to_string(o.single_copy_min_bytes)) +
+             (o.single_copy_measure ? ",measured" : "");
   const int local =
       static_cast<int>(std::find(members.begin(), members.end(), context.rank) - members.begin());
   TRIBUTARY_ASSIGN_OR_RETURN(auto group, transports::shm::ShmGroup::create(
@@ -203,7 +205,8 @@ Status register_ring(BackendRegistry& registry) {
                "instead of twice: auto for every all-reduce over 16KiB (from 256KiB with more "
                "processes than the CPUs they may run on) where every process may reach its peers' "
                "memory (same user, and Yama's ptrace_scope 0 or CAP_SYS_PTRACE; else the slots), "
-               "on for "
+               "but only from twice the last-level cache (16MiB-1GiB) where some process timed "
+               "the kernel's copies between processes at over 3x memcpy's time at setup; on for "
                "every all-reduce over 16KiB (setup fails where it is refused), off never; every "
                "process must use the same",
            .choices = {"auto", "on", "off"}},

@@ -527,8 +527,8 @@ const RefusedCall kRefusedCalls[] = {{__NR_process_vm_readv, "process_vm_readv"}
 
 // Shared memory's single copy where one rank may not read (or may not write) its peers' memory:
 // with `auto` every rank keeps the slots (a rank that took the single-copy path alone would be a
-// mismatch, and one that read or wrote anyway an error), so a 4 MiB all-reduce, inside auto's
-// range, is right everywhere; with `on` every rank fails at setup at once, rank 1 with the kernel's
+// mismatch, and one that read or wrote anyway an error), so an all-reduce inside auto's range is
+// right everywhere; with `on` every rank fails at setup at once, rank 1 with the kernel's
 // refusal and the others naming rank 1.
 TEST(SharedMemorySingleCopy, ARankThatMayNotReadItsPeersKeepsEveryRankOnTheSlots) {
   if (!why_siblings_cannot_read_each_other().empty()) {
@@ -545,7 +545,12 @@ TEST(SharedMemorySingleCopy, ARankThatMayNotReadItsPeersKeepsEveryRankOnTheSlots
         write_note(dir, rank, ops.status().to_string());
         return kChildFailed;
       }
-      const int64_t count = int64_t{1} << 20;  // 4 MiB of float32
+      // Inside auto's range also where the kernel's copies were timed slow at setup (64 MiB with
+      // a 32 MiB last-level cache; shm_group.h), up to 256 MiB.
+      const size_t bytes = std::min(
+          transports::shm::single_copy_slow_from(transports::shm::last_level_cache_bytes()),
+          size_t{256} << 20);
+      const int64_t count = static_cast<int64_t>(bytes / sizeof(float));
       std::vector<float> x(static_cast<size_t>(count), static_cast<float>(rank + 1));
       PerReplica<Tensor> v{Tensor(x.data(), DType::kFloat32, Shape{count})};
       const Status s = (*ops)->all_reduce(ReduceOp::kSum, v, v).wait(30s);

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 
@@ -108,6 +110,11 @@ struct ShmGroup::Impl {
   // All-reduces read and write the peers' buffers (every rank found at setup that it may).
   bool single_copy = false;
   std::vector<std::byte> scratch;  // single copy: a block for each peer
+  // The largest kernel copy / memcpy time ratio a rank measured at setup, and that rank (-1: none
+  // measured); options.single_copy_min_bytes is then the threshold it led to.
+  double slowest_kernel_copy = 0;
+  int slowest_kernel_copy_rank = -1;
+  size_t layout_single_copy_from = SIZE_MAX;  // the threshold the layout gave (before measuring)
 
   // A registered buffer that every rank allocated shareable and maps (the direct path).
   struct Direct {
@@ -895,6 +902,60 @@ std::optional<Published> parse_published(const std::string& text) {
   return p;
 }
 
+// How many times as long the kernel takes to copy `bytes` of process `pid`'s memory at `remote`
+// (process_vm_readv, single copy's call) as memcpy takes from `mapped`, the same memory as this
+// process maps it. Each try copies at least 1 MiB (a small block many times over), so that the
+// clock's resolution does not matter; the best of 8 interleaved tries each counts, after one
+// untimed try of each (page faults): a try that lost the CPU only gets slower, so the best is the
+// copy's own cost. 0 when a read fails (the probe before reports why) or memcpy took no
+// measurable time.
+double kernel_copy_ratio(int64_t pid, uint64_t remote, const std::byte* mapped, size_t bytes) {
+  constexpr int kTries = 8;
+  const size_t repeats = std::max<size_t>(1, (size_t{1} << 20) / bytes);
+  std::vector<std::byte> into(bytes);
+  auto best = Clock::duration::max();
+  auto best_memcpy = Clock::duration::max();
+  for (int i = 0; i <= kTries; ++i) {
+    const auto t0 = Clock::now();
+    for (size_t k = 0; k < repeats; ++k) {
+      if (peer_memory(pid, into.data(), remote, bytes, PeerAccess::kRead) != 0) return 0;
+    }
+    const auto t1 = Clock::now();
+    for (size_t k = 0; k < repeats; ++k) {
+      std::memcpy(into.data(), mapped, bytes);
+      asm volatile("" : : "r"(into.data()) : "memory");  // each copy is needed
+    }
+    const auto t2 = Clock::now();
+    if (i == 0) continue;
+    best = std::min(best, t1 - t0);
+    best_memcpy = std::min(best_memcpy, t2 - t1);
+  }
+  if (best_memcpy.count() <= 0) return 0;
+  return static_cast<double>(best.count()) / static_cast<double>(best_memcpy.count());
+}
+
+}  // namespace
+
+size_t last_level_cache_bytes() {
+  size_t largest = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index);
+    std::ifstream type(dir + "/type"), size(dir + "/size");
+    std::string t, text;
+    if (!(type >> t) || !(size >> text)) continue;
+    if (t != "Unified") continue;
+    size_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc()) continue;
+    const char unit = end < text.data() + text.size() ? *end : 'B';
+    const size_t scale = unit == 'K' ? size_t{1} << 10 : unit == 'M' ? size_t{1} << 20 : 1;
+    largest = std::max(largest, value * scale);
+  }
+  return largest;
+}
+
+namespace {
+
 class FdCloser {
  public:
   explicit FdCloser(int fd) : fd_(fd) {}
@@ -911,6 +972,19 @@ class FdCloser {
 };
 
 }  // namespace
+
+size_t single_copy_slow_from(size_t llc_bytes) {
+  constexpr size_t kLeast = size_t{16} << 20, kMost = size_t{1} << 30;
+  const size_t llc = llc_bytes == 0 ? size_t{32} << 20 : std::min(llc_bytes, kMost);
+  return std::clamp(2 * llc, kLeast, kMost);
+}
+
+size_t single_copy_from(size_t layout_from, const std::vector<double>& ratios, size_t llc_bytes) {
+  const bool slow =
+      std::any_of(ratios.begin(), ratios.end(), [](double r) { return r > kSlowKernelCopyRatio; });
+  if (!slow || layout_from == SIZE_MAX) return layout_from;
+  return std::max(layout_from, single_copy_slow_from(llc_bytes));
+}
 
 ShmGroup::ShmGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ShmGroup::~ShmGroup() = default;
@@ -993,6 +1067,24 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
                   (e != 0 ? std::string(std::strerror(e)) : std::string("it read back wrong"));
       }
     }
+    if (refused.empty() && options.single_copy_measure) {
+      // A block of the next rank's slots, as single copy reads a peer's input.
+      const int peer = (rank + 1) % size;
+      const Mapping& m = impl->maps[static_cast<size_t>(peer)];
+      const auto* base = reinterpret_cast<const std::byte*>(&m.control());
+      const size_t offset = static_cast<size_t>(m.data(0) - base);
+      // Single copy's own block, as its calls read and write one at a time.
+      const size_t block =
+          std::min(options.single_copy_block_bytes, options.slots * options.slot_bytes);
+      const double ratio =
+          kernel_copy_ratio(impl->procs[static_cast<size_t>(peer)].pid(),
+                            impl->ctl(peer).self_address + offset, m.data(0), block);
+      // Both published before the release store of the verdict below; every peer reads them after
+      // its acquire load of this rank's verdict.
+      impl->ctl(rank).kernel_copy_ratio_x100.store(
+          static_cast<uint32_t>(std::min(ratio * 100.0 + 0.5, 1e9)), std::memory_order_relaxed);
+      impl->ctl(rank).cache_bytes.store(last_level_cache_bytes(), std::memory_order_relaxed);
+    }
     // Published even when refused, and before failing on it: every rank then learns the verdict
     // after the wait below and fails with it too, instead of waiting for this rank's key.
     impl->ctl(rank).single_copy.store(refused.empty() ? kSingleCopyReadable : kSingleCopyRefused,
@@ -1026,6 +1118,21 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
     }
     if (impl->single_copy) {
       impl->scratch.resize(static_cast<size_t>(size - 1) * options.single_copy_block_bytes);
+      std::vector<double> ratios;
+      uint64_t cache = 0;  // the largest any rank read: every rank takes the same
+      for (int r = 0; r < size; ++r) {
+        cache = std::max(cache, impl->ctl(r).cache_bytes.load(std::memory_order_relaxed));
+        const double ratio =
+            impl->ctl(r).kernel_copy_ratio_x100.load(std::memory_order_relaxed) / 100.0;
+        ratios.push_back(ratio);
+        if (ratio > impl->slowest_kernel_copy) {
+          impl->slowest_kernel_copy = ratio;
+          impl->slowest_kernel_copy_rank = r;
+        }
+      }
+      impl->layout_single_copy_from = options.single_copy_min_bytes;
+      impl->options.single_copy_min_bytes =
+          single_copy_from(options.single_copy_min_bytes, ratios, static_cast<size_t>(cache));
     }
   }
   return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(impl)));
@@ -1044,12 +1151,27 @@ std::string ShmGroup::describe() const {
                   std::to_string(impl_->options.slot_bytes >> 10) + " KiB";
   if (impl_->single_copy) {
     const ShmGroupOptions& o = impl_->options;
-    s += "; all-reduces " +
-         (o.single_copy_min_bytes > o.small_bytes ? "from " + format_size(o.single_copy_min_bytes)
-                                                  : "over " + format_size(o.small_bytes)) +
+    auto from = [&](size_t min_bytes) {
+      return min_bytes > o.small_bytes ? "from " + format_size(min_bytes)
+                                       : "over " + format_size(o.small_bytes);
+    };
+    s += "; all-reduces " + from(o.single_copy_min_bytes) +
          (o.single_copy_max_bytes != SIZE_MAX ? " to " + format_size(o.single_copy_max_bytes)
                                               : std::string()) +
          " read and write the peers' buffers (single copy)";
+    const double ratio = impl_->slowest_kernel_copy;
+    if (ratio > 0) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.2fx", ratio);
+      s += std::string("; the kernel's copies between processes took ") + text +
+           " memcpy's time at setup (" + impl_->name(impl_->slowest_kernel_copy_rank) +
+           (ratio > kSlowKernelCopyRatio
+                ? ", above " + std::to_string(static_cast<int>(kSlowKernelCopyRatio)) +
+                      "x: single copy only for buffers past the caches, " +
+                      from(o.single_copy_min_bytes) + " instead of " +
+                      from(impl_->layout_single_copy_from) + ")"
+                : ")");
+    }
   }
   return s + ")";
 }

@@ -40,6 +40,19 @@
 // seccomp filter may refuse either call) is probed at setup, reading and writing back a word of
 // each peer's segment; the path is used only where every rank can. A peer that dies mid-call is
 // ESRCH, an error naming it as in a wait.
+// Whether it pays depends on how fast the kernel copies between processes, which differs by
+// machine far more than memcpy does. With `single_copy_measure`, every rank times, at setup, the
+// kernel reading a single-copy block of a peer's segment (process_vm_readv) against memcpy reading
+// the same block through its own mapping (the best of 8 tries each, about 1 MiB a try) and
+// publishes the ratio and its last-level cache; where some rank's ratio is above
+// kSlowKernelCopyRatio, the threshold rises to single_copy_slow_from() of the largest cache: there
+// each byte of the slots' two copies comes from memory anyway, and single copy's one is the
+// cheaper. Every rank reads every rank's figures, so all take the same threshold. (The ratio on
+// the Intel Xeon VM where single copy was measured ahead from 64 KiB was not recorded; 3 sits
+// between the AMD VM's 6-9 and the 1-1.5 of a kernel that copies as fast as memcpy.)
+// Measured on a 2-vCPU AMD EPYC VM (Firecracker, Linux 6.18), 2 processes: the kernel's copies
+// took 6-8x memcpy's time (13-14 GB/s against 50-160 in cache), and single copy was 2-3x slower
+// than the slots at 64 KiB-1 MiB, level at 4-64 MiB, 1.5x faster at 256 MiB.
 //
 // Direct (all-reduces, all-gathers and broadcasts over `small_bytes` on a registered buffer that
 // every rank allocated with Buffer::allocate_shareable, and reduce-scatters from one): at
@@ -107,10 +120,29 @@ struct ShmGroupOptions {
   size_t single_copy_block_bytes = size_t{256} << 10;
   // Setup fails, naming the rank that cannot reach a peer and why, instead of keeping the slots.
   bool single_copy_required = false;
+  // Time the kernel's copies against memcpy at setup and take single copy only from
+  // single_copy_slow_from() where some rank found them slow (above). Off: the thresholds above as
+  // they are (shm_single_copy=on).
+  bool single_copy_measure = false;
   std::string layout;  // what every rank must agree on, as text (named in the mismatch message)
   // Global ranks of the members, in local-rank order, for messages ("rank 3 exited ...").
   std::vector<int> global_ranks;
 };
+
+// The largest unified cache of CPU 0 as the kernel describes it (sysfs), 0 when unknown. Not
+// sysconf(_SC_LEVEL3_CACHE_SIZE): glibc reads CPUID there, which in a VM can describe the host's
+// whole package (384 MiB against the 32 MiB the kernel reports on this project's AMD VM). Every
+// rank publishes what it read and the group takes the largest.
+size_t last_level_cache_bytes();
+// A rank whose kernel copies took more than this many times memcpy's time finds them slow.
+inline constexpr double kSlowKernelCopyRatio = 3.0;
+// The single-copy threshold where the kernel's copies are slow: twice the last-level cache
+// (`llc_bytes`, 0 = unknown: 32 MiB assumed), within 16 MiB-1 GiB.
+size_t single_copy_slow_from(size_t llc_bytes);
+// The threshold the group takes: `layout_from` (ShmGroupOptions::single_copy_min_bytes), raised to
+// single_copy_slow_from(llc_bytes) when any of `ratios` (each rank's measured kernel copy / memcpy
+// time; 0 = not measured) is above kSlowKernelCopyRatio.
+size_t single_copy_from(size_t layout_from, const std::vector<double>& ratios, size_t llc_bytes);
 
 class ShmGroup final : public algorithms::ProcessGroup {
  public:

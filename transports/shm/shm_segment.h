@@ -44,6 +44,12 @@ struct Control {
   // The owner's single-copy verdict at setup (kSingleCopy*): whether it can read and write every
   // peer's memory; written before its "mapped" key, read by every peer after all of them.
   std::atomic<uint32_t> single_copy{0};
+  // The owner's measurement at setup (shm_group.h, "Single copy"): how many times as long the
+  // kernel took to copy a block of a peer's segment (process_vm_readv) as memcpy did, x 100; 0 =
+  // not measured.
+  std::atomic<uint32_t> kernel_copy_ratio_x100{0};
+  // With it, the last-level cache the owner read (last_level_cache_bytes(); 0 = unknown).
+  std::atomic<uint64_t> cache_bytes{0};
   // Chunks this rank has staged into its slot / reduced its piece of / finished reading (from
   // every peer's slot). Monotonic over the group's life: every rank walks the same chunk sequence.
   Counter staged, reduced, consumed;
