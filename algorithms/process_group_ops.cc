@@ -260,7 +260,16 @@ Work ProcessGroupOps::broadcast_impl(const CallInfo& call, const Tensor& source,
   if (s.ok() && group_ && world_size() > 1) {
     GroupCall gc = group_call(call);
     gc.tag.root = root;
-    if (!group_->checks_roots()) s = agree_on_root(call, gc, root);
+    if (!group_->checks_roots()) {
+      s = agree_on_root(call, gc, root);
+      if (!s.ok() && group_->error().ok()) {
+        // Roots that differ, seen by every rank from the same agreed result: no peer waits for
+        // this one, so the group is not aborted (finish() would close its connections, which can
+        // fail a peer still reading the agreement's last message with a lost connection instead
+        // of this mismatch). The front door refuses the instance from here on either way.
+        return Work::completed(std::move(s));
+      }
+    }
     if (s.ok()) s = group_->broadcast(gc, first.data(), first.nbytes(), root);
   }
   if (s.ok() && destinations.size() > 1) {
