@@ -491,11 +491,17 @@ class Runner::Impl {
       std::sort(t.begin(), t.end());
       const size_t m = t.size() / 2;
       const double median = t.size() % 2 ? t[m] : (t[m - 1] + t[m]) / 2;
-      out.time_us[k] = median;
-      out.algbw[k] = median > 0 ? static_cast<double>(out.bytes) / (median * 1e-6) / 1e9 : 0;
-      out.busbw[k] = out.algbw[k] * bus_factor(n);
+      set_time(out, k, median, n);
     }
     return out;
+  }
+
+  // Placement k of `row` took `time_us` per call among n replicas: its time and bandwidths
+  // (nccl-tests' algbw = bytes / time, busbw = algbw x bus_factor).
+  static void set_time(Row& row, int k, double time_us, int n) {
+    row.time_us[k] = time_us;
+    row.algbw[k] = time_us > 0 ? static_cast<double>(row.bytes) / (time_us * 1e-6) / 1e9 : 0;
+    row.busbw[k] = row.algbw[k] * bus_factor(n);
   }
 
   // `checked`: run -c's checks (the first round of --repeat only).
@@ -547,10 +553,7 @@ class Runner::Impl {
       TRIBUTARY_RETURN_IF_ERROR(timed(line, pair.op, in, out, calls, &seconds));
       TRIBUTARY_ASSIGN_OR_RETURN(seconds, combine_times(seconds));
       row->iters = iters;
-      const double t = seconds / static_cast<double>(calls);
-      row->time_us[k] = t * 1e6;
-      row->algbw[k] = t > 0 ? static_cast<double>(bytes) / t / 1e9 : 0;
-      row->busbw[k] = row->algbw[k] * bus_factor(n);
+      set_time(*row, k, seconds / static_cast<double>(calls) * 1e6, n);
       // nccl-tests' -c N: up to N checked runs, stopping at the first with a wrong element.
       for (int c = 0; c < (line.all_reduces() && checked ? o_.check : 0); ++c) {
         TRIBUTARY_ASSIGN_OR_RETURN(row->wrong[k], check_once(line, pair, in, out, in_place));

@@ -95,7 +95,11 @@ std::vector<OpenSocket> open_tcp_sockets() {
   return out;
 }
 
-std::string socket_key(const OpenSocket& s) { return s.local + "->" + s.remote; }
+// A connection as "local->remote" (address_text of each end): how PeerDirectory names and finds it.
+std::string socket_key(const std::string& local, const std::string& remote) {
+  return local + "->" + remote;
+}
+std::string socket_key(const OpenSocket& s) { return socket_key(s.local, s.remote); }
 
 // Bcube needs a base that divides the number of processes.
 int smallest_divisor(int n) {
@@ -208,7 +212,7 @@ bool PeerDirectory::same_socket(int peer, int fd) const {
       getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0) {
     return false;
   }
-  return address_text(local, false) + "->" + address_text(remote, false) == socket_of(peer);
+  return socket_key(address_text(local, false), address_text(remote, false)) == socket_of(peer);
 }
 
 size_t gloo_priming_bytes(bool sync) {
