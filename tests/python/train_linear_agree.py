@@ -13,7 +13,13 @@ ARGS = ["--epochs", "6", "--global-batch", "8", "--examples", "60", "--seed", "7
 
 
 def curve(name, cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=240).stdout
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    if run.returncode != 0:
+        # What the run said, so that a failure here can be told from a wrong curve.
+        print(f"{name}: exited with {run.returncode}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}",
+              flush=True)
+        raise SystemExit(1)
+    out = run.stdout
     points = [tuple(float(v) for v in m.groups()) for m in CURVE.finditer(out)]
     print(f"{name}:\n" + "\n".join(f"  epoch {p[0]:.0f}: loss {p[1]} w {p[2]} b {p[3]}" for p in points),
           flush=True)
