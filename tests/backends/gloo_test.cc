@@ -1568,6 +1568,17 @@ std::string pretend_wmem_max(const std::string& dir, long value) {
 // large as SO_SNDBUF may be set. With `rank1_wmem_max`, rank 1 reads that value instead of the
 // host's, as a host configured otherwise would, and sends smaller messages than rank 0 receives
 // from it: both still connect.
+// Of two ranks: says through the store under `prefix` that this one finished, and waits (30 s)
+// until the other has too; false, saying so, when it does not.
+bool both_finished(Rank& me, const std::string& prefix) {
+  if (me.context.store->set(prefix + std::to_string(me.rank), "1").ok() &&
+      me.context.store->get(prefix + std::to_string(1 - me.rank), std::chrono::seconds(30)).ok()) {
+    return true;
+  }
+  std::fprintf(stderr, "[rank %d] the peer did not finish\n", me.rank);
+  return false;
+}
+
 void expect_primed_send_buffers(long rank1_wmem_max, bool sync) {
   const std::string dir = make_temp_dir();
   if (rank1_wmem_max > 0) {
@@ -1633,12 +1644,7 @@ void expect_primed_send_buffers(long rank1_wmem_max, bool sync) {
         code = 1;
       }
       // Neither closes its connection while the other may still read from it.
-      if (!me.context.store->set("done/" + std::to_string(me.rank), "1").ok() ||
-          !me.context.store->get("done/" + std::to_string(1 - me.rank), std::chrono::seconds(30))
-               .ok()) {
-        std::fprintf(stderr, "[rank %d] the peer did not finish\n", me.rank);
-        code = 1;
-      }
+      if (!both_finished(me, "done/")) code = 1;
       return code;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[rank %d] %s\n", me.rank, e.what());
@@ -1711,12 +1717,7 @@ TEST(Gloo, ItsIoThreadRunsAsSchedBatch) {
         code = 1;
       }
       // Neither closes its connection while the other may still use it.
-      if (!me.context.store->set("batch/" + std::to_string(me.rank), "1").ok() ||
-          !me.context.store->get("batch/" + std::to_string(1 - me.rank), std::chrono::seconds(30))
-               .ok()) {
-        std::fprintf(stderr, "[rank %d] the peer did not finish\n", me.rank);
-        code = 1;
-      }
+      if (!both_finished(me, "batch/")) code = 1;
       return code;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[rank %d] %s\n", me.rank, e.what());
