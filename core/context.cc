@@ -1,14 +1,47 @@
 // make_backend_context: from a cluster spec to a context with a rendezvous store.
 #include <algorithm>
+#include <atomic>
+#include <charconv>
 #include <string>
 
+#include "core/logging.h"
 #include "core/rendezvous.h"
+#include "core/store/store_common.h"
 #include "tributary/cluster.h"
 #include "tributary/options.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
 
 namespace tributary {
+namespace {
+
+// The store's listening socket that a launcher bound for rank 0 and passed down
+// (TRIBUTARY_STORE_FD, tools/launcher.h), or -1: taken once per process, and only when it is a TCP
+// socket listening on the coordinator's port (a process that inherited the variable without the
+// socket, or with another descriptor under that number, binds the port as usual).
+int inherited_store_socket(const Config& config, int port) {
+  static std::atomic<bool> taken{false};
+  const std::optional<std::string> text = config.get("TRIBUTARY_STORE_FD");
+  if (!text) return -1;
+  int fd = -1;
+  const char* end = text->data() + text->size();
+  const internal::Logger log(internal::log_level_from(config), "rank 0/store");
+  if (std::from_chars(text->data(), end, fd).ptr != end || fd < 0) {
+    log.log(internal::LogLevel::kWarning,
+            "TRIBUTARY_STORE_FD=\"{}\" is not a descriptor number; binding the store's port "
+            "instead",
+            *text);
+    return -1;
+  }
+  const int bound = internal::listening_tcp_port(fd);
+  if (bound != port || taken.exchange(true)) return -1;
+  log.log(internal::LogLevel::kInfo,
+          "serving the rendezvous store on the socket the launcher bound (descriptor {}, port {})",
+          fd, port);
+  return fd;
+}
+
+}  // namespace
 
 std::optional<std::chrono::milliseconds> spec_timeout(const std::vector<std::string>& specs) {
   std::optional<std::chrono::milliseconds> longest;
@@ -78,6 +111,7 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
     server_options.expected_clients = static_cast<size_t>(cluster.world_size);
     server_options.linger_for_absent =
         std::min<std::chrono::milliseconds>(*timeout, std::chrono::seconds(5));
+    server_options.listen_fd = inherited_store_socket(ctx.config, cluster.coordinator_port);
     auto server = TcpStore::create_server(
         "0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port), server_options);
     if (!server.ok()) {

@@ -63,13 +63,16 @@ namespace {
 // The TRIBUTARY_* variables the library reads other than backend options (those are
 // TRIBUTARY_<BACKEND>_<OPTION>, and TRIBUTARY_<OPTION> for options every backend shares). Keep in
 // step with tributary-info's table of what each one sets (tools/tributary_info.cc).
+// clang-format off
 constexpr std::string_view kGlobalVariables[] = {
     "TRIBUTARY_CROSS_DEVICE_OPS", "TRIBUTARY_CONFIG_FILE", "TRIBUTARY_LOG_LEVEL",
     "TRIBUTARY_TUNING_FILE", "TRIBUTARY_TIMELINE", "TRIBUTARY_STALL_CHECK_TIME",
     "TRIBUTARY_FLIGHT_RECORDER_SIZE", "TRIBUTARY_FLIGHT_RECORDER_FILE", "TRIBUTARY_SECRET",
     "TRIBUTARY_SECRET_FILE", "TRIBUTARY_HOST_ID", "TRIBUTARY_NUM_THREADS",
     "TRIBUTARY_VIRTUAL_GPUS", "TRIBUTARY_RANK", "TRIBUTARY_WORLD_SIZE", "TRIBUTARY_LOCAL_RANK",
-    "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT"};
+    "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT",
+    "TRIBUTARY_STORE_FD"};
+// clang-format on
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);

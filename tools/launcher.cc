@@ -56,7 +56,8 @@ constexpr size_t kMaxQueued = 1024 * 1024;  // stop reading workers while this m
 constexpr std::string_view kLauncherVariables[] = {
     "TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
     "MASTER_PORT", "TRIBUTARY_RANK", "TRIBUTARY_WORLD_SIZE", "TRIBUTARY_LOCAL_RANK",
-    "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT"};
+    "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT",
+    "TRIBUTARY_STORE_FD"};
 // clang-format on
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
@@ -115,6 +116,43 @@ std::optional<std::vector<int>> free_ports(int count, int avoid, std::string& er
     held.push_back(std::move(s));
   }
   return ports;
+}
+
+// The rendezvous store's listening socket for rank 0 (one node): bound to 0.0.0.0:`port` (0 = a
+// free one), as the store would bind it, and listening, so that the port is never released between
+// the launcher choosing it and rank 0 serving on it (another process's bind could take it in that
+// window: a job that then failed at once with "Address already in use"). Rank 0 inherits it and
+// tributary serves the store on it (TRIBUTARY_STORE_FD); the ranks that connect before rank 0 is up
+// wait in its backlog. Close-on-exec: only rank 0's child clears that flag.
+Fd listen_for_store(int port, std::string& error) {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.open()) {
+    error = errno_text("cannot create the rendezvous store's socket");
+    return Fd();
+  }
+  const int one = 1;
+  ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(s.get(), 4096) != 0) {
+    const std::string what =
+        "cannot listen on 0.0.0.0:" + std::to_string(port) + " for the rendezvous store";
+    error = errno_text(what.c_str()) +
+            (port != 0 ? "; is another job using that port? choose another --master-port" : "");
+    return Fd();
+  }
+  return s;
+}
+
+// The port a bound socket has, or -1.
+int bound_port(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
+  return ntohs(addr.sin_port);
 }
 
 // In a forked child before exec: writes `prefix`, the text of `err` and a newline to standard
@@ -190,7 +228,8 @@ class Launcher {
 
  private:
   bool setup(std::string& error);
-  bool spawn(Worker& w, std::vector<std::string> env, std::string& error);
+  // `inherit`: a descriptor the child keeps open across exec (-1: none).
+  bool spawn(Worker& w, std::vector<std::string> env, int inherit, std::string& error);
   void loop();
   void check_exits();
   void on_exit(Worker& w, const siginfo_t& info);
@@ -277,7 +316,7 @@ bool Launcher::setup(std::string& error) {
   return true;
 }
 
-bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error) {
+bool Launcher::spawn(Worker& w, std::vector<std::string> env, int inherit, std::string& error) {
   Fd out_read, out_write, err_read, err_write;
   if (!make_pipe(out_read, out_write) || !make_pipe(err_read, err_write)) {
     error = errno_text("cannot create a pipe");
@@ -315,6 +354,7 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, std::string& error
         ::dup2(err_write.get(), 2) < 0) {
       ::_exit(126);
     }
+    if (inherit >= 0 && ::fcntl(inherit, F_SETFD, 0) != 0) ::_exit(126);
 #if defined(__linux__)
     if (!w.cpus.empty() &&
         (cpus.set ? ::sched_setaffinity(0, cpus.bytes, cpus.set.get()) : (errno = ENOMEM, -1)) != 0) {
@@ -368,15 +408,25 @@ int Launcher::run() {
   const int n = opt_.nproc;
   const int first_rank = opt_.node_rank * n;
   const std::string master_addr = opt_.master_addr.empty() ? "127.0.0.1" : opt_.master_addr;
-  // One node: a free port per worker for TF_CONFIG, plus one for MASTER_PORT unless given.
+  // One node: the store's socket on MASTER_PORT (given, or a free one), held until rank 0 has it,
+  // and a free port per worker for TF_CONFIG.
   std::vector<int> ports;
+  Fd store_socket;
   if (!multi_node) {
-    auto found = free_ports(opt_.master_port ? n : n + 1, opt_.master_port.value_or(-1), error);
+    store_socket = listen_for_store(opt_.master_port.value_or(0), error);
+    const int port = store_socket.open() ? bound_port(store_socket.get()) : -1;
+    if (port < 0) {
+      if (error.empty()) error = errno_text("cannot read the rendezvous store's port");
+      std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
+      return 1;
+    }
+    auto found = free_ports(n, port, error);
     if (!found) {
       std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
       return 1;
     }
     ports = std::move(*found);
+    ports.push_back(port);
   }
   const int master_port = opt_.master_port ? *opt_.master_port : ports.back();
   std::string cluster = "{\"cluster\": {\"worker\": [";
@@ -441,14 +491,20 @@ int Launcher::run() {
     for (const char* k : {"RANK=", "TRIBUTARY_RANK="}) env.push_back(k + r);
     for (const char* k : {"LOCAL_RANK=", "TRIBUTARY_LOCAL_RANK="}) env.push_back(k + local);
     if (!multi_node) env.push_back("TF_CONFIG=" + cluster + local + "}}");
-    if (!spawn(w, std::move(env), error)) {
+    const bool serves_store = w.rank == 0 && store_socket.open();
+    if (serves_store) env.push_back("TRIBUTARY_STORE_FD=" + std::to_string(store_socket.get()));
+    if (!spawn(w, std::move(env), serves_store ? store_socket.get() : -1, error)) {
       note("cannot start rank " + r + ": " + error);
       for (int j = i; j < n; ++j) workers_[j].exited = true;  // never started
       fail(1);
       begin_stop(SIGTERM);
       break;
     }
+    // Rank 0 has the store's socket now (or never will): the launcher's copy would keep the port
+    // and queue connections after rank 0 is gone.
+    if (w.rank == 0) store_socket.reset();
   }
+  store_socket.reset();
   loop();
   flush_final();
   for (const Worker& w : workers_) {

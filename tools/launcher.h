@@ -13,6 +13,12 @@
 //    TRIBUTARY_MASTER_ADDR, TRIBUTARY_MASTER_PORT (the ones tributary reads first). The master is
 //    node 0's --master-addr (127.0.0.1 by default); MASTER_PORT is the same for all ranks: rank 0's
 //    rendezvous store listens there;
+//  - on a single node, rank 0 also TRIBUTARY_STORE_FD: the launcher binds and listens on
+//    MASTER_PORT itself before any worker starts, and rank 0 inherits that socket, on which
+//    tributary serves the store (so no other process can take the port between the launcher
+//    choosing it and rank 0 binding it, and a --master-port in use fails here, before any worker
+//    starts). A rank 0 that is no tributary process just holds the socket; the launcher closes its
+//    own copy once rank 0 has started;
 //  - on a single node also TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task":
 //    {"type": "worker", "index": i}}, with N distinct ports that were free when the job started
 //    and none of them MASTER_PORT. A multi-node job sets no TF_CONFIG (and passes on none): one
@@ -40,8 +46,8 @@
 // SIGUSR1 is passed on to each rank's own process (not its group) and stops nothing: tributary
 // dumps the flight recorders of that rank on it (core/flight_recorder.h).
 //
-// launch() installs process-wide handlers for SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE and SIGUSR1 (a
-// signal ignored on entry stays ignored, so nohup works): call it once, from a single-threaded
+// launch() installs process-wide handlers for SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE and SIGUSR1
+// (a signal ignored on entry stays ignored, so nohup works): call it once, from a single-threaded
 // process.
 #pragma once
 

@@ -53,6 +53,8 @@ constexpr Setting kGlobalSettings[] = {
     {"TRIBUTARY_LOCAL_WORLD_SIZE", "cluster: the processes on this host"},
     {"TRIBUTARY_MASTER_ADDR", "cluster: the rendezvous store's host (over any provider's)"},
     {"TRIBUTARY_MASTER_PORT", "cluster: the rendezvous store's port (over any provider's)"},
+    {"TRIBUTARY_STORE_FD",
+     "cluster: rank 0 serves the store on this inherited listening socket (tributary-run sets it)"},
 };
 
 std::string upper(std::string_view s) {

@@ -18,6 +18,10 @@ namespace tributary::internal {
 
 using StoreClock = std::chrono::steady_clock;
 
+// The port that `fd` listens on when it is a TCP socket (IPv4 or IPv6) in the listening state, else
+// -1 (TcpStoreServerOptions::listen_fd; tcp_store_server.cc).
+int listening_tcp_port(int fd);
+
 // now + timeout, saturated so that "wait forever" timeouts cannot overflow the clock.
 inline StoreClock::time_point store_deadline(std::chrono::milliseconds timeout) {
   constexpr auto kMax = std::chrono::hours(24 * 365 * 10);

@@ -11,6 +11,11 @@
 // over all connections, bytes stored, and the time a new connection has to say hello (and, with a
 // secret, to authenticate); before that, frames are at most kMaxUnauthenticatedFrameBytes. With a
 // secret, nothing is served before the client proved it, and every later frame is sealed.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/connect.hpp>
@@ -149,6 +154,10 @@ class ServerCore {
 
   Status start(const std::string& host, std::uint16_t port, const TcpStoreServerOptions& options);
   void stop();
+  // Serves on `fd` (TcpStoreServerOptions::listen_fd), which it owns from here on.
+  Status adopt(int fd, std::uint16_t port);
+  // The accept loop and the I/O thread, once the acceptor listens.
+  Status run();
 
   void handle(const std::shared_ptr<Session>& session, std::string_view body);
   void handshake(const std::shared_ptr<Session>& session, wire::Op op, wire::Reader& r);
@@ -388,11 +397,31 @@ void Session::write_next() {
 
 // --- ServerCore ----------------------------------------------------------------------------------
 
+}  // namespace
+
+int internal::listening_tcp_port(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  int listening = 0, type = 0;
+  socklen_t size = sizeof(listening), type_size = sizeof(type);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) ||
+      ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_size) != 0 || type != SOCK_STREAM ||
+      ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || listening == 0) {
+    return -1;
+  }
+  return addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port)
+                                    : ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+}
+
+namespace {
+
 Status ServerCore::start(const std::string& host, std::uint16_t port,
                          const TcpStoreServerOptions& options) {
   host_ = host;
   options_ = options;
   std::string where = (host.empty() ? std::string("0.0.0.0") : host) + ":" + std::to_string(port);
+  if (options.listen_fd >= 0) return adopt(options.listen_fd, port);
   try {
     std::vector<tcp::endpoint> endpoints;
     if (host.empty() || host == "0.0.0.0") {
@@ -427,6 +456,38 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
                          "; is another job's store using this port? choose another port, or 0 for "
                          "any free one");
     }
+  } catch (const std::exception& e) {
+    return unavailable("TcpStore server on " + where + ": " + e.what());
+  }
+  return run();
+}
+
+Status ServerCore::adopt(int fd, std::uint16_t port) {
+  const int bound = internal::listening_tcp_port(fd);
+  if (bound < 0 || (port != 0 && bound != port)) {
+    ::close(fd);
+    return invalid_argument("TcpStore server: descriptor " + std::to_string(fd) +
+                            " is not a TCP socket listening on port " + std::to_string(port));
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  error_code ec;
+  acceptor_.assign(addr.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), fd, ec);
+  if (ec) {
+    ::close(fd);
+    return unavailable("TcpStore server: cannot serve on descriptor " + std::to_string(fd) + ": " +
+                       ec.message());
+  }
+  // The descriptor was inherited across exec (tributary-run clears the flag for the child that
+  // serves): the processes this one starts must not hold the port.
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return run();
+}
+
+Status ServerCore::run() {
+  try {
+    error_code ec;
     port_ = acceptor_.local_endpoint(ec).port();
     if (ec) return unavailable("TcpStore server: cannot read the bound port: " + ec.message());
     route_->ioc = &ioc_;
@@ -442,7 +503,7 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
       }
     });
   } catch (const std::exception& e) {
-    return unavailable("TcpStore server on " + where + ": " + e.what());
+    return unavailable(std::string("TcpStore server: ") + e.what());
   }
   return Status();
 }

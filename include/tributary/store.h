@@ -206,6 +206,12 @@ struct TcpStoreServerOptions {
   std::chrono::milliseconds linger_for_absent = std::chrono::seconds(5);
   // Serves TcpStore::call (null: calls are answered kUnimplemented).
   StoreCallHandler call_handler;
+  // A TCP socket already bound and listening, which the server serves on instead of binding one
+  // (systemd's socket activation, and how tributary-run hands rank 0 a port it never released:
+  // TRIBUTARY_STORE_FD, read by make_backend_context). It must listen on create_server's `port`
+  // (or any, with port 0); create_server owns it from the call on and closes it on failure too.
+  // -1 = bind `host`:`port`.
+  int listen_fd = -1;
 };
 
 class TcpStoreServer;

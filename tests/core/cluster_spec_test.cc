@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/hostlist.h"
 #include "tributary/cluster.h"
 #include "tributary/registry.h"
+#include "tributary/store.h"
 
 namespace tributary {
 namespace {
@@ -799,6 +801,62 @@ TEST(BackendSetup, APeerThatNeverJoinsFailsAtTheBackendsTimeout) {
     // The wait is 1 s; it took 3 s with the grace.
     EXPECT_LT(seconds, 2.5) << spec << ": " << ops.status().to_string();
   }
+}
+
+// The chief serves the store on the socket a launcher bound for it (TRIBUTARY_STORE_FD): the port
+// was never released, so nothing could take it, and binding it again would fail.
+TEST(MakeBackendContext, ChiefServesTheStoreOnTheLaunchersSocket) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string port = std::to_string(ntohs(sa.sin_port));
+  auto config = [&](int rank) {
+    return Config::from_map({{"TRIBUTARY_RANK", std::to_string(rank)},
+                             {"TRIBUTARY_WORLD_SIZE", "2"},
+                             {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                             {"TRIBUTARY_MASTER_PORT", port},
+                             {"TRIBUTARY_STORE_FD", std::to_string(fd)},
+                             {"TRIBUTARY_TIMEOUT", "20s"}});
+  };
+  // Rank 1 first: it waits in the socket's backlog until the chief serves.
+  StatusOr<BackendContext> one = invalid_argument("not run");
+  std::thread rank1([&] { one = make_backend_context({Device::cpu(0)}, config(1)); });
+  auto zero = make_backend_context({Device::cpu(0)}, config(0));
+  rank1.join();
+  ASSERT_TRUE(zero.ok()) << zero.status().to_string();
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  ASSERT_TRUE(zero->store->set("from 0", "hello").ok());
+  auto got = one->store->get("from 0", std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, "hello");
+}
+
+// A TRIBUTARY_STORE_FD that names no socket listening on the port (a variable inherited without
+// the descriptor, say) is ignored, and the descriptor under that number is left alone.
+TEST(MakeBackendContext, AStoreDescriptorThatIsNotTheListenerIsIgnored) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  const std::string port = free_loopback_port();
+  ASSERT_FALSE(port.empty());
+  for (const std::string& value : {std::to_string(p[0]), std::string("x")}) {
+    auto ctx = make_backend_context({Device::cpu(0)},
+                                    Config::from_map({{"TRIBUTARY_RANK", "0"},
+                                                      {"TRIBUTARY_WORLD_SIZE", "2"},
+                                                      {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                                      {"TRIBUTARY_MASTER_PORT", port},
+                                                      {"TRIBUTARY_STORE_FD", value},
+                                                      {"TRIBUTARY_TIMEOUT", "1s"}}));
+    ASSERT_TRUE(ctx.ok()) << value << ": " << ctx.status().to_string();
+  }
+  EXPECT_EQ(::write(p[1], "k", 1), 1) << "the pipe was closed";
+  ::close(p[0]);
+  ::close(p[1]);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -994,6 +995,82 @@ TEST(TcpStore, ListeningOnATakenPortFailsClearly) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(second.status().message().find(std::to_string((*first)->port())), std::string::npos);
+}
+
+// A socket bound and listening before the server exists (as tributary-run binds rank 0's store
+// port): the server serves on it, so a client that connected before the server started is served
+// from the backlog; the descriptor is the server's from then on (close-on-exec, closed with it).
+int listening_socket(std::uint16_t* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::listen(fd, 16) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  *port = ntohs(sa.sin_port);
+  return fd;
+}
+
+TEST(TcpStore, ServesOnAnInheritedListeningSocket) {
+  Watchdog watchdog(60s);
+  std::uint16_t port = 0;
+  const int fd = listening_socket(&port);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  // Connected to the backlog before any server runs.
+  StoreOptions o = test_options();
+  o.connect_timeout = 20s;
+  std::jthread early([&] {
+    auto c = TcpStore::connect("127.0.0.1", port, o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_TRUE((*c)->set("early", "yes").ok());
+  });
+  std::this_thread::sleep_for(200ms);
+  // Binding the port again fails: the socket holds it.
+  EXPECT_FALSE(TcpStore::create_server("127.0.0.1", port).ok());
+  TcpStoreServerOptions so;
+  so.listen_fd = fd;
+  auto server = TcpStore::create_server("0.0.0.0", port, so);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  EXPECT_EQ((*server)->port(), port);
+  EXPECT_EQ(::fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  early.join();
+  auto client = TcpStore::connect("127.0.0.1", port, o);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  EXPECT_EQ(*(*client)->get("early", 5s), "yes");
+  client->reset();
+  server->reset();
+  // Closed with the server: the port is free again.
+  auto again = TcpStore::create_server("127.0.0.1", port);
+  EXPECT_TRUE(again.ok()) << again.status().to_string();
+}
+
+TEST(TcpStore, AnInheritedDescriptorThatDoesNotListenOnThePortIsRefused) {
+  std::uint16_t port = 0;
+  const int fd = listening_socket(&port);
+  ASSERT_GE(fd, 0);
+  TcpStoreServerOptions so;
+  so.listen_fd = fd;
+  const std::uint16_t other = port == 65535 ? 1 : port + 1;
+  auto wrong_port = TcpStore::create_server("0.0.0.0", other, so);
+  ASSERT_FALSE(wrong_port.ok());
+  EXPECT_EQ(wrong_port.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_port.status().message().find("not a TCP socket listening on port " +
+                                               std::to_string(other)),
+            std::string::npos)
+      << wrong_port.status().to_string();
+  EXPECT_EQ(::fcntl(fd, F_GETFD), -1) << "create_server closes the descriptor it was given";
+  // Not listening: a pipe.
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  ::close(p[1]);
+  so.listen_fd = p[0];
+  auto pipe_end = TcpStore::create_server("0.0.0.0", 0, so);
+  ASSERT_FALSE(pipe_end.ok());
+  EXPECT_EQ(pipe_end.status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(TcpStoreServerTest, SurvivesGarbageAndTruncatedFrames) {

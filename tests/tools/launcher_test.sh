@@ -124,6 +124,55 @@ test_master_port() {
   has_line out "[rank 1] 29555 29555"
 }
 
+# Rank 0 inherits the store's socket, bound and listening on MASTER_PORT before any worker starts;
+# no other rank gets it, an inherited TRIBUTARY_STORE_FD is not passed on, and the launcher keeps no
+# copy. A --master-port that is taken fails before any worker starts.
+test_store_socket() {
+  # Each rank prints what it has under TRIBUTARY_STORE_FD, and whether the socket that listens on
+  # MASTER_PORT (in /proc/net/tcp: the port in hex, state 0A) is held by itself and by the launcher
+  # (its parent).
+  cat >"$TMP/store_socket.sh" <<'EOF_SCRIPT'
+fd=${TRIBUTARY_STORE_FD-none}
+kind=none
+[ "$fd" != none ] && kind=$(readlink "/proc/self/fd/$fd" | sed 's/:.*//')
+inode=$(awk -v p="$(printf ':%04X' "$MASTER_PORT")" \
+  'substr($2, length($2) - 4) == p && $4 == "0A" { print $10; exit }' /proc/net/tcp)
+holds() { ls -l "/proc/$1/fd" 2>/dev/null | grep -Fq "socket:[$inode]" && echo yes || echo no; }
+echo "fd=$fd kind=$kind port=$MASTER_PORT listening=${inode:+yes} mine=$(holds $$) launcher=$(holds $PPID)"
+EOF_SCRIPT
+  export TRIBUTARY_STORE_FD=99
+  launch -n 2 -- sh "$TMP/store_socket.sh"
+  expect_rc 0
+  unset TRIBUTARY_STORE_FD
+  mp=$(sed -n 's/^\[rank 0\] fd=[0-9][0-9]* kind=socket port=\([0-9][0-9]*\) .*/\1/p' "$TMP/out")
+  [ -n "$mp" ] || fail "rank 0 has no socket in TRIBUTARY_STORE_FD"
+  has_text out "[rank 0] fd="
+  grep -Eq '^\[rank 0\] fd=[0-9]+ kind=socket port=[0-9]+ listening=yes mine=yes ' "$TMP/out" ||
+    fail "rank 0 does not hold the socket that listens on MASTER_PORT"
+  # Rank 1 starts after the launcher has closed its copy.
+  has_line out "[rank 1] fd=none kind=none port=$mp listening=yes mine=no launcher=no"
+  # A port held by someone else: the launcher says so and starts nothing.
+  if command -v python3 >/dev/null 2>&1; then
+    python3 -c '
+import socket, time
+s = socket.socket()
+s.bind(("0.0.0.0", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(30)' >"$TMP/held" &
+    holder=$!
+    tries=0
+    while [ ! -s "$TMP/held" ] && [ "$tries" -lt 100 ]; do sleep 0.1; tries=$((tries + 1)); done
+    port=$(cat "$TMP/held")
+    launch -n 2 --master-port "$port" -- sh -c 'echo started'
+    kill "$holder" 2>/dev/null
+    wait "$holder" 2>/dev/null
+    expect_rc 1
+    has_text err "cannot listen on 0.0.0.0:$port for the rendezvous store"
+    lacks_text out "started"
+  fi
+}
+
 test_prefix() {
   launch -n 2 -- sh -c 'echo "out $RANK"; echo "err $RANK" >&2; printf "partial %s" "$RANK";
                         printf "epartial %s" "$RANK" >&2'
