@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -277,6 +278,19 @@ bool Launcher::setup(std::string& error) {
       return false;
     }
   }
+  // A launcher started as rank 0 of another one: the store socket handed down to it is not its
+  // workers' (they get no TRIBUTARY_STORE_FD of it either), so it must not reach them.
+  if (const char* inherited = std::getenv("TRIBUTARY_STORE_FD")) {
+    char* end = nullptr;
+    const long fd = std::strtol(inherited, &end, 10);
+    int listening = 0;
+    socklen_t size = sizeof(listening);
+    if (end != inherited && *end == '\0' && fd > 2 && fd <= INT_MAX &&
+        ::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) == 0 &&
+        listening != 0) {
+      ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+    }
+  }
   dev_null_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null_.open() || !make_pipe(wake_read_, wake_write_)) {
     error = errno_text("cannot set up");
@@ -331,6 +345,9 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, int inherit, std::
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   const std::string exec_error = "tributary-run: cannot run '" + opt_.command[0] + "': ";
+  const std::string inherit_error =
+      "tributary-run: cannot pass the rendezvous store's socket to rank " + std::to_string(w.rank) +
+      ": ";
 #if defined(__linux__)
   const CpuMask cpus = cpu_mask(w.cpus);  // made before fork: the child only calls the kernel
   const std::string bind_error = "tributary-run: cannot bind rank " + std::to_string(w.rank) +
@@ -354,7 +371,10 @@ bool Launcher::spawn(Worker& w, std::vector<std::string> env, int inherit, std::
         ::dup2(err_write.get(), 2) < 0) {
       ::_exit(126);
     }
-    if (inherit >= 0 && ::fcntl(inherit, F_SETFD, 0) != 0) ::_exit(126);
+    if (inherit >= 0 && ::fcntl(inherit, F_SETFD, 0) != 0) {
+      child_failed(inherit_error, errno);
+      ::_exit(126);
+    }
 #if defined(__linux__)
     if (!w.cpus.empty() &&
         (cpus.set ? ::sched_setaffinity(0, cpus.bytes, cpus.set.get()) : (errno = ENOMEM, -1)) != 0) {
@@ -413,20 +433,23 @@ int Launcher::run() {
   std::vector<int> ports;
   Fd store_socket;
   if (!multi_node) {
-    store_socket = listen_for_store(opt_.master_port.value_or(0), error);
-    const int port = store_socket.open() ? bound_port(store_socket.get()) : -1;
-    if (port < 0) {
-      if (error.empty()) error = errno_text("cannot read the rendezvous store's port");
-      std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
-      return 1;
+    // A world of one has no store; a rank 0 that binds the port itself asked for it released.
+    if (n > 1 && opt_.hand_over_store_socket) {
+      store_socket = listen_for_store(opt_.master_port.value_or(0), error);
+      const int port = store_socket.open() ? bound_port(store_socket.get()) : -1;
+      if (port < 0) {
+        if (error.empty()) error = errno_text("cannot read the rendezvous store's port");
+        std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
+        return 1;
+      }
+      opt_.master_port = port;
     }
-    auto found = free_ports(n, port, error);
+    auto found = free_ports(opt_.master_port ? n : n + 1, opt_.master_port.value_or(-1), error);
     if (!found) {
       std::fprintf(stderr, "tributary-run: %s\n", error.c_str());
       return 1;
     }
     ports = std::move(*found);
-    ports.push_back(port);
   }
   const int master_port = opt_.master_port ? *opt_.master_port : ports.back();
   std::string cluster = "{\"cluster\": {\"worker\": [";

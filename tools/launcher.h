@@ -13,12 +13,15 @@
 //    TRIBUTARY_MASTER_ADDR, TRIBUTARY_MASTER_PORT (the ones tributary reads first). The master is
 //    node 0's --master-addr (127.0.0.1 by default); MASTER_PORT is the same for all ranks: rank 0's
 //    rendezvous store listens there;
-//  - on a single node, rank 0 also TRIBUTARY_STORE_FD: the launcher binds and listens on
-//    MASTER_PORT itself before any worker starts, and rank 0 inherits that socket, on which
-//    tributary serves the store (so no other process can take the port between the launcher
-//    choosing it and rank 0 binding it, and a --master-port in use fails here, before any worker
-//    starts). A rank 0 that is no tributary process just holds the socket; the launcher closes its
-//    own copy once rank 0 has started;
+//  - on a single node of 2 or more workers (unless LaunchOptions::hand_over_store_socket is false),
+//    rank 0 also TRIBUTARY_STORE_FD: the launcher binds and listens on MASTER_PORT itself before
+//    any worker starts, and rank 0 inherits that socket, on which tributary serves the store. So no
+//    other process can take the port between the launcher choosing it and rank 0 binding it, and a
+//    --master-port in use fails here, before any worker starts; but a rank 0 that binds
+//    MASTER_PORT itself (torch.distributed outside torchrun) finds it taken, as under torchrun,
+//    whose agent holds the port too. The launcher closes its own copy once rank 0 has started. An
+//    inherited TRIBUTARY_STORE_FD (a launcher under a launcher) is not passed on, and the socket
+//    it names is closed on exec;
 //  - on a single node also TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task":
 //    {"type": "worker", "index": i}}, with N distinct ports that were free when the job started
 //    and none of them MASTER_PORT. A multi-node job sets no TF_CONFIG (and passes on none): one
@@ -73,6 +76,9 @@ struct LaunchOptions {
   bool prefix = true;              // "[rank i] " before each line
   bool bind_to_core = false;       // --bind-to core: each worker on one core (cpu_binding.h)
   bool report_bindings = false;    // a line on stderr per worker: the CPUs it is bound to
+  // One node, 2 or more workers: bind MASTER_PORT here and hand its socket to rank 0
+  // (TRIBUTARY_STORE_FD); false: pick a free port and release it (--release-master-port).
+  bool hand_over_store_socket = true;
   std::optional<std::chrono::milliseconds> timeout;
   std::string timeout_text;  // as the user wrote it, for messages
   std::chrono::milliseconds grace{5000};

@@ -36,6 +36,8 @@ environment (rank r of W, local index i on this host):
   TRIBUTARY_MASTER_ADDR, TRIBUTARY_MASTER_PORT
   TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task": {"type": "worker", "index": i}}
     (single-node jobs only)
+  TRIBUTARY_STORE_FD (rank 0 of a single-node job of 2 or more workers): the socket listening on
+    MASTER_PORT, bound by the launcher, on which tributary serves the rendezvous store
 A job on several hosts runs one tributary-run per host, torchrun's way: node k of --nnodes N starts
 ranks k*M .. k*M+M-1 (M = --nproc-per-node); all point at node 0's --master-addr/--master-port,
 where rank 0 keeps the rendezvous store. The launchers meet there first, so a node that does not
@@ -114,6 +116,7 @@ struct Flags {
   bool no_prefix = false;
   std::string bind_to = "none";
   bool report_bindings = false;
+  bool release_master_port = false;
 };
 
 void define(CLI::App& app, Flags& f) {
@@ -137,6 +140,12 @@ void define(CLI::App& app, Flags& f) {
                  "29500 on several)")
       ->check(CLI::Range(1, 65535))
       ->type_name("PORT");
+  app.add_flag("--release-master-port", f.release_master_port,
+               "on one node, release MASTER_PORT before the workers start instead of handing "
+               "its listening socket to rank 0 (TRIBUTARY_STORE_FD), for a rank 0 that binds the "
+               "port itself (torch.distributed's env:// outside torchrun); another process can "
+               "then take the port before rank 0 binds it")
+      ->disable_flag_override();
   app.add_option("--join-timeout", f.join_timeout,
                  "how long the launchers of a multi-node job wait for each other (default 5m)")
       ->type_name("DURATION");
@@ -200,7 +209,7 @@ std::string add_variable(std::vector<std::string>& env, const std::string& key,
     return "bad variable name '" + key + "' for " + option + "; expected letters, digits and _";
   }
   if (tributary::tools::is_launcher_variable(key)) {
-    return std::string(option) + " cannot set " + key + "; tributary-run sets it for each rank";
+    return std::string(option) + " cannot set " + key + "; tributary-run sets it";
   }
   if (key == "TRIBUTARY_SECRET" && entry.size() > key.size()) {
     std::fprintf(stderr,
@@ -242,6 +251,7 @@ std::string finish(const Flags& f, LaunchOptions& o) {
     o.master_addr = "127.0.0.1";  // torchrun's default too; right for nodes on one host only
   }
   if (f.master_port != 0) o.master_port = f.master_port;
+  o.hand_over_store_socket = !f.release_master_port;
   if (o.nnodes > 1 && !o.master_port) o.master_port = kDefaultMasterPort;
   struct Duration {
     const char* name;

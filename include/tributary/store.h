@@ -209,7 +209,8 @@ struct TcpStoreServerOptions {
   // A TCP socket already bound and listening, which the server serves on instead of binding one
   // (systemd's socket activation, and how tributary-run hands rank 0 a port it never released:
   // TRIBUTARY_STORE_FD, read by make_backend_context). It must listen on create_server's `port`
-  // (or any, with port 0); create_server owns it from the call on and closes it on failure too.
+  // (or any, with port 0); create_server owns it from the call on (it closes it on failure too, and
+  // sets close-on-exec on it), so options that name one serve one create_server call only.
   // -1 = bind `host`:`port`.
   int listen_fd = -1;
 };

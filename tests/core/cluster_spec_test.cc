@@ -1,4 +1,5 @@
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -835,6 +836,43 @@ TEST(MakeBackendContext, ChiefServesTheStoreOnTheLaunchersSocket) {
   auto got = one->store->get("from 0", std::chrono::seconds(5));
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(*got, "hello");
+}
+
+// A handed-down socket the chief does not take (close-on-exec already set: a live server's) leaves
+// the port held by this very process: the error says so instead of blaming another job, whether
+// the variable is in the context's Config or only in the environment.
+TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysItHoldsThePort) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string port = std::to_string(ntohs(sa.sin_port));
+  std::map<std::string, std::string> vars{{"TRIBUTARY_RANK", "0"},
+                                          {"TRIBUTARY_WORLD_SIZE", "2"},
+                                          {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                          {"TRIBUTARY_MASTER_PORT", port},
+                                          {"TRIBUTARY_TIMEOUT", "1s"}};
+  for (const bool in_config : {true, false}) {
+    if (in_config) {
+      vars["TRIBUTARY_STORE_FD"] = std::to_string(fd);
+    } else {
+      vars.erase("TRIBUTARY_STORE_FD");
+      ::setenv("TRIBUTARY_STORE_FD", std::to_string(fd).c_str(), 1);
+    }
+    auto ctx = make_backend_context({Device::cpu(0)}, Config::from_map(vars));
+    ::unsetenv("TRIBUTARY_STORE_FD");
+    ASSERT_FALSE(ctx.ok()) << in_config;
+    const std::string& m = ctx.status().message();
+    EXPECT_NE(m.find("this process holds the port itself"), std::string::npos) << m;
+    EXPECT_NE(m.find("TRIBUTARY_STORE_FD=" + std::to_string(fd)), std::string::npos) << m;
+  }
+  EXPECT_EQ(::fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC) << "the socket was left open";
+  ::close(fd);
 }
 
 // A TRIBUTARY_STORE_FD that names no socket listening on the port (a variable inherited without

@@ -125,20 +125,30 @@ test_master_port() {
 }
 
 # Rank 0 inherits the store's socket, bound and listening on MASTER_PORT before any worker starts;
-# no other rank gets it, an inherited TRIBUTARY_STORE_FD is not passed on, and the launcher keeps no
-# copy. A --master-port that is taken fails before any worker starts.
+# no other rank gets it, an inherited TRIBUTARY_STORE_FD is not passed on (nor its socket, to the
+# workers of a launcher under a launcher), and the launcher keeps no copy. A --master-port that is
+# taken fails before any worker starts. One worker (no store) and --release-master-port get no
+# socket, and rank 0 may then bind MASTER_PORT itself.
 test_store_socket() {
   # Each rank prints what it has under TRIBUTARY_STORE_FD, and whether the socket that listens on
-  # MASTER_PORT (in /proc/net/tcp: the port in hex, state 0A) is held by itself and by the launcher
-  # (its parent).
+  # port $1 (default MASTER_PORT; in /proc/net/tcp: the port in hex, state 0A) is held by itself
+  # and by the launcher (its parent). Rank 0 waits for rank 1's line, so that it still holds the
+  # socket while rank 1 looks.
   cat >"$TMP/store_socket.sh" <<'EOF_SCRIPT'
+port=${1:-$MASTER_PORT}
 fd=${TRIBUTARY_STORE_FD-none}
 kind=none
 [ "$fd" != none ] && kind=$(readlink "/proc/self/fd/$fd" | sed 's/:.*//')
-inode=$(awk -v p="$(printf ':%04X' "$MASTER_PORT")" \
+inode=$(awk -v p="$(printf ':%04X' "$port")" \
   'substr($2, length($2) - 4) == p && $4 == "0A" { print $10; exit }' /proc/net/tcp)
 holds() { ls -l "/proc/$1/fd" 2>/dev/null | grep -Fq "socket:[$inode]" && echo yes || echo no; }
-echo "fd=$fd kind=$kind port=$MASTER_PORT listening=${inode:+yes} mine=$(holds $$) launcher=$(holds $PPID)"
+echo "fd=$fd kind=$kind port=$port listening=${inode:+yes} mine=$(holds $$) launcher=$(holds $PPID)"
+if [ "$RANK" = 1 ]; then
+  : >"$TMP/rank1.$port"
+elif [ "$RANK" = 0 ]; then
+  tries=0
+  while [ ! -e "$TMP/rank1.$port" ] && [ "$tries" -lt 100 ]; do sleep 0.1; tries=$((tries + 1)); done
+fi
 EOF_SCRIPT
   export TRIBUTARY_STORE_FD=99
   launch -n 2 -- sh "$TMP/store_socket.sh"
@@ -146,13 +156,36 @@ EOF_SCRIPT
   unset TRIBUTARY_STORE_FD
   mp=$(sed -n 's/^\[rank 0\] fd=[0-9][0-9]* kind=socket port=\([0-9][0-9]*\) .*/\1/p' "$TMP/out")
   [ -n "$mp" ] || fail "rank 0 has no socket in TRIBUTARY_STORE_FD"
-  has_text out "[rank 0] fd="
   grep -Eq '^\[rank 0\] fd=[0-9]+ kind=socket port=[0-9]+ listening=yes mine=yes ' "$TMP/out" ||
     fail "rank 0 does not hold the socket that listens on MASTER_PORT"
   # Rank 1 starts after the launcher has closed its copy.
   has_line out "[rank 1] fd=none kind=none port=$mp listening=yes mine=no launcher=no"
-  # A port held by someone else: the launcher says so and starts nothing.
+  # A launcher as rank 0 of another: its workers do not hold the outer job's socket.
+  launch -n 2 -- sh -c 'if [ "$RANK" = 0 ]; then
+      outer=$MASTER_PORT; exec "$0" -n 2 -- sh "$TMP/store_socket.sh" "$outer"; fi' "$BIN"
+  expect_rc 0
+  grep -Eq '^\[rank 0\] \[rank 0\] fd=[0-9]+ kind=socket port=[0-9]+ listening=yes mine=no ' \
+    "$TMP/out" || fail "the inner rank 0 holds the outer job's socket, or lacks its own"
+  grep -Eq '^\[rank 0\] \[rank 1\] fd=none kind=none port=[0-9]+ listening=yes mine=no ' \
+    "$TMP/out" || fail "the inner rank 1 holds the outer job's socket"
+  # No store with one worker; none handed over with --release-master-port, where rank 0 can bind
+  # the port itself.
+  launch -n 1 -- sh -c 'echo "fd=${TRIBUTARY_STORE_FD-none}"'
+  expect_rc 0
+  has_line out "[rank 0] fd=none"
   if command -v python3 >/dev/null 2>&1; then
+    launch -n 2 --release-master-port -- sh -c 'echo "fd=${TRIBUTARY_STORE_FD-none}"
+      [ "$RANK" = 0 ] && python3 -c "
+import os, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((\"0.0.0.0\", int(os.environ[\"MASTER_PORT\"])))
+print(\"bound\")"; true'
+    expect_rc 0
+    has_line out "[rank 0] fd=none"
+    has_line out "[rank 1] fd=none"
+    has_line out "[rank 0] bound"
+    # A port held by someone else: the launcher says so and starts nothing.
     python3 -c '
 import socket, time
 s = socket.socket()
