@@ -1,6 +1,7 @@
 #include "core/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -9,12 +10,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include "core/cpus.h"
 #include "core/kernel_id.h"
+#include "core/logging.h"
+#include "core/store/store_common.h"
 #include "core/store/tcp_store_protocol.h"
 #include "core/strings.h"
 
@@ -287,6 +291,62 @@ Status name_lost_ranks(const BackendContext& context, Status failure,
     }
   }
   return failure;  // nobody lost within the grace: what this rank saw is the best account
+}
+
+namespace {
+
+// The descriptor TRIBUTARY_STORE_FD names (tools/launcher.h: the socket tributary-run bound on
+// MASTER_PORT and handed to rank 0), from `config`, else from the environment; -1 when unset or not
+// a number.
+int store_fd_variable(const Config& config) {
+  std::optional<std::string> text = config.get("TRIBUTARY_STORE_FD");
+  if (!text) {
+    const char* env = std::getenv("TRIBUTARY_STORE_FD");
+    if (env == nullptr) return -1;
+    text = env;
+  }
+  int fd = -1;
+  const char* end = text->data() + text->size();
+  if (std::from_chars(text->data(), end, fd).ptr != end || fd < 0) return -1;
+  return fd;
+}
+
+}  // namespace
+
+int inherited_listener(const Config& config, int port) {
+  const std::optional<std::string> text = config.get("TRIBUTARY_STORE_FD");
+  if (!text) return -1;
+  const internal::Logger log(internal::log_level_from(config), "store");
+  const int fd = store_fd_variable(config);
+  if (fd < 0) {
+    log.log(internal::LogLevel::kWarning,
+            "TRIBUTARY_STORE_FD=\"{}\" is not a descriptor number; binding port {} instead", *text,
+            port);
+    return -1;
+  }
+  const int bound = internal::listening_tcp_port(fd);
+  if (bound < 0) return -1;
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (bound != port || flags < 0 || (flags & FD_CLOEXEC) != 0) {
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return -1;
+  }
+  log.log(internal::LogLevel::kInfo,
+          "serving on the socket the launcher bound (TRIBUTARY_STORE_FD={}, port {})", fd, port);
+  return fd;
+}
+
+std::string held_port_trouble(const Config& config, int port) {
+  const int fd = store_fd_variable(config);
+  if (fd >= 0 && internal::listening_tcp_port(fd) == port) {
+    return " (this process holds the port itself: its launcher handed it a socket listening on "
+           "it, TRIBUTARY_STORE_FD=" +
+           std::to_string(fd) +
+           ", which was not taken; pass a Config that has TRIBUTARY_STORE_FD "
+           "(Config::from_environment()), serve one store on the port at a time, or start the "
+           "job with tributary-run --release-master-port)";
+  }
+  return "";
 }
 
 }  // namespace tributary::internal

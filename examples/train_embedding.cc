@@ -2,18 +2,20 @@
 // "Parameter server training with ParameterServerStrategy" tutorial, in C++.
 //
 // The model: an example is a bag of `--bag` token ids from a vocabulary of `--vocab`; its label is
-// the sum of a hidden score per token, plus noise (so the best loss is about 0.01). The model averages the tokens' rows of an embedding table
-// [vocab, dim] (sharded across the ps tasks by a partitioner) and applies a dense layer
-// (kernel [dim, 1], bias []) to the average: yhat = mean_j(E[id_j]) . w + b, with mean squared
-// error. Each worker step reads the dense layer, gathers its batch's rows, computes the loss and
-// gradients, and applies them on the parameter servers (assign_sub for the dense layer,
-// scatter_sub for the embedding rows): asynchronous SGD, each worker on its own data.
+// the sum of a hidden score per token, plus noise (so the best loss is about 0.01). The model
+// averages the tokens' rows of an embedding table [vocab, dim] (sharded across the ps tasks by a
+// partitioner) and applies a dense layer (kernel [dim, 1], bias []) to the average: yhat =
+// mean_j(E[id_j]) . w + b, with mean squared error. Each worker step reads the dense layer, gathers
+// its batch's rows, computes the loss and gradients, and applies them on the parameter servers
+// (assign_sub for the dense layer, scatter_sub for the embedding rows): asynchronous SGD, each
+// worker on its own data.
 //
 // The cluster: 1 chief (this process, the coordinator), `--workers` workers and `--ps` parameter
 // servers. Without TF_CONFIG, this program is its own launcher: it starts the workers and ps tasks
-// as child processes of the same binary on free loopback ports with a fresh random secret, and
-// coordinates them. With TF_CONFIG (a cluster started by hand or by a scheduler), a "worker" or
-// "ps" task serves (run_server()) and the "chief" trains.
+// as child processes of the same binary with a fresh random secret, each serving on a loopback
+// port this launcher bound and handed to it (TRIBUTARY_STORE_FD, so that no other process can take
+// the port first), and coordinates them. With TF_CONFIG (a cluster started by hand or by a
+// scheduler), a "worker" or "ps" task serves (run_server()) and the "chief" trains.
 //
 // Failure: `--kill-worker-at-epoch E` kills worker 1 with SIGKILL halfway through scheduling epoch
 // E; its in-flight step is re-scheduled on another worker, and `--restart-after-epochs N` starts
@@ -24,8 +26,8 @@
 //
 //   train_embedding [--workers 2] [--ps 2] [--epochs 8] [--steps-per-epoch 100]
 //                   [--kill-worker-at-epoch 3] [--target-loss 0.05]
-#include <CLI/CLI.hpp>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -33,14 +35,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -263,17 +269,30 @@ Status register_model(const Flags& f) {
 
 // --- The launcher (no TF_CONFIG): child tasks of this binary on loopback ---------------------------
 
-StatusOr<uint16_t> free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return internal_error("socket() failed");
+// A socket listening on `port` of every interface (0: a free port), close-on-exec, as a task's
+// server would bind it; -1 and `error` set on failure. The launcher hands it to the task it starts
+// (TRIBUTARY_STORE_FD), so that the port is never free for another process between the launcher
+// choosing it and the task serving on it.
+int listen_on(uint16_t port, std::string* error) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(port);
+  const int one = 1;
+  if (fd < 0 || ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 128) != 0) {
+    *error = "cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+uint16_t port_of(int fd) {
+  sockaddr_in a{};
   socklen_t len = sizeof a;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  if (!ok) return internal_error("could not find a free loopback port");
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   return ntohs(a.sin_port);
 }
 
@@ -281,9 +300,21 @@ class Launcher {
  public:
   Status start(const Flags& f, char** argv) {
     argv_ = argv;
+    // A socket for each task, held until it is handed over (spawn). The chief serves nothing: its
+    // port only has to be distinct in TF_CONFIG.
     std::vector<std::string> addr;
     for (int i = 0; i < 1 + f.workers + f.ps; ++i) {
-      TRIBUTARY_ASSIGN_OR_RETURN(uint16_t port, free_port());
+      std::string error;
+      const int fd = listen_on(0, &error);
+      if (fd < 0) return internal_error("train_embedding: " + error);
+      const uint16_t port = port_of(fd);
+      if (i == 0) {
+        ::close(fd);
+      } else {
+        const std::string type = i <= f.workers ? "worker" : "ps";
+        sockets_[type].push_back(fd);
+        ports_[type].push_back(port);
+      }
       addr.push_back("\"127.0.0.1:" + std::to_string(port) + "\"");
     }
     auto list = [&](int from, int n) {
@@ -322,8 +353,15 @@ class Launcher {
     ::waitpid(pid, nullptr, 0);
     pid = -1;
   }
+  // The task is started again on its TF_CONFIG port, bound again here first.
   void restart(const std::string& type, int index) {
     kill_task(type, index);
+    std::string error;
+    int& fd = sockets_[type][static_cast<size_t>(index)];
+    fd = listen_on(ports_[type][static_cast<size_t>(index)], &error);
+    if (fd < 0)
+      std::fprintf(stderr, "train_embedding: restarting %s %d: %s\n", type.c_str(), index,
+                   error.c_str());
     pids_[type][static_cast<size_t>(index)] = spawn(type, index);
   }
 
@@ -356,6 +394,11 @@ class Launcher {
     for (auto& [type, pids] : pids_) {
       for (size_t i = 0; i < pids.size(); ++i) kill_task(type, static_cast<int>(i));
     }
+    for (auto& [type, fds] : sockets_) {
+      for (int fd : fds) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
   }
 
  private:
@@ -363,25 +406,46 @@ class Launcher {
     return "{\"cluster\": " + cluster_ + ", \"task\": {\"type\": \"" + type +
            "\", \"index\": " + std::to_string(index) + "}}";
   }
+  // Starts the task with its server's socket (TRIBUTARY_STORE_FD: the task serves on it), and
+  // closes the launcher's copy: the port is the task's from then on, so that once it is gone a
+  // connection to it is refused rather than left waiting in a backlog nobody reads.
+  // The environment is built before fork(): the chief has threads by the time it restarts a task,
+  // and the child may only make system calls until it execs.
   pid_t spawn(const std::string& type, int index) {
-    const std::string config = tf_config(type, index);
+    int& fd = sockets_[type][static_cast<size_t>(index)];
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view kv(*e);
+      const std::string_view key = kv.substr(0, kv.find('='));
+      if (key != "TF_CONFIG" && key != "TRIBUTARY_STORE_FD") env.emplace_back(kv);
+    }
+    env.push_back("TF_CONFIG=" + tf_config(type, index));
+    if (fd >= 0) env.push_back("TRIBUTARY_STORE_FD=" + std::to_string(fd));
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    static constexpr char kExecFailed[] = "train_embedding: cannot exec a task\n";
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
       // A task never outlives its launcher.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) _exit(1);
-      ::setenv("TF_CONFIG", config.c_str(), 1);
-      ::execv("/proc/self/exe", argv_);
-      std::perror("train_embedding: execv");
+      if (fd >= 0 && ::fcntl(fd, F_SETFD, 0) != 0) _exit(126);  // inherited across exec
+      ::execve("/proc/self/exe", argv_, envp.data());
+      [[maybe_unused]] const ssize_t n = ::write(2, kExecFailed, sizeof kExecFailed - 1);
       _exit(127);
     }
+    if (fd >= 0) ::close(fd);
+    fd = -1;
     return pid;
   }
 
   char** argv_ = nullptr;
   std::string cluster_;
   std::map<std::string, std::vector<pid_t>> pids_;
+  std::map<std::string, std::vector<int>> sockets_;  // held until spawn hands each over; -1 after
+  std::map<std::string, std::vector<uint16_t>> ports_;  // of each task, in TF_CONFIG
 };
 
 // --- The chief ------------------------------------------------------------------------------------

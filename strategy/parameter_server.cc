@@ -868,11 +868,15 @@ StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
       }
     });
   }
+  // A launcher that bound the task's port for it (TRIBUTARY_STORE_FD, as train_embedding's does)
+  // hands over the socket: the port was never free for another process to take.
+  so.listen_fd = internal::inherited_listener(config, port);
   auto server = TcpStore::create_server("0.0.0.0", static_cast<uint16_t>(port), so);
   if (!server.ok()) {
     return server.status().with_context(cluster.task_type + ":" +
                                         std::to_string(cluster.task_index) +
-                                        " cannot serve its TF_CONFIG address " + address);
+                                        " cannot serve its TF_CONFIG address " + address +
+                                        internal::held_port_trouble(config, port));
   }
   impl->server = std::move(*server);
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <map>
@@ -100,7 +101,16 @@ class Cluster {
   Cluster(int workers, int ps, std::string secret = "", std::string task_secret = "")
       : secret_(std::move(secret)) {
     register_functions();
-    for (int i = 0; i < workers + ps + 1; ++i) ports_.push_back(testing::free_port());
+    // The chief serves nothing (its port only has to be distinct); each worker and ps task gets
+    // the socket of its port, held until it starts (start()).
+    ports_.push_back(testing::free_port());
+    for (int i = 0; i < workers + ps; ++i) {
+      std::uint16_t port = 0;
+      const int fd = testing::listening_socket(&port);
+      EXPECT_GE(fd, 0) << "cannot listen for a task: " << std::strerror(errno);
+      ports_.push_back(port);
+      sockets_[i < workers ? "worker" : "ps"].push_back(fd);
+    }
     auto list = [&](int from, int n) {
       std::string s = "[";
       for (int i = 0; i < n; ++i) {
@@ -118,6 +128,11 @@ class Cluster {
     for (auto& [job, pids] : pids_) {
       for (pid_t& pid : pids) kill_task(pid);
     }
+    for (auto& [job, fds] : sockets_) {
+      for (int fd : fds) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
   }
 
   Config config(const std::string& type, int index, const std::string& secret) const {
@@ -130,22 +145,38 @@ class Cluster {
   }
   Config chief_config() const { return config("chief", 0, secret_); }
 
+  // Starts the task on the socket held for it (TRIBUTARY_STORE_FD: the server must take it, since
+  // it holds the port) and closes this process's copy.
   pid_t start(const std::string& type, int index, const std::string& secret) {
-    const Config c = config(type, index, secret.empty() ? secret_ : secret);
+    Config c = config(type, index, secret.empty() ? secret_ : secret);
+    int& fd = sockets_[type][static_cast<size_t>(index)];
+    if (fd >= 0) c.set("TRIBUTARY_STORE_FD", std::to_string(fd));
     const pid_t pid = fork();
     if (pid == 0) {
       alarm(120);
+      // The sockets of the other tasks are theirs: a copy here would keep a killed task's port
+      // answering.
+      for (auto& [job, fds] : sockets_) {
+        for (int other : fds) {
+          if (other >= 0 && other != fd) ::close(other);
+        }
+      }
       ServerOptions o;
       o.config = c;
       Status s = run_server(o);
       if (!s.ok()) fprintf(stderr, "%s:%d: %s\n", type.c_str(), index, s.to_string().c_str());
       _exit(s.ok() ? 0 : 1);
     }
+    if (fd >= 0) ::close(fd);
+    fd = -1;
     return pid;
   }
+  // The task again, on its port, which is bound again here first.
   void restart(const std::string& type, int index) {
     pid_t& pid = pids_[type][static_cast<size_t>(index)];
     kill_task(pid);
+    std::uint16_t port = port_of(type, index);
+    sockets_[type][static_cast<size_t>(index)] = testing::listening_socket(&port);
     pid = start(type, index, "");
   }
   void kill_task(pid_t& pid) {
@@ -157,10 +188,16 @@ class Cluster {
   pid_t& pid(const std::string& type, int index) { return pids_[type][static_cast<size_t>(index)]; }
 
  private:
+  std::uint16_t port_of(const std::string& type, int index) const {
+    const size_t workers = sockets_.count("worker") ? sockets_.at("worker").size() : 0;
+    return ports_[1 + (type == "ps" ? workers : 0) + static_cast<size_t>(index)];
+  }
+
   std::string secret_;
-  std::vector<uint16_t> ports_;
+  std::vector<uint16_t> ports_;  // chief, workers, ps tasks
   std::string cluster_;
   std::map<std::string, std::vector<pid_t>> pids_;
+  std::map<std::string, std::vector<int>> sockets_;  // held until start(); -1 after
 };
 
 std::unique_ptr<ParameterServerStrategy> make_strategy(const Cluster& c,

@@ -211,7 +211,9 @@ struct ServerOptions {
 class Server {
  public:
   // Starts serving this task's TF_CONFIG address (the port; every interface). The task must be a
-  // "worker" or a "ps" task.
+  // "worker" or a "ps" task. A launcher may bind the port itself and hand the listening socket down
+  // (its descriptor in TRIBUTARY_STORE_FD, inheritable), so that no other process can take the port
+  // before the task serves: the server then serves on that socket.
   static StatusOr<std::unique_ptr<Server>> start(ServerOptions options = {});
   ~Server();
   // Blocks until the coordinator's shutdown_servers() or stop().
