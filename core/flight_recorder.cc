@@ -229,8 +229,27 @@ class Monitor {
       ::sigaction(SIGUSR1, &sa, nullptr);
     }
     std::atexit([] { Monitor::get().stop_at_exit(); });
-    ::pthread_atfork([] { Monitor::get().mu_.lock(); }, [] { Monitor::get().mu_.unlock(); },
+    ::pthread_atfork([] { Monitor::get().before_fork(); }, [] { Monitor::get().after_fork(); },
                      [] { Monitor::get().after_fork_in_child(); });
+  }
+
+  // fork() in another thread: the child gets a copy of every lock as it was, and none of the
+  // threads, so the monitor is brought to a point where it holds none of its locks (mu_, the
+  // timelines' list) and is not starting. A thread still starting may be inside the allocator:
+  // glibc's malloc is locked around fork, but the sanitizers' allocator (clang 14's ASan) is not,
+  // and a child forked while the new thread was in it found the allocator locked for good
+  // (gloo_test under ASan in CI: both ranks of the test right after the first gloo instance of the
+  // parent hung in their own threads' start). The wait for a starting thread is bounded (1 s).
+  void before_fork() {
+    for (int i = 0; i < 1000 && starting_.load(std::memory_order_acquire); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    mu_.lock();
+    Timelines::get().mu.lock();
+  }
+  void after_fork() {
+    Timelines::get().mu.unlock();
+    mu_.unlock();
   }
 
   void wake() {
@@ -247,7 +266,11 @@ class Monitor {
       thread_exited_ = false;
     }
     stop_ = std::make_shared<std::atomic<bool>>(false);
-    thread_ = std::make_unique<std::thread>([this, stop = stop_] { run(stop); });
+    starting_.store(true, std::memory_order_release);
+    thread_ = std::make_unique<std::thread>([this, stop = stop_] {
+      starting_.store(false, std::memory_order_release);
+      run(stop);
+    });
   }
 
   // The child of a fork has no monitor thread; the next instance it creates starts one.
@@ -255,6 +278,7 @@ class Monitor {
     (void)thread_.release();  // the parent's thread does not exist here: never join or detach it
     if (stop_) *stop_ = true;
     stop_.reset();
+    Timelines::get().mu.unlock();
     mu_.unlock();
     std::lock_guard lock(mu_);
     std::erase_if(recorders_, [](auto& w) { return w.expired(); });
@@ -318,6 +342,7 @@ class Monitor {
   std::vector<std::weak_ptr<FlightRecorder>> recorders_;
   Clock::duration tick_ = std::chrono::seconds(1);
   std::unique_ptr<std::thread> thread_;
+  std::atomic<bool> starting_{false};  // thread_ was made and has not run its body yet
   std::shared_ptr<std::atomic<bool>> stop_;
   int read_fd_ = -1;
   std::mutex exit_mu_;

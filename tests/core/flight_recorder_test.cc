@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -245,6 +246,46 @@ TEST_F(BackendObservability, SizeZeroRecordsNothing) {
   dump_all_recorders("test");
   EXPECT_TRUE(read_file(path).empty());
   EXPECT_TRUE(read_file(path + ".timeline").empty());
+}
+
+// fork() while the monitor thread works (a live instance with a timeline: it flushes on every tick)
+// and while it is just starting (the child's own monitor starts as the child makes its instance):
+// every child can still make an instance, record, write its timeline and exit. A child forked
+// while the monitor held a lock of its own, or was inside the allocator (under ASan, whose
+// allocator is not locked around fork), would hang instead: the parent gives each child 10 s.
+TEST_F(BackendObservability, ForkedChildrenCanRecordWhileTheMonitorWorks) {
+  const std::string path = temp_path("fork_timeline.json");
+  auto ops = make({{"TRIBUTARY_TIMELINE", path}, {"TRIBUTARY_STALL_CHECK_TIME", "1ms"}});
+  ASSERT_TRUE(ops);
+  all_reduce(*ops, 2);
+  for (int i = 0; i < 40; ++i) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::alarm(10);
+      // A grandchild forked at once, while this child's monitor starts for the instance below.
+      auto mine = make({{"TRIBUTARY_TIMELINE", path + "." + std::to_string(i)}});
+      const pid_t grandchild = ::fork();
+      if (grandchild == 0) {
+        ::alarm(10);
+        auto theirs = make({{"TRIBUTARY_TIMELINE", path + ".g" + std::to_string(i)}});
+        if (theirs) all_reduce(*theirs, 1);
+        ::_exit(theirs && !::testing::Test::HasFailure() ? 0 : 1);
+      }
+      if (mine) all_reduce(*mine, 1);
+      int status = 1;
+      const bool grandchild_ok = grandchild > 0 &&
+                                 ::waitpid(grandchild, &status, 0) == grandchild &&
+                                 WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      ::_exit(mine && grandchild_ok && !::testing::Test::HasFailure() ? 0 : 1);
+    }
+    all_reduce(*ops, 1);  // the parent goes on recording meanwhile
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << i << " ended with status " << status << " (a hang ends by SIGALRM: 14)";
+  }
 }
 
 }  // namespace
