@@ -82,7 +82,9 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
     auto server = TcpStore::create_server(
         "0.0.0.0", static_cast<uint16_t>(cluster.coordinator_port), server_options);
     if (!server.ok()) {
-      const std::string held = internal::held_port_trouble(ctx.config, cluster.coordinator_port);
+      const std::string held =
+          internal::held_port_trouble(ctx.config, cluster.coordinator_port,
+                                      "start the job with tributary-run --release-master-port");
       return server.status().with_context(
           "the chief could not start the rendezvous store on port " +
           std::to_string(cluster.coordinator_port) +

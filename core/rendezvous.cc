@@ -1,11 +1,11 @@
 #include "core/rendezvous.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +13,8 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <sstream>
 
 #include "core/cpus.h"
@@ -311,6 +313,17 @@ int store_fd_variable(const Config& config) {
   return fd;
 }
 
+// Sockets a server of this process took (inherited_listener), by identity: a descriptor number
+// can name another socket later, an identity cannot (socket inodes are not reused while open).
+std::mutex g_taken_mu;
+std::set<uint64_t> g_taken_sockets;
+
+std::optional<uint64_t> socket_identity(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return std::nullopt;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
 }  // namespace
 
 int inherited_listener(const Config& config, int port) {
@@ -324,29 +337,38 @@ int inherited_listener(const Config& config, int port) {
             port);
     return -1;
   }
-  const int bound = internal::listening_tcp_port(fd);
-  if (bound < 0) return -1;
-  const int flags = ::fcntl(fd, F_GETFD);
-  if (bound != port || flags < 0 || (flags & FD_CLOEXEC) != 0) {
-    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    return -1;
+  if (internal::listening_tcp_port(fd) != port) return -1;
+  const std::optional<uint64_t> socket = socket_identity(fd);
+  if (!socket) return -1;
+  {
+    std::lock_guard lock(g_taken_mu);
+    if (!g_taken_sockets.insert(*socket).second) return -1;  // a server of this process has it
   }
   log.log(internal::LogLevel::kInfo,
           "serving on the socket the launcher bound (TRIBUTARY_STORE_FD={}, port {})", fd, port);
   return fd;
 }
 
-std::string held_port_trouble(const Config& config, int port) {
+std::string held_port_trouble(const Config& config, int port, const std::string& hint) {
   const int fd = store_fd_variable(config);
-  if (fd >= 0 && internal::listening_tcp_port(fd) == port) {
-    return " (this process holds the port itself: its launcher handed it a socket listening on "
-           "it, TRIBUTARY_STORE_FD=" +
-           std::to_string(fd) +
-           ", which was not taken; pass a Config that has TRIBUTARY_STORE_FD "
-           "(Config::from_environment()), serve one store on the port at a time, or start the "
-           "job with tributary-run --release-master-port)";
+  if (fd < 0 || internal::listening_tcp_port(fd) != port) return "";
+  const std::string named = "TRIBUTARY_STORE_FD=" + std::to_string(fd);
+  const std::optional<uint64_t> socket = socket_identity(fd);
+  bool taken = false;
+  if (socket) {
+    std::lock_guard lock(g_taken_mu);
+    taken = g_taken_sockets.contains(*socket);
   }
-  return "";
+  if (taken) {
+    return " (this process already serves on the port: a server it started earlier took the "
+           "socket its launcher handed down, " +
+           named + ", and is still running; serve on one port once at a time)";
+  }
+  return " (this process holds the port itself: its launcher handed it a socket listening there, " +
+         named +
+         ", but the Config given here lacks TRIBUTARY_STORE_FD (Config::from_environment() has "
+         "it)" +
+         (hint.empty() ? std::string() : "; or " + hint) + ")";
 }
 
 }  // namespace tributary::internal

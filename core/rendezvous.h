@@ -114,17 +114,16 @@ Status name_lost_ranks(const BackendContext& context, Status failure,
 
 // The listening socket a launcher bound for this process's server and handed down
 // (TRIBUTARY_STORE_FD in `config`; tools/launcher.h: the socket tributary-run binds on MASTER_PORT
-// for rank 0's rendezvous store), to pass as TcpStoreServerOptions::listen_fd; or -1, and the
-// server binds `port` as usual. Taken only when it is a TCP socket listening on `port` that is
-// still inheritable (close-on-exec clear, as the launcher passed it: the server sets the flag when
-// it takes a socket, so no live server's is taken twice); -1 for a process that inherited the
-// variable without the socket, or with another descriptor under that number. A listener it names
-// and does not take is made close-on-exec, so that the processes this one starts do not hold its
-// port.
+// for rank 0's rendezvous store, and a parameter-server task's), to pass as
+// TcpStoreServerOptions::listen_fd; or -1, and the server binds `port` as usual. Taken at most once
+// per socket in this process, and only when it is a TCP socket listening on `port`; -1 for a
+// process that inherited the variable without the socket, or with another descriptor under that
+// number, or whose server took it already. Nothing is changed on a socket it does not take.
 int inherited_listener(const Config& config, int port);
-// For the error of a server that could not listen on `port`: " (this process holds the port
-// itself: ...)" when a TRIBUTARY_STORE_FD of `config` or of the environment names a socket of this
-// process listening there, else "".
-std::string held_port_trouble(const Config& config, int port);
+// For the error of a server that could not listen on `port`: why, when this process holds the
+// port itself in the socket TRIBUTARY_STORE_FD (of `config`, else of the environment) names: "
+// (this process already serves on the port: ...)" when one of its servers took it, else " (this
+// process holds the port itself: ...; or `hint`)"; "" when it holds no such socket.
+std::string held_port_trouble(const Config& config, int port, const std::string& hint);
 
 }  // namespace tributary::internal

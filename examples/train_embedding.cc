@@ -301,15 +301,19 @@ class Launcher {
   Status start(const Flags& f, char** argv) {
     argv_ = argv;
     // A socket for each task, held until it is handed over (spawn). The chief serves nothing: its
-    // port only has to be distinct in TF_CONFIG.
+    // port only has to be distinct in TF_CONFIG, so its socket is closed once every port is bound.
     std::vector<std::string> addr;
+    int chief = -1;
     for (int i = 0; i < 1 + f.workers + f.ps; ++i) {
       std::string error;
       const int fd = listen_on(0, &error);
-      if (fd < 0) return internal_error("train_embedding: " + error);
+      if (fd < 0) {
+        if (chief >= 0) ::close(chief);
+        return internal_error("train_embedding: " + error);
+      }
       const uint16_t port = port_of(fd);
       if (i == 0) {
-        ::close(fd);
+        chief = fd;
       } else {
         const std::string type = i <= f.workers ? "worker" : "ps";
         sockets_[type].push_back(fd);
@@ -317,6 +321,7 @@ class Launcher {
       }
       addr.push_back("\"127.0.0.1:" + std::to_string(port) + "\"");
     }
+    ::close(chief);
     auto list = [&](int from, int n) {
       std::string s = "[";
       for (int i = 0; i < n; ++i) s += (i ? ", " : "") + addr[static_cast<size_t>(from + i)];

@@ -876,7 +876,7 @@ StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     return server.status().with_context(cluster.task_type + ":" +
                                         std::to_string(cluster.task_index) +
                                         " cannot serve its TF_CONFIG address " + address +
-                                        internal::held_port_trouble(config, port));
+                                        internal::held_port_trouble(config, port, ""));
   }
   impl->server = std::move(*server);
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -54,7 +54,8 @@ constexpr Setting kGlobalSettings[] = {
     {"TRIBUTARY_MASTER_ADDR", "cluster: the rendezvous store's host (over any provider's)"},
     {"TRIBUTARY_MASTER_PORT", "cluster: the rendezvous store's port (over any provider's)"},
     {"TRIBUTARY_STORE_FD",
-     "cluster: rank 0 serves the store on this inherited listening socket (tributary-run sets it)"},
+     "cluster: the inherited listening socket this process serves on (rank 0's store, or a "
+     "parameter-server task's port; tributary-run sets it for rank 0)"},
 };
 
 std::string upper(std::string_view s) {

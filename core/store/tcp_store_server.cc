@@ -444,14 +444,14 @@ Status ServerCore::start(const std::string& host, std::uint16_t port,
       acceptor_.close(ignored);
       acceptor_.open(ep.protocol(), ec);
       if (ec) continue;
+      // The processes this one starts must not hold the port (a trainer's data-loader workers).
+      ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
       acceptor_.set_option(tcp::acceptor::reuse_address(true), ignored);
       acceptor_.bind(ep, ec);
       if (ec) continue;
       acceptor_.listen(options.listen_backlog, ec);
       if (!ec) break;
     }
-    // The processes this one starts must not hold the port (a trainer's data-loader workers).
-    if (!ec && acceptor_.is_open()) ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
     if (ec || !acceptor_.is_open()) {
       return unavailable("TcpStore server: cannot listen on " + where + ": " +
                          (ec ? ec.message() : std::string("no address to bind")) +
@@ -482,8 +482,7 @@ Status ServerCore::adopt(int fd, std::uint16_t port) {
                        ec.message());
   }
   // The descriptor was inherited across exec (tributary-run clears the flag for the child that
-  // serves): the processes this one starts must not hold the port, and the flag says it is taken
-  // (make_backend_context takes only an inheritable one).
+  // serves): the processes this one starts must not hold the port.
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   return run();
 }

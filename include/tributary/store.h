@@ -207,11 +207,11 @@ struct TcpStoreServerOptions {
   // Serves TcpStore::call (null: calls are answered kUnimplemented).
   StoreCallHandler call_handler;
   // A TCP socket already bound and listening, which the server serves on instead of binding one
-  // (systemd's socket activation, and how tributary-run hands rank 0 a port it never released:
-  // TRIBUTARY_STORE_FD, read by make_backend_context). It must listen on create_server's `port`
-  // (or any, with port 0); create_server owns it from the call on (it closes it on failure too, and
-  // sets close-on-exec on it), so options that name one serve one create_server call only.
-  // -1 = bind `host`:`port`.
+  // (systemd's socket activation; and how tributary-run hands rank 0 a port it never released:
+  // TRIBUTARY_STORE_FD, read by make_backend_context and by parameter-server tasks). It must
+  // listen on create_server's `port` (or any, with port 0); create_server owns it from the call on
+  // (it closes it on failure too, and sets close-on-exec on it), so options that name one serve
+  // one create_server call only. -1 = bind `host`:`port`.
   int listen_fd = -1;
 };
 

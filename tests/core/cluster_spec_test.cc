@@ -838,11 +838,13 @@ TEST(MakeBackendContext, ChiefServesTheStoreOnTheLaunchersSocket) {
   EXPECT_EQ(*got, "hello");
 }
 
-// A handed-down socket the chief does not take (close-on-exec already set: a live server's) leaves
-// the port held by this very process: the error says so instead of blaming another job, whether
-// the variable is in the context's Config or only in the environment.
-TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysItHoldsThePort) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// The socket a launcher handed down, when the chief cannot take it: the port is held by this very
+// process, and the error says so (instead of blaming another job), and why. Only in the
+// environment, not in the context's Config: the Config lacks the variable. Taken already by a
+// running server: this process serves on the port. A context for another port first takes
+// nothing and leaves the socket for the one it was meant for.
+TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysWhy) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -852,27 +854,38 @@ TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysItHoldsThePort) 
   ASSERT_EQ(::listen(fd, 16), 0);
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
   const std::string port = std::to_string(ntohs(sa.sin_port));
-  std::map<std::string, std::string> vars{{"TRIBUTARY_RANK", "0"},
-                                          {"TRIBUTARY_WORLD_SIZE", "2"},
-                                          {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
-                                          {"TRIBUTARY_MASTER_PORT", port},
-                                          {"TRIBUTARY_TIMEOUT", "1s"}};
-  for (const bool in_config : {true, false}) {
-    if (in_config) {
-      vars["TRIBUTARY_STORE_FD"] = std::to_string(fd);
-    } else {
-      vars.erase("TRIBUTARY_STORE_FD");
-      ::setenv("TRIBUTARY_STORE_FD", std::to_string(fd).c_str(), 1);
-    }
-    auto ctx = make_backend_context({Device::cpu(0)}, Config::from_map(vars));
-    ::unsetenv("TRIBUTARY_STORE_FD");
-    ASSERT_FALSE(ctx.ok()) << in_config;
-    const std::string& m = ctx.status().message();
-    EXPECT_NE(m.find("this process holds the port itself"), std::string::npos) << m;
-    EXPECT_NE(m.find("TRIBUTARY_STORE_FD=" + std::to_string(fd)), std::string::npos) << m;
-  }
-  EXPECT_EQ(::fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC) << "the socket was left open";
-  ::close(fd);
+  const std::string named = "TRIBUTARY_STORE_FD=" + std::to_string(fd);
+  auto chief = [&](const std::string& on, bool in_config) {
+    std::map<std::string, std::string> vars{{"TRIBUTARY_RANK", "0"},
+                                            {"TRIBUTARY_WORLD_SIZE", "2"},
+                                            {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                            {"TRIBUTARY_MASTER_PORT", on},
+                                            {"TRIBUTARY_TIMEOUT", "1s"}};
+    if (in_config) vars["TRIBUTARY_STORE_FD"] = std::to_string(fd);
+    return make_backend_context({Device::cpu(0)}, Config::from_map(vars));
+  };
+
+  ::setenv("TRIBUTARY_STORE_FD", std::to_string(fd).c_str(), 1);
+  auto lacking = chief(port, false);
+  ::unsetenv("TRIBUTARY_STORE_FD");
+  ASSERT_FALSE(lacking.ok());
+  const std::string& m = lacking.status().message();
+  EXPECT_NE(m.find("this process holds the port itself"), std::string::npos) << m;
+  EXPECT_NE(m.find(named), std::string::npos) << m;
+  EXPECT_NE(m.find("lacks TRIBUTARY_STORE_FD"), std::string::npos) << m;
+  EXPECT_NE(m.find("--release-master-port"), std::string::npos) << m;
+  EXPECT_EQ(::fcntl(fd, F_GETFD), 0) << "the socket was closed or changed";
+
+  const std::string other = free_loopback_port();
+  ASSERT_FALSE(other.empty());
+  EXPECT_TRUE(chief(other, true).ok()) << "a context on another port";
+  auto first = chief(port, true);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  auto second = chief(port, true);
+  ASSERT_FALSE(second.ok());
+  const std::string& n = second.status().message();
+  EXPECT_NE(n.find("this process already serves on the port"), std::string::npos) << n;
+  EXPECT_NE(n.find(named), std::string::npos) << n;
 }
 
 // A TRIBUTARY_STORE_FD that names no socket listening on the port (a variable inherited without

@@ -4,10 +4,13 @@
 #include "tributary/strategy/parameter_server.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -101,9 +104,9 @@ class Cluster {
   Cluster(int workers, int ps, std::string secret = "", std::string task_secret = "")
       : secret_(std::move(secret)) {
     register_functions();
-    // The chief serves nothing (its port only has to be distinct); each worker and ps task gets
-    // the socket of its port, held until it starts (start()).
-    ports_.push_back(testing::free_port());
+    // Each worker and ps task gets the socket of its port, held until it starts (start()). The
+    // chief serves nothing: its port, picked while the tasks' are held, only has to be distinct.
+    ports_.push_back(0);
     for (int i = 0; i < workers + ps; ++i) {
       std::uint16_t port = 0;
       const int fd = testing::listening_socket(&port);
@@ -111,6 +114,7 @@ class Cluster {
       ports_.push_back(port);
       sockets_[i < workers ? "worker" : "ps"].push_back(fd);
     }
+    ports_[0] = testing::free_port();
     auto list = [&](int from, int n) {
       std::string s = "[";
       for (int i = 0; i < n; ++i) {
@@ -186,19 +190,30 @@ class Cluster {
     pid = -1;
   }
   pid_t& pid(const std::string& type, int index) { return pids_[type][static_cast<size_t>(index)]; }
-
- private:
   std::uint16_t port_of(const std::string& type, int index) const {
     const size_t workers = sockets_.count("worker") ? sockets_.at("worker").size() : 0;
     return ports_[1 + (type == "ps" ? workers : 0) + static_cast<size_t>(index)];
   }
 
+ private:
   std::string secret_;
   std::vector<uint16_t> ports_;  // chief, workers, ps tasks
   std::string cluster_;
   std::map<std::string, std::vector<pid_t>> pids_;
   std::map<std::string, std::vector<int>> sockets_;  // held until start(); -1 after
 };
+
+// errno of a TCP connection to 127.0.0.1:`port` (0 when it is accepted).
+int connect_errno(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  const int e = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+  ::close(fd);
+  return e;
+}
 
 std::unique_ptr<ParameterServerStrategy> make_strategy(const Cluster& c,
                                                        VariablePartitioner partitioner = {}) {
@@ -367,6 +382,9 @@ TEST(ParameterServer, KilledParameterServerIsAClearErrorNotAHang) {
   auto coordinator = ClusterCoordinator::create(*strategy);
   ASSERT_TRUE(coordinator.ok());
   cluster.kill_task(cluster.pid("ps", 1));
+  // Nothing else holds the killed task's port (the socket it was handed was its alone): a
+  // connection is refused at once, rather than left in a backlog that nobody reads.
+  EXPECT_EQ(connect_errno(cluster.port_of("ps", 1)), ECONNREFUSED);
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE((*coordinator)->schedule("count", {Array::scalar<float>(0)}).ok());
   Status s = (*coordinator)->join();

@@ -1,5 +1,6 @@
 #include "transports/tcp/tcp_transport.h"
 
+#include <fcntl.h>
 #include <linux/sockios.h>
 #include <poll.h>
 #include <sched.h>
@@ -712,6 +713,8 @@ class TcpSetup {
       return invalid_argument(who_ + ": host '" + host + "' is not an IP address: " + ec.message());
     }
     acceptor_.open(bind_at.protocol(), ec);
+    // Not inherited by the processes this one starts, which would keep the port.
+    if (!ec) ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
     if (!ec) acceptor_.bind(bind_at, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
