@@ -362,7 +362,7 @@ std::string held_port_trouble(const Config& config, int port, const std::string&
   if (taken) {
     return " (this process already serves on the port: a server it started earlier took the "
            "socket its launcher handed down, " +
-           named + ", and is still running; serve on one port once at a time)";
+           named + ", and is still running; start one server on the port at a time)";
   }
   return " (this process holds the port itself: its launcher handed it a socket listening there, " +
          named +

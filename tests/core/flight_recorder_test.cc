@@ -254,6 +254,17 @@ TEST_F(BackendObservability, SizeZeroRecordsNothing) {
 // while the monitor held a lock of its own, or was inside the allocator (under ASan, whose
 // allocator is not locked around fork), would hang instead: the parent gives each child 10 s.
 TEST_F(BackendObservability, ForkedChildrenCanRecordWhileTheMonitorWorks) {
+#if defined(__SANITIZE_THREAD__)
+#define TRIBUTARY_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TRIBUTARY_UNDER_TSAN 1
+#endif
+#endif
+#ifdef TRIBUTARY_UNDER_TSAN
+  GTEST_SKIP() << "ThreadSanitizer does not support starting threads in the child of a "
+                  "multi-threaded fork (it dies); run in the main suite and under ASan";
+#endif
   const std::string path = temp_path("fork_timeline.json");
   auto ops = make({{"TRIBUTARY_TIMELINE", path}, {"TRIBUTARY_STALL_CHECK_TIME", "1ms"}});
   ASSERT_TRUE(ops);
