@@ -804,19 +804,28 @@ TEST(BackendSetup, APeerThatNeverJoinsFailsAtTheBackendsTimeout) {
   }
 }
 
-// The chief serves the store on the socket a launcher bound for it (TRIBUTARY_STORE_FD): the port
-// was never released, so nothing could take it, and binding it again would fail.
-TEST(MakeBackendContext, ChiefServesTheStoreOnTheLaunchersSocket) {
+// A socket listening on a free port of every interface (as tributary-run binds MASTER_PORT), or -1.
+int listening_socket(std::string* port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t len = sizeof sa;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  ASSERT_EQ(::listen(fd, 16), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  const std::string port = std::to_string(ntohs(sa.sin_port));
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::listen(fd, 16) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  *port = std::to_string(ntohs(sa.sin_port));
+  return fd;
+}
+
+// The chief serves the store on the socket a launcher bound for it (TRIBUTARY_STORE_FD): the port
+// was never released, so nothing could take it, and binding it again would fail.
+TEST(MakeBackendContext, ChiefServesTheStoreOnTheLaunchersSocket) {
+  std::string port;
+  const int fd = listening_socket(&port);
+  ASSERT_GE(fd, 0);
   auto config = [&](int rank) {
     return Config::from_map({{"TRIBUTARY_RANK", std::to_string(rank)},
                              {"TRIBUTARY_WORLD_SIZE", "2"},
@@ -844,16 +853,9 @@ TEST(MakeBackendContext, ChiefServesTheStoreOnTheLaunchersSocket) {
 // running server: this process serves on the port. A context for another port first takes
 // nothing and leaves the socket for the one it was meant for.
 TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysWhy) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  std::string port;
+  const int fd = listening_socket(&port);
   ASSERT_GE(fd, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof sa;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  ASSERT_EQ(::listen(fd, 16), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  const std::string port = std::to_string(ntohs(sa.sin_port));
   const std::string named = "TRIBUTARY_STORE_FD=" + std::to_string(fd);
   auto chief = [&](const std::string& on, bool in_config) {
     std::map<std::string, std::string> vars{{"TRIBUTARY_RANK", "0"},

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/sanitizers.h"
 #include "tributary/registry.h"
 
 namespace tributary::internal {
@@ -254,13 +255,6 @@ TEST_F(BackendObservability, SizeZeroRecordsNothing) {
 // while the monitor held a lock of its own, or was inside the allocator (under ASan, whose
 // allocator is not locked around fork), would hang instead: the parent gives each child 10 s.
 TEST_F(BackendObservability, ForkedChildrenCanRecordWhileTheMonitorWorks) {
-#if defined(__SANITIZE_THREAD__)
-#define TRIBUTARY_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TRIBUTARY_UNDER_TSAN 1
-#endif
-#endif
 #ifdef TRIBUTARY_UNDER_TSAN
   GTEST_SKIP() << "ThreadSanitizer does not support starting threads in the child of a "
                   "multi-threaded fork (it dies); run in the main suite and under ASan";

@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "core/store/tcp_store_protocol.h"
+#include "tests/sanitizers.h"
 
 namespace tributary {
 namespace {
@@ -81,13 +82,6 @@ std::string make_temp_dir() {
 // Under ThreadSanitizer a child forked from a process with other threads running (a store
 // server's I/O thread) can hang for good: it inherits TSan's internal locks as those threads held
 // them. Such tests skip there, saying so; the main suite and the ASan run keep them.
-#if defined(__SANITIZE_THREAD__)
-#define TRIBUTARY_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TRIBUTARY_UNDER_TSAN 1
-#endif
-#endif
 #ifdef TRIBUTARY_UNDER_TSAN
 #define SKIP_FORK_WITH_THREADS_UNDER_TSAN()                                                    \
   GTEST_SKIP() << "fork() beside a running server thread can hang the child under "           \
