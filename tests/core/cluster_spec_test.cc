@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/hostlist.h"
+#include "tests/sockets.h"
 #include "tributary/cluster.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
@@ -806,17 +807,9 @@ TEST(BackendSetup, APeerThatNeverJoinsFailsAtTheBackendsTimeout) {
 
 // A socket listening on a free port of every interface (as tributary-run binds MASTER_PORT), or -1.
 int listening_socket(std::string* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof sa;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      ::listen(fd, 16) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return -1;
-  }
-  *port = std::to_string(ntohs(sa.sin_port));
+  std::uint16_t p = 0;
+  const int fd = testing::listening_socket(&p);
+  *port = std::to_string(p);
   return fd;
 }
 

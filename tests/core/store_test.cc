@@ -32,6 +32,7 @@
 
 #include "core/store/tcp_store_protocol.h"
 #include "tests/sanitizers.h"
+#include "tests/sockets.h"
 
 namespace tributary {
 namespace {
@@ -994,25 +995,10 @@ TEST(TcpStore, ListeningOnATakenPortFailsClearly) {
 // A socket bound and listening before the server exists (as tributary-run binds rank 0's store
 // port): the server serves on it, so a client that connected before the server started is served
 // from the backlog; the descriptor is the server's from then on (close-on-exec, closed with it).
-int listening_socket(std::uint16_t* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      ::listen(fd, 16) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return -1;
-  }
-  *port = ntohs(sa.sin_port);
-  return fd;
-}
-
 TEST(TcpStore, ServesOnAnInheritedListeningSocket) {
   Watchdog watchdog(60s);
   std::uint16_t port = 0;
-  const int fd = listening_socket(&port);
+  const int fd = testing::listening_socket(&port);
   ASSERT_GE(fd, 0) << std::strerror(errno);
   // Connected to the backlog before any server runs.
   StoreOptions o = test_options();
@@ -1044,7 +1030,7 @@ TEST(TcpStore, ServesOnAnInheritedListeningSocket) {
 
 TEST(TcpStore, AnInheritedDescriptorThatDoesNotListenOnThePortIsRefused) {
   std::uint16_t port = 0;
-  const int fd = listening_socket(&port);
+  const int fd = testing::listening_socket(&port);
   ASSERT_GE(fd, 0);
   TcpStoreServerOptions so;
   so.listen_fd = fd;

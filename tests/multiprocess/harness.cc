@@ -196,24 +196,6 @@ StatusOr<BackendContext> tcp_group_context(int rank, int world, int local, std::
                               std::chrono::seconds(20));
 }
 
-int listening_socket(std::uint16_t* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = htons(*port);
-  socklen_t len = sizeof a;
-  const int one = 1;
-  if (fd < 0 || ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 128) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return -1;
-  }
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
 std::uint16_t free_port() {
   // The kernel may hand the same ephemeral port to two binds in a row once the first socket is
   // closed, and a caller that asks for several ports (a cluster spec) must get distinct ones: a

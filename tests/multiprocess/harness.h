@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/sockets.h"
 #include "tributary/registry.h"
 
 namespace tributary::testing {
@@ -65,11 +66,10 @@ const std::string& why_siblings_cannot_read_each_other();
 // (so the ports of one cluster spec differ).
 std::uint16_t free_port();
 
-// A socket listening on every interface at `*port` (0: a free port, written back), inheritable, or
-// -1. For a server a test starts in a forked child: the child gets the socket through
-// TRIBUTARY_STORE_FD (internal::inherited_listener) and serves on it, so the port is never free for
-// another process (a parallel test) to take between the test choosing it and the child serving,
-// as it is with free_port(). The parent closes its copy after fork().
-int listening_socket(std::uint16_t* port);
+// For a server a test starts in a forked child, testing::listening_socket (tests/sockets.h): the
+// child gets the socket through TRIBUTARY_STORE_FD (internal::inherited_listener) and serves on
+// it, so the port is never free for another process (a parallel test) to take between the test
+// choosing it and the child serving, as it is with free_port(). The parent closes its copy after
+// fork().
 
 }  // namespace tributary::testing
