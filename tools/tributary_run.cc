@@ -36,8 +36,9 @@ environment (rank r of W, local index i on this host):
   TRIBUTARY_MASTER_ADDR, TRIBUTARY_MASTER_PORT
   TF_CONFIG={"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task": {"type": "worker", "index": i}}
     (single-node jobs only)
-  TRIBUTARY_STORE_FD (rank 0 of a single-node job of 2 or more workers): the socket listening on
-    MASTER_PORT, bound by the launcher, on which tributary serves the rendezvous store
+  TRIBUTARY_STORE_FD (rank 0 of a single-node job of 2 or more workers, unless
+    --release-master-port): the socket listening on MASTER_PORT, bound by the launcher, on which
+    tributary serves the rendezvous store
 A job on several hosts runs one tributary-run per host, torchrun's way: node k of --nnodes N starts
 ranks k*M .. k*M+M-1 (M = --nproc-per-node); all point at node 0's --master-addr/--master-port,
 where rank 0 keeps the rendezvous store. The launchers meet there first, so a node that does not
