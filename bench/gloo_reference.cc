@@ -48,7 +48,15 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   std::shared_ptr<tributary::Store> store_;
 };
 
-enum class Algo { kRing, kRingChunked, kHalvingDoubling, kBcube, kUnboundRing, kAuto };
+enum class Algo {
+  kRing,
+  kRingChunked,
+  kHalvingDoubling,
+  kBcube,
+  kUnboundRing,
+  kUnboundBcube,
+  kAuto
+};
 
 template <typename T>
 class GlooReference final : public Line {
@@ -82,10 +90,11 @@ class GlooReference final : public Line {
       algo = bytes < (size_t{4} << 20) ? Algo::kHalvingDoubling : Algo::kRingChunked;
     }
     try {
-      if (algo == Algo::kUnboundRing) {
+      if (algo == Algo::kUnboundRing || algo == Algo::kUnboundBcube) {
         gloo::AllreduceOptions opts(context_);
         opts.setOutputs(ptrs, static_cast<size_t>(count));
-        opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+        opts.setAlgorithm(algo == Algo::kUnboundRing ? gloo::AllreduceOptions::Algorithm::RING
+                                                     : gloo::AllreduceOptions::Algorithm::BCUBE);
         opts.setReduceFunction(
             static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
         opts.setTag(tag_++);
@@ -164,7 +173,8 @@ StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
           {"ring_chunked", Algo::kRingChunked},
           {"halving_doubling", Algo::kHalvingDoubling},
           {"bcube", Algo::kBcube},
-          {"unbound_ring", Algo::kUnboundRing}};
+          {"unbound_ring", Algo::kUnboundRing},
+          {"unbound_bcube", Algo::kUnboundBcube}};
       bool known = false;
       for (const auto& [name, a] : kAlgos) {
         if (value == name) {
@@ -175,7 +185,7 @@ StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
       if (!known) {
         return invalid_argument("unknown algorithm '" + value +
                                 "' (auto, ring, ring_chunked, halving_doubling, bcube, "
-                                "unbound_ring)");
+                                "unbound_ring, unbound_bcube)");
       }
       algo_name = value;
     } else if (key == "mode") {
@@ -187,8 +197,8 @@ StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
       return invalid_argument("unknown option '" + key + "' (algorithm, mode)");
     }
   }
-  if (sync && algo == Algo::kUnboundRing) {
-    return invalid_argument("unbound_ring needs mode=async (Gloo's I/O thread)");
+  if (sync && (algo == Algo::kUnboundRing || algo == Algo::kUnboundBcube)) {
+    return invalid_argument(algo_name + " needs mode=async (Gloo's I/O thread)");
   }
   // Every rank creates its references in the same order, so the n-th one meets under the same
   // keys everywhere.
@@ -200,7 +210,16 @@ StatusOr<std::unique_ptr<Line>> gloo_reference(const BackendSpec& spec,
     gloo::transport::tcp::attr attr;
     attr.hostname = internal::local_address_towards(context.coordinator_host);
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(context.rank, context.world_size);
+    // Bcube's base must divide the number of processes: the smallest divisor, as the gloo
+    // backend takes by default.
+    int base = context.world_size < 2 ? 2 : context.world_size;
+    for (int d = 2; d * d <= context.world_size; ++d) {
+      if (context.world_size % d == 0) {
+        base = d;
+        break;
+      }
+    }
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(context.rank, context.world_size, base);
     ctx->setTimeout(std::chrono::milliseconds(60000));
     StoreAdapter store(context.store);
     gloo::rendezvous::PrefixStore prefixed(prefix, store);

@@ -11,7 +11,8 @@
 //                      that uses Gloo itself would: its TCP device and full mesh (rendezvous
 //                      through the same store), then one algorithm run on the bench's buffers.
 //                      Classic algorithms are built once per buffer and size, outside the timing.
-//                      Options: algorithm=ring|ring_chunked|halving_doubling|bcube|unbound_ring
+//                      Options: algorithm=ring|ring_chunked|halving_doubling|bcube|unbound_ring|
+//                      unbound_bcube
 //                      (default: what the gloo backend's auto picks: halving_doubling below 4 MiB,
 //                      ring_chunked from there), mode=async|sync (Gloo's pairs; default async, as
 //                      the gloo backend's).
@@ -28,7 +29,8 @@
 //                      figure is one measurement before them all). Its busbw is the bytes each
 //                      way per second; #wrong is N/A (nothing is reduced).
 //
-//   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device buffers, with
+//   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device buffers,
+//   with
 //                      its own communicators (ncclCommInitAll in one process; the unique id through
 //                      the store across processes) and streams, timed as nccl-tests times: every
 //                      iteration enqueued, then one synchronisation.

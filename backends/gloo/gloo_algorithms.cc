@@ -172,16 +172,24 @@ std::vector<DType> gloo_dtypes() {
 void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Context>& context,
                         void* data, size_t count, DType dtype, ReduceOp op, uint32_t tag,
                         std::chrono::milliseconds timeout) {
+  const bool bcube = algorithm == GlooAlgorithm::kUnboundBcube;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   with_gloo_type(dtype, [&]<typename T>(std::type_identity<T>) {
-    gloo::AllreduceOptions opts(context);
-    opts.setAlgorithm(algorithm == GlooAlgorithm::kUnboundBcube
-                          ? gloo::AllreduceOptions::Algorithm::BCUBE
-                          : gloo::AllreduceOptions::Algorithm::RING);
-    opts.setOutput<T>(static_cast<T*>(data), count);
-    opts.setReduceFunction(unbound_function<T>(op));
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::allreduce(opts);
+    // Pieces one after another under the same tag: each has completed every send and receive
+    // before it returns, and Gloo sends on a slot only once the peer has posted its receive.
+    const size_t piece = bcube ? kGlooUnboundBcubePieceBytes / sizeof(T) : count;
+    for (size_t offset = 0; offset < count; offset += piece) {
+      gloo::AllreduceOptions opts(context);
+      opts.setAlgorithm(bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
+                              : gloo::AllreduceOptions::Algorithm::RING);
+      opts.setOutput<T>(static_cast<T*>(data) + offset, std::min(piece, count - offset));
+      opts.setReduceFunction(unbound_function<T>(op));
+      opts.setTag(tag);
+      opts.setTimeout(std::max(
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
+          std::chrono::milliseconds(1)));
+      gloo::allreduce(opts);
+    }
   });
 }
 

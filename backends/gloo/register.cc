@@ -28,7 +28,8 @@ Status register_gloo(BackendRegistry& registry) {
                "from there), ring (gloo/allreduce_ring.h: P-1 steps, whole buffer each), "
                "ring_chunked (2S bytes, double-buffered chunks), halving_doubling (2 lg P steps), "
                "bcube (base = smallest divisor of P), unbound_ring / unbound_bcube "
-               "(gloo::allreduce, gloo/allreduce.h, on the caller's buffers)",
+               "(gloo::allreduce, gloo/allreduce.h, on the caller's buffers; faster, but a peer "
+               "that dies while its message arrives is seen only at the timeout)",
        .choices = algorithms},
       {.name = "auto_threshold",
        .type = OptionType::kSize,

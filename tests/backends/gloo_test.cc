@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/gloo/gloo_algorithms.h"
 #include "backends/gloo/gloo_context.h"
 #include "tests/multiprocess/conformance.h"
 #include "tests/multiprocess/harness.h"
@@ -479,6 +480,32 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorld, ::testing::ValuesIn(world_params()),
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// unbound_bcube runs a message larger
+// than kGlooUnboundBcubePieceBytes in pieces: two whole ones and a part, every element checked,
+// in place and out of place, on 2 processes and on 3 (one bcube step of 3).
+TEST(Gloo, UnboundBcubeRunsLargeMessagesInPieces) {
+  for (const int world : {2, 3}) {
+    expect_all_zero(run_world(
+        world, 1,
+        [](Rank& me) {
+          Checker check(me.rank);
+          const std::string spec = "gloo:timeout=60s,algorithm=unbound_bcube";
+          auto made = create(spec, me);
+          if (!made.ok()) {
+            check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+            return 1;
+          }
+          const int64_t count =
+              static_cast<int64_t>(2 * backends::kGlooUnboundBcubePieceBytes / sizeof(float)) +
+              1001;
+          check_all_reduce(**made, me, ReduceOp::kSum, DType::kFloat32, count, true, check, spec);
+          check_all_reduce(**made, me, ReduceOp::kMax, DType::kFloat32, count, false, check, spec);
+          return check.ok() ? 0 : 1;
+        },
+        240));
+  }
+}
+
 // Classic instances run on the caller's buffer once the ranks agree which cached one is bound to
 // it (GlooGroup::Binding). Six buffers of one size (more than the four places a key has) are reduced
 // in place in an order that differs between ranks, so that ranks agree, disagree, reuse, replace
@@ -845,7 +872,8 @@ TEST_P(GlooFault, PeerKilledMidCollective) {
 
 INSTANTIATE_TEST_SUITE_P(Specs, GlooFault,
                          ::testing::Values("algorithm=ring_chunked", "algorithm=halving_doubling",
-                                           "algorithm=unbound_ring", "mode=sync", "mode=busy_poll"),
+                                           "algorithm=unbound_ring", "algorithm=unbound_bcube",
+                                           "mode=sync", "mode=busy_poll"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            return name.substr(name.find('=') + 1);
