@@ -7,6 +7,7 @@
 #include "tributary/c_api.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -447,14 +448,18 @@ static void baton_wait(int step) {
 }
 
 static char master_port[32];
+static int store_fd = -1; /* the socket rank 0 serves the store on (held_store_socket) */
 
 static trib_backend* join_ring(int rank) {
   char rank_setting[32];
   char port_setting[64];
   snprintf(rank_setting, sizeof rank_setting, "TRIBUTARY_RANK=%d", rank);
+  char fd_setting[64];
   snprintf(port_setting, sizeof port_setting, "TRIBUTARY_MASTER_PORT=%s", master_port);
-  const char* settings[4] = {rank_setting, "TRIBUTARY_WORLD_SIZE=2",
-                             "TRIBUTARY_MASTER_ADDR=127.0.0.1", port_setting};
+  snprintf(fd_setting, sizeof fd_setting, "TRIBUTARY_STORE_FD=%d", store_fd);
+  /* Rank 0 serves the store on the held socket. */
+  const char* settings[5] = {rank_setting, "TRIBUTARY_WORLD_SIZE=2",
+                             "TRIBUTARY_MASTER_ADDR=127.0.0.1", port_setting, fd_setting};
   const char* devices[1] = {"CPU:0"};
   trib_backend_options o;
   trib_backend_options_init(&o);
@@ -462,7 +467,7 @@ static trib_backend* join_ring(int rank) {
   o.devices = devices;
   o.num_devices = 1;
   o.settings = settings;
-  o.num_settings = 4;
+  o.num_settings = rank == 0 ? 5 : 4;
   o.use_environment = 0;
   trib_backend* b = NULL;
   CHECK(trib_backend_create_with_options(&o, &b) == TRIB_OK);
@@ -489,30 +494,32 @@ static void* rank1_main(void* arg) {
   return NULL;
 }
 
-/* A free loopback port for a job's store (released again; rank 0 binds it at once), or 0. */
-static int free_port(void) {
+/* A socket listening on a free loopback port, for rank 0's store to serve on (handed over as
+ * TRIBUTARY_STORE_FD, as tributary-run does), so that no other process can take the port before
+ * rank 0 serves; its port goes to *port. -1 (a failure counted) if there is none. */
+static int held_store_socket(int* port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in addr;
   memset(&addr, 0, sizeof addr);
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof addr;
-  int port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0 &&
+  *port = 0;
+  if (fd >= 0 && bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0 && listen(fd, 16) == 0 &&
       getsockname(fd, (struct sockaddr*)&addr, &len) == 0) {
-    port = (int)ntohs(addr.sin_port);
+    *port = (int)ntohs(addr.sin_port);
+    return fd;
   }
   if (fd >= 0) close(fd);
-  if (port == 0) {
-    fprintf(stderr, "no free port for a job's store\n");
-    failures++;
-  }
-  return port;
+  fprintf(stderr, "no socket for a job's store: %s\n", strerror(errno));
+  failures++;
+  return -1;
 }
 
 static void test_pending_works(void) {
-  const int port = free_port();
-  if (port == 0) return;
+  int port = 0;
+  store_fd = held_store_socket(&port);
+  if (store_fd < 0) return;
   snprintf(master_port, sizeof master_port, "%d", port);
 
   pthread_t peer;
@@ -561,12 +568,15 @@ static void test_pending_works(void) {
 /* join_timeout_ms bounds the wait for the other processes, whatever the backend's timeout=: rank 0
  * of 2 whose peer never comes gives up after 1 s, naming it, not after ring's 60 s. */
 static void test_join_timeout(void) {
-  const int port = free_port();
-  if (port == 0) return;
+  int port = 0;
+  const int fd = held_store_socket(&port);
+  if (fd < 0) return;
   char port_setting[64];
+  char fd_setting[64];
   snprintf(port_setting, sizeof port_setting, "TRIBUTARY_MASTER_PORT=%d", port);
-  const char* settings[4] = {"TRIBUTARY_RANK=0", "TRIBUTARY_WORLD_SIZE=2",
-                             "TRIBUTARY_MASTER_ADDR=127.0.0.1", port_setting};
+  snprintf(fd_setting, sizeof fd_setting, "TRIBUTARY_STORE_FD=%d", fd);
+  const char* settings[5] = {"TRIBUTARY_RANK=0", "TRIBUTARY_WORLD_SIZE=2",
+                             "TRIBUTARY_MASTER_ADDR=127.0.0.1", port_setting, fd_setting};
   const char* devices[1] = {"CPU:0"};
   trib_backend_options o;
   trib_backend_options_init(&o);
@@ -574,7 +584,7 @@ static void test_join_timeout(void) {
   o.devices = devices;
   o.num_devices = 1;
   o.settings = settings;
-  o.num_settings = 4;
+  o.num_settings = 5;
   o.use_environment = 0;
   o.join_timeout_ms = 1000;
   trib_backend* b = NULL;

@@ -739,23 +739,11 @@ TEST(ClusterSpec, EnvironmentSnapshotCapturesLauncherVariables) {
 namespace tributary {
 namespace {
 
-// A loopback port that no socket holds now (the kernel's pick, released), or "" on failure.
-std::string free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  return ok ? std::to_string(ntohs(sa.sin_port)) : "";
-}
-
 // A rank whose chief never comes up gives up after TRIBUTARY_TIMEOUT, not after 5 minutes.
 TEST(MakeBackendContext, StoreConnectHonoursTributaryTimeout) {
-  const std::string port = free_loopback_port();  // nobody listens there now
-  ASSERT_FALSE(port.empty());
+  const testing::ReservedPort reserved;  // nobody listens there
+  ASSERT_NE(reserved.port(), 0);
+  const std::string port = std::to_string(reserved.port());
   Config config = Config::from_map({{"TRIBUTARY_RANK", "1"},
                                     {"TRIBUTARY_WORLD_SIZE", "2"},
                                     {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
@@ -781,8 +769,9 @@ TEST(MakeBackendContext, StoreConnectHonoursTributaryTimeout) {
 // the job's store (which keeps wills): not 2 s later, as when the wait for a lost rank's name
 // followed every failure of a setup.
 TEST(BackendSetup, APeerThatNeverJoinsFailsAtTheBackendsTimeout) {
-  const std::string port = free_loopback_port();  // the store of rank 0 listens there next
-  ASSERT_FALSE(port.empty());
+  const testing::ReservedPort reserved;  // the store of rank 0 listens there next
+  ASSERT_NE(reserved.port(), 0);
+  const std::string port = std::to_string(reserved.port());
   auto ctx = make_backend_context({Device::cpu(0)},
                                   Config::from_map({{"TRIBUTARY_RANK", "0"},
                                                     {"TRIBUTARY_WORLD_SIZE", "2"},
@@ -871,8 +860,9 @@ TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysWhy) {
   EXPECT_NE(m.find("--release-master-port"), std::string::npos) << m;
   EXPECT_EQ(::fcntl(fd, F_GETFD), 0) << "the socket was closed or changed";
 
-  const std::string other = free_loopback_port();
-  ASSERT_FALSE(other.empty());
+  const testing::ReservedPort reserved;
+  ASSERT_NE(reserved.port(), 0);
+  const std::string other = std::to_string(reserved.port());
   EXPECT_TRUE(chief(other, true).ok()) << "a context on another port";
   auto first = chief(port, true);
   ASSERT_TRUE(first.ok()) << first.status().to_string();
@@ -888,8 +878,9 @@ TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysWhy) {
 TEST(MakeBackendContext, AStoreDescriptorThatIsNotTheListenerIsIgnored) {
   int p[2];
   ASSERT_EQ(::pipe(p), 0);
-  const std::string port = free_loopback_port();
-  ASSERT_FALSE(port.empty());
+  const testing::ReservedPort reserved;
+  ASSERT_NE(reserved.port(), 0);
+  const std::string port = std::to_string(reserved.port());
   for (const std::string& value : {std::to_string(p[0]), std::string("x")}) {
     auto ctx = make_backend_context({Device::cpu(0)},
                                     Config::from_map({{"TRIBUTARY_RANK", "0"},

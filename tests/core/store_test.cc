@@ -191,12 +191,6 @@ int first_frame_code(const std::string& data) {
   return static_cast<unsigned char>(data[4]);
 }
 
-// A port that was free a moment ago (bound by a server that has since gone away).
-std::uint16_t free_port() {
-  auto server = TcpStore::create_server("127.0.0.1", 0);
-  return server.ok() ? (*server)->port() : 0;
-}
-
 // Bytes the process has allocated from malloc (touched or not, so a reserve() counts too).
 std::size_t allocated_bytes() {
   struct mallinfo2 info = ::mallinfo2();
@@ -944,7 +938,8 @@ TEST(StoreLastWill, StoresThatCannotSeeTheirClientsSaySo) {
 
 TEST(TcpStore, ClientStartedBeforeTheServerConnectsWhenItAppears) {
   Watchdog watchdog(60s);
-  std::uint16_t port = free_port();
+  const testing::ReservedPort reserved;  // refused until the server listens on it
+  const std::uint16_t port = reserved.port();
   ASSERT_NE(port, 0);
   std::unique_ptr<TcpStoreServer> server;
   std::jthread starter([&] {
@@ -967,7 +962,8 @@ TEST(TcpStore, ClientStartedBeforeTheServerConnectsWhenItAppears) {
 
 TEST(TcpStore, UnreachableServerFailsWithinTheConnectTimeout) {
   Watchdog watchdog(30s);
-  std::uint16_t port = free_port();
+  const testing::ReservedPort reserved;  // nobody listens on it
+  const std::uint16_t port = reserved.port();
   ASSERT_NE(port, 0);
   StoreOptions o = test_options();
   o.connect_timeout = 300ms;

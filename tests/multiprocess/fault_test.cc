@@ -951,32 +951,35 @@ std::string with_timeout(const std::string& spec, const std::string& timeout) {
 // done. Notes go to `dir`; a backend that is not built in makes every rank exit with kChildSkip.
 GroupResult run_job_signalling_one(const std::string& spec, int world, int victim, int sig,
                                    const std::string& dir) {
-  const std::uint16_t port = free_port();
-  return run_group(world, 90s, [&](int rank) {
-    auto ctx = tcp_group_context(rank, world, 1, port);
-    if (!ctx.ok()) {
-      write_note(dir, rank, ctx.status().to_string());
-      return kChildFailed;
-    }
-    auto ops = builtin_backends().create(spec, *ctx);
-    if (!ops.ok() && ops.status().code() == StatusCode::kNotFound) return kChildSkip;
-    if (!ops.ok()) {
-      write_note(dir, rank, ops.status().to_string());
-      return kChildFailed;
-    }
-    if (rank == victim && sig == SIGSTOP) {
-      const pid_t self = getpid();
-      if (fork() == 0) {
-        std::this_thread::sleep_for(15s);
-        kill(self, SIGKILL);
-        _exit(0);
-      }
-    }
-    const int result =
-        all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1, sig);
-    drop_and_note_mappings(*ops, dir, rank);
-    return result;
-  });
+  HeldStorePort store_port;
+  return run_group(
+      world, 90s,
+      [&](int rank) {
+        auto ctx = tcp_group_context(rank, world, 1, store_port.port(), store_port.take(rank));
+        if (!ctx.ok()) {
+          write_note(dir, rank, ctx.status().to_string());
+          return kChildFailed;
+        }
+        auto ops = builtin_backends().create(spec, *ctx);
+        if (!ops.ok() && ops.status().code() == StatusCode::kNotFound) return kChildSkip;
+        if (!ops.ok()) {
+          write_note(dir, rank, ops.status().to_string());
+          return kChildFailed;
+        }
+        if (rank == victim && sig == SIGSTOP) {
+          const pid_t self = getpid();
+          if (fork() == 0) {
+            std::this_thread::sleep_for(15s);
+            kill(self, SIGKILL);
+            _exit(0);
+          }
+        }
+        const int result =
+            all_reduce_until_error(**ops, dir, 100000, 1 << 16, rank == victim ? 5 : -1, sig);
+        drop_and_note_mappings(*ops, dir, rank);
+        return result;
+      },
+      [&] { store_port.release(); });
 }
 
 // Every rank but `victim` failed by itself within `within` seconds, its error leading with `named`
@@ -1514,19 +1517,6 @@ TEST(RingSecurity, TamperedFramesAreRejectedNotReduced) {
   }
 }
 
-// A loopback port nobody listens on: bound, read and closed.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 // The rendezvous store (a real TcpStore started by rank 0) serves only processes with the job's
 // secret: a rank with another secret or none is refused at once, saying so, and the chief's
 // backend then fails within its timeout naming the rank that never came.
@@ -1534,24 +1524,27 @@ TEST(RendezvousSecurity, TheStoreRefusesRanksWithoutTheSecret) {
   for (const char* other : {"wrong", ""}) {
     SCOPED_TRACE(std::string("rank 1's secret: '") + other + "'");
     const std::string dir = make_temp_dir("store_secret");
-    const int port = free_port();
-    GroupResult g = run_group(2, 60s, [&](int rank) {
-      std::map<std::string, std::string> env{{"TRIBUTARY_RANK", std::to_string(rank)},
-                                             {"TRIBUTARY_WORLD_SIZE", "2"},
-                                             {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
-                                             {"TRIBUTARY_MASTER_PORT", std::to_string(port)}};
-      const std::string secret = rank == 0 ? "right" : other;
-      if (!secret.empty()) env["TRIBUTARY_SECRET"] = secret;
-      if (rank == 1) std::this_thread::sleep_for(300ms);  // the chief's store is up by then
-      auto ctx = make_backend_context({Device::cpu(0)}, Config::from_map(env), 5s);
-      if (!ctx.ok()) {
-        write_note(dir, rank, ctx.status().to_string());
-        return kChildSawError;
-      }
-      auto ops = builtin_backends().create("ring:timeout=3s", *ctx);
-      write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
-      return ops.ok() ? kChildOk : kChildSawError;
-    });
+    HeldStorePort store_port;
+    GroupResult g = run_group(
+        2, 60s,
+        [&](int rank) {
+          std::map<std::string, std::string> env = store_port.take(rank);
+          env["TRIBUTARY_RANK"] = std::to_string(rank);
+          env["TRIBUTARY_WORLD_SIZE"] = "2";
+          env["TRIBUTARY_MASTER_ADDR"] = "127.0.0.1";
+          env["TRIBUTARY_MASTER_PORT"] = std::to_string(store_port.port());
+          const std::string secret = rank == 0 ? "right" : other;
+          if (!secret.empty()) env["TRIBUTARY_SECRET"] = secret;
+          auto ctx = make_backend_context({Device::cpu(0)}, Config::from_map(env), 5s);
+          if (!ctx.ok()) {
+            write_note(dir, rank, ctx.status().to_string());
+            return kChildSawError;
+          }
+          auto ops = builtin_backends().create("ring:timeout=3s", *ctx);
+          write_note(dir, rank, ops.ok() ? "ok" : ops.status().to_string());
+          return ops.ok() ? kChildOk : kChildSawError;
+        },
+        [&] { store_port.release(); });
     ASSERT_FALSE(g.watchdog_fired) << g.describe();
     expect_every_rank(g, dir, 2, kChildSawError, {});
     const std::string refused = read_note(dir, 1);
@@ -1572,7 +1565,9 @@ TEST(RendezvousSecurity, TheStoreRefusesRanksWithoutTheSecret) {
 }
 
 TEST(Rendezvous, UnreachableStoreIsAnErrorNamingTheAddress) {
-  const int port = free_port();  // nobody listens on it
+  const ReservedPort reserved;  // nobody listens on it
+  const int port = reserved.port();
+  ASSERT_NE(port, 0);
   Config config = Config::from_map({{"TRIBUTARY_RANK", "1"},
                                     {"TRIBUTARY_WORLD_SIZE", "2"},
                                     {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},

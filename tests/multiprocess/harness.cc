@@ -35,7 +35,8 @@ std::string GroupResult::describe() const {
   return s;
 }
 
-GroupResult run_group(int world, std::chrono::seconds watchdog, const std::function<int(int)>& fn) {
+GroupResult run_group(int world, std::chrono::seconds watchdog, const std::function<int(int)>& fn,
+                      const std::function<void()>& after_fork) {
   std::fflush(stdout);
   std::fflush(stderr);
   GroupResult result;
@@ -61,6 +62,7 @@ GroupResult run_group(int world, std::chrono::seconds watchdog, const std::funct
     pids.push_back(pid);
     result.children[static_cast<size_t>(r)].pid = pid;
   }
+  if (after_fork) after_fork();
   size_t remaining = pids.size();
   while (remaining > 0) {
     int status = 0;
@@ -194,6 +196,27 @@ StatusOr<BackendContext> tcp_group_context(int rank, int world, int local, std::
   for (int i = 0; i < local; ++i) devices.push_back(Device::cpu(i));
   return make_backend_context(std::move(devices), Config::from_map(config),
                               std::chrono::seconds(20));
+}
+
+HeldStorePort::HeldStorePort() {
+  fd_ = listening_socket(&port_);
+  if (fd_ < 0) {
+    std::fprintf(stderr, "HeldStorePort: cannot listen (%s); rank 0 binds a free port itself\n",
+                 std::strerror(errno));
+    port_ = free_port();
+  }
+}
+
+std::map<std::string, std::string> HeldStorePort::take(int rank) {
+  if (fd_ < 0) return {};
+  if (rank == 0) return {{"TRIBUTARY_STORE_FD", std::to_string(fd_)}};
+  release();
+  return {};
+}
+
+void HeldStorePort::release() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 std::uint16_t free_port() {

@@ -36,7 +36,9 @@ inline constexpr int kChildSkip = 77;  // the backend is not available here
 
 // Forks `world` processes running fn(rank) (its return value is the exit code) and waits for all of
 // them, killing every one that is still running after `watchdog` (after dump_stacks()).
-GroupResult run_group(int world, std::chrono::seconds watchdog, const std::function<int(int)>& fn);
+// `after_fork`, if given, runs in the parent once every child is forked.
+GroupResult run_group(int world, std::chrono::seconds watchdog, const std::function<int(int)>& fn,
+                      const std::function<void()>& after_fork = {});
 
 // Prints every thread's stack of process `pid` (a hung rank, before a watchdog kills it) to stderr,
 // through gdb when it is installed (`who` names the process in the output), so that a hang seen
@@ -71,5 +73,26 @@ std::uint16_t free_port();
 // it, so the port is never free for another process (a parallel test) to take between the test
 // choosing it and the child serving, as it is with free_port(). The parent closes its copy after
 // fork().
+//
+// HeldStorePort does that for rank 0's store in a run_group job, as tributary-run holds
+// MASTER_PORT: made in the parent before run_group, take(rank) in every child (rank 0 gets the
+// TRIBUTARY_STORE_FD entry for its Config, every other rank closes its copy, so that rank 0's death
+// leaves no one listening), and release() as run_group's after_fork. Where no socket can be made it
+// says so on stderr and falls back to free_port().
+class HeldStorePort {
+ public:
+  HeldStorePort();
+  ~HeldStorePort() { release(); }
+  HeldStorePort(const HeldStorePort&) = delete;
+  HeldStorePort& operator=(const HeldStorePort&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  std::map<std::string, std::string> take(int rank);
+  void release();
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
 
 }  // namespace tributary::testing
