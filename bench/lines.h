@@ -12,10 +12,9 @@
 //                      through the same store), then one algorithm run on the bench's buffers.
 //                      Classic algorithms are built once per buffer and size, outside the timing.
 //                      Options: algorithm=ring|ring_chunked|halving_doubling|bcube|unbound_ring|
-//                      unbound_bcube
-//                      (default: what the gloo backend's auto picks: halving_doubling below 4 MiB,
-//                      ring_chunked from there), mode=async|sync (Gloo's pairs; default async, as
-//                      the gloo backend's).
+//                      unbound_bcube (default: what the gloo backend's auto picks:
+//                      halving_doubling below 4 MiB, ring_chunked from there), mode=async|sync
+//                      (Gloo's pairs; default async, as the gloo backend's).
 //
 //   tcp-direct         (several processes, one replica each) not an all-reduce: plain sockets
 //                      between the same ranks (rank r to r+1, as ring's links), moving what a
@@ -29,11 +28,10 @@
 //                      figure is one measurement before them all). Its busbw is the bytes each
 //                      way per second; #wrong is N/A (nothing is reduced).
 //
-//   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device buffers,
-//   with
-//                      its own communicators (ncclCommInitAll in one process; the unique id through
-//                      the store across processes) and streams, timed as nccl-tests times: every
-//                      iteration enqueued, then one synchronisation.
+//   nccl-direct        (GPUs, -g N) ncclAllReduce called directly on the bench's device
+//                      buffers, with its own communicators (ncclCommInitAll in one process; the
+//                      unique id through the store across processes) and streams, timed as
+//                      nccl-tests times: every iteration enqueued, then one synchronisation.
 //
 // References are asked for with --reference SPEC; the default set has the yardstick (one process)
 // or the direct Gloo line (several processes, when Gloo is built in), so that what a backend costs

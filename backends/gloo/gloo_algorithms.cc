@@ -9,6 +9,7 @@
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/broadcast.h>
 #include <gloo/broadcast_one_to_all.h>
+#include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/types.h>
@@ -179,6 +180,12 @@ void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Con
     // before it returns, and Gloo sends on a slot only once the peer has posted its receive.
     const size_t piece = bcube ? kGlooUnboundBcubePieceBytes / sizeof(T) : count;
     for (size_t offset = 0; offset < count; offset += piece) {
+      if (offset > 0 && std::chrono::steady_clock::now() >= deadline) {
+        // Worded as Gloo's own timeouts are, so the caller reports it as one.
+        throw gloo::IoException("Timed out after " + std::to_string(timeout.count()) + "ms with " +
+                                std::to_string(count - offset) + " of " + std::to_string(count) +
+                                " elements still to all-reduce");
+      }
       gloo::AllreduceOptions opts(context);
       opts.setAlgorithm(bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
                               : gloo::AllreduceOptions::Algorithm::RING);

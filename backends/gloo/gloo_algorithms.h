@@ -85,8 +85,10 @@ std::vector<DType> gloo_dtypes();
 // 3.4-3.9 with malloc told to keep the memory, GLIBC_TUNABLES=glibc.malloc.mmap_threshold).
 inline constexpr uint64_t kGlooUnboundBcubePieceBytes = uint64_t{16} << 20;
 
-// gloo::allreduce() over `data` (count elements) in place, within `timeout` in all. MEAN reduces
-// as SUM (the caller divides).
+// gloo::allreduce() over `data` (count elements) in place. MEAN reduces as SUM (the caller
+// divides). Each wait of unbound_ring is bounded by what is left of `timeout`; unbound_bcube's
+// waits by the context's timeout (Gloo's BCUBE ignores the option), and a message in pieces
+// fails between two pieces once `timeout` has passed.
 void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Context>& context,
                         void* data, size_t count, DType dtype, ReduceOp op, uint32_t tag,
                         std::chrono::milliseconds timeout);
