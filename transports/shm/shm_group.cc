@@ -455,20 +455,38 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
   }
   const SlotHeader header = header_of(call.tag, total, -1);
   std::vector<const void*> srcs(static_cast<size_t>(size));
+  // Chunk k's piece of rank r (the large path): reduced by r, which reads it from `in` itself, so
+  // only the other pieces are staged.
+  auto piece_range = [&](int64_t m, int r) {
+    const int64_t piece = ((m + size - 1) / size + align - 1) / align * align;
+    const int64_t b = std::min<int64_t>(m, piece * r);
+    return std::pair<int64_t, int64_t>(b, std::min<int64_t>(m, b + piece));
+  };
+  // The last step of chunk k (large path): once every rank has reduced its piece, copies the other
+  // pieces from their owners' slots, and frees this rank's slot for reuse.
+  auto gather = [&](int64_t k, uint64_t g) -> Status {
+    const int64_t m = cut.length(k, count);
+    const size_t at = static_cast<size_t>(cut.offset(k)) * elem;
+    TRIBUTARY_RETURN_IF_ERROR(wait_all(Field::kReduced, g + 1, call));
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const auto [rb, re] = piece_range(m, r);
+      if (re > rb) {
+        std::memcpy(out + at + static_cast<size_t>(rb) * elem,
+                    slot(r, g) + static_cast<size_t>(rb) * elem,
+                    static_cast<size_t>(re - rb) * elem);
+      }
+    }
+    publish(Field::kConsumed, g + 1);
+    return Status();
+  };
   for (int64_t k = 0; k < cut.chunks; ++k) {
     const int64_t off = cut.offset(k), m = cut.length(k, count);
     const size_t at = static_cast<size_t>(off) * elem;
     const uint64_t g = next_chunk++;
-    // This rank's piece (the large path): reduced by this rank, which reads it from `in` itself,
-    // so only the other pieces are staged.
-    const int64_t piece = ((m + size - 1) / size + align - 1) / align * align;
-    auto piece_range = [&](int r) {
-      const int64_t b = std::min<int64_t>(m, piece * r);
-      return std::pair<int64_t, int64_t>(b, std::min<int64_t>(m, b + piece));
-    };
     // Named copies, not a structured binding: the lambda below captures them (clang 14 cannot).
     const std::pair<int64_t, int64_t> mine =
-        small ? std::pair<int64_t, int64_t>(0, 0) : piece_range(rank);
+        small ? std::pair<int64_t, int64_t>(0, 0) : piece_range(m, rank);
     const int64_t b = mine.first, e = mine.second;
     TRIBUTARY_RETURN_IF_ERROR(stage(call, g, header, [&](std::byte* s) {
       std::memcpy(s, in + at, static_cast<size_t>(b) * elem);
@@ -502,17 +520,13 @@ Status ShmGroup::Impl::all_reduce(const GroupCall& call, std::byte* out, const s
       std::memcpy(slot(rank, g) + pb, dst, n * elem);
     }
     publish(Field::kReduced, g + 1);
-    TRIBUTARY_RETURN_IF_ERROR(wait_all(Field::kReduced, g + 1, call));
-    for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
-      const auto [rb, re] = piece_range(r);
-      if (re > rb) {
-        std::memcpy(out + at + static_cast<size_t>(rb) * elem,
-                    slot(r, g) + static_cast<size_t>(rb) * elem,
-                    static_cast<size_t>(re - rb) * elem);
-      }
-    }
-    publish(Field::kConsumed, g + 1);
+    // The previous chunk's gather, one chunk behind: every rank that staged this chunk (the wait
+    // in stage() above) has reduced its piece of the previous one, so this does not wait, where
+    // gathering this chunk now would wait for the slowest rank's reduction of it.
+    if (k > 0) TRIBUTARY_RETURN_IF_ERROR(gather(k - 1, g - 1));
+  }
+  if (!small && cut.chunks > 0) {
+    TRIBUTARY_RETURN_IF_ERROR(gather(cut.chunks - 1, next_chunk - 1));
   }
   return Status();
 }

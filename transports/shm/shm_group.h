@@ -8,8 +8,9 @@
 //      collective is a mismatch error, naming both, on every rank), and does its share:
 //        all-reduce      reduces piece `rank` (1/n of the chunk) from its own input and every
 //                        peer's slot (so a rank stages only the pieces its peers reduce) into its
-//                        output, and copies it into its own slot; publishes `reduced`, waits
-//                        for every rank's, then copies the other pieces from their owners' slots;
+//                        output, and copies it into its own slot; publishes `reduced`, and once
+//                        it has done as much for the next chunk (so that it seldom waits), waits
+//                        for every rank's and copies the other pieces from their owners' slots;
 //                        a chunk of at most `small_bytes` is reduced whole by every rank instead
 //                        (one synchronisation instead of two: the latency path);
 //        reduce-scatter  reduces its own block's part of the chunk from every slot;
