@@ -1,11 +1,13 @@
 #include "backends/gloo/gloo_algorithms.h"
 
+#include <gloo/allgather.h>
 #include <gloo/allgather_ring.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_bcube.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
+#include <gloo/broadcast.h>
 #include <gloo/broadcast_one_to_all.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
@@ -196,6 +198,28 @@ void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Con
       gloo::allreduce(opts);
     }
   });
+}
+
+void unbound_all_gather(const std::shared_ptr<gloo::Context>& context, void* data,
+                        size_t block_bytes, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::AllgatherOptions opts(context);
+  // No input: in place, this rank's block already sits at its position in the output.
+  opts.setOutput<uint8_t>(static_cast<uint8_t*>(data),
+                          block_bytes * static_cast<size_t>(context->size));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+}
+
+void unbound_broadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
+                       int root, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::BroadcastOptions opts(context);
+  // No input: the root sends its output buffer.
+  opts.setOutput<uint8_t>(static_cast<uint8_t*>(data), bytes);
+  opts.setRoot(root);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::broadcast(opts);
 }
 
 void AlgorithmDeleter::operator()(gloo::Algorithm* algorithm) const noexcept {

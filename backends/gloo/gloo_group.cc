@@ -408,7 +408,11 @@ Status GlooGroup::broadcast(const GroupCall& call, void* data, size_t bytes, int
   return guarded(call, [&]() -> Status {
     TRIBUTARY_RETURN_IF_ERROR(verify_order(call));
     if (bytes == 0) return Status();
-    classic_broadcast(static_cast<std::byte*>(data), bytes, root);
+    if (settings_.sync) {
+      classic_broadcast(static_cast<std::byte*>(data), bytes, root);
+    } else {
+      unbound_broadcast(gloo_, data, bytes, root, gloo_tag(call), time_left(call));
+    }
     return Status();
   });
 }
@@ -417,7 +421,11 @@ Status GlooGroup::all_gather(const GroupCall& call, void* data, size_t bytes_per
   return guarded(call, [&]() -> Status {
     TRIBUTARY_RETURN_IF_ERROR(verify_order(call));
     if (bytes_per_rank == 0) return Status();
-    classic_all_gather(static_cast<std::byte*>(data), bytes_per_rank);
+    if (settings_.sync) {
+      classic_all_gather(static_cast<std::byte*>(data), bytes_per_rank);
+    } else {
+      unbound_all_gather(gloo_, data, bytes_per_rank, gloo_tag(call), time_left(call));
+    }
     return Status();
   });
 }

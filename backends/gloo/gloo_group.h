@@ -14,45 +14,44 @@
 // call's divisor (num_replicas_in_sync). Dtypes: those of Gloo's templates (no bfloat16).
 //
 // Modes (option `mode`): in async mode Gloo's I/O thread reads the sockets and wakes the caller;
-// every algorithm works. In sync mode the calling thread reads its own sockets (busy_poll:
-// spinning), which saves a thread hand-off per message (several times lower latency on a loaded
-// machine), but only the classic algorithms work: the unbound_* all-reduces are refused.
-// Broadcast and all-gather are BroadcastOneToAll and AllgatherRing in every mode: Gloo's unbound
-// gloo::broadcast / gloo::allgather, which async mode used before, saw a peer that died in the
-// middle of a message only at the timeout (gloo_algorithms.h). `auto` (the default) is async: in
-// the sync modes two ranks that each write a message larger than the socket buffers to the other
-// deadlock.
+// every algorithm works, and broadcast / all-gather are gloo::broadcast / gloo::allgather. In sync
+// mode the calling thread reads its own sockets (busy_poll: spinning), which saves a thread
+// hand-off per message (several times lower latency on a loaded machine), but only the classic
+// algorithms work: broadcast and all-gather become BroadcastOneToAll and AllgatherRing, and the
+// unbound_* all-reduces are refused. `auto` (the default) is async: in the sync modes two ranks
+// that each write a message larger than the socket buffers to the other deadlock.
 //
 // Rendezvous: Gloo's TCP addresses are exchanged through the context's store (GlooStore), under
 // "gloo/<instance>/", the instance numbered by creation order as every multi-process backend is.
 //
 // Every blocking step is bounded by the backend's `timeout`: the context's timeout for the classic
 // instances, what is left of the call's deadline for gloo::allreduce / broadcast / allgather and
-// the control channel. Failure: every exception Gloo throws is caught here and becomes a Status
-// naming the collective, this rank and, where it can be told, the peer's rank; an I/O error says
-// that the peer may have died. After one, this rank closes its connections (so that peers waiting
-// for it fail at once) and every later call returns that first error. Control channel: besides
-// Gloo's mesh, the ranks join a TcpTransport (transports/tcp, the ring backend's transport:
-// authenticated frames with a secret, deadlines, a peer's death or abort seen at once) under
-// "gloo/<instance>/control/". Only 32-byte fingerprints cross it, never data: a round trip through
-// Gloo's async pairs costs 130 us (2 processes) to 700 us (4 processes on 2 cores) here; the
-// exchange over this transport measured 27-35 us with a polling wait and 50-90 us with the sleeping
-// one it uses (2 processes, waiting for the slower rank included). It sleeps at once rather than
-// polling because Gloo's I/O threads share the cores (4 processes on 2 cores: 0.4-1.0 ms a small
-// collective so, 1.6-2.0 ms polling). Ordering: with verify=true (the default) every group call
-// first exchanges a 32-byte fingerprint (sequence, collective, op, dtype, count, root, local
-// replicas) over the control channel, so that ranks issuing different collectives (even different
-// kinds, whose Gloo exchanges would never meet) fail at once on every rank with a message naming
-// both sides instead of combining unrelated data; the fingerprint carries the broadcast root, so
-// ProcessGroupOps' own agreement on it is skipped (checks_roots). verify=false skips the exchange
-// where nothing else needs it (see Binding); ProcessGroupOps then agrees on broadcast roots with a
-// small all-reduce. Buffers registered with register_buffer need no agreement: their instances are
-// their own (Registered), and the fingerprint (verify=true) carries whether the call's buffer is
-// registered. Destruction is collective: a barrier first (at most min(timeout, 10 s) in async mode,
-// timeout in sync mode), because Gloo fails a wait on a closed connection even when its data has
-// arrived, so a rank that closed at once could fail a slower peer. Writes to a dead peer would
-// raise SIGPIPE: SIGPIPE is blocked in Gloo's I/O thread and, during each group call, in the
-// calling thread, and a pending one is discarded.
+// the control channel. Failure: every exception Gloo throws is caught here and becomes a Status naming the
+// collective, this rank and, where it can be told, the peer's rank; an I/O error says that the
+// peer may have died. After one, this rank closes its connections (so that peers waiting for it
+// fail at once) and every later call returns that first error.
+// Control channel: besides Gloo's mesh, the ranks join a TcpTransport (transports/tcp, the ring
+// backend's transport: authenticated frames with a secret, deadlines, a peer's death or abort seen
+// at once) under "gloo/<instance>/control/". Only 32-byte fingerprints cross it, never data: a
+// round trip through Gloo's async pairs costs 130 us (2 processes) to 700 us (4 processes on 2
+// cores) here; the exchange over this transport measured 27-35 us with a polling wait and 50-90 us
+// with the sleeping one it uses (2 processes, waiting for the slower rank included). It sleeps at
+// once rather than polling because Gloo's I/O threads share the cores (4 processes on 2 cores:
+// 0.4-1.0 ms a small collective so, 1.6-2.0 ms polling).
+// Ordering: with verify=true (the default) every group call first exchanges a 32-byte fingerprint
+// (sequence, collective, op, dtype, count, root, local replicas) over the control channel, so that
+// ranks issuing different collectives (even different kinds, whose Gloo exchanges would never
+// meet) fail at once on every rank with a message naming both sides instead of combining
+// unrelated data; the fingerprint carries the broadcast root, so ProcessGroupOps' own agreement on
+// it is skipped (checks_roots). verify=false skips the exchange where nothing else needs it (see
+// Binding); ProcessGroupOps then agrees on broadcast roots with a small all-reduce.
+// Buffers registered with register_buffer need no agreement: their instances are their own
+// (Registered), and the fingerprint (verify=true) carries whether the call's buffer is registered.
+// Destruction is collective: a barrier first (at most min(timeout, 10 s) in async mode, timeout in
+// sync mode), because Gloo fails a wait on a closed connection even when its data has arrived, so
+// a rank that closed at once could fail a slower peer. Writes to a dead peer would raise SIGPIPE:
+// SIGPIPE is blocked in Gloo's I/O thread and, during each group call, in the calling thread, and
+// a pending one is discarded.
 #pragma once
 
 #include <chrono>
@@ -169,7 +168,7 @@ class GlooGroup final : public algorithms::ProcessGroup {
   // kGlooClassicMaxBytes: `src` in, the result (MEAN divided) to `data`.
   void classic_all_reduce(ClassicKind kind, void* data, const void* src, int64_t count,
                           DType dtype, ReduceOp op, int64_t mean_divisor);
-  // Broadcast and all-gather (BroadcastOneToAll, AllgatherRing), in pieces; `data`
+  // Sync mode's broadcast and all-gather (BroadcastOneToAll, AllgatherRing), in pieces; `data`
   // holds P blocks of `block_bytes` for the all-gather, this rank's filled.
   void classic_broadcast(std::byte* data, size_t bytes, int root);
   void classic_all_gather(std::byte* data, size_t block_bytes);
