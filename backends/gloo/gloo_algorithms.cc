@@ -7,7 +7,6 @@
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
-#include <gloo/broadcast.h>
 #include <gloo/broadcast_one_to_all.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
@@ -209,17 +208,6 @@ void unbound_all_gather(const std::shared_ptr<gloo::Context>& context, void* dat
   opts.setTag(tag);
   opts.setTimeout(timeout);
   gloo::allgather(opts);
-}
-
-void unbound_broadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
-                       int root, uint32_t tag, std::chrono::milliseconds timeout) {
-  gloo::BroadcastOptions opts(context);
-  // No input: the root sends its output buffer.
-  opts.setOutput<uint8_t>(static_cast<uint8_t*>(data), bytes);
-  opts.setRoot(root);
-  opts.setTag(tag);
-  opts.setTimeout(timeout);
-  gloo::broadcast(opts);
 }
 
 void AlgorithmDeleter::operator()(gloo::Algorithm* algorithm) const noexcept {

@@ -12,8 +12,10 @@
 //    messages through them in pieces of kGlooClassicMaxBytes. They are the only ones that work
 //    when the pairs are in Gloo's sync mode (the calling thread reads its own sockets).
 //  - unbound: gloo::allreduce() (gloo/allreduce.h; the API PyTorch's ProcessGroupGloo uses) with
-//    its RING or BCUBE algorithm, gloo::broadcast, gloo::allgather. They work on the caller's
-//    buffers per call, matched by tag, and need Gloo's I/O thread (async mode).
+//    its RING or BCUBE algorithm, and gloo::allgather. They work on the caller's buffers per
+//    call, matched by tag, and need Gloo's I/O thread (async mode). A peer that dies while its
+//    message to this rank is arriving is seen only at the timeout: Gloo does not wake that
+//    receive when the connection fails (broadcast is classic in every mode for that reason).
 //
 // Per algorithm (P processes, S bytes; from Gloo's docs/algorithms.md):
 //   ring              P-1 steps, P*S bytes sent per process (whole buffer each step)
@@ -26,7 +28,7 @@
 //                     of at most 1 MiB; about 2S(P-1)/P bytes per process
 //   unbound_bcube     gloo::allreduce bcube
 // Besides all-reduce: BroadcastOneToAll (the root sends to every process), AllgatherRing (P-1
-// steps), ReduceScatterHalvingDoubling; and gloo::broadcast / gloo::allgather (unbound).
+// steps), ReduceScatterHalvingDoubling; and gloo::allgather (unbound).
 //
 // Every function here may throw Gloo's exceptions (gloo::IoException, gloo::EnforceNotMet, ...)
 // or std::bad_alloc; the backend's boundary (GlooGroup::guarded) converts them to Status.
@@ -96,9 +98,6 @@ void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Con
 // already filled.
 void unbound_all_gather(const std::shared_ptr<gloo::Context>& context, void* data,
                         size_t block_bytes, uint32_t tag, std::chrono::milliseconds timeout);
-// gloo::broadcast() of `bytes` at `data` from `root`, in place.
-void unbound_broadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
-                       int root, uint32_t tag, std::chrono::milliseconds timeout);
 
 // Deletes a Gloo algorithm. Gloo declares ~Algorithm() noexcept(false), and unique_ptr's own
 // deleter would turn a throw into std::terminate; this one swallows it (destructors never throw).

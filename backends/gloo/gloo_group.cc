@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -373,11 +375,20 @@ void GlooGroup::classic_all_reduce(ClassicKind kind, void* data, const void* src
   }
 }
 
-void GlooGroup::classic_broadcast(std::byte* data, size_t bytes, int root) {
-  for (size_t offset = 0; offset < bytes; offset += kGlooClassicMaxBytes) {
-    const size_t len = std::min<size_t>(kGlooClassicMaxBytes, bytes - offset);
+void GlooGroup::classic_broadcast(std::byte* data, size_t bytes, int root,
+                                  std::chrono::steady_clock::time_point deadline) {
+  for (size_t offset = 0; offset < bytes; offset += kBroadcastPieceBytes) {
+    if (offset > 0 && std::chrono::steady_clock::now() >= deadline) {
+      // Worded as Gloo's own timeouts are, so that guarded() reports it as one.
+      throw gloo::IoException("Timed out with " + std::to_string(bytes - offset) + " of " +
+                              std::to_string(bytes) + " bytes still to broadcast");
+    }
+    const size_t len = std::min<size_t>(kBroadcastPieceBytes, bytes - offset);
+    // The instance of the piece's size class: it broadcasts its whole buffer, of which the
+    // receivers keep `len` bytes.
+    const size_t size_class = std::max<size_t>(kBroadcastMinClassBytes, std::bit_ceil(len));
     BoundAlgorithm& bound = cache_->get(ClassicKind::kBroadcast, DType::kUInt8, ReduceOp::kSum,
-                                        static_cast<int64_t>(len), root);
+                                        static_cast<int64_t>(size_class), root);
     if (rank_ == root) std::memcpy(bound.data(), data + offset, len);
     bound.run();
     if (rank_ != root) std::memcpy(data + offset, bound.data(), len);
@@ -408,11 +419,7 @@ Status GlooGroup::broadcast(const GroupCall& call, void* data, size_t bytes, int
   return guarded(call, [&]() -> Status {
     TRIBUTARY_RETURN_IF_ERROR(verify_order(call));
     if (bytes == 0) return Status();
-    if (settings_.sync) {
-      classic_broadcast(static_cast<std::byte*>(data), bytes, root);
-    } else {
-      unbound_broadcast(gloo_, data, bytes, root, gloo_tag(call), time_left(call));
-    }
+    classic_broadcast(static_cast<std::byte*>(data), bytes, root, call.deadline);
     return Status();
   });
 }

@@ -14,20 +14,24 @@
 // call's divisor (num_replicas_in_sync). Dtypes: those of Gloo's templates (no bfloat16).
 //
 // Modes (option `mode`): in async mode Gloo's I/O thread reads the sockets and wakes the caller;
-// every algorithm works, and broadcast / all-gather are gloo::broadcast / gloo::allgather. In sync
-// mode the calling thread reads its own sockets (busy_poll: spinning), which saves a thread
-// hand-off per message (several times lower latency on a loaded machine), but only the classic
-// algorithms work: broadcast and all-gather become BroadcastOneToAll and AllgatherRing, and the
-// unbound_* all-reduces are refused. `auto` (the default) is async: in the sync modes two ranks
-// that each write a message larger than the socket buffers to the other deadlock.
+// every algorithm works, and all-gather is gloo::allgather. In sync mode the calling thread reads
+// its own sockets (busy_poll: spinning), which saves a thread hand-off per message (several times
+// lower latency on a loaded machine), but only the classic algorithms work: all-gather becomes
+// AllgatherRing, and the unbound_* all-reduces are refused. Broadcast is BroadcastOneToAll in
+// every mode: Gloo's unbound gloo::broadcast saw a root that died in the middle of a message only
+// at the timeout (gloo_algorithms.h). AllgatherRing is not used in async mode: there a peer's next
+// run may write into its buffer before this rank has copied the last result out. `auto` (the
+// default) is async: in the sync modes two ranks that each write a message larger than the socket
+// buffers to the other deadlock.
 //
 // Rendezvous: Gloo's TCP addresses are exchanged through the context's store (GlooStore), under
 // "gloo/<instance>/", the instance numbered by creation order as every multi-process backend is.
 //
 // Every blocking step is bounded by the backend's `timeout`: the context's timeout for the classic
-// instances, what is left of the call's deadline for gloo::allreduce / broadcast / allgather and
-// the control channel. Failure: every exception Gloo throws is caught here and becomes a Status naming the
-// collective, this rank and, where it can be told, the peer's rank; an I/O error says that the
+// instances and unbound_bcube (pieces of a broadcast or unbound_bcube stop once the call's deadline
+// has passed), what is left of the call's deadline for unbound_ring, gloo::allgather and the
+// control channel. Failure: every exception Gloo throws is caught here and becomes a Status naming
+// the collective, this rank and, where it can be told, the peer's rank; an I/O error says that the
 // peer may have died. After one, this rank closes its connections (so that peers waiting for it
 // fail at once) and every later call returns that first error.
 // Control channel: besides Gloo's mesh, the ranks join a TcpTransport (transports/tcp, the ring
@@ -168,9 +172,15 @@ class GlooGroup final : public algorithms::ProcessGroup {
   // kGlooClassicMaxBytes: `src` in, the result (MEAN divided) to `data`.
   void classic_all_reduce(ClassicKind kind, void* data, const void* src, int64_t count,
                           DType dtype, ReduceOp op, int64_t mean_divisor);
-  // Sync mode's broadcast and all-gather (BroadcastOneToAll, AllgatherRing), in pieces; `data`
-  // holds P blocks of `block_bytes` for the all-gather, this rank's filled.
-  void classic_broadcast(std::byte* data, size_t bytes, int root);
+  // Broadcast (every mode) through BroadcastOneToAll, in pieces of kBroadcastPieceBytes, each
+  // through the instance of its size class (a power of two from kBroadcastMinClassBytes), so that
+  // the cache holds a few buffers per root, not one per size broadcast; failing between pieces
+  // once `deadline` has passed. Sync mode's all-gather (AllgatherRing), in pieces; `data` holds P
+  // blocks of `block_bytes`, this rank's filled.
+  static constexpr size_t kBroadcastPieceBytes = size_t{4} << 20;
+  static constexpr size_t kBroadcastMinClassBytes = size_t{4} << 10;
+  void classic_broadcast(std::byte* data, size_t bytes, int root,
+                         std::chrono::steady_clock::time_point deadline);
   void classic_all_gather(std::byte* data, size_t block_bytes);
   // The algorithm that runs `bytes` (auto resolved).
   GlooAlgorithm resolve(uint64_t bytes) const;

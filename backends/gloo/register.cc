@@ -68,8 +68,8 @@ Status register_gloo(BackendRegistry& registry) {
        .default_value = "auto",
        .help = "how Gloo waits for data: async (its I/O thread reads and wakes the caller; every "
                "algorithm), sync (the calling thread reads its sockets: lower latency, classic "
-               "algorithms only, broadcast and all-gather through BroadcastOneToAll and "
-               "AllgatherRing), busy_poll (sync, spinning: lowest latency, a core busy while "
+               "algorithms only, all-gather through AllgatherRing), busy_poll (sync, spinning: "
+               "lowest latency, a core busy while "
                "waiting), auto (= async). The sync modes can deadlock when messages exceed the "
                "socket buffers (both ranks blocked sending): use them for small messages only",
        .choices = {"auto", "async", "sync", "busy_poll"}},
