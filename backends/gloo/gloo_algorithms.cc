@@ -104,6 +104,32 @@ uint64_t gloo_overhead_factor(ClassicKind kind) {
   return 2;
 }
 
+// BroadcastOneToAll that sends a prefix of its buffer: the instance of a size class serves every
+// message up to its size, and only the message's bytes cross the wire. The same steps as Gloo's
+// run() (each receiver clears the root to send, the root sends to each, then waits for every send),
+// with `bytes` where Gloo sends the whole buffer; a single process has nothing to do (one buffer).
+class PrefixBroadcast final : public gloo::BroadcastOneToAll<uint8_t> {
+ public:
+  using gloo::BroadcastOneToAll<uint8_t>::BroadcastOneToAll;
+
+  void run_prefix(size_t bytes) {
+    if (contextSize_ == 1) return;
+    if (contextRank_ == rootRank_) {
+      for (int i = 0; i < contextSize_; ++i) {
+        if (i == contextRank_) continue;
+        sender_[static_cast<size_t>(i)]->clearToSendBuffer->waitRecv();
+        sender_[static_cast<size_t>(i)]->sendBuffer->send(0, bytes);
+      }
+      for (int i = 0; i < contextSize_; ++i) {
+        if (i != contextRank_) sender_[static_cast<size_t>(i)]->sendBuffer->waitSend();
+      }
+    } else {
+      receiver_->clearToSendBuffer->send();
+      receiver_->recvBuffer->waitRecv();
+    }
+  }
+};
+
 template <typename A, typename... Args>
 AlgorithmPtr owned(Args&&... args) {
   return AlgorithmPtr(std::make_unique<A>(std::forward<Args>(args)...).release());
@@ -114,7 +140,7 @@ AlgorithmPtr make_classic(ClassicKind kind, const std::shared_ptr<gloo::Context>
   // The byte movers: uint8_t elements, `count` bytes.
   if (kind == ClassicKind::kBroadcast) {
     std::vector<uint8_t*> ptrs{static_cast<uint8_t*>(data)};
-    return owned<gloo::BroadcastOneToAll<uint8_t>>(context, ptrs, static_cast<size_t>(count), root);
+    return owned<PrefixBroadcast>(context, ptrs, static_cast<size_t>(count), root);
   }
   if (kind == ClassicKind::kAllGather) {
     auto* out = static_cast<uint8_t*>(data);
@@ -219,6 +245,11 @@ void AlgorithmDeleter::operator()(gloo::Algorithm* algorithm) const noexcept {
 }
 
 void BoundAlgorithm::run() { algorithm->run(); }
+
+void BoundAlgorithm::run_prefix(size_t bytes) {
+  // Every kBroadcast instance is a PrefixBroadcast (make_classic).
+  static_cast<PrefixBroadcast*>(algorithm.get())->run_prefix(bytes);
+}
 
 void* BoundAlgorithm::input() const { return buffer.get() + input_offset; }
 

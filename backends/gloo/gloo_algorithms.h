@@ -113,7 +113,7 @@ enum class ClassicKind : uint8_t {
   kHalvingDoubling,
   kBcube,
   kReduceScatterHalvingDoubling,  // each process keeps count / P elements, at the buffer's start
-  kBroadcast,                     // BroadcastOneToAll of `count` bytes (dtype uint8) from `root`
+  kBroadcast,  // BroadcastOneToAll of up to `count` bytes (dtype uint8) from `root` (run_prefix)
   kAllGather,  // AllgatherRing of `count` bytes per process: data() holds P blocks, then the
                // input block (input())
 };
@@ -136,6 +136,8 @@ struct BoundAlgorithm {
   void* data() const { return user ? user : buffer.get(); }
   void* input() const;  // kAllGather: where this process's block goes before run()
   void run();
+  // kBroadcast: broadcasts the buffer's first `bytes` (at most count) instead of all of it.
+  void run_prefix(size_t bytes);
 };
 
 // Instances by (kind, dtype, op, count), least recently used evicted first while the footprint

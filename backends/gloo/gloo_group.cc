@@ -384,13 +384,12 @@ void GlooGroup::classic_broadcast(std::byte* data, size_t bytes, int root,
                               std::to_string(bytes) + " bytes still to broadcast");
     }
     const size_t len = std::min<size_t>(kBroadcastPieceBytes, bytes - offset);
-    // The instance of the piece's size class: it broadcasts its whole buffer, of which the
-    // receivers keep `len` bytes.
+    // The instance of the piece's size class, sending the piece's bytes only.
     const size_t size_class = std::max<size_t>(kBroadcastMinClassBytes, std::bit_ceil(len));
     BoundAlgorithm& bound = cache_->get(ClassicKind::kBroadcast, DType::kUInt8, ReduceOp::kSum,
                                         static_cast<int64_t>(size_class), root);
     if (rank_ == root) std::memcpy(bound.data(), data + offset, len);
-    bound.run();
+    bound.run_prefix(len);
     if (rank_ != root) std::memcpy(data + offset, bound.data(), len);
   }
 }
