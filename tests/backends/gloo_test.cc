@@ -532,9 +532,9 @@ TEST(Gloo, BroadcastInPiecesOfSizeClasses) {
       240));
 }
 
-// unbound_bcube runs a message larger
-// than kGlooUnboundBcubePieceBytes in pieces: two whole ones and a part, every element checked,
-// in place and out of place, on 2 processes and on 3 (one bcube step of 3).
+// unbound_bcube runs a message larger than kGlooUnboundBcubePieceBytes in pieces: two whole ones
+// and a part, every element checked, in place and out of place, on 2 processes and on 3 (one bcube
+// step of 3).
 TEST(Gloo, UnboundBcubeRunsLargeMessagesInPieces) {
   for (const int world : {2, 3}) {
     expect_all_zero(run_world(
