@@ -6,6 +6,8 @@
 //            its buffer, writes the piece into its slot (--store), and publishes it;
 //   copy     waits for the peer's piece and copies it from the peer's slot into its buffer;
 // then it publishes that the chunk is consumed (a slot is refilled once the peer consumed it).
+// (ShmGroup itself copies chunk k's peer piece one chunk later, after filling and reducing chunk
+// k+1, so that its wait seldom blocks; this model keeps each chunk's three steps together.)
 // Waits spin. The figures are busbw (as tributary-bench: bytes / time for 2 ranks) and the share of
 // rank 0's time in each phase, waits included. Threads share memory as processes sharing a
 // segment do, so the cache traffic is the same; what it leaves out is the backend's setup, its
