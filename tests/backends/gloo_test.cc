@@ -847,7 +847,8 @@ void expect_refused_after(CrossDeviceOps& ops, const Status& first, Checker& che
 
 // Rank 2 of 3 goes away: between collectives (it exits, its sockets close) or in the middle of a
 // 4 MiB all-reduce (SIGKILL). The survivors must fail with an error naming the collective, their
-// rank and the peer, well within the 5 s timeout, and refuse every later collective.
+// rank and, where it can be told, the peer, by 7 s (the timeout is 5 s; most specs fail at once),
+// and refuse every later collective.
 void peer_dies(const std::string& spec, bool mid_collective) {
   const std::vector<int> codes = run_world(
       3, 1,
@@ -891,10 +892,15 @@ void peer_dies(const std::string& spec, bool mid_collective) {
           }
           // The peer's rank is named where Gloo's message or the socket states make it clear
           // (not when two connections closed at once); the collective and this rank always
-          // (Gloo's errors say "on rank r", the control channel's "while rank r waited").
+          // (Gloo's errors say "on rank r", the control channel's "while rank r waited" when a
+          // peer gave up, and "did not send ... to rank r" when its wait timed out: with
+          // unbound_bcube a survivor can be held in Gloo until the timeout, see
+          // PeerKilledMidCollective, and the other then waits for it on the control channel).
           if (m.find("all_reduce #") == std::string::npos ||
               (m.find("on " + me_r) == std::string::npos &&
-               m.find(me_r + " waited for") == std::string::npos) ||
+               m.find(me_r + " waited for") == std::string::npos &&
+               m.find(" to " + me_r + " within the timeout") == std::string::npos &&
+               m.find(" from " + me_r + " within the timeout") == std::string::npos) ||
               (s.code() != StatusCode::kDeadlineExceeded &&
                m.find("the connection with ") == std::string::npos &&
                m.find("closed the connection") == std::string::npos)) {
@@ -973,6 +979,9 @@ TEST_P(GlooFault, PeerExitsBetweenCollectives) {
   peer_dies(std::string("gloo:timeout=5s,") + GetParam(), false);
 }
 
+// With algorithm=unbound_bcube a survivor can wait until the timeout (5 s) rather than fail at
+// once: Gloo (Debian's 2022 version) does not wake an unbound receive whose message had begun to
+// arrive when the connection fails, so the test allows up to 7 s for every spec.
 TEST_P(GlooFault, PeerKilledMidCollective) {
   peer_dies(std::string("gloo:timeout=5s,") + GetParam(), true);
 }

@@ -1190,10 +1190,14 @@ Status TcpTransport::wait(Request request, Deadline deadline) {
   });
   if (!finished) {
     const Impl::RequestState& r = it->second;
-    Status s = deadline_exceeded("rank " + std::to_string(r.peer) + " did not " +
-                                 (r.is_send ? "take " : "send ") + r.tag.describe() +
-                                 " within the timeout; is it still running? (raise timeout= in the "
-                                 "backend spec to wait longer)");
+    // Names both ends: which rank waited matters once the failure layer has merged the reports.
+    const std::string me = "rank " + std::to_string(m.rank);
+    Status s = deadline_exceeded(
+        "rank " + std::to_string(r.peer) + " did not " +
+        (r.is_send ? "take " + r.tag.describe() + " from " + me
+                   : "send " + r.tag.describe() + " to " + me) +
+        " within the timeout; is it still running? (raise timeout= in the backend spec to wait "
+        "longer)");
     m.fail(s);
     m.settle();
     m.requests.erase(it);
