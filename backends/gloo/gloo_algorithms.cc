@@ -1,6 +1,5 @@
 #include "backends/gloo/gloo_algorithms.h"
 
-#include <gloo/allgather.h>
 #include <gloo/allgather_ring.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_bcube.h>
@@ -9,8 +8,11 @@
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/broadcast_one_to_all.h>
 #include <gloo/common/error.h>
+#include <gloo/context.h>
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
+#include <gloo/transport/buffer.h>
+#include <gloo/transport/pair.h>
 #include <gloo/types.h>
 
 #include <array>
@@ -225,17 +227,6 @@ void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Con
   });
 }
 
-void unbound_all_gather(const std::shared_ptr<gloo::Context>& context, void* data,
-                        size_t block_bytes, uint32_t tag, std::chrono::milliseconds timeout) {
-  gloo::AllgatherOptions opts(context);
-  // No input: in place, this rank's block already sits at its position in the output.
-  opts.setOutput<uint8_t>(static_cast<uint8_t*>(data),
-                          block_bytes * static_cast<size_t>(context->size));
-  opts.setTag(tag);
-  opts.setTimeout(timeout);
-  gloo::allgather(opts);
-}
-
 void AlgorithmDeleter::operator()(gloo::Algorithm* algorithm) const noexcept {
   try {
     delete algorithm;
@@ -387,6 +378,116 @@ void AlgorithmCache::clear() noexcept {
   entries_.clear();
   bind_stats_.clear();
   bytes_ = 0;
+}
+
+ClearToSendAllgather::ClearToSendAllgather(std::shared_ptr<gloo::Context> context)
+    : context_(std::move(context)), peers_(static_cast<size_t>(context_->size)) {
+  const int slot = context_->nextSlot();
+  for (int i = 0; i < context_->size; ++i) {
+    if (i == context_->rank) continue;
+    Peer& p = peers_[static_cast<size_t>(i)];
+    auto& pair = context_->getPair(i);
+    p.clear_in = pair->createRecvBuffer(slot, &p.clear_in_word, sizeof p.clear_in_word);
+    p.clear_out = pair->createSendBuffer(slot, &p.clear_out_word, sizeof p.clear_out_word);
+  }
+}
+
+ClearToSendAllgather::~ClearToSendAllgather() = default;
+
+void ClearToSendAllgather::run(void* data, size_t block_bytes) {
+  const int size = context_->size;
+  if (size == 1) return;
+  // This call's buffers, over the caller's blocks, on a slot of their own: registered before this
+  // rank clears anyone to send into them, and dropped on the way out, an error's included (the
+  // caller's buffer may go away then).
+  struct Drop {
+    std::vector<Peer>& peers;
+    ~Drop() {
+      for (Peer& p : peers) {
+        try {
+          p.in.reset();
+        } catch (...) {
+          // Gloo's destructors may throw on a failed connection; the buffer is gone either way.
+        }
+        try {
+          p.out.reset();
+        } catch (...) {
+        }
+      }
+    }
+  } drop{peers_};
+  const int slot = context_->nextSlot();
+  if (block_bytes * static_cast<size_t>(size) <= kClearToSendExchangeMaxBytes) {
+    exchange(static_cast<uint8_t*>(data), block_bytes, slot);
+  } else {
+    ring(static_cast<uint8_t*>(data), block_bytes, slot);
+  }
+}
+
+void ClearToSendAllgather::exchange(uint8_t* data, size_t block_bytes, int slot) {
+  const int size = context_->size;
+  const int rank = context_->rank;
+  for (int i = 0; i < size; ++i) {
+    if (i == rank) continue;
+    Peer& p = peers_[static_cast<size_t>(i)];
+    auto& pair = context_->getPair(i);
+    p.in = pair->createRecvBuffer(slot, data + static_cast<size_t>(i) * block_bytes, block_bytes);
+    p.out =
+        pair->createSendBuffer(slot, data + static_cast<size_t>(rank) * block_bytes, block_bytes);
+  }
+  // Every step visits the peers from the next rank on, so that they are not all sent to at once.
+  const auto each = [&](auto&& f) {
+    for (int k = 1; k < size; ++k) f(peers_[static_cast<size_t>((rank + k) % size)]);
+  };
+  each([](Peer& p) { p.clear_out->send(); });
+  each([](Peer& p) {
+    p.clear_in->waitRecv();
+    p.out->send();
+  });
+  each([](Peer& p) { p.in->waitRecv(); });
+  each([](Peer& p) {
+    p.out->waitSend();
+    p.clear_out->waitSend();
+  });
+}
+
+void ClearToSendAllgather::ring(uint8_t* data, size_t block_bytes, int slot) {
+  const int size = context_->size;
+  const int rank = context_->rank;
+  const size_t total = block_bytes * static_cast<size_t>(size);
+  Peer& left = peers_[static_cast<size_t>((rank + size - 1) % size)];
+  Peer& right = peers_[static_cast<size_t>((rank + 1) % size)];
+  // Receives from the left and sends to the right, each over the whole output (with 2 processes
+  // both are the same peer, one receive and one send buffer on the slot).
+  left.in = context_->getPair((rank + size - 1) % size)->createRecvBuffer(slot, data, total);
+  right.out = context_->getPair((rank + 1) % size)->createSendBuffer(slot, data, total);
+  // Each block in two halves, so that a process forwards the first while the second arrives.
+  const size_t half = block_bytes >= 2 ? block_bytes / 2 : block_bytes;
+  const auto send_block = [&](size_t b) {
+    const size_t at = b * block_bytes;
+    right.out->send(at, half, at);
+    if (half < block_bytes) right.out->send(at + half, block_bytes - half, at + half);
+  };
+  const size_t pieces = half < block_bytes ? 2 : 1;
+  left.clear_out->send();
+  right.clear_in->waitRecv();
+  send_block(static_cast<size_t>(rank));
+  size_t sends = pieces;
+  // Step s receives block rank - s from the left, in order, and forwards all but the last.
+  for (int s = 1; s < size; ++s) {
+    const size_t b = static_cast<size_t>((rank + size - s) % size);
+    const size_t at = b * block_bytes;
+    for (size_t piece = 0; piece < pieces; ++piece) {
+      left.in->waitRecv();
+      if (s < size - 1) {
+        const size_t off = piece == 0 ? 0 : half;
+        right.out->send(at + off, piece == 0 ? half : block_bytes - half, at + off);
+        ++sends;
+      }
+    }
+  }
+  for (size_t i = 0; i < sends; ++i) right.out->waitSend();
+  left.clear_out->waitSend();
 }
 
 }  // namespace tributary::backends

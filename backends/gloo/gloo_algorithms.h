@@ -12,10 +12,11 @@
 //    messages through them in pieces of kGlooClassicMaxBytes. They are the only ones that work
 //    when the pairs are in Gloo's sync mode (the calling thread reads its own sockets).
 //  - unbound: gloo::allreduce() (gloo/allreduce.h; the API PyTorch's ProcessGroupGloo uses) with
-//    its RING or BCUBE algorithm, and gloo::allgather. They work on the caller's buffers per
-//    call, matched by tag, and need Gloo's I/O thread (async mode). A peer that dies while its
-//    message to this rank is arriving is seen only at the timeout: Gloo does not wake that
-//    receive when the connection fails (broadcast is classic in every mode for that reason).
+//    its RING or BCUBE algorithm. It works on the caller's buffers per call, matched by tag, and
+//    needs Gloo's I/O thread (async mode). A peer that dies while its message to this rank is
+//    arriving is seen only at the timeout: Gloo does not wake that receive when the connection
+//    fails (so broadcast and all-gather are classic in every mode, and `auto` never picks an
+//    unbound all-reduce).
 //
 // Per algorithm (P processes, S bytes; from Gloo's docs/algorithms.md):
 //   ring              P-1 steps, P*S bytes sent per process (whole buffer each step)
@@ -28,7 +29,8 @@
 //                     of at most 1 MiB; about 2S(P-1)/P bytes per process
 //   unbound_bcube     gloo::allreduce bcube
 // Besides all-reduce: BroadcastOneToAll (the root sends to every process), AllgatherRing (P-1
-// steps), ReduceScatterHalvingDoubling; and gloo::allgather (unbound).
+// steps), ReduceScatterHalvingDoubling. And one of ours on Gloo's classic buffers, for
+// all-gather in async mode (ClearToSendAllgather, below).
 //
 // Every function here may throw Gloo's exceptions (gloo::IoException, gloo::EnforceNotMet, ...)
 // or std::bad_alloc; the backend's boundary (GlooGroup::guarded) converts them to Status.
@@ -51,6 +53,9 @@
 namespace gloo {
 class Algorithm;
 class Context;
+namespace transport {
+class Buffer;
+}  // namespace transport
 }  // namespace gloo
 
 namespace tributary::backends {
@@ -94,11 +99,6 @@ inline constexpr uint64_t kGlooUnboundBcubePieceBytes = uint64_t{16} << 20;
 void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Context>& context,
                         void* data, size_t count, DType dtype, ReduceOp op, uint32_t tag,
                         std::chrono::milliseconds timeout);
-// gloo::allgather() in place: `data` holds context->size blocks of `block_bytes`, this rank's
-// already filled.
-void unbound_all_gather(const std::shared_ptr<gloo::Context>& context, void* data,
-                        size_t block_bytes, uint32_t tag, std::chrono::milliseconds timeout);
-
 // Deletes a Gloo algorithm. Gloo declares ~Algorithm() noexcept(false), and unique_ptr's own
 // deleter would turn a throw into std::terminate; this one swallows it (destructors never throw).
 struct AlgorithmDeleter {
@@ -195,6 +195,43 @@ class AlgorithmCache {
     uint64_t reused = 0, rebuilt = 0;
   };
   std::map<std::tuple<ClassicKind, DType, ReduceOp, int64_t>, BindStats> bind_stats_;
+};
+
+// All-gather on Gloo's classic buffers over the caller's buffer, with a clear to send: before a
+// process sends into a peer's buffer, the peer tells it that the buffer is registered for this
+// call. Up to kClearToSendExchangeMaxBytes of output, every process sends its block straight to
+// every other (one step); above, a ring of P-1 steps, each block in two halves so that a process
+// forwards the first while the second arrives (each process sends and receives P-1 blocks either
+// way). Gloo's AllgatherRing has no clear to send, so in async mode a peer's next run can write
+// into a result not yet copied out; and unlike gloo::allgather (unbound buffers), the receives here
+// are woken when a connection fails, so a peer that dies in the middle of a block is seen at once.
+// The clear-to-send buffers live as long as the object; each run registers buffers over the
+// caller's blocks on a slot of its own before clearing anyone to send, and drops them on the way
+// out. Async mode only (in sync mode two processes writing large blocks to each other would
+// deadlock). Every wait has the context's timeout. Every process must construct it, and run it, at
+// the same collective (slots).
+inline constexpr size_t kClearToSendExchangeMaxBytes = size_t{2} << 20;
+class ClearToSendAllgather {
+ public:
+  explicit ClearToSendAllgather(std::shared_ptr<gloo::Context> context);
+  ~ClearToSendAllgather();
+  ClearToSendAllgather(const ClearToSendAllgather&) = delete;
+  ClearToSendAllgather& operator=(const ClearToSendAllgather&) = delete;
+
+  // `data` holds context->size blocks of `block_bytes` (> 0), this process's already filled.
+  void run(void* data, size_t block_bytes);
+
+ private:
+  struct Peer {
+    int clear_in_word = 0, clear_out_word = 0;
+    std::unique_ptr<gloo::transport::Buffer> clear_in, clear_out;  // for the object's life
+    std::unique_ptr<gloo::transport::Buffer> in, out;              // for one run
+  };
+  void exchange(uint8_t* data, size_t block_bytes, int slot);
+  void ring(uint8_t* data, size_t block_bytes, int slot);
+
+  std::shared_ptr<gloo::Context> context_;
+  std::vector<Peer> peers_;  // by rank; this process's entry unused
 };
 
 }  // namespace tributary::backends

@@ -172,6 +172,7 @@ GlooGroup::~GlooGroup() {
   }
   // Instances first: they hold buffers registered with the context's pairs.
   registered_.clear();
+  exchange_.reset();
   cache_.reset();
   gloo_.reset();
 }
@@ -430,7 +431,9 @@ Status GlooGroup::all_gather(const GroupCall& call, void* data, size_t bytes_per
     if (settings_.sync) {
       classic_all_gather(static_cast<std::byte*>(data), bytes_per_rank);
     } else {
-      unbound_all_gather(gloo_, data, bytes_per_rank, gloo_tag(call), time_left(call));
+      // Built at the first all-gather, which is the same collective on every rank (slots).
+      if (!exchange_) exchange_ = std::make_unique<ClearToSendAllgather>(gloo_);
+      exchange_->run(data, bytes_per_rank);
     }
     return Status();
   });

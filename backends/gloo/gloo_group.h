@@ -14,48 +14,49 @@
 // call's divisor (num_replicas_in_sync). Dtypes: those of Gloo's templates (no bfloat16).
 //
 // Modes (option `mode`): in async mode Gloo's I/O thread reads the sockets and wakes the caller;
-// every algorithm works, and all-gather is gloo::allgather. In sync mode the calling thread reads
-// its own sockets (busy_poll: spinning), which saves a thread hand-off per message (several times
-// lower latency on a loaded machine), but only the classic algorithms work: all-gather becomes
-// AllgatherRing, and the unbound_* all-reduces are refused. Broadcast is BroadcastOneToAll in
-// every mode: Gloo's unbound gloo::broadcast saw a root that died in the middle of a message only
-// at the timeout (gloo_algorithms.h). AllgatherRing is not used in async mode: there a peer's next
-// run may write into its buffer before this rank has copied the last result out. `auto` (the
-// default) is async: in the sync modes two ranks that each write a message larger than the socket
-// buffers to the other deadlock.
+// every algorithm works, and all-gather is tributary's own on Gloo's classic buffers, over the
+// caller's buffer, with a clear to send (ClearToSendAllgather: a direct exchange up to 2 MiB of
+// output, a ring above). In sync mode the calling thread reads its own sockets (busy_poll:
+// spinning), which saves a thread hand-off per message (several times lower latency on a loaded
+// machine), but only Gloo's classic algorithms work: all-gather becomes AllgatherRing, and the
+// unbound_* all-reduces are refused. Broadcast is BroadcastOneToAll in every mode. Gloo's unbound
+// gloo::broadcast and gloo::allgather, which async mode used before, saw a peer that died in the
+// middle of a message only at the timeout (gloo_algorithms.h). AllgatherRing is not used in async
+// mode: there a peer's next run may write into its buffer before this rank has copied the last
+// result out, which the clear to send rules out. `auto` (the default) is async: in the sync modes
+// two ranks that each write a message larger than the socket buffers to the other deadlock.
 //
 // Rendezvous: Gloo's TCP addresses are exchanged through the context's store (GlooStore), under
 // "gloo/<instance>/", the instance numbered by creation order as every multi-process backend is.
 //
 // Every blocking step is bounded by the backend's `timeout`: the context's timeout for the classic
-// instances and unbound_bcube (pieces of a broadcast or unbound_bcube stop once the call's deadline
-// has passed), what is left of the call's deadline for unbound_ring, gloo::allgather and the
-// control channel. Failure: every exception Gloo throws is caught here and becomes a Status naming
-// the collective, this rank and, where it can be told, the peer's rank; an I/O error says that the
-// peer may have died. After one, this rank closes its connections (so that peers waiting for it
-// fail at once) and every later call returns that first error.
-// Control channel: besides Gloo's mesh, the ranks join a TcpTransport (transports/tcp, the ring
-// backend's transport: authenticated frames with a secret, deadlines, a peer's death or abort seen
-// at once) under "gloo/<instance>/control/". Only 32-byte fingerprints cross it, never data: a
-// round trip through Gloo's async pairs costs 130 us (2 processes) to 700 us (4 processes on 2
-// cores) here; the exchange over this transport measured 27-35 us with a polling wait and 50-90 us
-// with the sleeping one it uses (2 processes, waiting for the slower rank included). It sleeps at
-// once rather than polling because Gloo's I/O threads share the cores (4 processes on 2 cores:
-// 0.4-1.0 ms a small collective so, 1.6-2.0 ms polling).
-// Ordering: with verify=true (the default) every group call first exchanges a 32-byte fingerprint
-// (sequence, collective, op, dtype, count, root, local replicas) over the control channel, so that
-// ranks issuing different collectives (even different kinds, whose Gloo exchanges would never
-// meet) fail at once on every rank with a message naming both sides instead of combining
-// unrelated data; the fingerprint carries the broadcast root, so ProcessGroupOps' own agreement on
-// it is skipped (checks_roots). verify=false skips the exchange where nothing else needs it (see
-// Binding); ProcessGroupOps then agrees on broadcast roots with a small all-reduce.
-// Buffers registered with register_buffer need no agreement: their instances are their own
-// (Registered), and the fingerprint (verify=true) carries whether the call's buffer is registered.
-// Destruction is collective: a barrier first (at most min(timeout, 10 s) in async mode, timeout in
-// sync mode), because Gloo fails a wait on a closed connection even when its data has arrived, so
-// a rank that closed at once could fail a slower peer. Writes to a dead peer would raise SIGPIPE:
-// SIGPIPE is blocked in Gloo's I/O thread and, during each group call, in the calling thread, and
-// a pending one is discarded.
+// instances, the all-gather and unbound_bcube (pieces of a broadcast or unbound_bcube stop
+// once the call's deadline has passed), what is left of the call's deadline for unbound_ring and
+// the control channel. Failure: every exception Gloo throws is caught here and becomes a Status
+// naming the collective, this rank and, where it can be told, the peer's rank; an I/O error says
+// that the peer may have died. After one, this rank closes its connections (so that peers waiting
+// for it fail at once) and every later call returns that first error. Control channel: besides
+// Gloo's mesh, the ranks join a TcpTransport (transports/tcp, the ring backend's transport:
+// authenticated frames with a secret, deadlines, a peer's death or abort seen at once) under
+// "gloo/<instance>/control/". Only 32-byte fingerprints cross it, never data: a round trip through
+// Gloo's async pairs costs 130 us (2 processes) to 700 us (4 processes on 2 cores) here; the
+// exchange over this transport measured 27-35 us with a polling wait and 50-90 us with the sleeping
+// one it uses (2 processes, waiting for the slower rank included). It sleeps at once rather than
+// polling because Gloo's I/O threads share the cores (4 processes on 2 cores: 0.4-1.0 ms a small
+// collective so, 1.6-2.0 ms polling). Ordering: with verify=true (the default) every group call
+// first exchanges a 32-byte fingerprint (sequence, collective, op, dtype, count, root, local
+// replicas) over the control channel, so that ranks issuing different collectives (even different
+// kinds, whose Gloo exchanges would never meet) fail at once on every rank with a message naming
+// both sides instead of combining unrelated data; the fingerprint carries the broadcast root, so
+// ProcessGroupOps' own agreement on it is skipped (checks_roots). verify=false skips the exchange
+// where nothing else needs it (see Binding); ProcessGroupOps then agrees on broadcast roots with a
+// small all-reduce. Buffers registered with register_buffer need no agreement: their instances are
+// their own (Registered), and the fingerprint (verify=true) carries whether the call's buffer is
+// registered. Destruction is collective: a barrier first (at most min(timeout, 10 s) in async mode,
+// timeout in sync mode), because Gloo fails a wait on a closed connection even when its data has
+// arrived, so a rank that closed at once could fail a slower peer. Writes to a dead peer would
+// raise SIGPIPE: SIGPIPE is blocked in Gloo's I/O thread and, during each group call, in the
+// calling thread, and a pending one is discarded.
 #pragma once
 
 #include <chrono>
@@ -194,6 +195,7 @@ class GlooGroup final : public algorithms::ProcessGroup {
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<AlgorithmCache> cache_;
+  std::unique_ptr<ClearToSendAllgather> exchange_;  // async mode's all-gather, from the first one
   std::map<uint64_t, Registered> registered_;  // by registration id; after cache_ (goes first)
   mutable std::mutex mu_;                      // guards failure_ (abort may come from any thread)
   Status failure_;                             // the first failure

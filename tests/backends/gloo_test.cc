@@ -532,6 +532,70 @@ TEST(Gloo, BroadcastInPiecesOfSizeClasses) {
       240));
 }
 
+// All-gather in async mode is ClearToSendAllgather on the caller's buffer (3 processes: a direct
+// exchange up to 699050 bytes per process, kClearToSendExchangeMaxBytes of output, a ring in halves
+// above); sync mode's is AllgatherRing. Sizes around that edge and up to several MiB (sync mode:
+// up to 100000 bytes), three times each with new values, then 300 all-gathers of 1 KiB and (async)
+// 40 of 699051 bytes back to back, all with
+// verify=false so that nothing but the algorithm lines the ranks up: a peer's next run must not
+// write into a result before this one has finished (Gloo's AllgatherRing does in async mode). Every
+// byte is checked, and that nothing past the output is written.
+TEST(Gloo, AllGatherWithClearToSend) {
+  expect_all_zero(run_world(
+      3, 1,
+      [](Rank& me) {
+        Checker check(me.rank);
+        for (const std::string mode : {"async", "sync"}) {
+          const std::string spec = "gloo:timeout=60s,verify=false,mode=" + mode;
+          auto made = create(spec, me);
+          if (!made.ok()) {
+            check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+            return 1;
+          }
+          std::vector<std::pair<size_t, int>> plan;  // bytes per process, times
+          const size_t edge = backends::kClearToSendExchangeMaxBytes / 3;
+          // Sync mode's AllgatherRing only up to 100000 bytes: above the socket buffers, every
+          // process writing to the next while none reads would deadlock it.
+          for (const size_t bytes : {size_t{1}, size_t{2}, size_t{4097}, size_t{100000}, edge,
+                                     edge + 1, (size_t{2} << 20) + 4099, (size_t{5} << 20) + 1}) {
+            if (mode == "async" || bytes <= 100000) plan.emplace_back(bytes, 3);
+          }
+          plan.emplace_back(1024, 300);
+          if (mode == "async") plan.emplace_back(edge + 1, 40);
+          int call = 0;
+          for (const auto& [bytes, times] : plan) {
+            const size_t total = bytes * static_cast<size_t>(me.world);
+            for (int repeat = 0; repeat < times; ++repeat, ++call) {
+              const auto value = [&](int r, size_t j) {
+                return static_cast<uint8_t>(j * 7 + static_cast<size_t>(r) * 31 + call);
+              };
+              std::vector<uint8_t> in(bytes), out(total + 64, 0xEE);
+              for (size_t j = 0; j < bytes; ++j) in[j] = value(me.rank, j);
+              Tensor t(in.data(), DType::kUInt8, Shape{static_cast<int64_t>(bytes)});
+              Tensor all(out.data(), DType::kUInt8, Shape{static_cast<int64_t>(total)});
+              Status s =
+                  (*made)->all_gather(PerReplica<Tensor>({t}), PerReplica<Tensor>({all})).wait();
+              if (!s.ok()) {
+                check.fail("%s: %zu bytes: %s", spec.c_str(), bytes, s.to_string().c_str());
+                return 1;
+              }
+              for (size_t j = 0; j < total + 64; ++j) {
+                const uint8_t want =
+                    j < total ? value(static_cast<int>(j / bytes), j % bytes) : uint8_t{0xEE};
+                if (out[j] != want) {
+                  check.fail("%s: %zu bytes per process, call %d: byte %zu is %d, want %d",
+                             spec.c_str(), bytes, call, j, out[j], want);
+                  return 1;
+                }
+              }
+            }
+          }
+        }
+        return check.ok() ? 0 : 1;
+      },
+      240));
+}
+
 // unbound_bcube runs a message larger than kGlooUnboundBcubePieceBytes in pieces: two whole ones
 // and a part, every element checked, in place and out of place, on 2 processes and on 3 (one bcube
 // step of 3).
@@ -918,13 +982,14 @@ void peer_dies(const std::string& spec, bool mid_collective) {
   EXPECT_TRUE(codes[2] == 0 || codes[2] == 128 + SIGKILL) << "rank 2 ended with " << codes[2];
 }
 
-// Rank 2 of 3 is killed in the middle of 16 MiB broadcasts from it, in the default (async) mode
-// and in sync mode: the survivors, whose receive from it was under way, fail well before the 20 s
-// timeout. Gloo's unbound gloo::broadcast, which async mode used, left such a receive waiting for
-// the timeout (22 s here): Gloo wakes a connection's waiting receives when it fails, but not one
-// whose message has begun to arrive. The kill comes after a first broadcast, so that every rank is
-// past its setup.
-TEST(GlooFailure, RootKilledMidBroadcastIsSeenBeforeTheTimeout) {
+// Rank 2 of 3 is killed in the middle of a stream of large collectives (`run`: 16 MiB from each
+// sending rank), in the default (async) mode and in sync mode: the survivors, whose receive from it
+// was under way, fail well before the 20 s timeout. Gloo's unbound gloo::broadcast and
+// gloo::allgather, which async mode used, left such a receive waiting for the timeout (22 s here):
+// Gloo wakes a connection's waiting receives when it fails, but not one whose message has begun to
+// arrive. The kill comes after a first collective, so that every rank is past its setup.
+void killed_mid_stream_is_seen_before_the_timeout(
+    const std::function<Status(CrossDeviceOps&, const std::string& mode)>& run) {
   for (const std::string mode : {"async", "sync"}) {
     SCOPED_TRACE("mode=" + mode);
     const std::vector<int> codes = run_world(
@@ -936,12 +1001,9 @@ TEST(GlooFailure, RootKilledMidBroadcastIsSeenBeforeTheTimeout) {
             check.fail("%s", made.status().to_string().c_str());
             return 1;
           }
-          const int64_t count = int64_t{1} << 22;
-          std::vector<float> buf(static_cast<size_t>(count), 1.0f);
-          Tensor t(buf.data(), DType::kFloat32, Shape{count});
-          Status s = (*made)->broadcast(t, Mirrored<Tensor>({t}), 2).wait();
+          Status s = run(**made, mode);
           if (!s.ok()) {
-            check.fail("the first broadcast: %s", s.to_string().c_str());
+            check.fail("the first collective: %s", s.to_string().c_str());
             return 1;
           }
           if (me.rank == 2) {
@@ -953,7 +1015,7 @@ TEST(GlooFailure, RootKilledMidBroadcastIsSeenBeforeTheTimeout) {
           double took = 0;
           while (s.ok()) {
             const auto start = Clock::now();
-            s = (*made)->broadcast(t, Mirrored<Tensor>({t}), 2).wait();
+            s = run(**made, mode);
             took = std::chrono::duration<double>(Clock::now() - start).count();
           }
           if (me.rank == 2) _exit(0);  // not reached: killed
@@ -971,6 +1033,27 @@ TEST(GlooFailure, RootKilledMidBroadcastIsSeenBeforeTheTimeout) {
     EXPECT_EQ(codes[1], 0);
     EXPECT_EQ(codes[2], 128 + SIGKILL) << "rank 2 ended with " << codes[2];
   }
+}
+
+// Broadcasts of 16 MiB from rank 2.
+TEST(GlooFailure, RootKilledMidBroadcastIsSeenBeforeTheTimeout) {
+  std::vector<float> buf(size_t{1} << 22, 1.0f);
+  killed_mid_stream_is_seen_before_the_timeout([&](CrossDeviceOps& ops, const std::string&) {
+    Tensor t(buf.data(), DType::kFloat32, Shape{static_cast<int64_t>(buf.size())});
+    return ops.broadcast(t, Mirrored<Tensor>({t}), 2).wait();
+  });
+}
+
+// All-gathers of 16 MiB per process; 1 MiB in sync mode, whose AllgatherRing deadlocks when every
+// process writes a block larger than the socket buffers to the next (16 MiB did here, under load).
+TEST(GlooFailure, PeerKilledMidAllGatherIsSeenBeforeTheTimeout) {
+  std::vector<float> in(size_t{1} << 22, 1.0f), out(3 * in.size());
+  killed_mid_stream_is_seen_before_the_timeout([&](CrossDeviceOps& ops, const std::string& mode) {
+    const int64_t count = static_cast<int64_t>(mode == "sync" ? in.size() / 16 : in.size());
+    Tensor t(in.data(), DType::kFloat32, Shape{count});
+    Tensor all(out.data(), DType::kFloat32, Shape{3 * count});
+    return ops.all_gather(PerReplica<Tensor>({t}), PerReplica<Tensor>({all})).wait();
+  });
 }
 
 class GlooFault : public ::testing::TestWithParam<const char*> {};
