@@ -16,6 +16,7 @@
 #include <gloo/types.h>
 
 #include <array>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -382,7 +383,9 @@ void AlgorithmCache::clear() noexcept {
 
 ClearToSendAllgather::ClearToSendAllgather(std::shared_ptr<gloo::Context> context)
     : context_(std::move(context)), peers_(static_cast<size_t>(context_->size)) {
-  const int slot = context_->nextSlot();
+  // Two slots: the clear to send, then every run's blocks.
+  const int slot = context_->nextSlot(2);
+  data_slot_ = slot + 1;
   for (int i = 0; i < context_->size; ++i) {
     if (i == context_->rank) continue;
     Peer& p = peers_[static_cast<size_t>(i)];
@@ -397,13 +400,22 @@ ClearToSendAllgather::~ClearToSendAllgather() = default;
 void ClearToSendAllgather::run(void* data, size_t block_bytes) {
   const int size = context_->size;
   if (size == 1) return;
-  // This call's buffers, over the caller's blocks, on a slot of their own: registered before this
-  // rank clears anyone to send into them, and dropped on the way out, an error's included (the
-  // caller's buffer may go away then).
+  // This run's buffers, over the caller's blocks, on the data slot: registered before this rank
+  // clears anyone to send into them, and dropped on the way out. After a failure Gloo's I/O thread
+  // may still hold them (a queued send, a half-read receive) and write to a live peer through them,
+  // so the connections are closed first: the group is unusable then anyway.
   struct Drop {
-    std::vector<Peer>& peers;
+    ClearToSendAllgather& self;
+    const int exceptions = std::uncaught_exceptions();
     ~Drop() {
-      for (Peer& p : peers) {
+      if (std::uncaught_exceptions() > exceptions) {
+        try {
+          self.context_->closeConnections();
+        } catch (...) {
+          // Closing a failed connection may throw; the buffers must go either way.
+        }
+      }
+      for (Peer& p : self.peers_) {
         try {
           p.in.reset();
         } catch (...) {
@@ -415,12 +427,11 @@ void ClearToSendAllgather::run(void* data, size_t block_bytes) {
         }
       }
     }
-  } drop{peers_};
-  const int slot = context_->nextSlot();
+  } drop{*this};
   if (block_bytes * static_cast<size_t>(size) <= kClearToSendExchangeMaxBytes) {
-    exchange(static_cast<uint8_t*>(data), block_bytes, slot);
+    exchange(static_cast<uint8_t*>(data), block_bytes, data_slot_);
   } else {
-    ring(static_cast<uint8_t*>(data), block_bytes, slot);
+    ring(static_cast<uint8_t*>(data), block_bytes, data_slot_);
   }
 }
 

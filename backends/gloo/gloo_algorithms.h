@@ -206,10 +206,13 @@ class AlgorithmCache {
 // into a result not yet copied out; and unlike gloo::allgather (unbound buffers), the receives here
 // are woken when a connection fails, so a peer that dies in the middle of a block is seen at once.
 // The clear-to-send buffers live as long as the object; each run registers buffers over the
-// caller's blocks on a slot of its own before clearing anyone to send, and drops them on the way
-// out. Async mode only (in sync mode two processes writing large blocks to each other would
-// deadlock). Every wait has the context's timeout. Every process must construct it, and run it, at
-// the same collective (slots).
+// caller's blocks on the object's data slot before clearing anyone to send (a peer sends run n+1's
+// data only after this rank's clear to send for it, so after run n's buffers are gone), and drops
+// them on the way out; on an error it closes the context's connections first (Gloo's I/O thread may
+// still hold them). Async mode only (in sync mode two processes writing large blocks to each other
+// would deadlock). Every wait has the context's timeout. Every process must construct it at the
+// same point (slots), and before its peers send to it: a clear to send that arrives for a slot not
+// yet registered makes Gloo's I/O thread spin until it is.
 inline constexpr size_t kClearToSendExchangeMaxBytes = size_t{2} << 20;
 class ClearToSendAllgather {
  public:
@@ -231,6 +234,7 @@ class ClearToSendAllgather {
   void ring(uint8_t* data, size_t block_bytes, int slot);
 
   std::shared_ptr<gloo::Context> context_;
+  int data_slot_ = 0;
   std::vector<Peer> peers_;  // by rank; this process's entry unused
 };
 

@@ -142,7 +142,10 @@ GlooGroup::GlooGroup(GlooConnection gloo, std::unique_ptr<algorithms::ProcessGro
       settings_(settings),
       rank_(gloo_->rank),
       size_(gloo_->size),
-      cache_(std::make_unique<AlgorithmCache>(gloo_, settings.cache_bytes)) {}
+      cache_(std::make_unique<AlgorithmCache>(gloo_, settings.cache_bytes)),
+      // At construction, on every rank (slots), and before any peer can issue an all-gather: a
+      // clear to send for a slot not yet registered makes Gloo's I/O thread spin.
+      exchange_(settings.sync ? nullptr : std::make_unique<ClearToSendAllgather>(gloo_)) {}
 
 GlooGroup::~GlooGroup() {
   if (error().ok()) {
@@ -431,8 +434,6 @@ Status GlooGroup::all_gather(const GroupCall& call, void* data, size_t bytes_per
     if (settings_.sync) {
       classic_all_gather(static_cast<std::byte*>(data), bytes_per_rank);
     } else {
-      // Built at the first all-gather, which is the same collective on every rank (slots).
-      if (!exchange_) exchange_ = std::make_unique<ClearToSendAllgather>(gloo_);
       exchange_->run(data, bytes_per_rank);
     }
     return Status();

@@ -195,7 +195,7 @@ class GlooGroup final : public algorithms::ProcessGroup {
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<AlgorithmCache> cache_;
-  std::unique_ptr<ClearToSendAllgather> exchange_;  // async mode's all-gather, from the first one
+  std::unique_ptr<ClearToSendAllgather> exchange_;  // async mode's all-gather
   std::map<uint64_t, Registered> registered_;  // by registration id; after cache_ (goes first)
   mutable std::mutex mu_;                      // guards failure_ (abort may come from any thread)
   Status failure_;                             // the first failure

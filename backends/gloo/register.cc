@@ -1,3 +1,4 @@
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -198,8 +199,13 @@ Status register_gloo(BackendRegistry& registry) {
       g.sync = mode != "async";
       g.local_replicas = static_cast<int>(context.devices.size());
       g.timeout = c.timeout;
-      group = std::make_unique<backends::GlooGroup>(std::move(made).value(), std::move(control),
-                                                    g);
+      try {
+        // Registers the all-gather's clear-to-send buffers with Gloo's pairs.
+        group =
+            std::make_unique<backends::GlooGroup>(std::move(made).value(), std::move(control), g);
+      } catch (const std::exception& e) {
+        return unavailable(std::string("gloo: setting up the group's buffers failed: ") + e.what());
+      }
     }
     // Everything around Gloo (local replicas, packing, copies, failure) is ProcessGroupOps', as
     // for ring and ucx (gloo_group.h).

@@ -532,68 +532,72 @@ TEST(Gloo, BroadcastInPiecesOfSizeClasses) {
       240));
 }
 
-// All-gather in async mode is ClearToSendAllgather on the caller's buffer (3 processes: a direct
-// exchange up to 699050 bytes per process, kClearToSendExchangeMaxBytes of output, a ring in halves
-// above); sync mode's is AllgatherRing. Sizes around that edge and up to several MiB (sync mode:
-// up to 100000 bytes), three times each with new values, then 300 all-gathers of 1 KiB and (async)
-// 40 of 699051 bytes back to back, all with
-// verify=false so that nothing but the algorithm lines the ranks up: a peer's next run must not
-// write into a result before this one has finished (Gloo's AllgatherRing does in async mode). Every
-// byte is checked, and that nothing past the output is written.
+// All-gather in async mode is ClearToSendAllgather on the caller's buffer (a direct exchange up to
+// kClearToSendExchangeMaxBytes of output, 699050 bytes per process with 3, a ring in halves above);
+// sync mode's is AllgatherRing. On 2 processes (the ring's left and right are one peer), 3 and 4.
+// Sizes around that edge and up to several MiB (sync mode: up to 100000 bytes), three times each
+// with new values, then 300 all-gathers of 1 KiB and (async) 40 just above the edge back to back,
+// all with verify=false so that nothing but the algorithm lines the ranks up: a peer's next run
+// must not write into a result before this one has finished (Gloo's AllgatherRing does in async
+// mode). Every byte is checked, and that nothing past the output is written.
 TEST(Gloo, AllGatherWithClearToSend) {
-  expect_all_zero(run_world(
-      3, 1,
-      [](Rank& me) {
-        Checker check(me.rank);
-        for (const std::string mode : {"async", "sync"}) {
-          const std::string spec = "gloo:timeout=60s,verify=false,mode=" + mode;
-          auto made = create(spec, me);
-          if (!made.ok()) {
-            check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
-            return 1;
-          }
-          std::vector<std::pair<size_t, int>> plan;  // bytes per process, times
-          const size_t edge = backends::kClearToSendExchangeMaxBytes / 3;
-          // Sync mode's AllgatherRing only up to 100000 bytes: above the socket buffers, every
-          // process writing to the next while none reads would deadlock it.
-          for (const size_t bytes : {size_t{1}, size_t{2}, size_t{4097}, size_t{100000}, edge,
-                                     edge + 1, (size_t{2} << 20) + 4099, (size_t{5} << 20) + 1}) {
-            if (mode == "async" || bytes <= 100000) plan.emplace_back(bytes, 3);
-          }
-          plan.emplace_back(1024, 300);
-          if (mode == "async") plan.emplace_back(edge + 1, 40);
-          int call = 0;
-          for (const auto& [bytes, times] : plan) {
-            const size_t total = bytes * static_cast<size_t>(me.world);
-            for (int repeat = 0; repeat < times; ++repeat, ++call) {
-              const auto value = [&](int r, size_t j) {
-                return static_cast<uint8_t>(j * 7 + static_cast<size_t>(r) * 31 + call);
-              };
-              std::vector<uint8_t> in(bytes), out(total + 64, 0xEE);
-              for (size_t j = 0; j < bytes; ++j) in[j] = value(me.rank, j);
-              Tensor t(in.data(), DType::kUInt8, Shape{static_cast<int64_t>(bytes)});
-              Tensor all(out.data(), DType::kUInt8, Shape{static_cast<int64_t>(total)});
-              Status s =
-                  (*made)->all_gather(PerReplica<Tensor>({t}), PerReplica<Tensor>({all})).wait();
-              if (!s.ok()) {
-                check.fail("%s: %zu bytes: %s", spec.c_str(), bytes, s.to_string().c_str());
-                return 1;
-              }
-              for (size_t j = 0; j < total + 64; ++j) {
-                const uint8_t want =
-                    j < total ? value(static_cast<int>(j / bytes), j % bytes) : uint8_t{0xEE};
-                if (out[j] != want) {
-                  check.fail("%s: %zu bytes per process, call %d: byte %zu is %d, want %d",
-                             spec.c_str(), bytes, call, j, out[j], want);
+  for (const int world : {2, 3, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    expect_all_zero(run_world(
+        world, 1,
+        [](Rank& me) {
+          Checker check(me.rank);
+          for (const std::string mode : {"async", "sync"}) {
+            const std::string spec = "gloo:timeout=60s,verify=false,mode=" + mode;
+            auto made = create(spec, me);
+            if (!made.ok()) {
+              check.fail("%s: %s", spec.c_str(), made.status().to_string().c_str());
+              return 1;
+            }
+            std::vector<std::pair<size_t, int>> plan;  // bytes per process, times
+            const size_t edge =
+                backends::kClearToSendExchangeMaxBytes / static_cast<size_t>(me.world);
+            // Sync mode's AllgatherRing only up to 100000 bytes: above the socket buffers, every
+            // process writing to the next while none reads would deadlock it.
+            for (const size_t bytes : {size_t{1}, size_t{2}, size_t{4097}, size_t{100000}, edge,
+                                       edge + 1, (size_t{2} << 20) + 4099, (size_t{5} << 20) + 1}) {
+              if (mode == "async" || bytes <= 100000) plan.emplace_back(bytes, 3);
+            }
+            plan.emplace_back(1024, 300);
+            if (mode == "async") plan.emplace_back(edge + 1, 40);
+            int call = 0;
+            for (const auto& [bytes, times] : plan) {
+              const size_t total = bytes * static_cast<size_t>(me.world);
+              for (int repeat = 0; repeat < times; ++repeat, ++call) {
+                const auto value = [&](int r, size_t j) {
+                  return static_cast<uint8_t>(j * 7 + static_cast<size_t>(r) * 31 + call);
+                };
+                std::vector<uint8_t> in(bytes), out(total + 64, 0xEE);
+                for (size_t j = 0; j < bytes; ++j) in[j] = value(me.rank, j);
+                Tensor t(in.data(), DType::kUInt8, Shape{static_cast<int64_t>(bytes)});
+                Tensor all(out.data(), DType::kUInt8, Shape{static_cast<int64_t>(total)});
+                Status s =
+                    (*made)->all_gather(PerReplica<Tensor>({t}), PerReplica<Tensor>({all})).wait();
+                if (!s.ok()) {
+                  check.fail("%s: %zu bytes: %s", spec.c_str(), bytes, s.to_string().c_str());
                   return 1;
+                }
+                for (size_t j = 0; j < total + 64; ++j) {
+                  const uint8_t want =
+                      j < total ? value(static_cast<int>(j / bytes), j % bytes) : uint8_t{0xEE};
+                  if (out[j] != want) {
+                    check.fail("%s: %zu bytes per process, call %d: byte %zu is %d, want %d",
+                               spec.c_str(), bytes, call, j, out[j], want);
+                    return 1;
+                  }
                 }
               }
             }
           }
-        }
-        return check.ok() ? 0 : 1;
-      },
-      240));
+          return check.ok() ? 0 : 1;
+        },
+        240));
+  }
 }
 
 // unbound_bcube runs a message larger than kGlooUnboundBcubePieceBytes in pieces: two whole ones
