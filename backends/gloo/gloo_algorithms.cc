@@ -435,6 +435,22 @@ void ClearToSendAllgather::run(void* data, size_t block_bytes) {
   }
 }
 
+void ClearToSendAllgather::clear(Peer& p, size_t block_bytes) {
+  p.clear_out_word = block_bytes;
+  p.clear_out->send();
+}
+
+void ClearToSendAllgather::await_clear(Peer& p, size_t block_bytes) {
+  p.clear_in->waitRecv();
+  // The peer cannot have sent its next clear yet: that waits for this rank's block.
+  if (p.clear_in_word != block_bytes) {
+    const auto peer = static_cast<size_t>(&p - peers_.data());
+    throw AllgatherSizeMismatch("rank " + std::to_string(peer) + " gathers " +
+                                std::to_string(p.clear_in_word) + " bytes per process, rank " +
+                                std::to_string(context_->rank) + " " + std::to_string(block_bytes));
+  }
+}
+
 void ClearToSendAllgather::exchange(uint8_t* data, size_t block_bytes, int slot) {
   const int size = context_->size;
   const int rank = context_->rank;
@@ -450,9 +466,9 @@ void ClearToSendAllgather::exchange(uint8_t* data, size_t block_bytes, int slot)
   const auto each = [&](auto&& f) {
     for (int k = 1; k < size; ++k) f(peers_[static_cast<size_t>((rank + k) % size)]);
   };
-  each([](Peer& p) { p.clear_out->send(); });
-  each([](Peer& p) {
-    p.clear_in->waitRecv();
+  each([&](Peer& p) { clear(p, block_bytes); });
+  each([&](Peer& p) {
+    await_clear(p, block_bytes);
     p.out->send();
   });
   each([](Peer& p) { p.in->waitRecv(); });
@@ -480,8 +496,8 @@ void ClearToSendAllgather::ring(uint8_t* data, size_t block_bytes, int slot) {
     if (half < block_bytes) right.out->send(at + half, block_bytes - half, at + half);
   };
   const size_t pieces = half < block_bytes ? 2 : 1;
-  left.clear_out->send();
-  right.clear_in->waitRecv();
+  clear(left, block_bytes);
+  await_clear(right, block_bytes);
   send_block(static_cast<size_t>(rank));
   size_t sends = pieces;
   // Step s receives block rank - s from the left, in order, and forwards all but the last.

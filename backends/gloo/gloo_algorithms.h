@@ -44,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -214,6 +215,14 @@ class AlgorithmCache {
 // same point (slots), and before its peers send to it: a clear to send that arrives for a slot not
 // yet registered makes Gloo's I/O thread spin until it is.
 inline constexpr size_t kClearToSendExchangeMaxBytes = size_t{2} << 20;
+// Thrown by ClearToSendAllgather::run when a peer gathers blocks of another size (verify=false lets
+// such calls reach Gloo): the clear to send carries the block size, and this rank refuses before
+// sending anything, where Gloo's I/O thread would otherwise stop the process on a message larger
+// than its buffer.
+class AllgatherSizeMismatch : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 class ClearToSendAllgather {
  public:
   explicit ClearToSendAllgather(std::shared_ptr<gloo::Context> context);
@@ -226,10 +235,14 @@ class ClearToSendAllgather {
 
  private:
   struct Peer {
-    int clear_in_word = 0, clear_out_word = 0;
+    uint64_t clear_in_word = 0, clear_out_word = 0;                // the sender's block size
     std::unique_ptr<gloo::transport::Buffer> clear_in, clear_out;  // for the object's life
     std::unique_ptr<gloo::transport::Buffer> in, out;              // for one run
   };
+  // Clears `p` to send (saying this rank's block size); waits for `p`'s clear, and throws
+  // AllgatherSizeMismatch when its block size differs.
+  void clear(Peer& p, size_t block_bytes);
+  void await_clear(Peer& p, size_t block_bytes);
   void exchange(uint8_t* data, size_t block_bytes, int slot);
   void ring(uint8_t* data, size_t block_bytes, int slot);
 

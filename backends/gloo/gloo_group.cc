@@ -231,6 +231,10 @@ Status GlooGroup::guarded(const GroupCall& call, Body&& body) {
                         " may have died, or closed its connections after an error of its "
                         "own");
       }
+    } catch (const AllgatherSizeMismatch& e) {
+      s = aborted("collective mismatch: " + where() + ": " + e.what() +
+                  "; every rank must issue the same collectives in the same order, with the same "
+                  "sizes (verify=true checks that before Gloo runs)");
     } catch (const gloo::EnforceNotMet& e) {
       s = internal_error(where() + ": a Gloo check failed: " + e.what());
     } catch (const gloo::Exception& e) {

@@ -1060,6 +1060,48 @@ TEST(GlooFailure, PeerKilledMidAllGatherIsSeenBeforeTheTimeout) {
   });
 }
 
+// With verify=false nothing checks sizes before Gloo runs. Rank 2 of 3 all-gathers blocks of
+// another size than ranks 0 and 1: both small (the exchange), both large (the ring), and one of
+// each. Gloo's I/O thread would stop the process on a block larger than the buffer it lands in;
+// instead the clear to send carries the block size, and every rank fails within the timeout, at
+// least one of them naming the mismatch.
+TEST(GlooFailure, AllGatherSizeMismatchFailsEveryRank) {
+  for (const auto& [size, odd] : std::vector<std::pair<int64_t, int64_t>>{
+           {1024, 2048}, {1 << 18, 1 << 19}, {1024, 1 << 19}}) {
+    SCOPED_TRACE(std::to_string(size) + " and " + std::to_string(odd) + " floats");
+    const std::vector<int> codes = run_world(
+        3, 1,
+        [&](Rank& me) {
+          Checker check(me.rank);
+          auto made = create("gloo:timeout=5s,verify=false", me);
+          if (!made.ok()) {
+            check.fail("%s", made.status().to_string().c_str());
+            return 1;
+          }
+          const int64_t count = me.rank == 2 ? odd : size;
+          std::vector<float> in(static_cast<size_t>(count), 1.0f),
+              out(static_cast<size_t>(3 * count));
+          Tensor t(in.data(), DType::kFloat32, Shape{count});
+          Tensor all(out.data(), DType::kFloat32, Shape{3 * count});
+          const auto start = Clock::now();
+          Status s = (*made)->all_gather(PerReplica<Tensor>({t}), PerReplica<Tensor>({all})).wait();
+          const double took = std::chrono::duration<double>(Clock::now() - start).count();
+          fprintf(stderr, "[rank %d] after %.2f s: %s\n", me.rank, took, s.to_string().c_str());
+          if (s.ok()) check.fail("the all-gather succeeded");
+          if (took > 7.0) check.fail("the error took %.2f s (timeout 5 s)", took);
+          if (!check.ok()) return 1;
+          return s.message().find("collective mismatch") != std::string::npos ? 0 : 3;
+        },
+        60);
+    ASSERT_EQ(codes.size(), 3u);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(codes[static_cast<size_t>(r)] == 0 || codes[static_cast<size_t>(r)] == 3)
+          << "rank " << r << " ended with " << codes[static_cast<size_t>(r)];
+    }
+    EXPECT_TRUE(codes[0] == 0 || codes[1] == 0 || codes[2] == 0) << "no rank named the mismatch";
+  }
+}
+
 class GlooFault : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GlooFault, PeerExitsBetweenCollectives) {
