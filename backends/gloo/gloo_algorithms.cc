@@ -111,22 +111,36 @@ uint64_t gloo_overhead_factor(ClassicKind kind) {
 // message up to its size, and only the message's bytes cross the wire. The same steps as Gloo's
 // run() (each receiver clears the root to send, the root sends to each, then waits for every send),
 // with `bytes` where Gloo sends the whole buffer; a single process has nothing to do (one buffer).
+// Each receiver's clear to send carries `check` (the low 32 bits of the whole broadcast's size,
+// which the message prints): the root refuses to send to a receiver expecting another size
+// (GlooSizeMismatch), where Gloo's I/O thread would stop a receiver on a message larger than its
+// buffer, or leave it with part of a larger one.
 class PrefixBroadcast final : public gloo::BroadcastOneToAll<uint8_t> {
  public:
   using gloo::BroadcastOneToAll<uint8_t>::BroadcastOneToAll;
 
-  void run_prefix(size_t bytes) {
+  void run_prefix(size_t bytes, uint32_t check) {
     if (contextSize_ == 1) return;
     if (contextRank_ == rootRank_) {
       for (int i = 0; i < contextSize_; ++i) {
         if (i == contextRank_) continue;
-        sender_[static_cast<size_t>(i)]->clearToSendBuffer->waitRecv();
-        sender_[static_cast<size_t>(i)]->sendBuffer->send(0, bytes);
+        forSender& s = *sender_[static_cast<size_t>(i)];
+        s.clearToSendBuffer->waitRecv();
+        // The receiver's next clear waits for this piece, so the word is this call's.
+        const auto theirs = static_cast<uint32_t>(s.dummy);
+        if (theirs != check) {
+          throw GlooSizeMismatch("rank " + std::to_string(i) + " expects a broadcast of " +
+                                 std::to_string(theirs) + " bytes, rank " +
+                                 std::to_string(contextRank_) + " broadcasts " +
+                                 std::to_string(check));
+        }
+        s.sendBuffer->send(0, bytes);
       }
       for (int i = 0; i < contextSize_; ++i) {
         if (i != contextRank_) sender_[static_cast<size_t>(i)]->sendBuffer->waitSend();
       }
     } else {
+      receiver_->dummy = static_cast<int>(check);
       receiver_->clearToSendBuffer->send();
       receiver_->recvBuffer->waitRecv();
     }
@@ -238,9 +252,9 @@ void AlgorithmDeleter::operator()(gloo::Algorithm* algorithm) const noexcept {
 
 void BoundAlgorithm::run() { algorithm->run(); }
 
-void BoundAlgorithm::run_prefix(size_t bytes) {
+void BoundAlgorithm::run_prefix(size_t bytes, uint32_t check) {
   // Every kBroadcast instance is a PrefixBroadcast (make_classic).
-  static_cast<PrefixBroadcast*>(algorithm.get())->run_prefix(bytes);
+  static_cast<PrefixBroadcast*>(algorithm.get())->run_prefix(bytes, check);
 }
 
 void* BoundAlgorithm::input() const { return buffer.get() + input_offset; }
@@ -445,9 +459,9 @@ void ClearToSendAllgather::await_clear(Peer& p, size_t block_bytes) {
   // The peer cannot have sent its next clear yet: that waits for this rank's block.
   if (p.clear_in_word != block_bytes) {
     const auto peer = static_cast<size_t>(&p - peers_.data());
-    throw AllgatherSizeMismatch("rank " + std::to_string(peer) + " gathers " +
-                                std::to_string(p.clear_in_word) + " bytes per process, rank " +
-                                std::to_string(context_->rank) + " " + std::to_string(block_bytes));
+    throw GlooSizeMismatch("rank " + std::to_string(peer) + " gathers " +
+                           std::to_string(p.clear_in_word) + " bytes per process, rank " +
+                           std::to_string(context_->rank) + " " + std::to_string(block_bytes));
   }
 }
 

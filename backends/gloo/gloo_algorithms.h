@@ -137,8 +137,10 @@ struct BoundAlgorithm {
   void* data() const { return user ? user : buffer.get(); }
   void* input() const;  // kAllGather: where this process's block goes before run()
   void run();
-  // kBroadcast: broadcasts the buffer's first `bytes` (at most count) instead of all of it.
-  void run_prefix(size_t bytes);
+  // kBroadcast: broadcasts the buffer's first `bytes` (at most count) instead of all of it; every
+  // process passes the same `check` (the low 32 bits of the whole broadcast's size), or the root
+  // throws GlooSizeMismatch.
+  void run_prefix(size_t bytes, uint32_t check);
 };
 
 // Instances by (kind, dtype, op, count), least recently used evicted first while the footprint
@@ -215,11 +217,12 @@ class AlgorithmCache {
 // same point (slots), and before its peers send to it: a clear to send that arrives for a slot not
 // yet registered makes Gloo's I/O thread spin until it is.
 inline constexpr size_t kClearToSendExchangeMaxBytes = size_t{2} << 20;
-// Thrown by ClearToSendAllgather::run when a peer gathers blocks of another size (verify=false lets
-// such calls reach Gloo): the clear to send carries the block size, and this rank refuses before
-// sending anything, where Gloo's I/O thread would otherwise stop the process on a message larger
-// than its buffer.
-class AllgatherSizeMismatch : public std::runtime_error {
+// Thrown by ClearToSendAllgather::run when a peer gathers blocks of another size, and by a
+// broadcast's root when a receiver expects another size (verify=false lets such calls reach
+// Gloo): the clear to send carries the size, and the rank that sees the difference refuses before
+// sending anything, where Gloo's I/O thread would stop the process on a message larger than its
+// buffer.
+class GlooSizeMismatch : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -240,7 +243,7 @@ class ClearToSendAllgather {
     std::unique_ptr<gloo::transport::Buffer> in, out;              // for one run
   };
   // Clears `p` to send (saying this rank's block size); waits for `p`'s clear, and throws
-  // AllgatherSizeMismatch when its block size differs.
+  // GlooSizeMismatch when its block size differs.
   void clear(Peer& p, size_t block_bytes);
   void await_clear(Peer& p, size_t block_bytes);
   void exchange(uint8_t* data, size_t block_bytes, int slot);

@@ -231,7 +231,7 @@ Status GlooGroup::guarded(const GroupCall& call, Body&& body) {
                         " may have died, or closed its connections after an error of its "
                         "own");
       }
-    } catch (const AllgatherSizeMismatch& e) {
+    } catch (const GlooSizeMismatch& e) {
       s = aborted("collective mismatch: " + where() + ": " + e.what() +
                   "; every rank must issue the same collectives in the same order, with the same "
                   "sizes (verify=true checks that before Gloo runs)");
@@ -397,7 +397,7 @@ void GlooGroup::classic_broadcast(std::byte* data, size_t bytes, int root,
     BoundAlgorithm& bound = cache_->get(ClassicKind::kBroadcast, DType::kUInt8, ReduceOp::kSum,
                                         static_cast<int64_t>(size_class), root);
     if (rank_ == root) std::memcpy(bound.data(), data + offset, len);
-    bound.run_prefix(len);
+    bound.run_prefix(len, static_cast<uint32_t>(bytes));
     if (rank_ != root) std::memcpy(data + offset, bound.data(), len);
   }
 }

@@ -1060,14 +1060,16 @@ TEST(GlooFailure, PeerKilledMidAllGatherIsSeenBeforeTheTimeout) {
   });
 }
 
-// With verify=false nothing checks sizes before Gloo runs. Rank 2 of 3 all-gathers blocks of
-// another size than ranks 0 and 1: both small (the exchange), both large (the ring), and one of
-// each. Gloo's I/O thread would stop the process on a block larger than the buffer it lands in;
-// instead the clear to send carries the block size, and every rank fails within the timeout, at
-// least one of them naming the mismatch.
-TEST(GlooFailure, AllGatherSizeMismatchFailsEveryRank) {
-  for (const auto& [size, odd] : std::vector<std::pair<int64_t, int64_t>>{
-           {1024, 2048}, {1 << 18, 1 << 19}, {1024, 1 << 19}}) {
+// With verify=false nothing checks sizes before Gloo runs. Rank 2 of 3 runs `run` on another
+// count of floats than ranks 0 and 1, for each pair in `sizes`. Gloo's I/O thread would stop a
+// process on a message larger than the buffer it lands in (or, for a smaller one, leave part of
+// the buffer stale); instead the clear to send carries the size, and every rank fails within the
+// timeout, at least one of them naming the mismatch. With `bystander_may_finish`, rank 1 may
+// instead finish (a broadcast's receiver whose size matches the root's has all it expects).
+void size_mismatch_fails(const std::vector<std::pair<int64_t, int64_t>>& sizes,
+                         bool bystander_may_finish,
+                         const std::function<Status(CrossDeviceOps&, int64_t count)>& run) {
+  for (const auto& [size, odd] : sizes) {
     SCOPED_TRACE(std::to_string(size) + " and " + std::to_string(odd) + " floats");
     const std::vector<int> codes = run_world(
         3, 1,
@@ -1078,16 +1080,12 @@ TEST(GlooFailure, AllGatherSizeMismatchFailsEveryRank) {
             check.fail("%s", made.status().to_string().c_str());
             return 1;
           }
-          const int64_t count = me.rank == 2 ? odd : size;
-          std::vector<float> in(static_cast<size_t>(count), 1.0f),
-              out(static_cast<size_t>(3 * count));
-          Tensor t(in.data(), DType::kFloat32, Shape{count});
-          Tensor all(out.data(), DType::kFloat32, Shape{3 * count});
           const auto start = Clock::now();
-          Status s = (*made)->all_gather(PerReplica<Tensor>({t}), PerReplica<Tensor>({all})).wait();
+          Status s = run(**made, me.rank == 2 ? odd : size);
           const double took = std::chrono::duration<double>(Clock::now() - start).count();
           fprintf(stderr, "[rank %d] after %.2f s: %s\n", me.rank, took, s.to_string().c_str());
-          if (s.ok()) check.fail("the all-gather succeeded");
+          if (s.ok() && me.rank == 1 && bystander_may_finish) return 4;
+          if (s.ok()) check.fail("the collective succeeded");
           if (took > 7.0) check.fail("the error took %.2f s (timeout 5 s)", took);
           if (!check.ok()) return 1;
           return s.message().find("collective mismatch") != std::string::npos ? 0 : 3;
@@ -1095,11 +1093,36 @@ TEST(GlooFailure, AllGatherSizeMismatchFailsEveryRank) {
         60);
     ASSERT_EQ(codes.size(), 3u);
     for (int r = 0; r < 3; ++r) {
-      EXPECT_TRUE(codes[static_cast<size_t>(r)] == 0 || codes[static_cast<size_t>(r)] == 3)
-          << "rank " << r << " ended with " << codes[static_cast<size_t>(r)];
+      const int code = codes[static_cast<size_t>(r)];
+      EXPECT_TRUE(code == 0 || code == 3 || (code == 4 && r == 1))
+          << "rank " << r << " ended with " << code;
     }
     EXPECT_TRUE(codes[0] == 0 || codes[1] == 0 || codes[2] == 0) << "no rank named the mismatch";
   }
+}
+
+// Both small (the exchange), both large (the ring), and one of each.
+TEST(GlooFailure, AllGatherSizeMismatchFailsEveryRank) {
+  size_mismatch_fails(
+      {{1024, 2048}, {1 << 18, 1 << 19}, {1024, 1 << 19}}, false,
+      [](CrossDeviceOps& ops, int64_t count) {
+        std::vector<float> in(static_cast<size_t>(count), 1.0f),
+            out(static_cast<size_t>(3 * count));
+        Tensor t(in.data(), DType::kFloat32, Shape{count});
+        Tensor all(out.data(), DType::kFloat32, Shape{3 * count});
+        return ops.all_gather(PerReplica<Tensor>({t}), PerReplica<Tensor>({all})).wait();
+      });
+}
+
+// From rank 0: rank 2 expects less, more, and more than one 4 MiB piece (whose first piece alone
+// would match). Rank 1 expects what rank 0 sends, and may receive it before rank 0 gives up.
+TEST(GlooFailure, BroadcastSizeMismatchFailsRootAndReceiver) {
+  size_mismatch_fails({{2048, 1024}, {1024, 2048}, {1 << 20, 9 << 19}}, true,
+                      [](CrossDeviceOps& ops, int64_t count) {
+                        std::vector<float> buf(static_cast<size_t>(count), 1.0f);
+                        Tensor t(buf.data(), DType::kFloat32, Shape{count});
+                        return ops.broadcast(t, Mirrored<Tensor>({t}), 0).wait();
+                      });
 }
 
 class GlooFault : public ::testing::TestWithParam<const char*> {};
