@@ -107,12 +107,16 @@ uint64_t gloo_overhead_factor(ClassicKind kind) {
   return 2;
 }
 
+std::string describe_size_word(uint32_t word) {
+  return word & 0x80000000u ? std::string("2 GiB or more") : std::to_string(word) + " bytes";
+}
+
 // BroadcastOneToAll that sends a prefix of its buffer: the instance of a size class serves every
 // message up to its size, and only the message's bytes cross the wire. The same steps as Gloo's
 // run() (each receiver clears the root to send, the root sends to each, then waits for every send),
 // with `bytes` where Gloo sends the whole buffer; a single process has nothing to do (one buffer).
-// Each receiver's clear to send carries `check` (the low 32 bits of the whole broadcast's size,
-// which the message prints): the root refuses to send to a receiver expecting another size
+// Each receiver's clear to send carries `check` (broadcast_size_word of the whole broadcast's
+// size): the root refuses to send to a receiver expecting another size
 // (GlooSizeMismatch), where Gloo's I/O thread would stop a receiver on a message larger than its
 // buffer, or leave it with part of a larger one.
 class PrefixBroadcast final : public gloo::BroadcastOneToAll<uint8_t> {
@@ -130,9 +134,9 @@ class PrefixBroadcast final : public gloo::BroadcastOneToAll<uint8_t> {
         const auto theirs = static_cast<uint32_t>(s.dummy);
         if (theirs != check) {
           throw GlooSizeMismatch("rank " + std::to_string(i) + " expects a broadcast of " +
-                                 std::to_string(theirs) + " bytes, rank " +
+                                 describe_size_word(theirs) + ", rank " +
                                  std::to_string(contextRank_) + " broadcasts " +
-                                 std::to_string(check));
+                                 describe_size_word(check));
         }
         s.sendBuffer->send(0, bytes);
       }
@@ -251,6 +255,16 @@ void AlgorithmDeleter::operator()(gloo::Algorithm* algorithm) const noexcept {
 }
 
 void BoundAlgorithm::run() { algorithm->run(); }
+
+uint32_t broadcast_size_word(uint64_t bytes) {
+  if (bytes < 0x80000000u) return static_cast<uint32_t>(bytes);
+  // A 64-bit mix (splitmix64's finalizer), folded to 31 bits, with the high bit set.
+  uint64_t x = bytes;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return 0x80000000u | static_cast<uint32_t>((x ^ (x >> 32)) & 0x7fffffffu);
+}
 
 void BoundAlgorithm::run_prefix(size_t bytes, uint32_t check) {
   // Every kBroadcast instance is a PrefixBroadcast (make_classic).

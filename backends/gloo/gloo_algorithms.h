@@ -100,6 +100,11 @@ inline constexpr uint64_t kGlooUnboundBcubePieceBytes = uint64_t{16} << 20;
 void unbound_all_reduce(GlooAlgorithm algorithm, const std::shared_ptr<gloo::Context>& context,
                         void* data, size_t count, DType dtype, ReduceOp op, uint32_t tag,
                         std::chrono::milliseconds timeout);
+// The word a broadcast's receivers send the root with their clear to send: the size itself below
+// 2 GiB, above it a 31-bit hash of the size with the high bit set (the word is Gloo's int), so that
+// sizes apart by a multiple of 4 GiB differ too.
+uint32_t broadcast_size_word(uint64_t bytes);
+
 // Deletes a Gloo algorithm. Gloo declares ~Algorithm() noexcept(false), and unique_ptr's own
 // deleter would turn a throw into std::terminate; this one swallows it (destructors never throw).
 struct AlgorithmDeleter {
@@ -138,8 +143,8 @@ struct BoundAlgorithm {
   void* input() const;  // kAllGather: where this process's block goes before run()
   void run();
   // kBroadcast: broadcasts the buffer's first `bytes` (at most count) instead of all of it; every
-  // process passes the same `check` (the low 32 bits of the whole broadcast's size), or the root
-  // throws GlooSizeMismatch.
+  // process passes the same `check` (broadcast_size_word of the whole broadcast's size), or the
+  // root throws GlooSizeMismatch.
   void run_prefix(size_t bytes, uint32_t check);
 };
 

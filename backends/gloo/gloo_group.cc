@@ -397,7 +397,7 @@ void GlooGroup::classic_broadcast(std::byte* data, size_t bytes, int root,
     BoundAlgorithm& bound = cache_->get(ClassicKind::kBroadcast, DType::kUInt8, ReduceOp::kSum,
                                         static_cast<int64_t>(size_class), root);
     if (rank_ == root) std::memcpy(bound.data(), data + offset, len);
-    bound.run_prefix(len, static_cast<uint32_t>(bytes));
+    bound.run_prefix(len, broadcast_size_word(bytes));
     if (rank_ != root) std::memcpy(data + offset, bound.data(), len);
   }
 }

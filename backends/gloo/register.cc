@@ -63,9 +63,9 @@ Status register_gloo(BackendRegistry& registry) {
                "collective over the backend's control channel (tributary's TCP transport beside "
                "Gloo's mesh), so that ranks issuing different collectives fail at once with an "
                "error naming both; false saves that round trip (it is still made, from 1 MiB, "
-               "where an all-reduce runs Gloo on the caller's buffer), but an all-reduce of "
-               "different sizes below 1 MiB then stops the process in Gloo (broadcast and "
-               "all-gather check sizes on their own)"},
+               "where an all-reduce runs Gloo on the caller's buffer), but all-reduces of "
+               "different sizes then reach Gloo unchecked, which stops the process below 1 MiB "
+               "(broadcast and async all-gather check sizes on their own)"},
       {.name = "mode",
        .type = OptionType::kEnum,
        .default_value = "auto",

@@ -480,6 +480,26 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorld, ::testing::ValuesIn(world_params()),
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// The size word a broadcast's receivers send the root: the size itself below 2 GiB; above, a hash
+// with the high bit set, so that sizes apart by a multiple of 4 GiB (which share their low 32 bits)
+// are told apart.
+TEST(Gloo, BroadcastSizeWordTellsSizesApart) {
+  EXPECT_EQ(backends::broadcast_size_word(0), 0u);
+  EXPECT_EQ(backends::broadcast_size_word(4096), 4096u);
+  EXPECT_EQ(backends::broadcast_size_word(0x7fffffffu), 0x7fffffffu);
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  for (const uint64_t big : {2 * kGiB, 4 * kGiB, 4 * kGiB + 4096, 8 * kGiB, 12 * kGiB + 4096}) {
+    SCOPED_TRACE(big);
+    EXPECT_NE(backends::broadcast_size_word(big) & 0x80000000u, 0u);
+    EXPECT_NE(backends::broadcast_size_word(big), backends::broadcast_size_word(big + 1));
+    EXPECT_NE(backends::broadcast_size_word(big), backends::broadcast_size_word(big + 4 * kGiB));
+    if (big >= 4 * kGiB) {  // the same low 32 bits as a smaller size
+      EXPECT_NE(backends::broadcast_size_word(big),
+                backends::broadcast_size_word(big & 0xffffffffu));
+    }
+  }
+}
+
 // Broadcasts run in pieces of 4 MiB, each through the instance of its size class (a power of two
 // from 4 KiB) sending the piece's bytes only: sizes around the piece and class boundaries, from
 // every root, three times each with new values, every byte checked, and no byte past the message
