@@ -1089,7 +1089,10 @@ TEST(GlooFailure, PeerKilledMidAllGatherIsSeenBeforeTheTimeout) {
 void size_mismatch_fails(const std::vector<std::pair<int64_t, int64_t>>& sizes,
                          bool bystander_may_finish,
                          const std::function<Status(CrossDeviceOps&, int64_t count)>& run) {
-  for (const auto& [size, odd] : sizes) {
+  for (const auto& pair : sizes) {
+    // Named copies: a lambda may not capture structured bindings (clang before 16).
+    const int64_t size = pair.first;
+    const int64_t odd = pair.second;
     SCOPED_TRACE(std::to_string(size) + " and " + std::to_string(odd) + " floats");
     const std::vector<int> codes = run_world(
         3, 1,
