@@ -61,23 +61,40 @@ Status local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<const T
 Status local_copy(const Tensor& src, std::span<const Tensor> dsts) {
   if (!src.device().is_cpu() || !all_host(dsts)) return device_local_copy(src, dsts);
   const size_t bytes = src.nbytes();
-  for (const Tensor& d : dsts) {
-    if (bytes != 0 && d.data() != src.data()) parallel_copy(d.data(), src.data(), bytes);
+  if (bytes * dsts.size() < kParallelMinBytes) {  // on this thread, without a list
+    for (const Tensor& d : dsts) {
+      if (bytes != 0 && d.data() != src.data()) std::memcpy(d.data(), src.data(), bytes);
+    }
+    return Status();
   }
+  std::vector<CopyJob> copies;
+  for (const Tensor& d : dsts) {
+    if (d.data() != src.data()) copies.push_back({d.data(), src.data(), bytes});
+  }
+  parallel_copies(copies);
   return Status();
 }
 
 Status local_all_gather(std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
   if (!all_host(inputs) || !all_host(outputs)) return device_local_all_gather(inputs, outputs);
+  size_t total = 0;
+  for (const Tensor& out : outputs) total += out.nbytes();
+  std::vector<CopyJob> copies;
+  if (total >= kParallelMinBytes) copies.reserve(outputs.size() * inputs.size());
   for (const Tensor& out : outputs) {
     for (size_t j = 0; j < inputs.size(); ++j) {
       const int64_t count = inputs[j].num_elements();
       Tensor slot = out.slice(static_cast<int64_t>(j) * count, count);
       if (count != 0 && slot.data() != inputs[j].data()) {
-        std::memcpy(slot.data(), inputs[j].data(), inputs[j].nbytes());
+        if (total < kParallelMinBytes) {  // on this thread, without a list
+          std::memcpy(slot.data(), inputs[j].data(), inputs[j].nbytes());
+        } else {
+          copies.push_back({slot.data(), inputs[j].data(), inputs[j].nbytes()});
+        }
       }
     }
   }
+  parallel_copies(copies);
   return Status();
 }
 

@@ -38,6 +38,7 @@ class WorkerPool {
   }
 
   int threads() const { return static_cast<int>(threads_.size()) + 1; }
+  uint64_t jobs() const { return jobs_.load(std::memory_order_relaxed); }
 
   void run(size_t tasks, const std::function<void(size_t)>& fn) {
     std::unique_lock<std::mutex> one_job(job_, std::try_to_lock);
@@ -52,6 +53,7 @@ class WorkerPool {
       next_.store(0, std::memory_order_relaxed);
       ++generation_;
     }
+    jobs_.fetch_add(1, std::memory_order_relaxed);
     wake_.notify_all();
     take(fn, tasks);
     // Every worker that joined this job has left it before the job's state can change again.
@@ -89,6 +91,7 @@ class WorkerPool {
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t tasks_ = 0;
   std::atomic<size_t> next_{0};
+  std::atomic<uint64_t> jobs_{0};
   uint64_t generation_ = 0;
   int active_ = 0;
   bool stop_ = false;
@@ -100,12 +103,13 @@ WorkerPool& pool() {
   return *p;
 }
 
-// Blocks of `elem`-sized elements for `bytes` of output: at least kParallelBlockBytes, about four
-// per thread, a multiple of 4 KiB.
+// Blocks of `elem`-sized elements for `bytes` of output: about four per thread, within
+// kParallelBlockBytes and kParallelMaxBlockBytes, a multiple of 4 KiB.
 size_t block_elements(size_t count, size_t elem) {
   const size_t bytes = count * elem;
   const size_t per = bytes / (static_cast<size_t>(parallel_threads()) * 4);
-  const size_t block = std::max(kParallelBlockBytes, (per + 4095) / 4096 * 4096);
+  const size_t block =
+      std::clamp((per + 4095) / 4096 * 4096, kParallelBlockBytes, kParallelMaxBlockBytes);
   return std::max<size_t>(1, block / elem);
 }
 
@@ -114,6 +118,8 @@ size_t block_elements(size_t count, size_t elem) {
 void parallel_for(size_t tasks, const std::function<void(size_t)>& fn) { pool().run(tasks, fn); }
 
 int parallel_threads() { return pool().threads(); }
+
+uint64_t parallel_jobs() { return pool().jobs(); }
 
 void parallel_reduce(ReduceOp op, DType dtype, std::span<const void* const> srcs,
                      std::span<void* const> dsts, size_t count, int64_t mean_divisor) {
@@ -145,16 +151,30 @@ void parallel_reduce(ReduceOp op, DType dtype, std::span<const void* const> srcs
 }
 
 void parallel_copy(void* dst, const void* src, size_t bytes) {
-  if (bytes < kParallelMinBytes || parallel_threads() == 1) {
-    std::memcpy(dst, src, bytes);
+  const CopyJob one{dst, src, bytes};
+  parallel_copies(std::span<const CopyJob>(&one, 1));
+}
+
+void parallel_copies(std::span<const CopyJob> copies) {
+  size_t total = 0;
+  for (const CopyJob& c : copies) total += c.bytes;
+  if (total < kParallelMinBytes || parallel_threads() == 1) {
+    for (const CopyJob& c : copies) std::memcpy(c.dst, c.src, c.bytes);
     return;
   }
-  const size_t block = block_elements(bytes, 1);
-  const size_t tasks = (bytes + block - 1) / block;
-  parallel_for(tasks, [&](size_t t) {
-    const size_t begin = t * block;
-    std::memcpy(static_cast<std::byte*>(dst) + begin, static_cast<const std::byte*>(src) + begin,
-                std::min(block, bytes - begin));
+  // Task t is block t - first[i] of copy i, where first[i] <= t < first[i + 1].
+  const size_t block = block_elements(total, 1);
+  std::vector<size_t> first(copies.size() + 1, 0);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    first[i + 1] = first[i] + (copies[i].bytes + block - 1) / block;
+  }
+  parallel_for(first.back(), [&](size_t t) {
+    const size_t i =
+        static_cast<size_t>(std::upper_bound(first.begin(), first.end(), t) - first.begin()) - 1;
+    const size_t begin = (t - first[i]) * block;
+    std::memcpy(static_cast<std::byte*>(copies[i].dst) + begin,
+                static_cast<const std::byte*>(copies[i].src) + begin,
+                std::min(block, copies[i].bytes - begin));
   });
 }
 

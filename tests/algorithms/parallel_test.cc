@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -58,6 +61,63 @@ TEST(Parallel, ReduceMatchesTheSingleThreadedKernel) {
       void* in_place[1] = {a.data()};
       parallel_reduce(op, t, srcs, in_place, count, 3);
       EXPECT_EQ(std::memcmp(want.data(), a.data(), bytes), 0) << dtype_name(t) << " in place";
+    }
+  }
+}
+
+TEST(Parallel, SeveralThreadsTakeTheTasksOfOneJob) {
+  if (parallel_threads() == 1) GTEST_SKIP() << "one CPU usable here: the pool has no workers";
+  // Tasks that sleep leave the caller's CPU to the workers, so some task runs on one of them.
+  std::mutex mu;
+  std::set<std::thread::id> ran_on;
+  parallel_for(64, [&](size_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const std::lock_guard<std::mutex> lock(mu);
+    ran_on.insert(std::this_thread::get_id());
+  });
+  EXPECT_GT(ran_on.size(), 1u);
+}
+
+TEST(Parallel, SmallWorkStaysOnTheCallingThread) {
+  if (parallel_threads() == 1) GTEST_SKIP() << "one CPU usable here: the pool has no workers";
+  std::vector<float> a(kParallelReduceMinBytes / sizeof(float), 1.0f), b(a.size(), 2.0f);
+  const uint64_t before = parallel_jobs();
+  // 4 KiB: a reduction, a copy, and a list of copies that stays under kParallelMinBytes.
+  const void* s[2] = {a.data(), b.data()};
+  void* d[1] = {a.data()};
+  parallel_reduce(ReduceOp::kSum, DType::kFloat32, s, d, 1024);
+  parallel_copy(b.data(), a.data(), 4096);
+  const CopyJob small[2] = {{b.data(), a.data(), kParallelMinBytes / 2 - 1},
+                            {b.data() + a.size() / 2, a.data(), kParallelMinBytes / 2}};
+  parallel_copies(small);
+  EXPECT_EQ(parallel_jobs(), before);
+  // Past the thresholds, each goes to the workers.
+  parallel_reduce(ReduceOp::kSum, DType::kFloat32, s, d, a.size());
+  EXPECT_EQ(parallel_jobs(), before + 1);
+  parallel_copy(b.data(), a.data(), kParallelMinBytes);
+  EXPECT_EQ(parallel_jobs(), before + 2);
+}
+
+TEST(Parallel, CopiesOfEverySizeLandWhereTheyBelong) {
+  // Copies that do not divide into blocks, an empty one, and ones far smaller than a block, in one
+  // job past kParallelMinBytes: each destination gets its source, and nothing past its end moves.
+  const size_t sizes[] = {
+      kParallelMaxBlockBytes + 12345, 0, 1, 4095, 3 * kParallelMaxBlockBytes + 7,
+      kParallelBlockBytes - 1};
+  std::vector<std::vector<std::byte>> src, dst;
+  std::vector<CopyJob> copies;
+  uint32_t seed = 1;
+  for (size_t n : sizes) {
+    src.push_back(random_bytes(n, seed++, DType::kInt8));
+    dst.emplace_back(n + 64, std::byte{0x5a});
+  }
+  for (size_t i = 0; i < src.size(); ++i)
+    copies.push_back({dst[i].data(), src[i].data(), sizes[i]});
+  parallel_copies(copies);
+  for (size_t i = 0; i < src.size(); ++i) {
+    EXPECT_EQ(std::memcmp(dst[i].data(), src[i].data(), sizes[i]), 0) << "copy " << i;
+    for (size_t k = sizes[i]; k < dst[i].size(); ++k) {
+      ASSERT_EQ(dst[i][k], std::byte{0x5a}) << "copy " << i << " wrote past its end at " << k;
     }
   }
 }
