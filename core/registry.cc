@@ -389,6 +389,11 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
         context, table ? "the tuning rules '" + table->summary() + "' (digest " +
                              std::to_string(table->digest()) + ")"
                        : "the cost model's choice '" + resolved.name + "' (no tuning file)"));
+    internal::Logger(internal::log_level_from(context.config),
+                     "rank " + std::to_string(context.rank) + "/auto")
+        .log(internal::LogLevel::kInfo, "{}",
+             table ? "follows tuning file '" + table->source + "': " + table->summary()
+                   : "follows its cost model: " + resolved.name);
     if (table) return create_tuned(std::move(*table), resolved.options, context);
   }
   // The spec first: a misspelt option is reported as such wherever it is read, also on a machine

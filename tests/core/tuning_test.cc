@@ -302,6 +302,37 @@ TEST(TunedAuto, OneRangeIsThatBackend) {
   EXPECT_EQ((*plain)->name(), "reduction_to_one_device");
 }
 
+TEST(TunedAuto, TheConfigFilesTuningFileIsFollowed) {
+  // "tuning_file" in a config file (TRIBUTARY_CONFIG_FILE) as a job would set it: followed, and a
+  // warning about a file for another layout names the config file it came from.
+  std::vector<Call> log;
+  BackendRegistry r;
+  ASSERT_TRUE(r.add(recorder("small", &log)).ok());
+  ASSERT_TRUE(r.add(recorder("large", &log)).ok());
+  TempFile tuning(two_range_file());
+  TempFile config(R"({"tuning_file": ")" + tuning.path() + R"("})");
+  auto loaded = Config::from_file(config.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  BackendContext ctx = two_cpus();
+  ctx.config = *loaded;
+  auto made = r.create_from_config(ctx);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  EXPECT_EQ((*made)->name(), "tuned");
+  EXPECT_NE((*made)->spec().find("<= 4KiB: small; rest: large"), std::string::npos)
+      << (*made)->spec();
+
+  BackendContext three;
+  three.devices = {Device::cpu(0), Device::cpu(1), Device::cpu(2)};
+  three.config = *loaded;
+  testing::internal::CaptureStderr();
+  auto fallback = r.create_from_config(three);
+  const std::string warned = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(fallback.ok()) << fallback.status().message();
+  EXPECT_EQ((*fallback)->name(), "small");
+  EXPECT_NE(warned.find("does not apply here"), std::string::npos) << warned;
+  EXPECT_NE(warned.find(config.path()), std::string::npos) << warned;
+}
+
 TEST(TunedAuto, FileForAnotherLayoutWarnsFromConfigAndFailsWhenNamed) {
   std::vector<Call> log;
   BackendRegistry r;
