@@ -37,13 +37,14 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(RingThreeSocketsAuthenticated,
                                    "authenticate_frames=true");
 
 // Several hosts: hierarchical by default where a host runs several processes (shared memory inside
-// a host, TCP between hosts), flat where it is forced off or each host runs one.
-TRIBUTARY_MULTIHOST_CONFORMANCE(Ring, HostsParam{"ring:algorithm=auto", 2, 2, 1},
-                                HostsParam{"ring:algorithm=auto", 2, 2, 2},
-                                HostsParam{"ring:intra_host=net", 2, 2, 1},
-                                HostsParam{"ring:algorithm=ring", 3, 2, 1},
-                                HostsParam{"ring:hierarchy=off", 2, 2, 1},
-                                HostsParam{"ring:algorithm=auto", 2, 1, 1});
+// a host, TCP between hosts), flat where it is forced off or each host runs one, and hierarchical
+// again where forced on: one process per host (no group inside a host), or one host (no group
+// across hosts).
+TRIBUTARY_MULTIHOST_CONFORMANCE(
+    Ring, HostsParam{"ring:algorithm=auto", 2, 2, 1}, HostsParam{"ring:hierarchy=on", 2, 1, 2},
+    HostsParam{"ring:hierarchy=on", 1, 3, 1}, HostsParam{"ring:algorithm=auto", 2, 2, 2},
+    HostsParam{"ring:intra_host=net", 2, 2, 1}, HostsParam{"ring:algorithm=ring", 3, 2, 1},
+    HostsParam{"ring:hierarchy=off", 2, 2, 1}, HostsParam{"ring:algorithm=auto", 2, 1, 1});
 
 // A rank killed on another "host", flat and hierarchical.
 TRIBUTARY_MULTIHOST_FAULTS(Ring, "ring", "ring:hierarchy=off");

@@ -334,7 +334,8 @@ TRIBUTARY_MULTIPROCESS_CONFORMANCE(UcxTcpAuthenticated,
 TRIBUTARY_MULTIHOST_CONFORMANCE(Ucx, HostsParam{"ucx", 2, 2, 1},
                                 HostsParam{"ucx:tls=tcp,algorithm=ring", 2, 2, 2},
                                 HostsParam{"ucx:hierarchy=off", 2, 2, 1},
-                                HostsParam{"ucx", 3, 1, 1});
+                                HostsParam{"ucx", 3, 1, 1},
+                                HostsParam{"ucx:hierarchy=on", 2, 1, 1});
 // A rank killed on another "host": UCX's peer error-handling mode (keepalive) is what tells the
 // survivors across hosts, flat and hierarchical.
 TRIBUTARY_MULTIHOST_FAULTS(Ucx, "ucx", "ucx:hierarchy=off");

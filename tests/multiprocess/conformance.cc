@@ -609,7 +609,9 @@ TEST_P(MultiHostConformance, EveryCollective) {
     }
     const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
     const std::string layout = pg && pg->group() ? pg->group()->describe() : "";
-    const bool hierarchical = per_host > 1 && spec.find("hierarchy=off") == std::string::npos;
+    // auto takes the hierarchy where a host runs several processes; hierarchy=on forces it.
+    const bool hierarchical = spec.find("hierarchy=on") != std::string::npos ||
+                              (per_host > 1 && spec.find("hierarchy=off") == std::string::npos);
     const std::string want = hierarchical ? "hierarchical (" + std::to_string(hosts) + " hosts x " +
                                                 std::to_string(per_host) + " processes"
                                           : (backend == "ucx" ? "ucx (" : "tcp (") +
@@ -620,7 +622,8 @@ TEST_P(MultiHostConformance, EveryCollective) {
       return kChildFailed;
     }
     // ring's local group is its own shared memory (ucx's is UCX's, which picks it by itself).
-    if (hierarchical && backend == "ring" && spec.find("intra_host=net") == std::string::npos &&
+    if (hierarchical && per_host > 1 && backend == "ring" &&
+        spec.find("intra_host=net") == std::string::npos &&
         layout.find("within a host: shared memory") == std::string::npos) {
       std::fprintf(stderr, "[rank %d] no shared memory inside the host: %s\n", rank,
                    layout.c_str());
