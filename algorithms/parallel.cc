@@ -159,7 +159,9 @@ void parallel_copies(std::span<const CopyJob> copies) {
   size_t total = 0;
   for (const CopyJob& c : copies) total += c.bytes;
   if (total < kParallelMinBytes || parallel_threads() == 1) {
-    for (const CopyJob& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+    for (const CopyJob& c : copies) {
+      if (c.bytes != 0) std::memcpy(c.dst, c.src, c.bytes);  // an empty one may hold nullptr
+    }
     return;
   }
   // Task t is block t - first[i] of copy i, where first[i] <= t < first[i + 1].

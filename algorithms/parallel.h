@@ -6,11 +6,13 @@
 // parallel_reduce / parallel_copy run on the calling thread alone below kParallelReduceMinBytes
 // of inputs / kParallelMinBytes (a wake-up costs more than a small message takes), or when the
 // pool is busy with another caller's job (no queueing: the second caller works alone instead of
-// waiting). Otherwise the range is cut into cache-sized blocks (kParallelBlockBytes to
-// kParallelMaxBlockBytes, a multiple of 4 KiB) that the caller and the workers take in turn, so a
-// thread the scheduler sets aside leaves at most a block behind for the others. Results are
+// waiting). Otherwise the output is cut into cache-sized blocks (kParallelBlockBytes to
+// kParallelMaxBlockBytes, a multiple of 4 KiB; a reduction reads that much from each source) that
+// the caller and the workers take in turn, so a thread the scheduler sets aside leaves at most a
+// block behind for the others. Results are
 // bit-identical to reduce(): every element is computed the same way, only by another thread.
-// Non-temporal stores are chosen for the whole output, as reduce() would for one call of that size.
+// A reduction chooses non-temporal stores for the whole output, as reduce() would for one call of
+// that size; copies are memcpy's of at most a block each.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +36,9 @@ inline constexpr size_t kParallelReduceMinBytes = size_t{4} << 20;
 inline constexpr size_t kParallelBlockBytes = size_t{64} << 10;
 // A block is at most this (a core's L2 on the machines measured): 256 MiB on 2 threads used to be
 // cut into 8 blocks of 32 MiB. 1 MiB and 4 MiB caps measured level with those 32 MiB blocks on 2
-// cores, 2 replicas, 16-256 MiB (18.5-19.3 GB/s at 256 MiB out of place, 2026-12-07).
+// cores, 2 replicas, 16-256 MiB: all-reduce 18.5-19.3 GB/s at 256 MiB out of place either way, and
+// 1 MiB copies (which glibc's memcpy makes with ordinary stores, where a 32 MiB one streams) level
+// too: broadcast 25-26 ms and all-gather 25-28 ms at 256 MiB (2026-12-07).
 inline constexpr size_t kParallelMaxBlockBytes = size_t{1} << 20;
 
 // Runs fn(0) ... fn(tasks - 1) on the caller and the pool's workers; returns when all are done.

@@ -32,10 +32,10 @@
 //    tributary-tune's -d and -o, float32 sum by default) serves every dtype and op, as NCCL's tuner
 //    plugins are asked by collective and bytes alone. Where a trainer's gradients are of another
 //    type (float16, say), measure with that one: the reduction's cost per byte differs.
-//  - At log level info, `auto` says what it follows: the file and its rules, or its cost model.
 //    Every rank must make the same choice: across processes, `auto` first compares through the
 //    store what each rank follows (the rules' digest, or the cost model's pick), before any
 //    backend connects, and a difference is an error on every rank naming both sides.
+//  - At log level info, `auto` says what it follows: the file and its rules, or its cost model.
 #pragma once
 
 #include <cstdint>

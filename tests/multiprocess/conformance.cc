@@ -609,9 +609,11 @@ TEST_P(MultiHostConformance, EveryCollective) {
     }
     const auto* pg = dynamic_cast<const algorithms::ProcessGroupOps*>(ops->get());
     const std::string layout = pg && pg->group() ? pg->group()->describe() : "";
-    // auto takes the hierarchy where a host runs several processes; hierarchy=on forces it.
-    const bool hierarchical = spec.find("hierarchy=on") != std::string::npos ||
-                              (per_host > 1 && spec.find("hierarchy=off") == std::string::npos);
+    // auto takes the hierarchy on several hosts of several processes each (the suite's hosts all
+    // run per_host); hierarchy=on forces it.
+    const bool hierarchical =
+        spec.find("hierarchy=on") != std::string::npos ||
+        (hosts > 1 && per_host > 1 && spec.find("hierarchy=off") == std::string::npos);
     const std::string want = hierarchical ? "hierarchical (" + std::to_string(hosts) + " hosts x " +
                                                 std::to_string(per_host) + " processes"
                                           : (backend == "ucx" ? "ucx (" : "tcp (") +
