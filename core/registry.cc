@@ -72,6 +72,12 @@ constexpr std::string_view kGlobalVariables[] = {
     "TRIBUTARY_VIRTUAL_GPUS", "TRIBUTARY_RANK", "TRIBUTARY_WORLD_SIZE", "TRIBUTARY_LOCAL_RANK",
     "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT",
     "TRIBUTARY_STORE_FD"};
+// Read by the project's own scripts, not the library (scripts/quickstart.sh and test.sh,
+// bench/compare_mpi.sh and multihost.sh, .ci/run): they reach the tools those scripts start, and
+// are no misspelling. Also in tributary-info's table.
+constexpr std::string_view kScriptVariables[] = {
+    "TRIBUTARY_BUILD_DIR", "TRIBUTARY_OUT_DIR", "TRIBUTARY_TEST_BUILD_DIR",
+    "TRIBUTARY_CI_FUZZ_SECONDS", "TRIBUTARY_CI_SANITIZERS", "TRIBUTARY_SANITIZE_TARGETS"};
 // clang-format on
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -93,6 +99,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 // name when one is close ("TRIBUTARY_RING_SEGMENT_BYTE (environment; did you mean ...?)").
 std::vector<std::string> unknown_variables(const BackendRegistry& registry, const Config& config) {
   std::vector<std::string> known(std::begin(kGlobalVariables), std::end(kGlobalVariables));
+  known.insert(known.end(), std::begin(kScriptVariables), std::end(kScriptVariables));
   for (const BackendInfo& b : registry.backends()) {
     for (const OptionDef& d : registry.options_of(b)) {
       known.push_back("TRIBUTARY_" + internal::to_upper(b.name) + "_" + internal::to_upper(d.name));

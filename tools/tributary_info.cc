@@ -56,6 +56,15 @@ constexpr Setting kGlobalSettings[] = {
     {"TRIBUTARY_STORE_FD",
      "cluster: the inherited listening socket this process serves on (rank 0's store, or a "
      "parameter-server task's port; tributary-run sets it for rank 0)"},
+    // The project's scripts' own (kScriptVariables in core/registry.cc).
+    {"TRIBUTARY_BUILD_DIR",
+     "scripts: the build folder of quickstart.sh, compare_mpi.sh and multihost.sh (the library "
+     "does not read it)"},
+    {"TRIBUTARY_OUT_DIR", "scripts: where quickstart.sh writes its figures and plots"},
+    {"TRIBUTARY_TEST_BUILD_DIR", "scripts: the build folder of test.sh"},
+    {"TRIBUTARY_CI_FUZZ_SECONDS", "scripts: how long .ci/run fuzzes each target"},
+    {"TRIBUTARY_CI_SANITIZERS", "scripts: 0 makes .ci/run skip its sanitizer and fuzz stages"},
+    {"TRIBUTARY_SANITIZE_TARGETS", "scripts: the targets sanitize.sh builds and runs"},
 };
 
 std::string upper(std::string_view s) {

@@ -148,6 +148,16 @@ test_library_warns_once() {
   lacks_text err "misspelt"
   run "$DEMO" --replicas 2 --count 10 --backend hierarchical_copy
   lacks_text err "warning"
+  # The project's scripts' own variables (TRIBUTARY_BUILD_DIR=... scripts/quickstart.sh reaches
+  # the bench it starts) are no misspelling, for the library or for tributary-info.
+  TRIBUTARY_BUILD_DIR=/tmp/b TRIBUTARY_OUT_DIR=/tmp/o \
+    run "$DEMO" --replicas 2 --count 10 --backend hierarchical_copy
+  expect_rc 0
+  lacks_text err "warning"
+  TRIBUTARY_BUILD_DIR=/tmp/b run "$INFO"
+  expect_rc 0
+  lacks_text err "not read by tributary"
+  has_text out "TRIBUTARY_BUILD_DIR"
 }
 
 test_cluster_auto() {
