@@ -215,9 +215,10 @@ class Runner::Impl {
 
  private:
   std::vector<std::string> default_specs() const {
-    // Every backend that serves this layout (in-process ones for one process); across processes
-    // ring also over TCP, so that the same-host path's gain shows beside it. On GPUs: every
-    // backend that serves GPUs (nccl serves one process too).
+    // Every backend that serves this layout (in-process ones for one process; on CPUs, those that
+    // take CPU tensors, so that a build with NCCL does not list nccl only to skip it); across
+    // processes ring also over TCP, so that the same-host path's gain shows beside it. On GPUs:
+    // every backend that serves GPUs (nccl serves one process too).
     std::vector<std::string> specs;
     const BackendRegistry registry = builtin_backends();  // outlives the loop over its list
     for (const BackendInfo& b : registry.backends()) {
@@ -228,7 +229,10 @@ class Runner::Impl {
         }
         continue;
       }
-      if (b.capabilities.multi_process == (ctx_.world_size > 1)) specs.push_back(b.name);
+      if (b.capabilities.multi_process == (ctx_.world_size > 1) &&
+          b.capabilities.supports(DeviceType::kCpu)) {
+        specs.push_back(b.name);
+      }
       if (b.name == "ring" && ctx_.world_size > 1) specs.push_back("ring:intra_host=net");
     }
     return specs;
