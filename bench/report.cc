@@ -221,17 +221,21 @@ std::string format_header(const Report& r) {
     s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s on " +
          std::to_string(r.ceiling.cores) + " cores (" +
          fmt_num("%.2f", r.ceiling.memcpy_one_core_gbps) +
-         " GB/s on one); ranks on one host exchanging through shared memory (ring's and ucx's "
-         "default there) read and write every byte once, so at the better of the two busbw <= " +
-         fmt_num("%.2f", r.ceiling.shm_busbw) + " GB/s\n";
+         " GB/s on one, on buffers beyond the caches); ranks on one host exchanging through "
+         "shared memory (ring's and ucx's default there) read and write every byte once, so at "
+         "the better of the two busbw <= " +
+         fmt_num("%.2f", r.ceiling.shm_busbw) +
+         " GB/s for messages beyond the caches (smaller ones may go past it)\n";
   } else if (r.ceiling.memcpy_gbps > 0) {
     s += "# ceiling: memcpy " + fmt_num("%.2f", r.ceiling.memcpy_gbps) + " GB/s on " +
          std::to_string(r.ceiling.cores) + " cores (" +
          fmt_num("%.2f", r.ceiling.memcpy_one_core_gbps) +
-         " GB/s on one; bytes read + written); an in-process all-reduce over " + std::to_string(n) +
+         " GB/s on one; bytes read + written, on buffers beyond the caches); an in-process "
+         "all-reduce over " +
+         std::to_string(n) +
          " replicas reads and writes every byte once, so at the better of the two algbw <= " +
          fmt_num("%.2f", r.ceiling.algbw) + " GB/s, busbw <= " + fmt_num("%.2f", r.ceiling.busbw) +
-         " GB/s\n";
+         " GB/s for messages beyond the caches (smaller ones may go past it)\n";
   }
   return s;
 }
@@ -423,13 +427,14 @@ Status write_plot(const Report& r, const std::string& path) {
     g << "set arrow from graph 0, first " << r.ceiling.busbw << " to graph 1, first "
       << r.ceiling.busbw << " nohead dashtype 2 lc rgb 'gray40'\n"
       << "set label '"
-      << (r.ceiling.tcp_gbps > 0 ? "ceiling (loopback TCP)" : "ceiling (memcpy bound)") << " "
-      << fmt_num("%.2f", r.ceiling.busbw) << " GB/s' at graph 0.02, first " << r.ceiling.busbw
-      << " offset 0,0.7 tc rgb 'gray40'\n";
+      << (r.ceiling.tcp_gbps > 0 ? "ceiling (loopback TCP)"
+                                 : "ceiling beyond the caches (memcpy bound)")
+      << " " << fmt_num("%.2f", r.ceiling.busbw) << " GB/s' at graph 0.02, first "
+      << r.ceiling.busbw << " offset 0,0.7 tc rgb 'gray40'\n";
     if (r.ceiling.shm_busbw > 0) {
       g << "set arrow from graph 0, first " << r.ceiling.shm_busbw << " to graph 1, first "
         << r.ceiling.shm_busbw << " nohead dashtype 3 lc rgb 'gray40'\n"
-        << "set label 'ceiling (one host, shared memory: memcpy bound) "
+        << "set label 'ceiling beyond the caches (one host, shared memory: memcpy bound) "
         << fmt_num("%.2f", r.ceiling.shm_busbw) << " GB/s' at graph 0.02, first "
         << r.ceiling.shm_busbw << " offset 0,0.7 tc rgb 'gray40'\n";
     }
