@@ -72,8 +72,8 @@ constexpr std::string_view kGlobalVariables[] = {
     "TRIBUTARY_VIRTUAL_GPUS", "TRIBUTARY_RANK", "TRIBUTARY_WORLD_SIZE", "TRIBUTARY_LOCAL_RANK",
     "TRIBUTARY_LOCAL_WORLD_SIZE", "TRIBUTARY_MASTER_ADDR", "TRIBUTARY_MASTER_PORT",
     "TRIBUTARY_STORE_FD"};
-// Read by the project's own scripts, not the library (scripts/quickstart.sh and test.sh,
-// bench/compare_mpi.sh and multihost.sh, .ci/run): they reach the tools those scripts start, and
+// Read by the project's own scripts, not the library (scripts/quickstart.sh, test.sh and
+// sanitize.sh, bench/compare_mpi.sh and multihost.sh, .ci/run): they reach the tools those scripts start, and
 // are no misspelling. Also in tributary-info's table.
 constexpr std::string_view kScriptVariables[] = {
     "TRIBUTARY_BUILD_DIR", "TRIBUTARY_OUT_DIR", "TRIBUTARY_TEST_BUILD_DIR",

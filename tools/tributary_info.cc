@@ -64,7 +64,8 @@ constexpr Setting kGlobalSettings[] = {
     {"TRIBUTARY_TEST_BUILD_DIR", "scripts: the build folder of test.sh"},
     {"TRIBUTARY_CI_FUZZ_SECONDS", "scripts: how long .ci/run fuzzes each target"},
     {"TRIBUTARY_CI_SANITIZERS", "scripts: 0 makes .ci/run skip its sanitizer and fuzz stages"},
-    {"TRIBUTARY_SANITIZE_TARGETS", "scripts: the targets sanitize.sh builds and runs"},
+    {"TRIBUTARY_SANITIZE_TARGETS",
+     "scripts: the targets 'sanitize.sh address' builds (default: all)"},
 };
 
 std::string upper(std::string_view s) {
