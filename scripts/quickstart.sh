@@ -8,8 +8,9 @@ scripts/install-deps.sh
 build=${TRIBUTARY_BUILD_DIR:-build}
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIBUTARY_WERROR=OFF >/dev/null
-# Only what the main job runs (the library, the bench and the launcher it starts ranks with, info):
-# the first table appears minutes sooner; scripts/test.sh builds the rest.
+# Only what the main job runs (the library, the bench and the launcher it starts ranks with), and
+# the tools the README's next steps use (info, tune): the first table appears minutes sooner;
+# scripts/test.sh builds the rest.
 cmake --build "$build" -j "$jobs" --target tributary-bench tributary-tune tributary-run tributary-info
 
 out=${TRIBUTARY_OUT_DIR:-out}

@@ -16,7 +16,9 @@
 //
 // "cross_device_ops" may also be an object {"name": "...", "options": {...}}. Precedence, highest
 // first: an explicit option (in code, or a command-line flag) > the environment > the config file >
-// the built-in default. Config::load() reads TRIBUTARY_CONFIG_FILE when set.
+// the built-in default, for one variable. A backend's options resolve by key first: its own key
+// (TRIBUTARY_<BACKEND>_<KEY>, from either source) beats the shared one (TRIBUTARY_<KEY>), as
+// Options::resolve does. Config::load() reads TRIBUTARY_CONFIG_FILE when set.
 #pragma once
 
 #include <map>

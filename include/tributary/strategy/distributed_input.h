@@ -1,5 +1,5 @@
 // Distributed input: a Dataset split across a strategy's replicas and workers (tf.distribute's
-// experimental_distribute_dataset / distribute_datasets_from_function, input_lib.py; reference §6).
+// experimental_distribute_dataset / distribute_datasets_from_function, input_lib.py).
 //
 // distribute_dataset(strategy, dataset): `dataset` is batched by the GLOBAL batch size. With more
 // than one replica in sync it is rebatched with TF's current rule, RebatchDatasetV2 (

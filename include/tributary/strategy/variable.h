@@ -1,5 +1,5 @@
 // Variable: a variable created in a strategy (Strategy::create_variable), with tf.distribute's
-// synchronization and aggregation rules (values.py, values_util.py; reference §5).
+// synchronization and aggregation rules (values.py, values_util.py).
 //
 //   synchronization ON_WRITE (AUTO): a MirroredVariable, one copy per replica kept identical.
 //     read(): replica context -> the replica's copy; cross-replica -> the primary (replica 0's).
