@@ -409,7 +409,9 @@ StatusOr<std::vector<Device>> parse_devices(const char* const* devices, int num_
 // by its timeout=) should not be what waits for them: so every process first announces itself in
 // the context's store and waits, at most `timeout`, for all the others to do so.
 Status wait_for_every_process(const BackendContext& context, std::chrono::milliseconds timeout) {
-  const std::string prefix = "capi/joined/";
+  // Per backend: a later one may share the job's store with an earlier one (make_backend_context),
+  // whose keys are there already. Its number is the same on every rank (created in one order).
+  const std::string prefix = "capi/joined/" + str(static_cast<int64_t>(*context.instances)) + "/";
   TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + str(context.rank), "1"));
   std::vector<std::string> keys;
   for (int r = 0; r < context.world_size; ++r) keys.push_back(prefix + str(r));

@@ -1,6 +1,9 @@
 // make_backend_context: from a cluster spec to a context with a rendezvous store.
 #include <algorithm>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/rendezvous.h"
 #include "tributary/cluster.h"
@@ -25,6 +28,54 @@ std::optional<std::chrono::milliseconds> spec_timeout(const std::vector<std::str
   }
   return longest;
 }
+
+namespace {
+
+// The job connections of this process's live contexts, so that a second context for the same job
+// and rank shares the first one's store (and, on the chief, its server) instead of starting another
+// server on the coordinator port, which the first still holds. Weak: a connection ends with the
+// last context (or backend) that holds it, and the next context then connects afresh.
+struct JobLink {
+  std::string key;  // coordinator, world size, rank and the secret's hash
+  std::weak_ptr<void> server;
+  bool has_server = false;
+  std::weak_ptr<Store> store;
+  std::weak_ptr<uint64_t> instances;
+  std::string lost_key;
+};
+std::mutex job_links_mu;
+std::vector<JobLink>& job_links() {
+  static auto* links = new std::vector<JobLink>();  // never destroyed: used from exit handlers
+  return *links;
+}
+
+// Fills in `ctx`'s connection from a live one with `key`; false when there is none.
+bool join_live_link(const std::string& key, BackendContext& ctx) {
+  std::lock_guard lock(job_links_mu);
+  std::vector<JobLink>& links = job_links();
+  std::erase_if(links, [](const JobLink& l) { return l.store.expired(); });
+  for (const JobLink& l : links) {
+    if (l.key != key) continue;
+    std::shared_ptr<Store> store = l.store.lock();
+    std::shared_ptr<void> server = l.server.lock();
+    std::shared_ptr<uint64_t> instances = l.instances.lock();
+    if (!store || !instances || (l.has_server && !server)) return false;
+    ctx.keep_alive = std::move(server);
+    ctx.store = std::move(store);
+    ctx.instances = std::move(instances);
+    ctx.lost_key = l.lost_key;
+    return true;
+  }
+  return false;
+}
+
+void remember_link(const std::string& key, const BackendContext& ctx) {
+  std::lock_guard lock(job_links_mu);
+  job_links().push_back(JobLink{key, ctx.keep_alive, ctx.keep_alive != nullptr, ctx.store,
+                                ctx.instances, ctx.lost_key});
+}
+
+}  // namespace
 
 StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Config config,
                                               std::optional<std::chrono::milliseconds> timeout) {
@@ -67,6 +118,9 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
   // The job's secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE) guards the store too: without it
   // nobody can read or change the keys the ranks meet by.
   TRIBUTARY_ASSIGN_OR_RETURN(options.secret, internal::read_secret(ctx.config, ""));
+  const std::string link_key = ctx.cluster_id + "#" + std::to_string(cluster.rank) + "#" +
+                               std::to_string(std::hash<std::string>{}(options.secret));
+  if (join_live_link(link_key, ctx)) return ctx;
   if (cluster.rank == 0) {
     TcpStoreServerOptions server_options;
     server_options.secret = options.secret;
@@ -107,6 +161,7 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
     ctx.lost_key = internal::kLostRanksKey;
   }
   ctx.store = std::shared_ptr<Store>(std::move(client).value());
+  remember_link(link_key, ctx);
   return ctx;
 }
 

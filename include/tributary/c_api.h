@@ -21,7 +21,9 @@
  * them. trib_backend_create_with_options also takes settings from the caller instead.
  * Every process must create its backends in the same order, and issue the same collectives in
  * the same order, with matching dtypes and counts. Creation blocks until every process has joined
- * (or the timeout passes).
+ * (or the timeout passes). Several backends of one job may live side by side in a process: one
+ * created while another of the job is alive joins through that one's connection (rank 0's store
+ * server holds the coordinator port until the last of them is destroyed).
  *
  * Errors. Every function that can fail returns a trib_status (TRIB_OK on success) and sets a
  * message for trib_last_error(); no C++ exception crosses this API. Bad arguments (NULL pointers,

@@ -111,9 +111,16 @@ bool stages_gpu_through_host(const BackendInfo& info);
 // one process, the chief (rank 0) starts the rendezvous store server on the coordinator port and
 // every process connects to it, retrying until `timeout`: when not given, the timeout= of the
 // config's backend spec (TRIBUTARY_CROSS_DEVICE_OPS), else the config's TRIBUTARY_TIMEOUT (as for
-// every backend), else 5 minutes. A malformed TRIBUTARY_TIMEOUT is an error naming it. Programs that
-// take a backend spec of their own pass spec_timeout(spec), so that "ring:timeout=10s" bounds the
-// rendezvous as well as the collectives.
+// every backend), else 5 minutes. A malformed TRIBUTARY_TIMEOUT is an error naming it. Programs
+// that take a backend spec of their own pass spec_timeout(spec), so that "ring:timeout=10s" bounds
+// the rendezvous as well as the collectives. Several contexts for one job in one process share its
+// connection: while a context (or a backend made from one) for the same coordinator, world size,
+// rank and secret is alive, a new one takes its store (the chief: its server too, which holds the
+// coordinator port) and its instance numbers, so that backends made from either are numbered in
+// creation order, as from one context (every process must create them in the same order). This is
+// what lets the C API's trib_backend_create, Python's tributary.backend() and the strategies, each
+// of which makes a context of its own, hold several multi-process backends at once. The store keeps
+// the timeout it was connected with.
 StatusOr<BackendContext> make_backend_context(
     std::vector<Device> devices, Config config,
     std::optional<std::chrono::milliseconds> timeout = std::nullopt);

@@ -417,7 +417,8 @@ void bind_ops(py::module_& m) {
         "A backend (CrossDeviceOps) from a spec such as 'ring:timeout=30s', 'hierarchical_copy:"
         "num_packs=2' or 'auto'; None takes TRIBUTARY_CROSS_DEVICE_OPS from the environment, else "
         "'auto', as the C++ programs do. Joins the cluster from the environment as make_context "
-        "does (one backend per process that way; for several, make_context().backend()).");
+        "does; while another backend or context of the job is alive in this process, through its "
+        "connection. Every process must create its backends in the same order.");
 
   py::class_<PyBackend>(m, "Backend", "A CrossDeviceOps: collectives over this process's replicas "
                                       "times the processes of the cluster.")

@@ -2,8 +2,9 @@
  *
  *   c_api_mp_test collectives SPEC          every collective, synchronous and asynchronous, on
  *                                           2 local replicas per process, checked exactly on
- *                                           every rank; then rank 0 refuses a call (a bad root)
- *                                           and every peer must hear of it
+ *                                           every rank; a second and third backend of the job
+ *                                           beside the first; then rank 0 refuses a call (a bad
+ *                                           root) and every peer must hear of it
  *   c_api_mp_test exit_early SPEC LOST      after one all_reduce, rank LOST exits (status 0);
  *   c_api_mp_test killed SPEC LOST          ... or is killed by SIGKILL: every other rank's next
  *                                           collective must fail with a message naming rank LOST
@@ -238,6 +239,32 @@ static void check_refusal(trib_backend* b, int world) {
   CHECK(trib_broadcast(b, TRIB_UINT8, buf[0], outs, 4, 0) == TRIB_FAILED_PRECONDITION);
 }
 
+/* A second backend of the same job while the first is alive (one local replica), used in turn with
+ * the first; then a third, made after the second is gone. Each all-reduces its own values. */
+static void check_second_backend(trib_backend* first, const char* spec, int world) {
+  const char* devices[1] = {"CPU:0"};
+  for (int round = 0; round < 2; ++round) {
+    trib_backend* b = NULL;
+    CHECK_OK(trib_backend_create(spec, devices, 1, &b));
+    if (b == NULL) return;
+    CHECK(trib_backend_rank(b) == rank && trib_backend_world_size(b) == world);
+    CHECK(trib_backend_num_replicas_in_sync(b) == world);
+    for (int k = 0; k < 3; ++k) {
+      double v = (double)(rank + 1 + round);
+      const void* in[1] = {&v};
+      void* out[1] = {&v};
+      CHECK_OK(trib_all_reduce(b, TRIB_SUM, TRIB_FLOAT64, in, out, 1));
+      CHECK(v == (double)(world * (world + 1) / 2 + world * round));
+      float x[LOCAL] = {1.0f, 2.0f};
+      const void* xin[LOCAL] = {&x[0], &x[1]};
+      void* xout[LOCAL] = {&x[0], &x[1]};
+      CHECK_OK(trib_all_reduce(first, TRIB_SUM, TRIB_FLOAT32, xin, xout, 1));
+      CHECK(x[0] == (float)(3 * world) && x[1] == (float)(3 * world));
+    }
+    trib_backend_destroy(b);
+  }
+}
+
 static int run_collectives(const char* spec) {
   const char* devices[LOCAL] = {"CPU:0", "CPU:1"};
   trib_backend* b = NULL;
@@ -255,6 +282,7 @@ static int run_collectives(const char* spec) {
     check_data_movement(b, n, world, async);
   }
   check_shareable_all_reduce(b, n);
+  check_second_backend(b, spec, world);
   check_refusal(b, world);
   trib_backend_destroy(b);
   if (failures != 0) return 1;

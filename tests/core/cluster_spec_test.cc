@@ -839,9 +839,9 @@ TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysWhy) {
   const int fd = listening_socket(&port);
   ASSERT_GE(fd, 0);
   const std::string named = "TRIBUTARY_STORE_FD=" + std::to_string(fd);
-  auto chief = [&](const std::string& on, bool in_config) {
+  auto chief = [&](const std::string& on, bool in_config, const char* world = "2") {
     std::map<std::string, std::string> vars{{"TRIBUTARY_RANK", "0"},
-                                            {"TRIBUTARY_WORLD_SIZE", "2"},
+                                            {"TRIBUTARY_WORLD_SIZE", world},
                                             {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
                                             {"TRIBUTARY_MASTER_PORT", on},
                                             {"TRIBUTARY_TIMEOUT", "1s"}};
@@ -866,11 +866,56 @@ TEST(MakeBackendContext, AChiefThatCannotTakeTheHandedSocketSaysWhy) {
   EXPECT_TRUE(chief(other, true).ok()) << "a context on another port";
   auto first = chief(port, true);
   ASSERT_TRUE(first.ok()) << first.status().to_string();
-  auto second = chief(port, true);
+  // A second context of the same job shares the first one's connection (make_backend_context);
+  // one of another job (here another world size) would need a server of its own on the port.
+  auto same = chief(port, true);
+  ASSERT_TRUE(same.ok()) << same.status().to_string();
+  EXPECT_EQ(same->store, first->store);
+  auto second = chief(port, true, "3");
   ASSERT_FALSE(second.ok());
   const std::string& n = second.status().message();
   EXPECT_NE(n.find("this process already serves on the port"), std::string::npos) << n;
   EXPECT_NE(n.find(named), std::string::npos) << n;
+}
+
+// Several contexts of one job in one process (the C API's and Python's backend(), each strategy):
+// the later ones share the first one's connection, its server and its instance numbers, until
+// every holder is gone; another rank of the job, in the same process as tests run ranks, has its
+// own.
+TEST(MakeBackendContext, ContextsOfOneJobInOneProcessShareItsConnection) {
+  const testing::ReservedPort reserved;
+  ASSERT_NE(reserved.port(), 0);
+  const std::string port = std::to_string(reserved.port());
+  auto make = [&](const std::string& rank, Device device) {
+    return make_backend_context({device}, Config::from_map({{"TRIBUTARY_RANK", rank},
+                                                            {"TRIBUTARY_WORLD_SIZE", "2"},
+                                                            {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                                            {"TRIBUTARY_MASTER_PORT", port},
+                                                            {"TRIBUTARY_TIMEOUT", "1s"}}));
+  };
+  auto a = make("0", Device::cpu(0));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto b = make("0", Device::cpu(1));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(a->store, b->store);
+  EXPECT_EQ(a->keep_alive, b->keep_alive);
+  EXPECT_EQ(a->instances, b->instances);
+  ASSERT_EQ(b->devices.size(), 1u);
+  EXPECT_EQ(b->devices[0], Device::cpu(1)) << "each context keeps its own devices";
+  auto other_rank = make("1", Device::cpu(0));
+  ASSERT_TRUE(other_rank.ok()) << other_rank.status().to_string();
+  EXPECT_NE(other_rank->store, a->store);
+  EXPECT_NE(other_rank->instances, a->instances);
+  // Every holder gone: the next context starts a server of its own on the port, now free.
+  const std::weak_ptr<Store> old_store = a->store;
+  *other_rank = BackendContext();
+  *b = BackendContext();
+  *a = BackendContext();
+  EXPECT_TRUE(old_store.expired());
+  auto fresh = make("0", Device::cpu(0));
+  ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+  EXPECT_NE(fresh->keep_alive, nullptr);
+  EXPECT_EQ(*fresh->instances, 0u);
 }
 
 // A TRIBUTARY_STORE_FD that names no socket listening on the port (a variable inherited without

@@ -145,3 +145,20 @@ def test_reduce_scatter(ops):
     for i, o in enumerate(outs):
         g = global_id(i)
         np.testing.assert_array_equal(o, [n * 2 * g, n * (2 * g + 1)])
+
+
+def test_backends_joined_by_tributary_backend_beside_the_context(context):
+    # tributary.backend() joins the job by itself. While the module's context is alive (on rank 0
+    # it serves the job's store on the coordinator port), two more join through its connection and
+    # are used in turn, each meeting its own peers.
+    a = tributary.backend("ring:timeout=60s", devices=1)
+    b = tributary.backend("ring:timeout=60s,intra_host=net", devices=1)
+    for k in range(3):
+        x = np.full(5, RANK + 1, np.float64)
+        a.all_reduce([x])
+        np.testing.assert_array_equal(x, WORLD * (WORLD + 1) // 2)
+        y = np.full(3, RANK + k, np.int32)
+        b.all_reduce([y], op="max")
+        np.testing.assert_array_equal(y, WORLD - 1 + k)
+    a.close()
+    b.close()
