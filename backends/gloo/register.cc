@@ -79,8 +79,8 @@ Status register_gloo(BackendRegistry& registry) {
       {.name = "host",
        .type = OptionType::kString,
        .default_value = "",
-       .help = "address or hostname Gloo listens on and publishes (default: the interface that "
-               "reaches the coordinator, 127.0.0.1 without one)"},
+       .help = "IP address of this machine that Gloo listens on and publishes (default: the "
+               "interface that reaches the coordinator, 127.0.0.1 without one)"},
       {.name = "iface",
        .type = OptionType::kString,
        .default_value = "",
@@ -95,8 +95,8 @@ Status register_gloo(BackendRegistry& registry) {
       {.name = "bcube_base",
        .type = OptionType::kInt,
        .default_value = "0",
-       .help = "peers per bcube step; must divide the number of processes (0: the smallest "
-               "divisor >= 2)",
+       .help = "peers per bcube step, 2 or more; must divide the number of processes (0: the "
+               "smallest divisor >= 2)",
        .min = 0},
   };
   Capabilities caps;
@@ -108,6 +108,18 @@ Status register_gloo(BackendRegistry& registry) {
   info.capabilities = caps;
   info.auto_priority = 6;  // below ring (8): "auto" prefers our own TCP backend
   info.check_options = [](const Options& options) -> Status {
+    // Gloo's TCP device resolves a name itself and crashed (SIGSEGV in CreateDeviceAttr) on one
+    // that does not resolve; the control channel takes addresses only. So: an address, checked.
+    TRIBUTARY_RETURN_IF_ERROR(
+        internal::check_listen_address(options.get_string("host"), "backend 'gloo'"));
+    // Gloo's BCube with one peer per step never reaches the other processes (it failed in the
+    // first collective with "cannot create std::vector larger than max_size()").
+    if (options.get_int("bcube_base") == 1) {
+      return invalid_argument(
+          "backend 'gloo': bcube_base=1 is not a BCube (each step must exchange with at least "
+          "one peer); use 0 (the smallest divisor of the number of processes >= 2) or a divisor "
+          ">= 2");
+    }
     const std::string& algorithm = options.get_string("algorithm");
     const std::string mode = backends::resolve_gloo_mode(options.get_string("mode"), algorithm);
     if (options.get_string("reduce_scatter") == "halving_doubling" && mode == "async") {

@@ -124,6 +124,9 @@ TEST(Registry, CheckRefusesWhatCreateRefusesInTheSpec) {
       {"ring:host=999.1.1.1", "is not an IP address"},
       {"ucx:segment_bytes=1", "segment_bytes must be 0 (auto) or at least 4KiB"},
       {"gloo:reduce_scatter=halving_doubling,mode=async", "needs mode=sync or mode=busy_poll"},
+      {"gloo:host=bogus.invalid", "is not an IP address"},  // Gloo's device crashed on it
+      {"gloo:host=localhost", "is not an IP address"},
+      {"gloo:bcube_base=1", "bcube_base=1 is not a BCube"},
       {"nccl:num_packs=-1", "requires num_packs >= 0"},
   };
   for (const auto& [spec, says] : refused) {
