@@ -108,7 +108,16 @@ Status check_listen_address(const std::string& host, const std::string& who) {
 StatusOr<std::string> read_secret(const Config& config, const std::string& secret_file) {
   std::string path = secret_file;
   if (path.empty()) {
-    if (auto s = config.get("TRIBUTARY_SECRET"); s && !s->empty()) return *s;
+    if (auto s = config.get("TRIBUTARY_SECRET")) {
+      // Set but empty reads as a secret that was meant to be there (a variable exported from
+      // nothing): running unauthenticated instead would go unnoticed. As an empty secret file.
+      if (s->empty()) {
+        return invalid_argument(
+            "TRIBUTARY_SECRET is set but empty; give every process the job's secret, or unset "
+            "it to run without one (peers and the store are then not authenticated)");
+      }
+      return *s;
+    }
     path = config.get("TRIBUTARY_SECRET_FILE").value_or("");
   }
   if (path.empty()) return std::string();

@@ -235,7 +235,8 @@ json settings_json(const Config& config, const BackendRegistry& registry, Config
   json out = json::array();
   for (const auto& [key, entry] : config.entries()) {
     json item = {{"name", key},
-                 {"value", key.find("SECRET") != std::string::npos && key != "TRIBUTARY_SECRET_FILE"
+                 {"value", key.find("SECRET") != std::string::npos &&
+                                       key != "TRIBUTARY_SECRET_FILE" && !entry.value.empty()
                                ? "<hidden>"
                                : entry.value},
                  {"source", entry.source}};

@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/hostlist.h"
@@ -916,6 +918,32 @@ TEST(MakeBackendContext, ContextsOfOneJobInOneProcessShareItsConnection) {
   ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
   EXPECT_NE(fresh->keep_alive, nullptr);
   EXPECT_EQ(*fresh->instances, 0u);
+}
+
+// An empty secret is an error, not a job without one: set from nothing by mistake, it would turn
+// authentication off unnoticed (before, TRIBUTARY_SECRET="" ran unauthenticated).
+TEST(MakeBackendContext, AnEmptySecretIsRefused) {
+  const testing::ReservedPort reserved;
+  ASSERT_NE(reserved.port(), 0);
+  const std::string file = ::testing::TempDir() + "empty_secret";
+  { std::ofstream(file) << "\n"; }
+  const std::pair<const char*, std::string> cases[] = {
+      {"TRIBUTARY_SECRET", "TRIBUTARY_SECRET is set but empty"},
+      {"TRIBUTARY_SECRET_FILE", "the secret file '" + file + "' is empty"}};
+  for (const auto& [key, says] : cases) {
+    auto ctx = make_backend_context(
+        {Device::cpu(0)},
+        Config::from_map({{"TRIBUTARY_RANK", "0"},
+                          {"TRIBUTARY_WORLD_SIZE", "2"},
+                          {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                          {"TRIBUTARY_MASTER_PORT", std::to_string(reserved.port())},
+                          {key, std::string(key) == "TRIBUTARY_SECRET" ? "" : file},
+                          {"TRIBUTARY_TIMEOUT", "1s"}}));
+    ASSERT_FALSE(ctx.ok()) << key;
+    EXPECT_EQ(ctx.status().code(), StatusCode::kInvalidArgument) << ctx.status().to_string();
+    EXPECT_NE(ctx.status().message().find(says), std::string::npos) << ctx.status().to_string();
+  }
+  std::remove(file.c_str());
 }
 
 // A TRIBUTARY_STORE_FD that names no socket listening on the port (a variable inherited without
