@@ -296,6 +296,16 @@ class Runner::Impl {
   Status make_lines(Report* report) {
     BackendRegistry registry = builtin_backends();
     const std::vector<std::string> specs = o_.backends.empty() ? default_specs() : o_.backends;
+    // The default lines meet the settings too (TRIBUTARY_<BACKEND>_<KEY>, the config file): a bad
+    // value there is the user's error, as in a named spec, not a line to skip. Every rank checks
+    // the same settings, so every rank ends here.
+    if (o_.backends.empty()) {
+      for (const std::string& spec : specs) {
+        if (Status s = registry.check(spec, ctx_.config); !s.ok()) {
+          return s.with_context("the default line '" + spec + "' cannot use the settings");
+        }
+      }
+    }
     std::vector<std::string> references = o_.references;
     if (references.empty() && o_.backends.empty()) {
       references = default_references(ctx_.world_size, o_.gpus > 0);
