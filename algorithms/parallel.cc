@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,8 @@
 
 #include "algorithms/reduce_kernels.h"
 #include "core/cpus.h"
+#include "core/logging.h"
+#include "tributary/config.h"
 
 namespace tributary::algorithms {
 namespace {
@@ -23,8 +26,18 @@ class WorkerPool {
     auto n = static_cast<unsigned>(internal::usable_cpus());
     if (const char* e = std::getenv("TRIBUTARY_NUM_THREADS"); e && *e) {
       char* end = nullptr;
+      errno = 0;
       const long v = std::strtol(e, &end, 10);
-      if (end && *end == '\0' && v >= 1 && v <= 1024) n = static_cast<unsigned>(v);
+      if (errno == 0 && end && *end == '\0' && v >= 1 && v <= 1024) {
+        n = static_cast<unsigned>(v);
+      } else {
+        // Once per process (the pool is made once), at its first use.
+        internal::Logger(internal::log_level_from(Config::from_environment()), "tributary")
+            .log(internal::LogLevel::kWarning,
+                 "TRIBUTARY_NUM_THREADS='{}' is not a number of threads from 1 to 1024; using {} "
+                 "(the CPUs this process may run on)",
+                 std::string_view(e).substr(0, 64), n);
+      }
     }
     for (unsigned i = 1; i < n; ++i) threads_.emplace_back([this] { work(); });
   }
