@@ -525,6 +525,9 @@ Status CrossDeviceOps::find_root_cause(Status failure, uint64_t sequence) const 
   // the message already: that is the root cause, and no roll call follows (the refusing rank
   // issued no collective, so it would be named as silent).
   if (failure.message().find(" refused its part: ") != std::string::npos) return failure;
+  // A transport that compared the ranks' calls and found them different named both: that is the
+  // root cause, and the waits below (for a will, for the roll call) would only hold it back.
+  if (failure.message().find("collective mismatch: ") != std::string::npos) return failure;
   if (scope_) {
     // One quick look per peer, within 1 s in all (a store that stopped answering costs no more).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -544,7 +547,14 @@ Status CrossDeviceOps::find_root_cause(Status failure, uint64_t sequence) const 
     }
   }
   if (!context_.lost_key.empty()) {
-    Status named = internal::name_lost_ranks(context_, failure);
+    // A broken connection is often a death the store is about to hear of: wait for its will. A
+    // timeout rarely is (a peer that died while this rank waited has its will there already), and
+    // waiting 2 s for one put a timeout=1s error at 3 s: look only for as long as the roll call
+    // below waits anyway.
+    const std::chrono::milliseconds grace = code == StatusCode::kDeadlineExceeded
+                                                ? roll_call_grace(timeout_)
+                                                : std::chrono::milliseconds(2000);
+    Status named = internal::name_lost_ranks(context_, failure, grace);
     if (named.message() != failure.message()) return named;
   }
   if (!reported.ok()) return failure;  // no roll call without this rank's own report

@@ -118,12 +118,11 @@ std::string describe_fingerprint(uint64_t f) {
   c.op = static_cast<ReduceOp>((f >> 34) & 7);
   c.dtype = static_cast<DType>((f >> 30) & 15);
   std::string s = std::string(collective_name(c.collective)) + " #" +
-                  std::to_string((f >> 16) & 0x3fff) + " (mod 16384, " +
-                  std::string(dtype_name(c.dtype));
+                  std::to_string((f >> 16) & 0x3fff) + " (" + std::string(dtype_name(c.dtype));
   if (c.collective != Collective::kBroadcast && c.collective != Collective::kAllGather) {
     s += ", " + std::string(reduce_op_name(c.op));
   }
-  return s + ")";
+  return s + "; the tag numbers collectives mod 16384)";
 }
 
 using internal::hex;
@@ -549,11 +548,12 @@ struct UcxTransport::Impl {
   Status mismatch(const Op& op, uint64_t sender_tag, const std::string& bytes) const {
     const uint64_t theirs = sender_tag & kFingerprintMask;
     const uint64_t ours = op.expected & kFingerprintMask;
-    std::string sent = describe_fingerprint(theirs);
-    if ((theirs >> 16) == (ours >> 16)) sent += " with another size or step";
+    const std::string sent = describe_fingerprint(theirs);
+    const std::string same_call =
+        (theirs >> 16) == (ours >> 16) ? ": the same call with another size, or another step" : "";
     return aborted("collective mismatch: rank " + std::to_string(op.peer) + " sent " + sent + " (" +
-                   bytes + " bytes) but rank " + std::to_string(rank) + " expects " +
-                   op.tag.describe() + " (" + std::to_string(op.bytes) +
+                   bytes + " bytes" + same_call + ") but rank " + std::to_string(rank) +
+                   " expects " + op.tag.describe() + " (" + std::to_string(op.bytes) +
                    " bytes); every rank must issue the same collectives in the same order, with "
                    "the same backend options");
   }
