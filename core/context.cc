@@ -41,6 +41,7 @@ struct JobLink {
   bool has_server = false;
   std::weak_ptr<Store> store;
   std::weak_ptr<uint64_t> instances;
+  std::weak_ptr<uint64_t> setups;
   std::string lost_key;
 };
 std::mutex job_links_mu;
@@ -59,10 +60,12 @@ bool join_live_link(const std::string& key, BackendContext& ctx) {
     std::shared_ptr<Store> store = l.store.lock();
     std::shared_ptr<void> server = l.server.lock();
     std::shared_ptr<uint64_t> instances = l.instances.lock();
-    if (!store || !instances || (l.has_server && !server)) return false;
+    std::shared_ptr<uint64_t> setups = l.setups.lock();
+    if (!store || !instances || !setups || (l.has_server && !server)) return false;
     ctx.keep_alive = std::move(server);
     ctx.store = std::move(store);
     ctx.instances = std::move(instances);
+    ctx.setups = std::move(setups);
     ctx.lost_key = l.lost_key;
     return true;
   }
@@ -72,7 +75,7 @@ bool join_live_link(const std::string& key, BackendContext& ctx) {
 void remember_link(const std::string& key, const BackendContext& ctx) {
   std::lock_guard lock(job_links_mu);
   job_links().push_back(JobLink{key, ctx.keep_alive, ctx.keep_alive != nullptr, ctx.store,
-                                ctx.instances, ctx.lost_key});
+                                ctx.instances, ctx.setups, ctx.lost_key});
 }
 
 }  // namespace

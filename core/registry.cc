@@ -2,14 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/flight_recorder.h"
 #include "core/gpu.h"
 #include "core/host_staging.h"
-#include "core/flight_recorder.h"
-#include "core/rendezvous.h"
 #include "core/logging.h"
+#include "core/rendezvous.h"
 #include "core/strings.h"
 #include "tributary/store.h"
 
@@ -184,6 +186,54 @@ Status name_setup_failure(const BackendContext& context, const Status& failure) 
     return internal::name_lost_ranks(context, failure, std::chrono::milliseconds(0));
   }
   return internal::name_lost_ranks(context, failure);
+}
+
+// Before a backend of several processes connects, every process says in the store whether it got
+// that far and with which backend, and reads what the others said. A process whose settings were
+// refused (a value in its own environment), or that creates another backend, then fails every
+// process at once, named, instead of leaving them to wait out the setup's timeout for a peer that
+// will never connect ("rank 1 did not join").
+Status meet_before_setup(const BackendContext& context, const std::string& backend,
+                         const Status& mine,
+                         std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
+  if (context.world_size <= 1 || !context.store) return mine;
+  const std::string prefix = "setup/" + std::to_string((*context.setups)++) + "/";
+  const std::string me = std::to_string(context.rank);
+  const Status said = context.store->set(
+      prefix + me, mine.ok() ? "=" + backend : "!" + backend + ": " + mine.message());
+  if (!mine.ok()) return mine;
+  TRIBUTARY_RETURN_IF_ERROR(said);
+  for (int r = 0; r < context.world_size; ++r) {
+    if (r == context.rank) continue;
+    const std::string who = "rank " + std::to_string(r);
+    StatusOr<std::string> theirs =
+        timeout ? context.store->get(prefix + std::to_string(r),
+                                     std::chrono::ceil<std::chrono::milliseconds>(*timeout))
+                : context.store->get(prefix + std::to_string(r));
+    if (!theirs.ok()) {
+      if (theirs.status().code() != StatusCode::kDeadlineExceeded) return theirs.status();
+      const std::chrono::milliseconds waited =
+          timeout ? std::chrono::ceil<std::chrono::milliseconds>(*timeout)
+                  : context.store->options().timeout;
+      return name_setup_failure(
+          context,
+          deadline_exceeded(who + " did not join: it did not reach the setup of backend '" +
+                            backend + "' within " + format_duration(waited) +
+                            " (timeout=); is it running, with the same secret, and "
+                            "creating the same backends in the same order?"));
+    }
+    if (theirs->starts_with("!")) {
+      return failed_precondition(who + " could not create its backend (" + theirs->substr(1) +
+                                 "), so rank " + me + " gives up on '" + backend +
+                                 "' too; every process must be given settings its backend takes");
+    }
+    if (theirs->substr(1) != backend) {
+      return failed_precondition(
+          who + " creates backend '" + theirs->substr(1) + "' where rank " + me + " creates '" +
+          backend + "'; every process must create the same backends in the same order");
+    }
+  }
+  return Status();
 }
 
 }  // namespace
@@ -405,16 +455,26 @@ StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(
   }
   // The spec first: a misspelt option is reported as such wherever it is read, also on a machine
   // that cannot serve the backend.
-  TRIBUTARY_ASSIGN_OR_RETURN(auto found, resolve(resolved, context.config));
-  auto& [info, options] = found;
+  auto found = resolve(resolved, context.config);
+  if (!found.ok()) return meet_before_setup(context, resolved.name, found.status());
+  auto& [info, options] = *found;
   Status usable = can_serve(*info, context);
   if (!usable.ok()) {
-    return Status(usable.code(), "backend '" + info->name + "' cannot be used here: " +
-                                     usable.message());
+    return meet_before_setup(
+        context, info->name,
+        Status(usable.code(),
+               "backend '" + info->name + "' cannot be used here: " + usable.message()));
   }
-  // Malformed observability settings (TRIBUTARY_FLIGHT_RECORDER_SIZE, ...) are reported here, before
-  // any rank connects: the front door only reads them.
-  TRIBUTARY_RETURN_IF_ERROR(internal::FlightSettings::from(context.config).status());
+  // Malformed observability settings (TRIBUTARY_FLIGHT_RECORDER_SIZE, ...) are reported here,
+  // before any rank connects: the front door only reads them. The backend's timeout= bounds the
+  // wait for the others, as it bounds its own setup.
+  const Status met = meet_before_setup(context, info->name,
+                                       internal::FlightSettings::from(context.config).status(),
+                                       options.get_duration("timeout"));
+  // A store that went away while the ranks met (its host, rank 0, failed: often for a reason every
+  // rank meets in the backend's own checks, such as a value the world size refuses) leaves the
+  // answer to the setup below, which finds that reason here too, or names rank 0.
+  if (!met.ok() && met.code() != StatusCode::kUnavailable) return met;
   if (stages_through_host(*info, context)) {
     auto made = info->create(internal::host_context(context), std::move(options));
     if (!made.ok()) return name_setup_failure(context, made.status());

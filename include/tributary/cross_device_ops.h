@@ -111,6 +111,9 @@ struct BackendContext {
   // names it first. make_backend_context sets it up with its TcpStore.
   std::string lost_key;
   std::shared_ptr<uint64_t> instances = std::make_shared<uint64_t>(0);
+  // Backend creations that met before connecting (BackendRegistry::create), numbered like
+  // instances: every process says there whether it got that far, and with which backend.
+  std::shared_ptr<uint64_t> setups = std::make_shared<uint64_t>(0);
 };
 
 // One value and where its reduction goes, for reduce/batch_reduce.

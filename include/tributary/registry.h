@@ -63,6 +63,12 @@ class BackendRegistry {
   // backend, or a file named in the spec that does not apply.
   StatusOr<std::optional<TuningTable>> tuning_for(
       const BackendContext& context, const std::optional<std::string>& from_spec) const;
+  // Across processes (a context with a store), the ranks meet in the store before the backend
+  // connects: each says whether its spec and settings resolved here, and which backend it
+  // creates, and reads what the others said, for at most the backend's timeout=. A rank refused
+  // (its settings, its devices) or creating another backend fails every rank at once, naming it;
+  // one that never arrives is "rank R did not join". Every process must create its backends in
+  // the same order.
   StatusOr<std::unique_ptr<CrossDeviceOps>> create(const BackendSpec& spec,
                                                    const BackendContext& context) const;
   StatusOr<std::unique_ptr<CrossDeviceOps>> create(std::string_view spec,

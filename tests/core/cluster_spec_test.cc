@@ -796,6 +796,57 @@ TEST(BackendSetup, APeerThatNeverJoinsFailsAtTheBackendsTimeout) {
   }
 }
 
+// Before a multi-process backend connects, its ranks meet in the store: a rank whose own settings
+// its backend refuses, or that creates another backend, fails every rank at once, named, instead
+// of leaving them to wait out the timeout (60 s here) for a peer that never connects.
+TEST(BackendSetup, RanksThatCannotMeetFailEveryRankAtOnce) {
+  const BackendRegistry registry = builtin_backends();
+  struct Case {
+    std::string spec0, spec1;
+    std::map<std::string, std::string> config1;  // rank 1's own settings
+    std::string says0, says1;                    // what each rank's error must say
+  };
+  std::vector<Case> cases = {
+      {"ring:timeout=60s",
+       "ring:timeout=60s",
+       {{"TRIBUTARY_RING_ALGORITHM", "bogus"}},
+       "rank 1 could not create its backend (ring: backend 'ring': bad value 'bogus' for option "
+       "algorithm",
+       "bad value 'bogus' for option algorithm"}};
+  if (registry.find("gloo") != nullptr) {
+    cases.push_back({"ring:timeout=60s",
+                     "gloo:timeout=60s",
+                     {},
+                     "rank 1 creates backend 'gloo' where rank 0 creates 'ring'",
+                     "rank 0 creates backend 'ring' where rank 1 creates 'gloo'"});
+  }
+  for (const Case& c : cases) {
+    auto store = std::make_shared<MemoryStore>();
+    StatusOr<std::unique_ptr<CrossDeviceOps>> made[2] = {Status(), Status()};
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        BackendContext ctx;
+        ctx.rank = r;
+        ctx.world_size = 2;
+        ctx.store = store;
+        if (r == 1) ctx.config = Config::from_map(c.config1);
+        made[r] = registry.create(r == 0 ? c.spec0 : c.spec1, ctx);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_FALSE(made[r].ok()) << c.spec1 << ": rank " << r;
+      EXPECT_NE(made[r].status().message().find(r == 0 ? c.says0 : c.says1), std::string::npos)
+          << "rank " << r << ": " << made[r].status().to_string();
+    }
+    EXPECT_LT(seconds, 30) << "the ranks waited for each other: " << c.spec1;
+  }
+}
+
 // A socket listening on a free port of every interface (as tributary-run binds MASTER_PORT), or -1.
 int listening_socket(std::string* port) {
   std::uint16_t p = 0;
@@ -902,6 +953,7 @@ TEST(MakeBackendContext, ContextsOfOneJobInOneProcessShareItsConnection) {
   EXPECT_EQ(a->store, b->store);
   EXPECT_EQ(a->keep_alive, b->keep_alive);
   EXPECT_EQ(a->instances, b->instances);
+  EXPECT_EQ(a->setups, b->setups);
   ASSERT_EQ(b->devices.size(), 1u);
   EXPECT_EQ(b->devices[0], Device::cpu(1)) << "each context keeps its own devices";
   auto other_rank = make("1", Device::cpu(0));

@@ -192,7 +192,9 @@ TEST(Nccl, APeerThatNeverInitialisesEndsInTheSetupDeadline) {
   ctx.rank = 0;
   ctx.world_size = 2;
   ctx.store = std::make_shared<MemoryStore>();
-  // Rank 1's half of the store handshake, then silence.
+  // Rank 1's half of the store handshake (it reached the setup, BackendRegistry::create's
+  // meeting, and said its GPUs), then silence.
+  ASSERT_TRUE(ctx.store->set("setup/0/1", "=nccl").ok());
   ASSERT_TRUE(ctx.store->set("nccl/0/gpus/1", "1").ok());
   const auto start = std::chrono::steady_clock::now();
   auto made = r.create("nccl:timeout=3s", ctx);
@@ -213,6 +215,7 @@ TEST(Nccl, AMissingPeerIsNamedWhileWaitingInTheStore) {
   ctx.rank = 0;
   ctx.world_size = 2;
   ctx.store = std::make_shared<MemoryStore>();
+  ASSERT_TRUE(ctx.store->set("setup/0/1", "=nccl").ok());  // rank 1 reached the setup, no further
   auto made = r.create("nccl:timeout=1s", ctx);
   ASSERT_FALSE(made.ok());
   EXPECT_NE(made.status().message().find("rank 1 did not join"), std::string::npos)

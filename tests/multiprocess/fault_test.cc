@@ -1285,6 +1285,7 @@ TEST(RingSetup, DifferentLayoutsAreRefusedNamingThem) {
 // join speaks for them.
 void speak_for_ranks(Store& store, int world) {
   for (int r = 1; r < world; ++r) {
+    (void)store.set("setup/0/" + std::to_string(r), "=ring");  // BackendRegistry::create's meeting
     (void)store.set("ring/0/host/" + std::to_string(r),
                     algorithms::host_entry(Config(), "intra_host=net,hierarchy=auto"));
   }
