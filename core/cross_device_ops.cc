@@ -1,6 +1,8 @@
 // The front door of every backend: validation, sequence numbers, timing and logging.
 #include "tributary/cross_device_ops.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -85,6 +87,12 @@ class Validator {
     if (t.data() == nullptr && t.num_elements() > 0) [[unlikely]] {
       return error(label.str() + " has null data but " + std::to_string(t.num_elements()) +
                    " elements; pass a buffer, or a zero-element tensor");
+    }
+    // Element-aligned, as C++ (the host kernels) and CUDA (a fault) require of typed memory.
+    if (reinterpret_cast<uintptr_t>(t.data()) % dtype_size(t.dtype()) != 0) [[unlikely]] {
+      return error(label.str() + " is not aligned to its " + std::to_string(dtype_size(t.dtype())) +
+                   "-byte elements (address " + fmt::format("{}", t.data()) +
+                   "); pass a buffer that starts on an element boundary (e.g. a copy)");
     }
     return Status();
   }

@@ -21,6 +21,10 @@ std::chrono::milliseconds timeout_from(py::handle seconds, std::chrono::millisec
   const double s = seconds.cast<double>();
   if (!(s >= 0)) throw_invalid("timeout must be a number of seconds >= 0; got " +
                                std::string(py::repr(seconds)));
+  // float('inf') and anything past a year wait "forever" (a year, as the C API's longest): cast
+  // as they are, they overflowed into a deadline already past.
+  constexpr double kYear = 365.0 * 24 * 3600;
+  if (s >= kYear) return std::chrono::hours(24 * 365);
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
 }
 

@@ -17,19 +17,77 @@ constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365);
 
 // A rendezvous made once per process: every backend made from it meets its peers under the next
 // instance number (all ranks must create their backends in the same order).
+// Runs `f` without the GIL when this thread holds it and the interpreter is not finalizing: what
+// may block (a backend draining its collectives, a store server lingering for absent ranks) must
+// not stall every Python thread, also when garbage collection destroys it.
+bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+template <typename F>
+void without_gil(F&& f) {
+  if (PyGILState_Check() != 0 && !finalizing()) {
+    py::gil_scoped_release release;
+    f();
+  } else {
+    f();
+  }
+}
+
 struct PyContext {
   BackendContext context;
+
+  PyContext() = default;
+  explicit PyContext(BackendContext c) : context(std::move(c)) {}
+  PyContext(const PyContext&) = delete;
+  PyContext& operator=(const PyContext&) = delete;
+  ~PyContext() {
+    without_gil([this] { context = BackendContext(); });
+  }
 };
 
 struct PyBackend {
   std::unique_ptr<BackendRegistry> registry;  // outlives the instance made from it
-  std::unique_ptr<CrossDeviceOps> ops;
   std::mutex issue;  // CrossDeviceOps takes calls from one thread at a time
 
-  CrossDeviceOps& get() const {
-    if (!ops) throw StatusError(failed_precondition("this backend was closed"));
-    return *ops;
+  PyBackend() = default;
+  PyBackend(const PyBackend&) = delete;
+  PyBackend& operator=(const PyBackend&) = delete;
+  ~PyBackend() { close(); }
+
+  // The backend, kept alive for the caller's use: close() on another thread (which releases the
+  // GIL) then cannot free it under a call in progress; the last holder destroys it.
+  std::shared_ptr<CrossDeviceOps> get() const {
+    std::lock_guard lock(ptr_mu_);
+    if (!ops_) throw StatusError(failed_precondition("this backend was closed"));
+    return ops_;
   }
+  bool closed() const {
+    std::lock_guard lock(ptr_mu_);
+    return ops_ == nullptr;
+  }
+  void set(std::unique_ptr<CrossDeviceOps> ops) {
+    std::lock_guard lock(ptr_mu_);
+    ops_ = std::move(ops);
+  }
+  // Destroys the backend, without the GIL, once no collective is being issued on it.
+  void close() {
+    without_gil([this] {
+      std::shared_ptr<CrossDeviceOps> gone;
+      std::lock_guard lock(issue);
+      {
+        std::lock_guard ptr_lock(ptr_mu_);
+        gone = std::move(ops_);
+      }
+    });
+  }
+
+ private:
+  mutable std::mutex ptr_mu_;  // ops_ itself (get() runs with the GIL, close() without)
+  std::shared_ptr<CrossDeviceOps> ops_;
 };
 
 // An issued collective, holding its buffers until it completes.
@@ -80,7 +138,7 @@ std::unique_ptr<PyBackend> create_backend(const std::optional<std::string>& spec
     py::gil_scoped_release release;
     return spec ? b->registry->create(*spec, context) : b->registry->create_from_config(context);
   }();
-  b->ops = value_or_throw(std::move(ops));
+  b->set(value_or_throw(std::move(ops)));
   return b;
 }
 
@@ -144,7 +202,7 @@ py::object finish(PyBackend& b, std::unique_ptr<PyWork> w, Issue&& issue, bool a
   {
     py::gil_scoped_release release;
     std::lock_guard lock(b.issue);
-    w->work = issue(b.get());
+    w->work = issue(*b.get());
   }
   if (async_op) return py::cast(std::move(w));
   return w->wait(kForever);
@@ -181,7 +239,8 @@ struct PyRegistration {
 
 std::unique_ptr<PyRegistration> register_buffers(py::object self, py::handle buffers) {
   PyBackend& b = self.cast<PyBackend&>();
-  CrossDeviceOps& ops = b.get();
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  CrossDeviceOps& ops = *kept;
   Args bufs = args_from(buffers);
   auto r = std::make_unique<PyRegistration>();
   PerReplica<Tensor> t(hold_all(ops, bufs.objects, Access::kWrite, "buffers", r->held));
@@ -228,7 +287,8 @@ Shape scattered_shape(const Tensor& t, int n) {
 
 py::object all_reduce(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
                       bool async_op) {
-  CrossDeviceOps& ops = b.get();
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(inputs);
   Args out = outputs.is_none() ? in : args_from(outputs);
@@ -245,7 +305,8 @@ py::object all_reduce(PyBackend& b, py::handle inputs, py::handle outputs, py::h
 
 py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::handle op,
                   bool async_op) {
-  CrossDeviceOps& ops = b.get();
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(value);
   auto w = std::make_unique<PyWork>();
@@ -260,7 +321,8 @@ py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::h
 }
 
 py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool async_op) {
-  CrossDeviceOps& ops = b.get();
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   auto w = std::make_unique<PyWork>();
   std::vector<ReducePair> rp;
@@ -290,7 +352,8 @@ py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool asyn
 
 py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, int root,
                      bool async_op) {
-  CrossDeviceOps& ops = b.get();
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  CrossDeviceOps& ops = *kept;
   auto w = std::make_unique<PyWork>();
   w->held.push_back(hold_tensor(source, replica_device(ops, 0), Access::kRead, "source"));
   const Tensor src = w->held.back().tensor;
@@ -308,7 +371,8 @@ py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, i
 }
 
 py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool async_op) {
-  CrossDeviceOps& ops = b.get();
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  CrossDeviceOps& ops = *kept;
   Args in = args_from(inputs);
   auto w = std::make_unique<PyWork>();
   PerReplica<Tensor> ti(hold_all(ops, in.objects, Access::kRead, "inputs", w->held));
@@ -324,7 +388,8 @@ py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool 
 
 py::object reduce_scatter(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
                           bool async_op) {
-  CrossDeviceOps& ops = b.get();
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(inputs);
   auto w = std::make_unique<PyWork>();
@@ -399,7 +464,7 @@ void bind_ops(py::module_& m) {
             py::gil_scoped_release release;
             return make_context(d, t, std::nullopt);
           }();
-          return std::make_unique<PyContext>(PyContext{value_or_throw(std::move(c))});
+          return std::make_unique<PyContext>(value_or_throw(std::move(c)));
         }, py::arg("devices") = py::none(), py::arg("timeout") = py::none(),
         "Joins the cluster described by the environment (tributary-run, TF_CONFIG, torchrun, "
         "Slurm, Open MPI; a single process otherwise) with `devices` as this process's replicas "
@@ -420,8 +485,9 @@ void bind_ops(py::module_& m) {
         "does; while another backend or context of the job is alive in this process, through its "
         "connection. Every process must create its backends in the same order.");
 
-  py::class_<PyBackend>(m, "Backend", "A CrossDeviceOps: collectives over this process's replicas "
-                                      "times the processes of the cluster.")
+  py::class_<PyBackend>(m, "Backend",
+                        "A CrossDeviceOps: collectives over this process's replicas "
+                        "times the processes of the cluster.")
       .def("all_reduce", &all_reduce, py::arg("inputs"), py::arg("outputs") = py::none(),
            py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
            "Reduces the replicas' inputs into every output (outputs=None: in place).")
@@ -453,44 +519,48 @@ void bind_ops(py::module_& m) {
       .def("reduce_scatter", &reduce_scatter, py::arg("inputs"), py::arg("outputs") = py::none(),
            py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
            "Output i = the reduction of every input's slice i (i = global replica id).")
-      .def_property_readonly("name", [](const PyBackend& b) { return b.get().name(); })
-      .def_property_readonly("spec", [](const PyBackend& b) { return b.get().spec(); })
-      .def_property_readonly("rank", [](const PyBackend& b) { return b.get().rank(); })
-      .def_property_readonly("world_size", [](const PyBackend& b) { return b.get().world_size(); })
+      .def_property_readonly("name", [](const PyBackend& b) { return b.get()->name(); })
+      .def_property_readonly("spec", [](const PyBackend& b) { return b.get()->spec(); })
+      .def_property_readonly("rank", [](const PyBackend& b) { return b.get()->rank(); })
+      .def_property_readonly("world_size", [](const PyBackend& b) { return b.get()->world_size(); })
       .def_property_readonly("num_local_replicas",
-                             [](const PyBackend& b) { return b.get().num_local_replicas(); })
+                             [](const PyBackend& b) { return b.get()->num_local_replicas(); })
       .def_property_readonly("num_replicas_in_sync",
-                             [](const PyBackend& b) { return b.get().num_replicas_in_sync(); })
-      .def_property_readonly("devices", [](const PyBackend& b) { return device_names(b.get().devices()); })
-      .def_property_readonly("timeout", [](const PyBackend& b) {
-             return std::chrono::duration<double>(b.get().timeout()).count();
-           }, "Seconds every collective of this backend may take.")
+                             [](const PyBackend& b) { return b.get()->num_replicas_in_sync(); })
+      .def_property_readonly("devices",
+                             [](const PyBackend& b) { return device_names(b.get()->devices()); })
+      .def_property_readonly(
+          "timeout",
+          [](const PyBackend& b) {
+            return std::chrono::duration<double>(b.get()->timeout()).count();
+          },
+          "Seconds every collective of this backend may take.")
       .def_property_readonly("capabilities",
-                             [](const PyBackend& b) { return b.get().capabilities().to_string(); })
-      .def_property_readonly("last_sequence", [](const PyBackend& b) { return b.get().last_sequence(); })
-      .def("check", [](const PyBackend& b) { check(b.get().broken()); },
-           "Raises the first failure of a collective, after which the backend refuses every call.")
-      .def("abort", [](PyBackend& b, const std::string& why) {
-             py::gil_scoped_release release;
-             b.get().abort(aborted(why));
-           }, py::arg("why"), "Gives up on the group; in a multi-process group the peers are told.")
-      .def("close", [](PyBackend& b) {
-             py::gil_scoped_release release;
-             std::lock_guard lock(b.issue);
-             b.ops.reset();
-           }, "Destroys the backend now (its collectives must be complete).")
+                             [](const PyBackend& b) { return b.get()->capabilities().to_string(); })
+      .def_property_readonly("last_sequence",
+                             [](const PyBackend& b) { return b.get()->last_sequence(); })
+      .def(
+          "check", [](const PyBackend& b) { check(b.get()->broken()); },
+          "Raises the first failure of a collective, after which the backend refuses every call.")
+      .def(
+          "abort",
+          [](PyBackend& b, const std::string& why) {
+            py::gil_scoped_release release;
+            b.get()->abort(aborted(why));
+          },
+          py::arg("why"), "Gives up on the group; in a multi-process group the peers are told.")
+      .def(
+          "close", [](PyBackend& b) { b.close(); },
+          "Destroys the backend now (its collectives must be complete).")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](PyBackend& b, py::args) {
-             py::gil_scoped_release release;
-             std::lock_guard lock(b.issue);
-             b.ops.reset();
-           })
+      .def("__exit__", [](PyBackend& b, py::args) { b.close(); })
       .def("__repr__", [](const PyBackend& b) {
-             if (!b.ops) return std::string("<tributary.Backend (closed)>");
-             return "<tributary.Backend " + b.ops->spec() + " rank " +
-                    std::to_string(b.ops->rank()) + "/" + std::to_string(b.ops->world_size()) +
-                    " devices " + std::to_string(b.ops->num_local_replicas()) + ">";
-           });
+        if (b.closed()) return std::string("<tributary.Backend (closed)>");
+        const std::shared_ptr<CrossDeviceOps> o = b.get();
+        return "<tributary.Backend " + o->spec() + " rank " + std::to_string(o->rank()) + "/" +
+               std::to_string(o->world_size()) + " devices " +
+               std::to_string(o->num_local_replicas()) + ">";
+      });
 }
 
 }  // namespace tributary::python

@@ -50,6 +50,21 @@ TEST_F(Validation, WrongReplicaCount) {
                "inputs has 1 values but this backend serves 2 local replicas");
 }
 
+// A buffer that does not start on an element boundary (a byte offset into another buffer, NumPy's
+// frombuffer(offset=1)): typed access to it is undefined on the host and a fault on a GPU.
+TEST_F(Validation, ElementMisalignedBufferIsRefused) {
+  Tensor shifted(reinterpret_cast<char*>(out_[1].data()) + 1, DType::kFloat32, int64_t{8},
+                 Device::cpu(1));
+  expect_error(ops_->all_reduce(ReduceOp::kSum, {in(0), in(1)}, {out(0), shifted}),
+               StatusCode::kInvalidArgument,
+               "all_reduce: outputs[1] is not aligned to its 4-byte elements");
+  // One-byte elements are always aligned.
+  std::vector<uint8_t> bytes(20, 1);
+  Tensor b0(bytes.data() + 1, DType::kUInt8, int64_t{8}, Device::cpu(0));
+  Tensor b1(bytes.data() + 11, DType::kUInt8, int64_t{8}, Device::cpu(1));
+  EXPECT_TRUE(ops_->all_reduce(ReduceOp::kSum, {b0, b1}, {b0, b1}).wait().ok());
+}
+
 TEST_F(Validation, NullDataWithCount) {
   Tensor null(nullptr, DType::kFloat32, int64_t{8}, Device::cpu(1));
   expect_error(ops_->all_reduce(ReduceOp::kSum, {in(0), null}, {out(0), out(1)}),

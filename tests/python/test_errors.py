@@ -107,6 +107,17 @@ def test_non_contiguous_and_read_only_buffers():
         ops.all_reduce(np.ones(4, np.float32), bytes(16))
 
 
+def test_element_misaligned_buffer():
+    # C-contiguous and writable, but not on a float32 boundary: refused, not read through a
+    # misaligned float pointer.
+    ops = tributary.backend("reduction_to_one_device")
+    raw = bytearray(4 * 5)
+    x = np.frombuffer(raw, np.float32, count=4, offset=1)
+    assert x.flags.c_contiguous and not x.flags.aligned
+    with pytest.raises(tributary.InvalidArgumentError, match="not aligned to its 4-byte elements"):
+        ops.all_reduce(x)
+
+
 def test_objects_that_are_not_buffers():
     ops = tributary.backend("reduction_to_one_device")
     with pytest.raises(tributary.DTypeError, match="expected a NumPy array"):

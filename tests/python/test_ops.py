@@ -143,6 +143,14 @@ def test_async_work():
     assert out[0] is xs[0]
     np.testing.assert_array_equal(xs[1], 3)
     assert w.elapsed >= 0
+    # Timeouts beyond a year, infinity included, wait (a year); before, they overflowed into a
+    # deadline already past and raised DeadlineExceededError at once.
+    for forever in (float("inf"), 1e17, 1e10):
+        w = ops.all_reduce(xs, async_op=True)
+        w.wait(timeout=forever)
+        assert w.done() and w.error() is None
+    with pytest.raises(tributary.InvalidArgumentError):
+        w.wait(timeout=float("nan"))
     # Dropping a Work is safe: its buffers stay referenced until it completes.
     ops.all_gather(xs, [np.zeros(2 << 16, np.float32), np.zeros(2 << 16, np.float32)],
                    async_op=True)
