@@ -14,9 +14,11 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -69,10 +71,12 @@ class Executor {
         cv_.notify_all();  // a task queued meanwhile by another thread waits for !busy_
         return done;
       }
-      queue_.emplace_back(std::move(task), done);
+      // The worker first: a thread that cannot be started (it throws) must not leave the task
+      // queued, to run later, out of order, on buffers its caller was told had failed.
       if (!worker_.joinable()) {
         worker_ = std::jthread([this](std::stop_token stop) { loop(stop); });
       }
+      queue_.emplace_back(std::move(task), done);
     }
     cv_.notify_all();
     return done;
@@ -143,27 +147,58 @@ static_assert(TRIB_UINT8 + 1 == 8 && TRIB_PROD + 1 == 5,
               "C enums mirror all_dtypes/all_reduce_ops");
 
 thread_local std::string last_error;
+// Said instead of last_error when there was no memory to say more (nothing here may throw).
+thread_local const char* last_error_fixed = nullptr;
 
-trib_status to_code(const Status& s) {
-  last_error = s.ok() ? std::string() : s.message();
+void set_last_error(std::string_view text) noexcept {
+  try {
+    last_error.assign(text);
+    last_error_fixed = nullptr;
+  } catch (...) {
+    last_error.clear();
+    last_error_fixed = "out of memory (while reporting an error)";
+  }
+}
+
+trib_status to_code(const Status& s) noexcept {
+  set_last_error(s.ok() ? std::string_view() : std::string_view(s.message()));
   return static_cast<trib_status>(static_cast<int>(s.code()));
 }
 
+trib_status out_of_memory() noexcept {
+  last_error.clear();
+  last_error_fixed = "out of memory";
+  return TRIB_RESOURCE_EXHAUSTED;
+}
+
+// Runs `fn`, whose exceptions become statuses: none crosses into C.
 template <typename Fn>
-trib_status guarded(Fn&& fn) {
+trib_status guarded(Fn&& fn) noexcept {
   try {
     return to_code(fn());
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
   } catch (const std::exception& e) {
-    return to_code(internal_error(std::string("unexpected exception: ") + e.what()));
+    try {
+      return to_code(internal_error(std::string("unexpected exception: ") + e.what()));
+    } catch (...) {
+      return out_of_memory();
+    }
   } catch (...) {
-    return to_code(internal_error("unexpected exception"));
+    last_error.clear();
+    last_error_fixed = "unexpected exception";
+    return TRIB_INTERNAL;
   }
 }
 
 // What the queries answer for a NULL backend, with the reason for trib_last_error.
 template <typename T>
-T null_backend(const char* fn, T value) {
-  last_error = std::string(fn) + ": backend is NULL";
+T null_backend(const char* fn, T value) noexcept {
+  try {
+    set_last_error(std::string(fn) + ": backend is NULL");
+  } catch (...) {
+    (void)out_of_memory();
+  }
   return value;
 }
 
@@ -474,11 +509,17 @@ StatusOr<std::unique_ptr<trib_backend>> create(const trib_backend_options& o) {
 extern "C" {
 
 const char* trib_version(void) {
-  static const std::string v(version());
-  return v.c_str();
+  try {
+    static const std::string v(version());
+    return v.c_str();
+  } catch (...) {
+    return "";  // no memory for the first call's copy; a later call tries again
+  }
 }
 
-const char* trib_last_error(void) { return last_error.c_str(); }
+const char* trib_last_error(void) {
+  return last_error_fixed != nullptr ? last_error_fixed : last_error.c_str();
+}
 
 const char* trib_status_name(trib_status status) {
   static const char* const kNames[] = {"OK",
@@ -498,12 +539,16 @@ const char* trib_status_name(trib_status status) {
 }
 
 const char* trib_backend_names(void) {
-  static const std::string names = [] {
-    std::string s;
-    for (const std::string& n : builtin_backends().names()) s += (s.empty() ? "" : ",") + n;
-    return s;
-  }();
-  return names.c_str();
+  try {
+    static const std::string names = [] {
+      std::string s;
+      for (const std::string& n : builtin_backends().names()) s += (s.empty() ? "" : ",") + n;
+      return s;
+    }();
+    return names.c_str();
+  } catch (...) {
+    return "";  // as trib_version
+  }
 }
 
 trib_status trib_set_log_callback(trib_log_callback callback, void* user_data) {
@@ -595,7 +640,14 @@ int64_t trib_backend_timeout_ms(const trib_backend* b) {
 trib_status trib_register_buffers(trib_backend* b, trib_dtype dtype, void* const* buffers,
                                   int64_t count, trib_registration** out) {
   if (out != nullptr) *out = nullptr;
-  auto slot = std::make_shared<BufferRegistration>();
+  std::shared_ptr<BufferRegistration> slot;
+  if (const trib_status made = guarded([&]() -> Status {
+        slot = std::make_shared<BufferRegistration>();
+        return Status();
+      });
+      made != TRIB_OK) {
+    return made;
+  }
   const trib_status st = collective(
       "trib_register_buffers", b, false, nullptr,
       [&](const CrossDeviceOps& ops) -> StatusOr<Task> {
@@ -751,13 +803,13 @@ trib_status trib_work_wait(trib_work* work, int64_t timeout_ms) {
     // Negative: no limit. A year stands for that (and keeps the clock arithmetic in range).
     constexpr int64_t kYear = int64_t{366} * 24 * 3600 * 1000;
     const int64_t ms = timeout_ms < 0 ? kYear : std::min(timeout_ms, kYear);
-    Status s = work->done.wait(std::chrono::milliseconds(ms));
-    if (!work->done.test()) {
-      return deadline_exceeded("trib_work_wait: the collective is still pending after " +
-                               str(timeout_ms) +
-                               " ms; the work stays valid: wait for it again, or test it");
-    }
-    return s;
+    (void)work->done.wait(std::chrono::milliseconds(ms));
+    // The work's own status once it is complete (also when it completed just as the wait timed
+    // out), so that every later wait or test returns the same.
+    if (work->done.test()) return work->done.error();
+    return deadline_exceeded("trib_work_wait: the collective is still pending after " +
+                             str(timeout_ms) +
+                             " ms; the work stays valid: wait for it again, or test it");
   });
 }
 
@@ -765,8 +817,11 @@ trib_status trib_work_test(trib_work* work, int* done) {
   return guarded([&]() -> Status {
     if (work == nullptr) return invalid_argument("trib_work_test: work is NULL");
     if (done == nullptr) return invalid_argument("trib_work_test: done is NULL");
-    *done = work->done.test() ? 1 : 0;
-    return work->done.error();
+    // One look: an error the work reached after test() said pending would pair an error with
+    // *done = 0, where the header promises TRIB_OK while pending.
+    const bool complete = work->done.test();
+    *done = complete ? 1 : 0;
+    return complete ? work->done.error() : Status();
   });
 }
 
