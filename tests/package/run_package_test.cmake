@@ -1,8 +1,9 @@
 # The install as a user meets it. Installs this build into a scratch prefix, MOVES the prefix (the
 # install must be relocatable), then from the moved prefix:
 #   1. runs the installed tools (their RPATH must find libtributary);
-#   2. builds and runs three consumers: a CMake project (find_package), a C++ program compiled with
-#      pkg-config's flags, and a C program compiled with tributary-c's flags;
+#   2. builds and runs four consumers: a CMake project (find_package), a CMake project of C alone,
+#      a C++ program compiled with pkg-config's flags, and a C program compiled with tributary-c's
+#      flags;
 #   3. checks that the shared library exports the public API only (no Boost, Asio, nlohmann, fmt or
 #      internal symbols).
 # Inputs: SOURCE_DIR, BUILD_DIR, WORK_DIR, GENERATOR, CXX, CC.
@@ -41,6 +42,19 @@ run("building the CMake consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/cmake-con
 foreach(spec reduction_to_one_device hierarchical_copy:num_packs=2)
   run("CMake consumer ${spec}" ${WORK_DIR}/cmake-consumer/consumer ${spec})
 endforeach()
+
+# 2a''. A project of C alone (no C++ compiler enabled) linking tributary::tributary for the C API.
+file(MAKE_DIRECTORY ${WORK_DIR}/c-project)
+file(WRITE ${WORK_DIR}/c-project/CMakeLists.txt "cmake_minimum_required(VERSION 3.20)
+project(c_consumer C)
+find_package(tributary REQUIRED)
+add_executable(c_consumer ${SOURCE_DIR}/tests/package/consumer_c.c)
+target_link_libraries(c_consumer PRIVATE tributary::tributary)
+")
+run("configuring the C-only CMake consumer" ${CMAKE_COMMAND} -S ${WORK_DIR}/c-project
+    -B ${WORK_DIR}/c-project/build -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${P})
+run("building the C-only CMake consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/c-project/build)
+run("C-only CMake consumer" ${WORK_DIR}/c-project/build/c_consumer)
 
 # 2a'. The same project against the static library, when the build made one.
 if(EXISTS ${libdir}/libtributary.a)
