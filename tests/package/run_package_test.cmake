@@ -91,6 +91,24 @@ run("compiling the C consumer" ${CC} -std=c11 -Wall -Werror ${SOURCE_DIR}/tests/
     ${flags_tributary-c} -o ${WORK_DIR}/c-consumer)
 run("C consumer" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${WORK_DIR}/c-consumer)
 
+# 2d. The same C program linked statically with `pkg-config --static tributary-c` (its
+# Libs.private: the C++ runtime and the libraries the archive's objects need), libtributary.a
+# named for -ltributary so that the shared library beside it is not taken.
+if(EXISTS ${libdir}/libtributary.a)
+  run("pkg-config --static tributary-c" pkg-config --static --cflags --libs tributary-c)
+  string(STRIP "${run_out}" flags)
+  separate_arguments(static_flags UNIX_COMMAND "${flags}")
+  list(TRANSFORM static_flags REPLACE "^-ltributary$" "${libdir}/libtributary.a")
+  run("compiling the static C consumer" ${CC} -std=c11 -Wall -Werror
+      ${SOURCE_DIR}/tests/package/consumer_c.c ${static_flags} -o ${WORK_DIR}/c-consumer-static)
+  run("static C consumer" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+      ${WORK_DIR}/c-consumer-static)
+  run("ldd of the static C consumer" ldd ${WORK_DIR}/c-consumer-static)
+  if(run_out MATCHES "libtributary")
+    message(FATAL_ERROR "the static C consumer still loads libtributary.so:\n${run_out}")
+  endif()
+endif()
+
 # 3. Exported symbols: the public API and the C API only.
 file(GLOB sos ${libdir}/libtributary.so.*.*)
 list(GET sos 0 so)
