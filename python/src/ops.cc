@@ -355,8 +355,14 @@ py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, i
   const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   auto w = std::make_unique<PyWork>();
-  w->held.push_back(hold_tensor(source, replica_device(ops, 0), Access::kRead, "source"));
-  const Tensor src = w->held.back().tensor;
+  // Off the root the source is ignored (as in C++ and C): None there, with destinations given.
+  Tensor src;
+  if (source.is_none() && !destinations.is_none()) {
+    if (root == ops.rank()) throw_invalid("broadcast: the root process must pass a source");
+  } else {
+    w->held.push_back(hold_tensor(source, replica_device(ops, 0), Access::kRead, "source"));
+    src = w->held.back().tensor;
+  }
   Args out;
   if (destinations.is_none()) {
     out.objects = new_outputs(ops, src, src.shape(), ops.devices().size(), "destinations");
@@ -511,7 +517,8 @@ void bind_ops(py::module_& m) {
            "destinations of each pair.")
       .def("broadcast", &broadcast, py::arg("source"), py::arg("destinations") = py::none(),
            py::arg("root") = 0, py::kw_only(), py::arg("async_op") = false,
-           "Copies `source` of process `root` into every destination of every process.")
+           "Copies `source` of process `root` into every destination of every process. Off the "
+           "root the source is not read: it may be None when destinations are given.")
       .def("all_gather", &all_gather, py::arg("inputs"), py::arg("outputs") = py::none(),
            py::kw_only(), py::arg("async_op") = false,
            "Concatenates every replica's input along axis 0 (global replica order) into each "

@@ -118,6 +118,12 @@ def test_element_misaligned_buffer():
         ops.all_reduce(x)
 
 
+def test_broadcast_without_a_source_on_the_root():
+    ops = tributary.backend("reduction_to_one_device", devices=2)
+    with pytest.raises(tributary.InvalidArgumentError, match="the root process must pass a source"):
+        ops.broadcast(None, [np.zeros(3, np.float32), np.zeros(3, np.float32)])
+
+
 def test_objects_that_are_not_buffers():
     ops = tributary.backend("reduction_to_one_device")
     with pytest.raises(tributary.DTypeError, match="expected a NumPy array"):

@@ -129,6 +129,14 @@ def test_broadcast_from_each_root(ops):
             np.testing.assert_array_equal(d, np.arange(6) + 100 * root)
 
 
+def test_broadcast_source_none_off_the_root(ops):
+    # As in C and C++: off the root the source is not read, so it may be None.
+    src = np.arange(6, dtype=np.float32) if RANK == 0 else None
+    dests = ops.broadcast(src, [np.zeros(6, np.float32) for _ in range(LOCAL)], root=0)
+    for d in dests:
+        np.testing.assert_array_equal(d, np.arange(6))
+
+
 def test_all_gather(ops):
     n = LOCAL * WORLD
     xs = [np.full((2, 3), global_id(i), np.float32) for i in range(LOCAL)]
