@@ -90,11 +90,13 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
   }
   if (!timeout) {
     timeout = std::chrono::minutes(5);
-    if (std::optional<std::string> text = config.get("TRIBUTARY_TIMEOUT")) {
+    if (const Config::Entry* e = config.find("TRIBUTARY_TIMEOUT")) {
+      const std::string* text = &e->value;
       auto d = parse_duration(*text);
       if (!d.ok() || d->count() <= 0) {
-        return invalid_argument("TRIBUTARY_TIMEOUT='" + *text +
-                                "' is not a positive duration (e.g. 30s, 5m)");
+        // From a config file, the user set "timeout" there: say where.
+        return invalid_argument("TRIBUTARY_TIMEOUT='" + *text + "' (" + e->source +
+                                ") is not a positive duration (e.g. 30s, 5m)");
       }
       timeout = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
     }

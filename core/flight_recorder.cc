@@ -356,11 +356,14 @@ std::atomic<uint64_t> g_next_recorder_id{1};
 
 StatusOr<FlightSettings> FlightSettings::from(const Config& config) {
   FlightSettings s;
+  // Where a value came from ("environment", "file <path>"), for its error.
+  const auto from = [&](const char* key) { return " (" + config.find(key)->source + ")"; };
   if (auto v = config.get("TRIBUTARY_FLIGHT_RECORDER_SIZE")) {
     long long n = 0;
     if (!parse_int64(trim(*v), &n) || n < 0 || static_cast<size_t>(n) > kMaxCapacity) {
-      return invalid_argument("TRIBUTARY_FLIGHT_RECORDER_SIZE='" + excerpt(*v) +
-                              "' is not a number of collectives in [0, " +
+      return invalid_argument("TRIBUTARY_FLIGHT_RECORDER_SIZE='" + excerpt(*v) + "'" +
+                              from("TRIBUTARY_FLIGHT_RECORDER_SIZE") +
+                              " is not a number of collectives in [0, " +
                               std::to_string(kMaxCapacity) + "] (0 turns the recorder off)");
     }
     s.capacity = static_cast<size_t>(n);
@@ -372,8 +375,9 @@ StatusOr<FlightSettings> FlightSettings::from(const Config& config) {
     } else {
       auto d = parse_duration(t);
       if (!d.ok() || d->count() < 0) {
-        return invalid_argument("TRIBUTARY_STALL_CHECK_TIME='" + excerpt(*v) +
-                                "' is not a duration (e.g. 60s, 5m; 0 or off turns the stall "
+        return invalid_argument("TRIBUTARY_STALL_CHECK_TIME='" + excerpt(*v) + "'" +
+                                from("TRIBUTARY_STALL_CHECK_TIME") +
+                                " is not a duration (e.g. 60s, 5m; 0 or off turns the stall "
                                 "report off)");
       }
       s.stall_check = *d;

@@ -311,7 +311,8 @@ StatusOr<std::optional<TuningTable>> BackendRegistry::tuning_for(
   }
   if (path.empty() || path == "none") return std::optional<TuningTable>();
   auto table = TuningTable::load(path);
-  if (!table.ok()) return table.status().with_context(origin);
+  // The file's own messages name it; from the config, say which setting named it too.
+  if (!table.ok()) return from_spec ? table.status() : table.status().with_context(origin);
   for (const std::string& s : table->specs()) {
     auto parsed = BackendSpec::parse(s);
     if (parsed.ok() && find(parsed->name) == nullptr) {

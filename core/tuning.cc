@@ -186,8 +186,16 @@ StatusOr<TuningTable> TuningTable::from_measurements(TuningLayout layout, DType 
 
 StatusOr<TuningTable> TuningTable::parse(std::string_view text, std::string_view origin) {
   const std::string where = "tuning file " + std::string(origin);
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // nlohmann's text says where: "parse error at line 2, column 0: syntax error ...".
+    std::string why = e.what();
+    if (const size_t at = why.find("parse error"); at != std::string::npos) why = why.substr(at);
+    return invalid_argument(where + " is not valid JSON (" + why + "); write it with tributary-tune");
+  }
+  if (!j.is_object()) {
     return invalid_argument(where + " is not a JSON object; write it with tributary-tune");
   }
   TRIBUTARY_ASSIGN_OR_RETURN(int format, int_field(j, "tributary_tuning", where));
@@ -237,9 +245,12 @@ StatusOr<TuningTable> TuningTable::parse(std::string_view text, std::string_view
       if (!m.is_null()) {
         return invalid_argument(rw + ": the last rule's max_bytes must be null (every larger size)");
       }
-    } else if (!m.is_number_unsigned() ||
-               (!t.rules.empty() && m.get<uint64_t>() <= t.rules.back().max_bytes)) {
-      return invalid_argument(rw + ": max_bytes must be a byte count above the previous rule's");
+    } else if (!m.is_number_unsigned()) {
+      return invalid_argument(rw + ": max_bytes must be a byte count (a whole number), or null in "
+                                   "the last rule");
+    } else if (!t.rules.empty() && m.get<uint64_t>() <= t.rules.back().max_bytes) {
+      return invalid_argument(rw + ": max_bytes must be above the previous rule's (" +
+                              std::to_string(t.rules.back().max_bytes) + ")");
     } else {
       rule.max_bytes = m.get<uint64_t>();
     }
@@ -281,7 +292,8 @@ StatusOr<TuningTable> TuningTable::load(const std::string& path) {
   if (!text.ok()) {
     return Status(text.status().code(),
                   text.status().message() +
-                      "; write one with tributary-tune, or unset TRIBUTARY_TUNING_FILE");
+                      "; write one with tributary-tune, or name another (auto:tuning_file=, "
+                      "TRIBUTARY_TUNING_FILE, or a config file's \"tuning_file\")");
   }
   auto table = parse(*text, "'" + path + "'");
   if (table.ok()) table->source = path;

@@ -192,14 +192,18 @@ TEST(TuningTable, MalformedFilesAreErrorsThatSayWhat) {
     std::string text, expect;
   };
   for (const Case& c : std::vector<Case>{
-           {"not json", "is not a JSON object"},
+           {"not json", "is not valid JSON (parse error at line 1, column 2"},
+           {R"({"rules": [)", "is not valid JSON (parse error at line 1"},
+           {"[1, 2]", "is not a JSON object"},
            {R"({"tributary_tuning": 2})", "has format 2"},
            {good_head + R"("rules": []})", "'rules' must be a non-empty array"},
            {good_head + R"("rules": [{"spec": "a", "max_bytes": 10}]})",
             "the last rule's max_bytes must be null"},
            {good_head + R"("rules": [{"spec": "a", "max_bytes": 10}, {"spec": "b", "max_bytes": 5},
                                      {"spec": "c", "max_bytes": null}]})",
-            "above the previous rule's"},
+            "rule 1: max_bytes must be above the previous rule's (10)"},
+           {good_head + R"("rules": [{"spec": "a", "max_bytes": "x"}, {"spec": "c", "max_bytes": null}]})",
+            "rule 0: max_bytes must be a byte count"},
            {good_head + R"("rules": [{"spec": "auto", "max_bytes": null}]})", "not 'auto'"},
            {good_head + R"("rules": [{"spec": "ring:", "max_bytes": null}]})", "rule 0"},
            {good_head + R"("rules": [{"max_bytes": null}]})", "'spec' must be a string"},
