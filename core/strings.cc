@@ -6,10 +6,11 @@
 
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <utility>
 
 namespace tributary::internal {
 
@@ -127,6 +128,49 @@ StatusOr<std::string> read_settings_file(const std::string& path, size_t max_byt
   }
   ::close(fd);
   return out;
+}
+
+std::string layout_difference(std::string_view here, std::string_view theirs,
+                              std::string_view there) {
+  // key -> value; an entry without '=' is a key of its own ("measured").
+  const auto entries = [](std::string_view layout) {
+    std::vector<std::pair<std::string_view, std::string_view>> out;
+    for (std::string_view e : split(layout, ',')) {
+      const size_t eq = e.find('=');
+      out.emplace_back(e.substr(0, eq), eq == std::string_view::npos ? "" : e.substr(eq + 1));
+    }
+    return out;
+  };
+  const auto mine = entries(here);
+  const auto other = entries(theirs);
+  const auto find = [](const auto& list, std::string_view key) -> const std::string_view* {
+    for (const auto& [k, v] : list) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  };
+  const auto shown = [](const std::string_view* v) {
+    return v == nullptr ? std::string("(none)") : "'" + excerpt(*v, 40) + "'";
+  };
+  std::vector<std::string> differ;
+  for (const auto& [k, v] : mine) {
+    const std::string_view* o = find(other, k);
+    if (o == nullptr || *o != v) {
+      differ.push_back(std::string(k) + ": " + shown(&v) + " here, " + shown(o) + " at " +
+                       std::string(there));
+    }
+  }
+  for (const auto& [k, v] : other) {
+    if (find(mine, k) == nullptr) {
+      differ.push_back(std::string(k) + ": (none) here, " + shown(&v) + " at " +
+                       std::string(there));
+    }
+  }
+  if (differ.empty()) {
+    return "this rank: " + excerpt(here, 400) + "; " + std::string(there) + ": " +
+           excerpt(theirs, 400);
+  }
+  return join(differ, "; ");
 }
 
 }  // namespace tributary::internal

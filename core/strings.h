@@ -21,6 +21,11 @@ std::string hex(const void* data, size_t n);
 std::string excerpt(std::string_view text, size_t max = 80);
 // "a, b, c"
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
+// For "rank 1 is set up differently": the entries of two "key=value,key=value,..." layouts that
+// differ, as "algorithm: auto here, ring at rank 1; ..." (`there` names the peer); the whole
+// layouts when they do not read as such lists.
+std::string layout_difference(std::string_view here, std::string_view theirs,
+                              std::string_view there);
 // Parses a whole string as a base-10 integer; false on anything else (sign allowed).
 bool parse_int64(std::string_view s, long long* out);
 bool parse_double(std::string_view s, double* out);

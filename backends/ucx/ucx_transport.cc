@@ -1562,10 +1562,10 @@ class UcxSetup {
     }
     const std::string layout(h.layout, std::min<size_t>(h.layout_bytes, kMaxLayout));
     if (layout != o.layout) {
-      return invalid_argument(who() + ": " + peer +
-                              " is set up differently; every process must use the same number "
-                              "of local replicas and the same backend options (this rank: " +
-                              o.layout + "; " + peer + ": " + layout + ")");
+      return invalid_argument(who() + ": " + peer + " is set up differently (" +
+                              internal::layout_difference(o.layout, layout, peer) +
+                              "); every process must use the same number of local replicas and "
+                              "the same backend options");
     }
     if (o.secret.empty() != (h.has_secret == 0)) {
       return unavailable(

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/strings.h"
+
 namespace tributary {
 namespace {
 
@@ -146,4 +148,20 @@ TEST(Options, CanonicalText) {
 }
 
 }  // namespace
+
+// What "rank 1 is set up differently" shows: the entries that differ, not both whole layouts.
+TEST(LayoutDifference, NamesTheEntriesThatDiffer) {
+  using internal::layout_difference;
+  EXPECT_EQ(layout_difference("local_replicas=1,algorithm=ring,measured",
+                              "local_replicas=1,algorithm=halving_doubling,measured", "rank 1"),
+            "algorithm: 'ring' here, 'halving_doubling' at rank 1");
+  EXPECT_EQ(layout_difference("a=1,b=2", "a=1", "rank 0"), "b: '2' here, (none) at rank 0");
+  EXPECT_EQ(layout_difference("a=1", "a=1,c=3", "rank 2"), "c: (none) here, '3' at rank 2");
+  EXPECT_EQ(layout_difference("a=1,b=2", "a=9,b=8", "rank 1"),
+            "a: '1' here, '9' at rank 1; b: '2' here, '8' at rank 1");
+  // The same entries in another order: nothing differs by key, so both layouts are shown.
+  EXPECT_EQ(layout_difference("a=1,b=2", "b=2,a=1", "rank 1"),
+            "this rank: a=1,b=2; rank 1: b=2,a=1");
+}
+
 }  // namespace tributary

@@ -16,6 +16,7 @@
 #include "core/crypto/crypto.h"
 #include "core/rendezvous.h"
 #include "core/shareable_memory.h"
+#include "core/strings.h"
 #include "transports/shm/shm_segment.h"
 #include "tributary/options.h"
 
@@ -1041,11 +1042,11 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int rank, int
     auto p = parse_published(*text);
     if (!p) return internal_error(who + ": " + impl->name(peer) + " published '" + *text + "'");
     if (p->layout != options.layout) {
-      return invalid_argument(who + ": " + impl->name(peer) +
-                              " is set up differently; every process must use the same number "
-                              "of local replicas, the same backend options and the same secret "
-                              "(this rank: " +
-                              options.layout + "; " + impl->name(peer) + ": " + p->layout + ")");
+      return invalid_argument(
+          who + ": " + impl->name(peer) + " is set up differently (" +
+          internal::layout_difference(options.layout, p->layout, impl->name(peer)) +
+          "); every process must use the same number of local replicas, the same backend "
+          "options and the same secret");
     }
     TRIBUTARY_ASSIGN_OR_RETURN(impl->maps[static_cast<size_t>(peer)],
                                Mapping::open_peer(p->pid, p->fd, p->bytes));
