@@ -9,6 +9,8 @@
 // the workers, relay output and signals, and decide the exit status (see launcher.h for the
 // contract); tools/node_join.{h,cc} is the meeting of the launchers of a multi-host job.
 #include <CLI/CLI.hpp>
+#include <netdb.h>
+#include <sys/socket.h>
 
 #include <cctype>
 #include <cmath>
@@ -250,6 +252,19 @@ std::string finish(const Flags& f, LaunchOptions& o) {
              " needs --master-addr: the address of node 0, where the job meets";
     }
     o.master_addr = "127.0.0.1";  // torchrun's default too; right for nodes on one host only
+  }
+  if (!f.master_addr.empty()) {
+    // Every rank resolves it to reach the store: a name that does not resolve would end them one
+    // by one at their timeout (5 minutes by default), with the store's connect error.
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(f.master_addr.c_str(), nullptr, &hints, &found);
+    if (found != nullptr) ::freeaddrinfo(found);
+    if (rc != 0) {
+      return "cannot resolve --master-addr '" + f.master_addr + "' (" + ::gai_strerror(rc) +
+             "); give node 0's IP address or a hostname every node resolves";
+    }
   }
   if (f.master_port != 0) o.master_port = f.master_port;
   o.hand_over_store_socket = !f.release_master_port;

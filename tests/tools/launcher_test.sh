@@ -623,6 +623,10 @@ test_torchrun_spellings() {
   has_text err "elastic ranges"
   launch --nnodes 2 --node-rank 1 -- true
   has_text err "needs --master-addr"
+  # A name that does not resolve ends the launch, not every rank at its timeout.
+  launch -n 2 --master-addr "no such host.invalid" -- true
+  expect_rc 2
+  has_text err "cannot resolve --master-addr 'no such host.invalid'"
 }
 
 # free_port: prints a TCP port that was free a moment ago.
