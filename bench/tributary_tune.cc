@@ -101,6 +101,18 @@ int run(int argc, char** argv) {
       return fail(kTool, "'auto' is what the file tunes; name backends as candidates", 2);
     }
   }
+  // A candidate named twice is measured once (else it would be its own runner-up).
+  {
+    std::vector<std::string> once;
+    for (const std::string& c : candidates) {
+      if (std::find(once.begin(), once.end(), c) == once.end()) once.push_back(c);
+    }
+    if (once.size() != candidates.size()) {
+      candidates_note = "a candidate named more than once is measured once";
+      candidates = std::move(once);
+    }
+  }
+  if (out_path.empty()) return fail(kTool, "--out needs a file name (the tuning file to write)", 2);
   auto sizes = bench_sizes(o);
   if (!sizes.ok()) return fail(kTool, sizes.status().message(), 2);
   if (first_rank()) {
