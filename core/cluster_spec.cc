@@ -469,6 +469,15 @@ StatusOr<ClusterSpec> parse_tf_config_impl(std::string_view text,
         "\"evaluator\" lists " +
         std::to_string(count("evaluator")) + " addresses");
   }
+  if (count(type.c_str()) == 0) {
+    return invalid_argument("TF_CONFIG: the \"" + type +
+                            "\" job of the cluster lists no address, "
+                            "so no task of type '" +
+                            type +
+                            "' can run; list this task's "
+                            "host:port under \"" +
+                            type + "\"");
+  }
   if (s.task_index >= count(type.c_str())) {
     return invalid_argument("TF_CONFIG: The `task_id` " + std::to_string(s.task_index) +
                             " exceeds the maximum id of " + type + ". \"" + type + "\" has " +

@@ -1,5 +1,6 @@
 #include "core/logging.h"
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
@@ -24,8 +25,12 @@ LogLevel log_level_from(const Config& config) {
   if (!v) return LogLevel::kWarning;
   auto level = parse_log_level(*v);
   if (!level.ok()) {
-    write_log_line(LogLevel::kWarning, "tributary",
-                   "TRIBUTARY_LOG_LEVEL: " + level.status().message() + "; using warning");
+    // Once per process: every logger made from the config reads it again.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      write_log_line(LogLevel::kWarning, "tributary",
+                     "TRIBUTARY_LOG_LEVEL: " + level.status().message() + "; using warning");
+    }
     return LogLevel::kWarning;
   }
   return *level;

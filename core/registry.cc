@@ -375,10 +375,11 @@ StatusOr<AutoOptions> auto_options(const BackendSpec& spec) {
     bool common = std::any_of(common_options().begin(), common_options().end(),
                               [&key = key](const OptionDef& d) { return d.name == key; });
     if (!common) {
-      return invalid_argument("'auto' accepts only the options every backend has, and "
-                              "tuning_file; '" +
-                              key + "' is not one of them:\n" +
-                              describe_options(common_options()));
+      return invalid_argument(
+          "'auto' accepts only the options every backend has, and "
+          "tuning_file (the tuning file it follows); '" +
+          key + "' is not one of them. The options every backend has:\n" +
+          describe_options(common_options()));
     }
     out.common.emplace_back(key, value);
   }

@@ -348,6 +348,10 @@ TEST(ClusterSpec, TfConfigErrors) {
                  {"There must be at most one 'evaluator' job."});
   expect_invalid(tf(chief_and_workers("worker", 2)),
                  {"The `task_id` 2 exceeds the maximum id of worker.", "from 0 to 1"});
+  // An empty job: not "task.index runs from 0 to -1".
+  expect_invalid(tf(R"({"cluster": {"chief": ["a:1"], "worker": []},
+                        "task": {"type": "worker", "index": 0}})"),
+                 {"the \"worker\" job of the cluster lists no address"});
   expect_invalid(tf(chief_and_workers("worker", -1)),
                  {"task.index -1 is not a non-negative whole number"});
   expect_invalid(tf(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker",
