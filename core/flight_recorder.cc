@@ -9,10 +9,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "core/logging.h"
@@ -122,6 +125,24 @@ class TimelineFile {
 namespace {
 
 // The process's timeline files by path. Leaked on purpose: the monitor thread and atexit use it.
+// TRIBUTARY_FLIGHT_RECORDER_FILE's folder must take the dump (written atomically: a temporary
+// file there, renamed); a warning once per path when it cannot.
+void warn_if_unwritable(const std::string& path) {
+  static std::mutex mu;
+  static auto* warned = new std::set<std::string>();
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK | X_OK) == 0) return;
+  const std::string why = std::strerror(errno);
+  std::lock_guard lock(mu);
+  if (!warned->insert(path).second) return;
+  write_log_line(LogLevel::kWarning, "tributary",
+                 "TRIBUTARY_FLIGHT_RECORDER_FILE: cannot write " + path + " (its folder " + dir +
+                     ": " + why + "); a failure's flight record will be logged only");
+}
+
 struct Timelines {
   std::mutex mu;
   std::map<std::string, std::unique_ptr<TimelineFile>> files;
@@ -416,6 +437,10 @@ FlightRecorder::FlightRecorder(std::string backend, int rank, int world_size,
       capacity_(std::max<size_t>(1, settings.capacity)),
       slots_(new Slot[capacity_]),
       errors_(capacity_) {
+  if (!settings_.dump_path.empty()) {
+    // Said now, not at the first failure, when the dump is wanted: as the timeline's file is.
+    warn_if_unwritable(rank_path(settings_.dump_path, rank_, world_size_));
+  }
   if (!settings_.timeline_path.empty()) {
     timeline_ = Timelines::get().open(rank_path(settings_.timeline_path, rank_, world_size_));
     if (timeline_ != nullptr) {

@@ -151,6 +151,23 @@ TEST(FlightRecorder, TheFirstFailureDumpsEveryEntryToTheFile) {
   EXPECT_TRUE(read_file(path).empty());
 }
 
+// A dump file that cannot be written is said when the recorder is made (as the timeline's is),
+// not first at the failure it was meant to record; once per path.
+TEST(FlightRecorder, AnUnwritableDumpFileIsSaidAtOnce) {
+  FlightSettings settings;
+  settings.dump_path = "/nonexistent-tributary-dir/fr-{rank}.json";
+  ::testing::internal::CaptureStderr();
+  { FlightRecorder r("test", 0, 2, settings); }
+  { FlightRecorder again("test", 0, 2, settings); }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string said =
+      "TRIBUTARY_FLIGHT_RECORDER_FILE: cannot write "
+      "/nonexistent-tributary-dir/fr-0.json";
+  const size_t at = log.find(said);
+  EXPECT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.find(said, at + 1), std::string::npos) << "said twice: " << log;
+}
+
 TEST(FlightRecorder, AStalledCollectiveIsReportedOnce) {
   FlightSettings settings;
   settings.capacity = 8;
