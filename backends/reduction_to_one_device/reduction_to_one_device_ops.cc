@@ -28,8 +28,9 @@ Work ReductionToOneDeviceOps::all_reduce_impl(const CallInfo& call, ReduceOp op,
                                               const PerReplica<Tensor>& inputs,
                                               const PerReplica<Tensor>& outputs) {
   (void)call;
+  // As TF's reduce_implementation, which all-reduce goes through: on reduce_to_device when set.
   return Work::completed(algorithms::local_reduce(op, inputs.values(), outputs.values(),
-                                                  num_replicas_in_sync()));
+                                                  num_replicas_in_sync(), reduce_to_device_));
 }
 
 Work ReductionToOneDeviceOps::broadcast_impl(const CallInfo&, const Tensor& source,

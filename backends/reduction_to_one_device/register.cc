@@ -2,6 +2,7 @@
 
 #include "backends/in_process.h"
 #include "backends/reduction_to_one_device/reduction_to_one_device_ops.h"
+#include "core/gpu.h"
 #include "tributary/registry.h"
 
 namespace tributary {
@@ -31,6 +32,10 @@ Status register_reduction_to_one_device(BackendRegistry& registry) {
       if (!caps.supports(device->type())) {
         return unimplemented("backend 'reduction_to_one_device': reduce_to_device " +
                              device->to_string() + " is not a supported device type");
+      }
+      // A GPU this process cannot see is refused now, not at the first collective.
+      if (Status visible = gpu::check_visible(*device); !visible.ok()) {
+        return visible.with_context("backend 'reduction_to_one_device': reduce_to_device");
       }
       target = *device;
     }

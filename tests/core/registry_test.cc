@@ -1,12 +1,14 @@
 // The registry and the CrossDeviceOps front door, with a recording fake backend (the layer above
 // backends may be tested with a fake) and with the real built-in backends.
-#include "algorithms/device_reduce.h"
-#include "tests/core/recording_ops.h"
 #include "tributary/registry.h"
 
 #include <gtest/gtest.h>
 
 #include <vector>
+
+#include "algorithms/device_reduce.h"
+#include "core/gpu.h"
+#include "tests/core/recording_ops.h"
 
 namespace tributary {
 namespace {
@@ -74,6 +76,15 @@ TEST(Registry, SpecOptionsReachTheBackend) {
   auto bad_device = r.create("reduction_to_one_device:reduce_to_device=TPU:0", two_cpus());
   ASSERT_FALSE(bad_device.ok());
   EXPECT_NE(bad_device.status().message().find("'TPU:0'"), std::string::npos);
+  // A GPU this process cannot see is refused when the backend is made, saying so.
+  if (gpu::device_count() == 0) {
+    auto unseen = r.create("reduction_to_one_device:reduce_to_device=GPU:0", two_cpus());
+    ASSERT_FALSE(unseen.ok());
+    EXPECT_NE(unseen.status().message().find("reduce_to_device"), std::string::npos)
+        << unseen.status().message();
+    EXPECT_NE(unseen.status().message().find("GPU:0 is not usable"), std::string::npos)
+        << unseen.status().message();
+  }
 }
 
 TEST(Registry, AutoAcceptsOnlyCommonOptions) {
