@@ -458,6 +458,11 @@ class Parser {
       if (o_.bind_to != "none" && o_.bind_to != "core") {
         return flag_error("--bind-to", o_.bind_to, "expected none or core");
       }
+      if (o_.bind_to == "core" && !given("--np")) {
+        return invalid_argument(
+            "--bind-to core binds the ranks that --np starts, and there is no --np; under another "
+            "launcher, bind with it (tributary-run --bind-to core, mpirun --bind-to core)");
+      }
     }
     if (given("--replicas")) {
       if (given("--nthreads") || given("--ngpus")) {
