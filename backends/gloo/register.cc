@@ -1,3 +1,5 @@
+#include <net/if.h>
+
 #include <exception>
 #include <memory>
 #include <string>
@@ -6,6 +8,7 @@
 #include "algorithms/process_group_ops.h"
 #include "backends/gloo/gloo_group.h"
 #include "core/rendezvous.h"
+#include "core/strings.h"
 #include "transports/tcp/tcp_transport.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
@@ -112,6 +115,14 @@ Status register_gloo(BackendRegistry& registry) {
     // that does not resolve; the control channel takes addresses only. So: an address, checked.
     TRIBUTARY_RETURN_IF_ERROR(
         internal::check_listen_address(options.get_string("host"), "backend 'gloo'"));
+    // An interface this machine lacks: said here, on this rank, rather than as Gloo's failure to
+    // make its device after the others have met (then read as the store's host gone).
+    if (const std::string& iface = options.get_string("iface");
+        !iface.empty() && ::if_nametoindex(iface.c_str()) == 0) {
+      return invalid_argument("backend 'gloo': iface '" + internal::excerpt(iface, 40) +
+                              "' is not a network interface of this machine (`ip link` lists "
+                              "them); name one, or set host= to one of its addresses");
+    }
     // Gloo's BCube with one peer per step never reaches the other processes (it failed in the
     // first collective with "cannot create std::vector larger than max_size()").
     if (options.get_int("bcube_base") == 1) {

@@ -138,6 +138,7 @@ TEST(Registry, CheckRefusesWhatCreateRefusesInTheSpec) {
       {"gloo:host=bogus.invalid", "is not an IP address"},  // Gloo's device crashed on it
       {"gloo:host=localhost", "is not an IP address"},
       {"gloo:bcube_base=1", "bcube_base=1 is not a BCube"},
+      {"gloo:iface=nosuchif0", "iface 'nosuchif0' is not a network interface of this machine"},
       {"nccl:num_packs=-1", "requires num_packs >= 0"},
   };
   for (const auto& [spec, says] : refused) {
