@@ -134,7 +134,8 @@ class Runner::Impl {
     {
       const BackendRegistry registry = builtin_backends();
       for (const std::string& spec : o_.backends) {
-        TRIBUTARY_RETURN_IF_ERROR(registry.check(spec, config));
+        // Ranks with other settings (their environment) fail at once, told by this one.
+        TRIBUTARY_RETURN_IF_ERROR(registry.check_everywhere(spec, config, devices));
       }
     }
     // One process, or one rank of several (under tributary-run, TF_CONFIG, torchrun, Slurm...).

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/logging.h"
+#include "core/rendezvous.h"
 #include "core/shareable_memory.h"
 #include "tributary/store.h"
 #include "tributary/tributary.h"
@@ -446,7 +447,8 @@ StatusOr<std::vector<Device>> parse_devices(const char* const* devices, int num_
 Status wait_for_every_process(const BackendContext& context, std::chrono::milliseconds timeout) {
   // Per backend: a later one may share the job's store with an earlier one (make_backend_context),
   // whose keys are there already. Its number is the same on every rank (created in one order).
-  const std::string prefix = "capi/joined/" + str(static_cast<int64_t>(*context.instances)) + "/";
+  const std::string prefix =
+      "capi/joined/" + str(static_cast<int64_t>(internal::numbers_taken(context.instances))) + "/";
   TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + str(context.rank), "1"));
   std::vector<std::string> keys;
   for (int r = 0; r < context.world_size; ++r) keys.push_back(prefix + str(r));
@@ -488,7 +490,9 @@ StatusOr<std::unique_ptr<trib_backend>> create(const trib_backend_options& o) {
   }
   // A bad spec ends every process here, before the rendezvous (registry.h).
   BackendRegistry registry = builtin_backends();
-  TRIBUTARY_RETURN_IF_ERROR(registry.check(spec, config));
+  // Refused here, before joining; with several processes it still joins to say so, so that the
+  // others fail at once instead of waiting for it.
+  TRIBUTARY_RETURN_IF_ERROR(registry.check_everywhere(spec, config, devices));
   TRIBUTARY_ASSIGN_OR_RETURN(
       BackendContext context,
       make_backend_context(std::move(devices), std::move(config), join_timeout));

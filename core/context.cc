@@ -1,11 +1,15 @@
 // make_backend_context: from a cluster spec to a context with a rendezvous store.
+#include <unistd.h>
+
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/rendezvous.h"
+#include "core/strings.h"
 #include "tributary/cluster.h"
 #include "tributary/options.h"
 #include "tributary/registry.h"
@@ -31,51 +35,46 @@ std::optional<std::chrono::milliseconds> spec_timeout(const std::vector<std::str
 
 namespace {
 
-// The job connections of this process's live contexts, so that a second context for the same job
-// and rank shares the first one's store (and, on the chief, its server) instead of starting another
-// server on the coordinator port, which the first still holds. Weak: a connection ends with the
-// last context (or backend) that holds it, and the next context then connects afresh.
+// The job connections of this process's contexts, by job and rank, so that a second context for
+// the same job shares the first one's store (and, on the chief, its server) instead of starting
+// another server on the coordinator port, which the first still holds. The connection is weak: it
+// ends with the last context (or backend, or Work) that holds it, and the next context connects
+// afresh. The numbering of instances and setups is kept for the life of the process, so that it
+// follows creation order however long each rank keeps its backends.
 struct JobLink {
-  std::string key;  // coordinator, world size, rank and the secret's hash
+  std::mutex connecting;  // held while a context of this job connects: one connection, not two
+  pid_t pid = 0;          // a fork()ed child's links are its parent's connections: not its own
   std::weak_ptr<void> server;
   bool has_server = false;
   std::weak_ptr<Store> store;
-  std::weak_ptr<uint64_t> instances;
-  std::weak_ptr<uint64_t> setups;
+  std::shared_ptr<uint64_t> instances = std::make_shared<uint64_t>(0);
+  std::shared_ptr<uint64_t> setups = std::make_shared<uint64_t>(0);
   std::string lost_key;
 };
-std::mutex job_links_mu;
-std::vector<JobLink>& job_links() {
-  static auto* links = new std::vector<JobLink>();  // never destroyed: used from exit handlers
-  return *links;
-}
+std::mutex job_links_mu;  // the map; each link's fields are guarded by its `connecting`
 
-// Fills in `ctx`'s connection from a live one with `key`; false when there is none.
-bool join_live_link(const std::string& key, BackendContext& ctx) {
+// The link for `key` (coordinator, world size, rank, secret), made on first use.
+std::shared_ptr<JobLink> job_link(const std::string& key) {
+  static auto* links = new std::map<std::string, std::shared_ptr<JobLink>>();  // never destroyed
   std::lock_guard lock(job_links_mu);
-  std::vector<JobLink>& links = job_links();
-  std::erase_if(links, [](const JobLink& l) { return l.store.expired(); });
-  for (const JobLink& l : links) {
-    if (l.key != key) continue;
-    std::shared_ptr<Store> store = l.store.lock();
-    std::shared_ptr<void> server = l.server.lock();
-    std::shared_ptr<uint64_t> instances = l.instances.lock();
-    std::shared_ptr<uint64_t> setups = l.setups.lock();
-    if (!store || !instances || !setups || (l.has_server && !server)) return false;
-    ctx.keep_alive = std::move(server);
-    ctx.store = std::move(store);
-    ctx.instances = std::move(instances);
-    ctx.setups = std::move(setups);
-    ctx.lost_key = l.lost_key;
-    return true;
+  std::shared_ptr<JobLink>& link = (*links)[key];
+  if (!link || link->pid != ::getpid()) {
+    link = std::make_shared<JobLink>();
+    link->pid = ::getpid();
   }
-  return false;
+  return link;
 }
 
-void remember_link(const std::string& key, const BackendContext& ctx) {
-  std::lock_guard lock(job_links_mu);
-  job_links().push_back(JobLink{key, ctx.keep_alive, ctx.keep_alive != nullptr, ctx.store,
-                                ctx.instances, ctx.setups, ctx.lost_key});
+// Fills in `ctx`'s connection from `link` when it is alive; false when it is not. Under
+// link.connecting.
+bool join_live_link(JobLink& link, BackendContext& ctx) {
+  std::shared_ptr<Store> store = link.store.lock();
+  std::shared_ptr<void> server = link.server.lock();
+  if (!store || (link.has_server && !server)) return false;
+  ctx.keep_alive = std::move(server);
+  ctx.store = std::move(store);
+  ctx.lost_key = link.lost_key;
+  return true;
 }
 
 }  // namespace
@@ -123,9 +122,13 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
   // The job's secret (TRIBUTARY_SECRET or TRIBUTARY_SECRET_FILE) guards the store too: without it
   // nobody can read or change the keys the ranks meet by.
   TRIBUTARY_ASSIGN_OR_RETURN(options.secret, internal::read_secret(ctx.config, ""));
-  const std::string link_key = ctx.cluster_id + "#" + std::to_string(cluster.rank) + "#" +
-                               std::to_string(std::hash<std::string>{}(options.secret));
-  if (join_live_link(link_key, ctx)) return ctx;
+  const std::shared_ptr<JobLink> link =
+      job_link(ctx.cluster_id + "#" + std::to_string(cluster.rank) + "#" +
+               std::to_string(std::hash<std::string>{}(options.secret)));
+  std::lock_guard connecting(link->connecting);
+  ctx.instances = link->instances;
+  ctx.setups = link->setups;
+  if (join_live_link(*link, ctx)) return ctx;
   if (cluster.rank == 0) {
     TcpStoreServerOptions server_options;
     server_options.secret = options.secret;
@@ -166,8 +169,25 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
     ctx.lost_key = internal::kLostRanksKey;
   }
   ctx.store = std::shared_ptr<Store>(std::move(client).value());
-  remember_link(link_key, ctx);
+  link->server = ctx.keep_alive;
+  link->has_server = ctx.keep_alive != nullptr;
+  link->store = ctx.store;
+  link->lost_key = ctx.lost_key;
   return ctx;
+}
+
+Status internal::refuse_everywhere(const std::vector<Device>& devices, const Config& config,
+                                   std::string_view spec, const Status& refused) {
+  if (refused.ok() || devices.empty()) return refused;
+  auto cluster = resolve_cluster_spec(config);
+  if (!cluster.ok() || cluster->world_size <= 1 || cluster->task_type == "ps") return refused;
+  std::string text(spec);
+  if (text.empty()) text = config.get("TRIBUTARY_CROSS_DEVICE_OPS").value_or("auto");
+  auto parsed = BackendSpec::parse(text);
+  const std::string name = parsed.ok() ? parsed->name : internal::excerpt(text, 40);
+  auto context = make_backend_context(devices, config, std::chrono::seconds(5));
+  if (context.ok()) (void)internal::announce_setup_failure(*context, name, refused);
+  return refused;
 }
 
 }  // namespace tributary

@@ -89,7 +89,9 @@ class Validator {
                    " elements; pass a buffer, or a zero-element tensor");
     }
     // Element-aligned, as C++ (the host kernels) and CUDA (a fault) require of typed memory.
-    if (reinterpret_cast<uintptr_t>(t.data()) % dtype_size(t.dtype()) != 0) [[unlikely]] {
+    // (An empty tensor is never read: any pointer will do, as null does.)
+    if (t.num_elements() > 0 && reinterpret_cast<uintptr_t>(t.data()) % dtype_size(t.dtype()) != 0)
+        [[unlikely]] {
       return error(label.str() + " is not aligned to its " + std::to_string(dtype_size(t.dtype())) +
                    "-byte elements (address " + fmt::format("{}", t.data()) +
                    "); pass a buffer that starts on an element boundary (e.g. a copy)");

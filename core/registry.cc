@@ -149,7 +149,8 @@ void warn_unknown_variables_once(const BackendRegistry& registry, const BackendC
 // Across processes: every rank publishes what its `auto` follows and compares the others'.
 Status agree_on_auto(const BackendContext& context, const std::string& choice) {
   if (context.world_size <= 1 || !context.store) return Status();
-  const std::string prefix = "auto/" + std::to_string(++*context.instances) + "/";
+  const std::string prefix =
+      "auto/" + std::to_string(internal::take_number(context.instances) + 1) + "/";
   TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + std::to_string(context.rank), choice));
   const auto wait = context.store->options().timeout;
   for (int r = 0; r < context.world_size; ++r) {
@@ -188,55 +189,100 @@ Status name_setup_failure(const BackendContext& context, const Status& failure) 
   return internal::name_lost_ranks(context, failure);
 }
 
-// Before a backend of several processes connects, every process says in the store whether it got
-// that far and with which backend, and reads what the others said. A process whose settings were
+// Before a backend of several processes connects, its processes meet in the store: each says
+// whether it got that far and with which backend ("setup/<n>/<rank>": "=ring", or "!ring: why");
+// rank 0 reads them in rank order, at most until the backend's timeout= has passed, and publishes
+// one verdict that every other rank reads (O(N) requests in all). A process whose settings were
 // refused (a value in its own environment), or that creates another backend, then fails every
 // process at once, named, instead of leaving them to wait out the setup's timeout for a peer that
-// will never connect ("rank 1 did not join").
+// will never connect; one that never comes is named at the timeout ("rank 2 did not join").
 Status meet_before_setup(const BackendContext& context, const std::string& backend,
                          const Status& mine,
                          std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
   if (context.world_size <= 1 || !context.store) return mine;
-  const std::string prefix = "setup/" + std::to_string((*context.setups)++) + "/";
+  using std::chrono::milliseconds;
+  Store& store = *context.store;
+  const std::string prefix = "setup/" + std::to_string(internal::take_number(context.setups)) + "/";
   const std::string me = std::to_string(context.rank);
-  const Status said = context.store->set(
-      prefix + me, mine.ok() ? "=" + backend : "!" + backend + ": " + mine.message());
+  const milliseconds wait =
+      timeout ? std::chrono::ceil<milliseconds>(*timeout) : store.options().timeout;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  const auto left = [&](milliseconds extra = milliseconds(0)) {
+    return std::max(milliseconds(0), std::chrono::ceil<milliseconds>(
+                                         deadline + extra - std::chrono::steady_clock::now()));
+  };
+  const Status said = store.set(
+      prefix + me, mine.ok() ? "=" + backend : "!" + backend + ": " + mine.message(), wait);
+  // The verdict: "=" all met; "!why" (a refusal, a difference) or "?why" (a rank that never came).
+  const auto from_verdict = [&](const std::string& v) -> Status {
+    if (v.starts_with("=")) return Status();
+    if (v.starts_with("?")) return name_setup_failure(context, deadline_exceeded(v.substr(1)));
+    return failed_precondition(v.substr(1) + "; rank " + me + " gives up on '" + backend + "' too");
+  };
+  const auto publish = [&](const std::string& verdict) {
+    (void)store.set(prefix + "verdict", verdict, wait);
+    return from_verdict(verdict);
+  };
+  if (context.rank == 0) {
+    if (!mine.ok()) {
+      (void)publish("!rank 0 could not create its backend (" + backend + ": " + mine.message() +
+                    ")");
+      return mine;
+    }
+    TRIBUTARY_RETURN_IF_ERROR(said);
+    for (int r = 1; r < context.world_size; ++r) {
+      const std::string who = "rank " + std::to_string(r);
+      StatusOr<std::string> theirs = store.get(prefix + std::to_string(r), left());
+      if (!theirs.ok()) {
+        if (theirs.status().code() != StatusCode::kDeadlineExceeded) return theirs.status();
+        return publish("?" + who + " did not join: it did not reach the setup of backend '" +
+                       backend + "' within " + format_duration(wait) +
+                       " (timeout=); is it running, with the same secret, and creating the same "
+                       "backends in the same order?");
+      }
+      if (theirs->starts_with("!")) {
+        return publish("!" + who + " could not create its backend (" + theirs->substr(1) +
+                       "); every process must be given settings its backend takes");
+      }
+      if (theirs->substr(1) != backend) {
+        return publish("!" + who + " creates backend '" + theirs->substr(1) +
+                       "' where rank 0 creates '" + backend +
+                       "'; every process must create the same backends in the same order");
+      }
+    }
+    return publish("=");
+  }
   if (!mine.ok()) return mine;
   TRIBUTARY_RETURN_IF_ERROR(said);
+  // Rank 0 answers by its own deadline; a little longer here, as it may have started later.
+  StatusOr<std::string> verdict = store.get(prefix + "verdict", left(milliseconds(2000)));
+  if (verdict.ok()) return from_verdict(*verdict);
+  if (verdict.status().code() != StatusCode::kDeadlineExceeded) return verdict.status();
+  // No verdict: name who never said anything (rank 0 among them, when it never came).
+  std::vector<std::string> absent;
   for (int r = 0; r < context.world_size; ++r) {
-    if (r == context.rank) continue;
-    const std::string who = "rank " + std::to_string(r);
-    StatusOr<std::string> theirs =
-        timeout ? context.store->get(prefix + std::to_string(r),
-                                     std::chrono::ceil<std::chrono::milliseconds>(*timeout))
-                : context.store->get(prefix + std::to_string(r));
-    if (!theirs.ok()) {
-      if (theirs.status().code() != StatusCode::kDeadlineExceeded) return theirs.status();
-      const std::chrono::milliseconds waited =
-          timeout ? std::chrono::ceil<std::chrono::milliseconds>(*timeout)
-                  : context.store->options().timeout;
-      return name_setup_failure(
-          context,
-          deadline_exceeded(who + " did not join: it did not reach the setup of backend '" +
-                            backend + "' within " + format_duration(waited) +
-                            " (timeout=); is it running, with the same secret, and "
-                            "creating the same backends in the same order?"));
-    }
-    if (theirs->starts_with("!")) {
-      return failed_precondition(who + " could not create its backend (" + theirs->substr(1) +
-                                 "), so rank " + me + " gives up on '" + backend +
-                                 "' too; every process must be given settings its backend takes");
-    }
-    if (theirs->substr(1) != backend) {
-      return failed_precondition(
-          who + " creates backend '" + theirs->substr(1) + "' where rank " + me + " creates '" +
-          backend + "'; every process must create the same backends in the same order");
-    }
+    auto there = store.check({prefix + std::to_string(r)});
+    if (there.ok() && !*there) absent.push_back(std::to_string(r));
   }
-  return Status();
+  return name_setup_failure(
+      context,
+      deadline_exceeded(
+          (absent.empty() ? std::string("rank 0 gave no verdict")
+                          : "rank " + internal::join(absent, ", rank ") + " did not join") +
+          ": the setup of backend '" + backend + "' did not complete within " +
+          format_duration(wait) +
+          " (timeout=); is every process running, with the same secret, and creating the same "
+          "backends in the same order?"));
 }
 
 }  // namespace
+
+// Said by a process that will not create its backend (its spec or settings were refused before it
+// joined): the others, waiting at the meeting, fail at once naming it.
+Status internal::announce_setup_failure(const BackendContext& context, const std::string& backend,
+                                        const Status& failure) {
+  return meet_before_setup(context, backend, failure);
+}
 
 bool stages_gpu_through_host(const BackendInfo& info) {
   return gpu::built() && !info.capabilities.supports(DeviceType::kCuda) &&
@@ -428,6 +474,12 @@ Status BackendRegistry::check(std::string_view spec, const Config& config) const
     return check_timeout("auto", common);
   }();
   return source.empty() || s.ok() ? s : s.with_context(source);
+}
+
+Status BackendRegistry::check_everywhere(std::string_view spec, const Config& config,
+                                         const std::vector<Device>& devices) const {
+  const Status checked = check(spec, config);
+  return checked.ok() ? checked : internal::refuse_everywhere(devices, config, spec, checked);
 }
 
 StatusOr<std::unique_ptr<CrossDeviceOps>> BackendRegistry::create(

@@ -222,7 +222,7 @@ StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& cont
         " processes needs a rendezvous store; create the context with make_backend_context() "
         "(it reads TF_CONFIG, RANK/WORLD_SIZE/MASTER_ADDR, Slurm...)");
   }
-  const uint64_t instance = (*context.instances)++;
+  const uint64_t instance = take_number(context.instances);
   return std::make_shared<PrefixStore>(backend + "/" + std::to_string(instance), context.store);
 }
 

@@ -4,9 +4,13 @@
 // tributary (backends use it; it is not part of the public API).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "tributary/config.h"
 #include "tributary/cross_device_ops.h"
@@ -87,6 +91,27 @@ Status check_listen_address(const std::string& host, const std::string& who);
 // boot id + the PID and IPC namespaces (processes that cannot see each other's /proc or memory are
 // on different "hosts" for this purpose, even on one machine).
 std::string host_id(const Config& config);
+
+// For a process that will not create the backend it was to create (`backend`, e.g. "ring"): says
+// so at the next meeting of the job's backends (BackendRegistry::create), so that the others fail
+// at once naming this rank and `failure`, rather than waiting for it until their timeout. Returns
+// `failure`.
+Status announce_setup_failure(const BackendContext& context, const std::string& backend,
+                              const Status& failure);
+// The same for a process whose spec or settings `spec` was refused before it joined the job
+// (BackendRegistry::check, which the tools and strategies call first): with several processes, it
+// joins (waiting at most 5 s for the store) only to announce the refusal. Returns `refused`.
+Status refuse_everywhere(const std::vector<Device>& devices, const Config& config,
+                         std::string_view spec, const Status& refused);
+
+// The next number of one of a context's counters (BackendContext::instances, ::setups), which
+// the contexts of one job in this process share (make_backend_context): 0, 1, 2, ...
+inline uint64_t take_number(const std::shared_ptr<uint64_t>& counter) {
+  return std::atomic_ref<uint64_t>(*counter).fetch_add(1);
+}
+inline uint64_t numbers_taken(const std::shared_ptr<uint64_t>& counter) {
+  return std::atomic_ref<uint64_t>(*counter).load();
+}
 
 // The store scope of the next instance of `backend` created from `context`: "<backend>/<n>/", n
 // counting the multi-process instances made from this context, so that every rank, creating its

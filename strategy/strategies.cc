@@ -217,7 +217,7 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
     context = *options.context;
   } else {
     // Checked before the rendezvous, so that a bad spec ends every worker at once (registry.h).
-    if (Status s = registry.check(spec, config); !s.ok()) {
+    if (Status s = registry.check_everywhere(spec, config, devices); !s.ok()) {
       return s.with_context("creating the strategy's cross_device_ops");
     }
     TRIBUTARY_ASSIGN_OR_RETURN(

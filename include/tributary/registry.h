@@ -81,11 +81,18 @@ class BackendRegistry {
   // the backend's check_options refuses. An empty spec checks config's TRIBUTARY_CROSS_DEVICE_OPS,
   // as create_from_config would use it.
   //
-  // Call it before make_backend_context, as the tools and the strategies do: a spec error then ends
-  // every process at once. Found by create() only, it ends the chief (rank 0), whose rendezvous
-  // store goes with it, while the other processes wait to connect until their timeout (5 minutes by
-  // default) and then report an unreachable store.
+  // Call it (or check_everywhere, below) before make_backend_context, as the tools and the
+  // strategies do: a spec error then ends every process at once. Found by create() only, it ends
+  // the chief (rank 0), whose rendezvous store goes with it, while the other processes wait to
+  // connect until their timeout (5 minutes by default) and then report an unreachable store.
   Status check(std::string_view spec, const Config& config) const;
+  // check(), and when it fails in a job of several processes (the cluster spec of `config`),
+  // joins the job for a moment (waiting at most 5 s for its store) to say so: the processes
+  // whose settings were fine then fail at once, naming this one and its error, instead of
+  // waiting for it until their timeout ("rank 1 did not join"). `devices` are this process's
+  // replicas, as for make_backend_context. Returns check()'s status.
+  Status check_everywhere(std::string_view spec, const Config& config,
+                          const std::vector<Device>& devices) const;
 
  private:
   // The backend `spec` names and its options resolved against `config` (the checks above; not for

@@ -65,9 +65,10 @@ struct PyBackend {
     if (!ops_) throw StatusError(failed_precondition("this backend was closed"));
     return ops_;
   }
-  bool closed() const {
+  // The backend, or null once closed.
+  std::shared_ptr<CrossDeviceOps> peek() const {
     std::lock_guard lock(ptr_mu_);
-    return ops_ == nullptr;
+    return ops_;
   }
   void set(std::unique_ptr<CrossDeviceOps> ops) {
     std::lock_guard lock(ptr_mu_);
@@ -87,6 +88,22 @@ struct PyBackend {
 
  private:
   mutable std::mutex ptr_mu_;  // ops_ itself (get() runs with the GIL, close() without)
+  std::shared_ptr<CrossDeviceOps> ops_;
+};
+
+// A backend held for one call (PyBackend::get). When close() ran on another thread meanwhile, this
+// is the last holder, and letting go destroys the backend: without the GIL, then.
+class Kept {
+ public:
+  explicit Kept(std::shared_ptr<CrossDeviceOps> ops) : ops_(std::move(ops)) {}
+  Kept(const Kept&) = delete;
+  Kept& operator=(const Kept&) = delete;
+  ~Kept() {
+    if (ops_.use_count() == 1) without_gil([this] { ops_.reset(); });
+  }
+  CrossDeviceOps& operator*() const { return *ops_; }
+
+ private:
   std::shared_ptr<CrossDeviceOps> ops_;
 };
 
@@ -125,7 +142,10 @@ StatusOr<BackendContext> make_context(const std::vector<Device>& devices,
                                       const std::optional<std::string>& spec) {
   TRIBUTARY_ASSIGN_OR_RETURN(Config config, Config::load());
   // A bad spec ends every process here, before the rendezvous (registry.h).
-  TRIBUTARY_RETURN_IF_ERROR(builtin_backends().check(spec.value_or(""), config));
+  // Refused before joining: with several processes it still joins to say so (the others fail at
+  // once instead of waiting for it).
+  TRIBUTARY_RETURN_IF_ERROR(
+      builtin_backends().check_everywhere(spec.value_or(""), config, devices));
   if (!timeout && spec) timeout = spec_timeout({*spec});
   return make_backend_context(devices, std::move(config), timeout);
 }
@@ -239,7 +259,7 @@ struct PyRegistration {
 
 std::unique_ptr<PyRegistration> register_buffers(py::object self, py::handle buffers) {
   PyBackend& b = self.cast<PyBackend&>();
-  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  const Kept kept(b.get());
   CrossDeviceOps& ops = *kept;
   Args bufs = args_from(buffers);
   auto r = std::make_unique<PyRegistration>();
@@ -247,7 +267,7 @@ std::unique_ptr<PyRegistration> register_buffers(py::object self, py::handle buf
   StatusOr<BufferRegistration> made = [&] {
     py::gil_scoped_release release;
     std::lock_guard lock(b.issue);
-    return ops.register_buffers(t);
+    return b.get()->register_buffers(t);  // again, under the lock: close() may have run
   }();
   r->registration = value_or_throw(std::move(made));
   r->backend = std::move(self);
@@ -287,7 +307,7 @@ Shape scattered_shape(const Tensor& t, int n) {
 
 py::object all_reduce(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
                       bool async_op) {
-  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  const Kept kept(b.get());
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(inputs);
@@ -305,7 +325,7 @@ py::object all_reduce(PyBackend& b, py::handle inputs, py::handle outputs, py::h
 
 py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::handle op,
                   bool async_op) {
-  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  const Kept kept(b.get());
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(value);
@@ -321,7 +341,7 @@ py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::h
 }
 
 py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool async_op) {
-  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  const Kept kept(b.get());
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   auto w = std::make_unique<PyWork>();
@@ -352,7 +372,7 @@ py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool asyn
 
 py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, int root,
                      bool async_op) {
-  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  const Kept kept(b.get());
   CrossDeviceOps& ops = *kept;
   auto w = std::make_unique<PyWork>();
   // Off the root the source is ignored (as in C++ and C): None there, with destinations given.
@@ -377,7 +397,7 @@ py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, i
 }
 
 py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool async_op) {
-  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  const Kept kept(b.get());
   CrossDeviceOps& ops = *kept;
   Args in = args_from(inputs);
   auto w = std::make_unique<PyWork>();
@@ -394,7 +414,7 @@ py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool 
 
 py::object reduce_scatter(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
                           bool async_op) {
-  const std::shared_ptr<CrossDeviceOps> kept = b.get();
+  const Kept kept(b.get());
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(inputs);
@@ -562,8 +582,8 @@ void bind_ops(py::module_& m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyBackend& b, py::args) { b.close(); })
       .def("__repr__", [](const PyBackend& b) {
-        if (b.closed()) return std::string("<tributary.Backend (closed)>");
-        const std::shared_ptr<CrossDeviceOps> o = b.get();
+        const std::shared_ptr<CrossDeviceOps> o = b.peek();
+        if (!o) return std::string("<tributary.Backend (closed)>");
         return "<tributary.Backend " + o->spec() + " rank " + std::to_string(o->rank()) + "/" +
                std::to_string(o->world_size()) + " devices " +
                std::to_string(o->num_local_replicas()) + ">";

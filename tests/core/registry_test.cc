@@ -82,8 +82,11 @@ TEST(Registry, SpecOptionsReachTheBackend) {
     ASSERT_FALSE(unseen.ok());
     EXPECT_NE(unseen.status().message().find("reduce_to_device"), std::string::npos)
         << unseen.status().message();
-    EXPECT_NE(unseen.status().message().find("GPU:0 is not usable"), std::string::npos)
-        << unseen.status().message();
+    // Built with CUDA: no GPU is visible; without: the backend takes no GPU at all.
+    const std::string& m = unseen.status().message();
+    EXPECT_TRUE(m.find("GPU:0 is not usable") != std::string::npos ||
+                m.find("GPU:0 is not a supported device type") != std::string::npos)
+        << m;
   }
 }
 
