@@ -274,6 +274,12 @@ class Runner::Impl {
     }
     auto made = registry.create(spec, ctx_);
     if (!made.ok()) {
+      // Another rank refused the line (its settings) or makes another one: it has left, so no
+      // later line could meet it either. The run ends, rather than skipping the line.
+      if (made.status().message().find("' too") != std::string::npos &&
+          made.status().message().find(" gives up on '") != std::string::npos) {
+        fatal_ = made.status();
+      }
       why->assign(pairs_.size(), made.status().message());
       return slot;
     }
@@ -298,11 +304,11 @@ class Runner::Impl {
     BackendRegistry registry = builtin_backends();
     const std::vector<std::string> specs = o_.backends.empty() ? default_specs() : o_.backends;
     // The default lines meet the settings too (TRIBUTARY_<BACKEND>_<KEY>, the config file): a bad
-    // value there is the user's error, as in a named spec, not a line to skip. Every rank checks
-    // the same settings, so every rank ends here.
+    // value there is the user's error, as in a named spec, not a line to skip. A rank whose own
+    // settings are refused tells the others (check_everywhere), which then end too.
     if (o_.backends.empty()) {
       for (const std::string& spec : specs) {
-        if (Status s = registry.check(spec, ctx_.config); !s.ok()) {
+        if (Status s = registry.check_everywhere(spec, ctx_.config, ctx_.devices); !s.ok()) {
           return s.with_context("the default line '" + spec + "' cannot use the settings");
         }
       }
@@ -342,7 +348,10 @@ class Runner::Impl {
       slots_.push_back(std::move(slot));
       report->results.push_back(std::move(result));
     };
-    for (const std::string& spec : specs) add(spec, false);
+    for (const std::string& spec : specs) {
+      add(spec, false);
+      if (!fatal_.ok()) return fatal_;
+    }
     for (const std::string& spec : references) add(spec, true);
     if (usable == 0) {
       return specs.size() + references.size() == 1
@@ -589,6 +598,7 @@ class Runner::Impl {
   std::chrono::nanoseconds timeout_ = std::chrono::minutes(5);
   std::vector<Replica> replicas_;
   uint64_t references_made_ = 0;  // made_everywhere's calls, for its store keys
+  Status fatal_;                  // a line another rank refused: the run ends (make_slot)
 };
 
 namespace internal {

@@ -447,14 +447,38 @@ StatusOr<std::vector<Device>> parse_devices(const char* const* devices, int num_
 Status wait_for_every_process(const BackendContext& context, std::chrono::milliseconds timeout) {
   // Per backend: a later one may share the job's store with an earlier one (make_backend_context),
   // whose keys are there already. Its number is the same on every rank (created in one order).
-  const std::string prefix =
-      "capi/joined/" + str(static_cast<int64_t>(internal::numbers_taken(context.instances))) + "/";
+  TRIBUTARY_ASSIGN_OR_RETURN(const uint64_t n,
+                             internal::numbers_taken(context, internal::Numbering::kInstances));
+  const std::string prefix = "capi/joined/" + str(static_cast<int64_t>(n)) + "/";
   TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + str(context.rank), "1"));
   std::vector<std::string> keys;
   for (int r = 0; r < context.world_size; ++r) keys.push_back(prefix + str(r));
-  Status joined = context.store->wait(keys, timeout);
-  if (joined.ok()) return joined;
-  if (joined.code() != StatusCode::kDeadlineExceeded) return joined;
+  // A process refused before joining says why at the backends' next meeting (check_everywhere):
+  // looked for between slices of the wait, so that the others fail at once.
+  TRIBUTARY_ASSIGN_OR_RETURN(const uint64_t setups,
+                             internal::numbers_taken(context, internal::Numbering::kSetups));
+  const auto refusal = [&]() -> Status {
+    for (int r = 0; r < context.world_size; ++r) {
+      auto said = context.store->get("setup/" + str(static_cast<int64_t>(setups)) + "/" + str(r),
+                                     std::chrono::milliseconds(0));
+      if (said.ok() && said->starts_with("!")) {
+        return failed_precondition("rank " + str(r) + " could not create its backend (" +
+                                   said->substr(1) + "), so it will not join");
+      }
+    }
+    return Status();
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Status joined;
+  for (;;) {
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    joined = context.store->wait(
+        keys, std::clamp(left, std::chrono::milliseconds(0), std::chrono::milliseconds(250)));
+    if (joined.ok() || joined.code() != StatusCode::kDeadlineExceeded) return joined;
+    TRIBUTARY_RETURN_IF_ERROR(refusal());
+    if (left <= std::chrono::milliseconds(250)) break;
+  }
   std::string missing;
   for (int r = 0; r < context.world_size; ++r) {
     auto there = context.store->check({keys[static_cast<size_t>(r)]});

@@ -39,16 +39,13 @@ namespace {
 // the same job shares the first one's store (and, on the chief, its server) instead of starting
 // another server on the coordinator port, which the first still holds. The connection is weak: it
 // ends with the last context (or backend, or Work) that holds it, and the next context connects
-// afresh. The numbering of instances and setups is kept for the life of the process, so that it
-// follows creation order however long each rank keeps its backends.
+// afresh. (The numbering of backends and setups is kept in the store: internal::take_number.)
 struct JobLink {
   std::mutex connecting;  // held while a context of this job connects: one connection, not two
   pid_t pid = 0;          // a fork()ed child's links are its parent's connections: not its own
   std::weak_ptr<void> server;
   bool has_server = false;
   std::weak_ptr<Store> store;
-  std::shared_ptr<uint64_t> instances = std::make_shared<uint64_t>(0);
-  std::shared_ptr<uint64_t> setups = std::make_shared<uint64_t>(0);
   std::string lost_key;
 };
 std::mutex job_links_mu;  // the map; each link's fields are guarded by its `connecting`
@@ -126,8 +123,6 @@ StatusOr<BackendContext> make_backend_context(std::vector<Device> devices, Confi
       job_link(ctx.cluster_id + "#" + std::to_string(cluster.rank) + "#" +
                std::to_string(std::hash<std::string>{}(options.secret)));
   std::lock_guard connecting(link->connecting);
-  ctx.instances = link->instances;
-  ctx.setups = link->setups;
   if (join_live_link(*link, ctx)) return ctx;
   if (cluster.rank == 0) {
     TcpStoreServerOptions server_options;
@@ -185,7 +180,9 @@ Status internal::refuse_everywhere(const std::vector<Device>& devices, const Con
   if (text.empty()) text = config.get("TRIBUTARY_CROSS_DEVICE_OPS").value_or("auto");
   auto parsed = BackendSpec::parse(text);
   const std::string name = parsed.ok() ? parsed->name : internal::excerpt(text, 40);
-  auto context = make_backend_context(devices, config, std::chrono::seconds(5));
+  // Long enough for a chief that is still loading its model; not so long that a late rank of a
+  // job whose chief already left (the same refusal everywhere) waits for long to say its own.
+  auto context = make_backend_context(devices, config, std::chrono::seconds(15));
   if (context.ok()) (void)internal::announce_setup_failure(*context, name, refused);
   return refused;
 }

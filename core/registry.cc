@@ -149,8 +149,9 @@ void warn_unknown_variables_once(const BackendRegistry& registry, const BackendC
 // Across processes: every rank publishes what its `auto` follows and compares the others'.
 Status agree_on_auto(const BackendContext& context, const std::string& choice) {
   if (context.world_size <= 1 || !context.store) return Status();
-  const std::string prefix =
-      "auto/" + std::to_string(internal::take_number(context.instances) + 1) + "/";
+  TRIBUTARY_ASSIGN_OR_RETURN(const uint64_t n,
+                             internal::take_number(context, internal::Numbering::kInstances));
+  const std::string prefix = "auto/" + std::to_string(n + 1) + "/";
   TRIBUTARY_RETURN_IF_ERROR(context.store->set(prefix + std::to_string(context.rank), choice));
   const auto wait = context.store->options().timeout;
   for (int r = 0; r < context.world_size; ++r) {
@@ -160,6 +161,11 @@ Status agree_on_auto(const BackendContext& context, const std::string& choice) {
       return theirs.status().with_context("'auto': waiting for rank " + std::to_string(r) +
                                           " to say what it follows; did every rank create "
                                           "'auto' in the same order?");
+    }
+    if (theirs->starts_with("!")) {
+      return failed_precondition("rank " + std::to_string(r) + " could not create its backend (" +
+                                 theirs->substr(1) + "); rank " + std::to_string(context.rank) +
+                                 " gives up on 'auto' too");
     }
     if (*theirs != choice) {
       return failed_precondition("'auto' on rank " + std::to_string(context.rank) + " follows " +
@@ -202,7 +208,9 @@ Status meet_before_setup(const BackendContext& context, const std::string& backe
   if (context.world_size <= 1 || !context.store) return mine;
   using std::chrono::milliseconds;
   Store& store = *context.store;
-  const std::string prefix = "setup/" + std::to_string(internal::take_number(context.setups)) + "/";
+  TRIBUTARY_ASSIGN_OR_RETURN(const uint64_t n,
+                             internal::take_number(context, internal::Numbering::kSetups));
+  const std::string prefix = "setup/" + std::to_string(n) + "/";
   const std::string me = std::to_string(context.rank);
   const milliseconds wait =
       timeout ? std::chrono::ceil<milliseconds>(*timeout) : store.options().timeout;
@@ -254,8 +262,10 @@ Status meet_before_setup(const BackendContext& context, const std::string& backe
   }
   if (!mine.ok()) return mine;
   TRIBUTARY_RETURN_IF_ERROR(said);
-  // Rank 0 answers by its own deadline; a little longer here, as it may have started later.
-  StatusOr<std::string> verdict = store.get(prefix + "verdict", left(milliseconds(2000)));
+  // Rank 0 decides by its own deadline, which starts when it arrives: wait for it to arrive, then
+  // for its verdict a little longer than its deadline, so that no rank gives up before it decides.
+  StatusOr<std::string> verdict = store.get(prefix + "0", left());
+  if (verdict.ok()) verdict = store.get(prefix + "verdict", wait + milliseconds(2000));
   if (verdict.ok()) return from_verdict(*verdict);
   if (verdict.status().code() != StatusCode::kDeadlineExceeded) return verdict.status();
   // No verdict: name who never said anything (rank 0 among them, when it never came).
@@ -281,6 +291,14 @@ Status meet_before_setup(const BackendContext& context, const std::string& backe
 // joined): the others, waiting at the meeting, fail at once naming it.
 Status internal::announce_setup_failure(const BackendContext& context, const std::string& backend,
                                         const Status& failure) {
+  if (backend == "auto" && context.world_size > 1 && context.store) {
+    // Peers creating 'auto' first agree on what it follows (agree_on_auto): say it there too.
+    if (auto n = internal::take_number(context, internal::Numbering::kInstances); n.ok()) {
+      (void)context.store->set(
+          "auto/" + std::to_string(*n + 1) + "/" + std::to_string(context.rank),
+          "!" + failure.message(), std::chrono::seconds(5));
+    }
+  }
   return meet_before_setup(context, backend, failure);
 }
 

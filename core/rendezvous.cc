@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -214,6 +215,31 @@ std::string host_id(const Config& config) {
          link_text("/proc/self/ns/ipc");
 }
 
+namespace {
+StatusOr<uint64_t> count(const BackendContext& context, Numbering which, int64_t delta) {
+  const std::shared_ptr<uint64_t>& local =
+      which == Numbering::kInstances ? context.instances : context.setups;
+  if (!context.store) {
+    std::atomic_ref<uint64_t> n(*local);
+    return delta == 0 ? n.load() : n.fetch_add(static_cast<uint64_t>(delta)) + 1;
+  }
+  const std::string key = std::string("tributary/numbering/") +
+                          (which == Numbering::kInstances ? "instances/" : "setups/") +
+                          std::to_string(context.rank);
+  TRIBUTARY_ASSIGN_OR_RETURN(const int64_t now, context.store->add(key, delta));
+  return static_cast<uint64_t>(now);
+}
+}  // namespace
+
+StatusOr<uint64_t> take_number(const BackendContext& context, Numbering which) {
+  TRIBUTARY_ASSIGN_OR_RETURN(const uint64_t now, count(context, which, 1));
+  return now - 1;
+}
+
+StatusOr<uint64_t> numbers_taken(const BackendContext& context, Numbering which) {
+  return count(context, which, 0);
+}
+
 StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& context,
                                                       const std::string& backend) {
   if (!context.store) {
@@ -222,7 +248,7 @@ StatusOr<std::shared_ptr<PrefixStore>> instance_store(const BackendContext& cont
         " processes needs a rendezvous store; create the context with make_backend_context() "
         "(it reads TF_CONFIG, RANK/WORLD_SIZE/MASTER_ADDR, Slurm...)");
   }
-  const uint64_t instance = take_number(context.instances);
+  TRIBUTARY_ASSIGN_OR_RETURN(const uint64_t instance, take_number(context, Numbering::kInstances));
   return std::make_shared<PrefixStore>(backend + "/" + std::to_string(instance), context.store);
 }
 

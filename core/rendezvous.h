@@ -100,18 +100,19 @@ Status announce_setup_failure(const BackendContext& context, const std::string& 
                               const Status& failure);
 // The same for a process whose spec or settings `spec` was refused before it joined the job
 // (BackendRegistry::check, which the tools and strategies call first): with several processes, it
-// joins (waiting at most 5 s for the store) only to announce the refusal. Returns `refused`.
+// joins (waiting at most 15 s for the store) only to announce the refusal. Returns `refused`.
 Status refuse_everywhere(const std::vector<Device>& devices, const Config& config,
                          std::string_view spec, const Status& refused);
 
-// The next number of one of a context's counters (BackendContext::instances, ::setups), which
-// the contexts of one job in this process share (make_backend_context): 0, 1, 2, ...
-inline uint64_t take_number(const std::shared_ptr<uint64_t>& counter) {
-  return std::atomic_ref<uint64_t>(*counter).fetch_add(1);
-}
-inline uint64_t numbers_taken(const std::shared_ptr<uint64_t>& counter) {
-  return std::atomic_ref<uint64_t>(*counter).load();
-}
+// The numbering of a context's multi-process backends (instance_store) and of their meetings
+// before setup (BackendRegistry::create): 0, 1, 2, ... per process, in creation order. Kept in the
+// job's store (a counter per rank), so that it starts again with a fresh store (a job restarted
+// against a long-lived rank 0 starts from 0 on every rank) and is shared by every context of the
+// job in this process, however long each is kept; without a store, in the context.
+enum class Numbering { kInstances, kSetups };
+StatusOr<uint64_t> take_number(const BackendContext& context, Numbering which);
+// How many were taken, without taking one.
+StatusOr<uint64_t> numbers_taken(const BackendContext& context, Numbering which);
 
 // The store scope of the next instance of `backend` created from `context`: "<backend>/<n>/", n
 // counting the multi-process instances made from this context, so that every rank, creating its

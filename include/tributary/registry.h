@@ -87,7 +87,7 @@ class BackendRegistry {
   // connect until their timeout (5 minutes by default) and then report an unreachable store.
   Status check(std::string_view spec, const Config& config) const;
   // check(), and when it fails in a job of several processes (the cluster spec of `config`),
-  // joins the job for a moment (waiting at most 5 s for its store) to say so: the processes
+  // joins the job for a moment (waiting at most 15 s for its store) to say so: the processes
   // whose settings were fine then fail at once, naming this one and its error, instead of
   // waiting for it until their timeout ("rank 1 did not join"). `devices` are this process's
   // replicas, as for make_backend_context. Returns check()'s status.

@@ -71,8 +71,12 @@ struct PyBackend {
     return ops_;
   }
   void set(std::unique_ptr<CrossDeviceOps> ops) {
+    // Whoever lets go last (close(), a call that held it, garbage collection) destroys it without
+    // the GIL: it may drain its collectives or wait for its store.
+    std::shared_ptr<CrossDeviceOps> shared(
+        ops.release(), [](CrossDeviceOps* o) { without_gil([o] { delete o; }); });
     std::lock_guard lock(ptr_mu_);
-    ops_ = std::move(ops);
+    ops_ = std::move(shared);
   }
   // Destroys the backend, without the GIL, once no collective is being issued on it.
   void close() {
@@ -88,22 +92,6 @@ struct PyBackend {
 
  private:
   mutable std::mutex ptr_mu_;  // ops_ itself (get() runs with the GIL, close() without)
-  std::shared_ptr<CrossDeviceOps> ops_;
-};
-
-// A backend held for one call (PyBackend::get). When close() ran on another thread meanwhile, this
-// is the last holder, and letting go destroys the backend: without the GIL, then.
-class Kept {
- public:
-  explicit Kept(std::shared_ptr<CrossDeviceOps> ops) : ops_(std::move(ops)) {}
-  Kept(const Kept&) = delete;
-  Kept& operator=(const Kept&) = delete;
-  ~Kept() {
-    if (ops_.use_count() == 1) without_gil([this] { ops_.reset(); });
-  }
-  CrossDeviceOps& operator*() const { return *ops_; }
-
- private:
   std::shared_ptr<CrossDeviceOps> ops_;
 };
 
@@ -259,7 +247,7 @@ struct PyRegistration {
 
 std::unique_ptr<PyRegistration> register_buffers(py::object self, py::handle buffers) {
   PyBackend& b = self.cast<PyBackend&>();
-  const Kept kept(b.get());
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   Args bufs = args_from(buffers);
   auto r = std::make_unique<PyRegistration>();
@@ -307,7 +295,7 @@ Shape scattered_shape(const Tensor& t, int n) {
 
 py::object all_reduce(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
                       bool async_op) {
-  const Kept kept(b.get());
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(inputs);
@@ -325,7 +313,7 @@ py::object all_reduce(PyBackend& b, py::handle inputs, py::handle outputs, py::h
 
 py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::handle op,
                   bool async_op) {
-  const Kept kept(b.get());
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(value);
@@ -341,7 +329,7 @@ py::object reduce(PyBackend& b, py::handle value, py::handle destinations, py::h
 }
 
 py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool async_op) {
-  const Kept kept(b.get());
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   auto w = std::make_unique<PyWork>();
@@ -372,7 +360,7 @@ py::object batch_reduce(PyBackend& b, py::handle pairs, py::handle op, bool asyn
 
 py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, int root,
                      bool async_op) {
-  const Kept kept(b.get());
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   auto w = std::make_unique<PyWork>();
   // Off the root the source is ignored (as in C++ and C): None there, with destinations given.
@@ -397,7 +385,7 @@ py::object broadcast(PyBackend& b, py::handle source, py::handle destinations, i
 }
 
 py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool async_op) {
-  const Kept kept(b.get());
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   Args in = args_from(inputs);
   auto w = std::make_unique<PyWork>();
@@ -414,7 +402,7 @@ py::object all_gather(PyBackend& b, py::handle inputs, py::handle outputs, bool 
 
 py::object reduce_scatter(PyBackend& b, py::handle inputs, py::handle outputs, py::handle op,
                           bool async_op) {
-  const Kept kept(b.get());
+  const std::shared_ptr<CrossDeviceOps> kept = b.get();
   CrossDeviceOps& ops = *kept;
   const ReduceOp rop = reduce_op_from(op);
   Args in = args_from(inputs);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/hostlist.h"
+#include "core/rendezvous.h"
 #include "tests/sockets.h"
 #include "tributary/cluster.h"
 #include "tributary/registry.h"
@@ -851,6 +852,42 @@ TEST(BackendSetup, RanksThatCannotMeetFailEveryRankAtOnce) {
   }
 }
 
+// A rank whose settings check_everywhere refuses before it joins (the tools, the C API, Python and
+// the strategies call it first) still tells the others, which fail at once naming it: here under
+// 'auto', whose ranks first agree on what it follows.
+TEST(BackendSetup, ARankRefusedBeforeJoiningTellsTheOthers) {
+  const testing::ReservedPort reserved;
+  ASSERT_NE(reserved.port(), 0);
+  const std::string port = std::to_string(reserved.port());
+  auto config = [&](int rank) {
+    std::map<std::string, std::string> vars{{"TRIBUTARY_RANK", std::to_string(rank)},
+                                            {"TRIBUTARY_WORLD_SIZE", "2"},
+                                            {"TRIBUTARY_MASTER_ADDR", "127.0.0.1"},
+                                            {"TRIBUTARY_MASTER_PORT", port},
+                                            {"TRIBUTARY_TIMEOUT", "60s"}};
+    if (rank == 1) vars["TRIBUTARY_TIMEOUT"] = "abc";  // rank 1's own environment
+    return Config::from_map(vars);
+  };
+  const BackendRegistry registry = builtin_backends();
+  Status result[2];
+  const auto start = std::chrono::steady_clock::now();
+  std::thread rank1(
+      [&] { result[1] = registry.check_everywhere("auto", config(1), {Device::cpu(0)}); });
+  {
+    auto ctx = make_backend_context({Device::cpu(0)}, config(0));
+    result[0] = ctx.ok() ? registry.create("auto", *ctx).status() : ctx.status();
+  }
+  rank1.join();  // (no ASSERT before this: the thread must be joined)
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result[1].message().find("bad value 'abc' for option timeout"), std::string::npos)
+      << result[1].to_string();
+  EXPECT_EQ(result[0].code(), StatusCode::kFailedPrecondition) << result[0].to_string();
+  EXPECT_NE(result[0].message().find("rank 1 could not create its backend"), std::string::npos)
+      << result[0].to_string();
+  EXPECT_LT(seconds, 30) << "rank 0 waited for rank 1 (timeout 60 s)";
+}
+
 // A socket listening on a free port of every interface (as tributary-run binds MASTER_PORT), or -1.
 int listening_socket(std::string* port) {
   std::uint16_t p = 0;
@@ -956,18 +993,23 @@ TEST(MakeBackendContext, ContextsOfOneJobInOneProcessShareItsConnection) {
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   EXPECT_EQ(a->store, b->store);
   EXPECT_EQ(a->keep_alive, b->keep_alive);
-  EXPECT_EQ(a->instances, b->instances);
-  EXPECT_EQ(a->setups, b->setups);
+  // One numbering of backends for the job's rank, whichever context makes them (in the store).
+  using internal::Numbering;
+  // The number, or 99 when the store did not answer.
+  const auto number = [](const StatusOr<uint64_t>& n) { return n.ok() ? *n : uint64_t{99}; };
+  ASSERT_EQ(number(internal::take_number(*a, Numbering::kInstances)), 0u);
+  ASSERT_EQ(number(internal::take_number(*b, Numbering::kInstances)), 1u);
+  EXPECT_EQ(number(internal::numbers_taken(*a, Numbering::kInstances)), 2u);
+  EXPECT_EQ(number(internal::numbers_taken(*a, Numbering::kSetups)), 0u);
   ASSERT_EQ(b->devices.size(), 1u);
   EXPECT_EQ(b->devices[0], Device::cpu(1)) << "each context keeps its own devices";
   auto other_rank = make("1", Device::cpu(0));
   ASSERT_TRUE(other_rank.ok()) << other_rank.status().to_string();
   EXPECT_NE(other_rank->store, a->store);
-  EXPECT_NE(other_rank->instances, a->instances);
-  // Every holder gone: the next context starts a server of its own on the port, now free; the
-  // numbering of backends and setups goes on (creation order, however long each was kept).
+  EXPECT_EQ(number(internal::numbers_taken(*other_rank, Numbering::kInstances)), 0u);
+  // Every holder gone: the next context starts a server of its own on the port, now free, and
+  // with it the numbering starts again (as it does on ranks restarted against it).
   const std::weak_ptr<Store> old_store = a->store;
-  const std::shared_ptr<uint64_t> numbering = a->instances;
   *other_rank = BackendContext();
   *b = BackendContext();
   *a = BackendContext();
@@ -976,7 +1018,7 @@ TEST(MakeBackendContext, ContextsOfOneJobInOneProcessShareItsConnection) {
   ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
   EXPECT_NE(fresh->keep_alive, nullptr);
   EXPECT_NE(fresh->store, nullptr);
-  EXPECT_EQ(fresh->instances, numbering);
+  EXPECT_EQ(number(internal::numbers_taken(*fresh, Numbering::kInstances)), 0u);
 }
 
 // An empty secret is an error, not a job without one: set from nothing by mistake, it would turn
