@@ -98,8 +98,8 @@ struct BackendContext {
   int world_size = 1;  // processes
   Config config;       // environment/config snapshot (options, log level)
   // Rendezvous of multi-process backends (null for one process). Each multi-process backend
-  // created from this context takes the next instance number, so that every rank, creating its
-  // backends in the same order, meets its peers under the same keys.
+  // created takes the next instance number (below), so that every rank, creating its backends in
+  // the same order, meets its peers under the same keys.
   // Declared before the store so that the store's client closes (withdrawing its last will) before
   // the server it talks to, when one context holds both.
   std::shared_ptr<void> keep_alive;  // what the store needs alive (the chief's store server)
@@ -110,9 +110,10 @@ struct BackendContext {
   // leaves a last will there (Store::set_last_will), so that when one dies every survivor's error
   // names it first. make_backend_context sets it up with its TcpStore.
   std::string lost_key;
+  // The numbering of multi-process backends and of their meetings before setup
+  // (BackendRegistry::create). With a store it is kept there, one counter per rank, so that every
+  // context of the job in this process shares it; these two count only for a context without one.
   std::shared_ptr<uint64_t> instances = std::make_shared<uint64_t>(0);
-  // Backend creations that met before connecting (BackendRegistry::create), numbered like
-  // instances: every process says there whether it got that far, and with which backend.
   std::shared_ptr<uint64_t> setups = std::make_shared<uint64_t>(0);
 };
 
