@@ -161,9 +161,13 @@ void make_example(const Flags& f, int64_t stream, int64_t i, int64_t* ids, float
 }
 
 // A worker's pipeline (TF's dataset_fn(input_context)): an endless stream of batches of
-// (ids int64 [batch, bag], labels float32 [batch]), different on each worker.
-Dataset examples_dataset(const Flags& f, const InputContext& ic) {
-  const int64_t stream = ic.input_pipeline_id();
+// (ids int64 [batch, bag], labels float32 [batch]), different on each worker. As in TF, every
+// worker of a ParameterServerStrategy gets the same InputContext (one pipeline, id 0), so the
+// stream is told apart by the worker's own task index in its TF_CONFIG, where a TF user would
+// shuffle without a fixed seed.
+Dataset examples_dataset(const Flags& f, const InputContext& /*ic*/) {
+  auto task = resolve_cluster_spec(Config::from_environment());
+  const int64_t stream = task.ok() ? task->task_index : 0;
   return Dataset::range(INT64_MAX)
       .map(
           [f, stream](Element e) -> StatusOr<Element> {

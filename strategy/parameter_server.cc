@@ -284,7 +284,7 @@ StatusOr<VariablePartitioner> min_size_partitioner(int64_t min_shard_bytes, int 
     if (shape.empty() || shape[0] == 0) return parts;
     // TF: shards = min(max_shards, ceil(total / min_shard_bytes)), at most shape[0].
     const int64_t total = shape_num_elements(shape) * element_bytes(dtype, bytes_per_string);
-    int64_t shards = std::max<int64_t>(1, total / min_shard_bytes);
+    int64_t shards = std::max<int64_t>(1, total / min_shard_bytes + (total % min_shard_bytes != 0));
     shards = std::min<int64_t>({shards, max_shards, shape[0]});
     parts[0] = shards;
     return parts;
@@ -600,7 +600,9 @@ StatusOr<Element> WorkerContext::next(const PerWorkerIterator& iterator) {
       }
       fn = f->second;
     }
-    Dataset ds = fn(InputContext(call_->num_workers, call_->worker_index, call_->num_workers));
+    // TF's ParameterServerStrategy: no synchronisation beyond a worker, one replica per (CPU)
+    // worker: InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1).
+    Dataset ds = fn(InputContext(1, 0, 1));
     TRIBUTARY_ASSIGN_OR_RETURN(auto made, ds.make_iterator());
     it = its.emplace(iterator.id, std::move(made)).first;
   }
@@ -971,18 +973,17 @@ StatusOr<PSVariable> ParameterServerStrategy::create_variable(const std::string&
   int64_t nshards = 1;
   if (partition && im.partitioner && initial.rank() >= 1) {
     const std::vector<int64_t> parts = im.partitioner(initial.shape(), initial.dtype());
-    for (size_t i = 1; i < parts.size(); ++i) {
-      if (parts[i] != 1 || parts[0] < 1) {
-        std::string text = "[";
-        for (size_t j = 0; j < parts.size(); ++j) text += (j ? ", " : "") + std::to_string(parts[j]);
-        return invalid_argument(
-            "variable_partitioner must return a list/tuple whose elements are 1 besides the "
-            "first element (non-zero), got: " +
-            text + "]");
-      }
+    bool valid = !parts.empty() && parts[0] >= 1;
+    for (size_t i = 1; i < parts.size(); ++i) valid = valid && parts[i] == 1;
+    if (!valid) {
+      std::string text = "[";
+      for (size_t j = 0; j < parts.size(); ++j) text += (j ? ", " : "") + std::to_string(parts[j]);
+      return invalid_argument(
+          "variable_partitioner must return a list/tuple whose elements are 1 besides the first "
+          "element (non-zero), got: " +
+          text + "]");
     }
-    if (!parts.empty()) nshards = std::min<int64_t>(std::max<int64_t>(parts[0], 1), initial.dim0());
-    nshards = std::max<int64_t>(nshards, 1);
+    nshards = std::max<int64_t>(std::min<int64_t>(parts[0], initial.dim0()), 1);
   }
   std::vector<PSVariableShard> shards;
   const int64_t rows = initial.rank() == 0 ? 1 : initial.dim0();
@@ -1200,8 +1201,15 @@ void CoordinatorState::dispatch(int worker) {
     auto answer = client->call("worker.run", request, strategy->timeout + strategy->timeout / 2);
     std::lock_guard lock(mu);
     --in_flight;
-    if (!answer.ok()) {
-      // The worker died, was cut off, or did not answer in time: run the function elsewhere.
+    // Only a worker that died, was cut off or did not answer in time makes the function run
+    // elsewhere (TF retries on a worker's unavailability only). An error the worker answered (its
+    // result too large to send back, say) or one raised here before sending (an argument above
+    // the frame limit) would come back on every worker: it is the function's error.
+    const bool worker_lost = !answer.ok() &&
+                             answer.status().message().rfind("the server answered: ", 0) != 0 &&
+                             (answer.status().code() == StatusCode::kUnavailable ||
+                              answer.status().code() == StatusCode::kDeadlineExceeded);
+    if (worker_lost) {
       internal::write_log_line(internal::LogLevel::kWarning, "coordinator",
                                who + " failed (" + answer.status().message() +
                                    "); its function '" + c.function +
@@ -1215,6 +1223,15 @@ void CoordinatorState::dispatch(int worker) {
       } else {
         queue.push_front(std::move(c));
       }
+      cv.notify_all();
+      continue;
+    }
+    if (!answer.ok()) {
+      Status st(answer.status().code(), "function '" + c.function + "' could not run on " + who +
+                                            ": " + answer.status().message());
+      c.value->finish(st);
+      record_error(st);
+      last_alive = Clock::now();
       cv.notify_all();
       continue;
     }
@@ -1314,9 +1331,13 @@ Status ClusterCoordinator::join() {
   }
 }
 
-bool ClusterCoordinator::done() const {
-  std::lock_guard lock(state_->mu);
-  return state_->queue.empty() && state_->in_flight == 0;
+StatusOr<bool> ClusterCoordinator::done() {
+  std::unique_lock lock(state_->mu);
+  if (state_->error.ok()) return state_->queue.empty() && state_->in_flight == 0;
+  // As TF's done(): cancel what is queued, let what runs end, then raise the error (once).
+  state_->fail_all_queued(aborted("cancelled: an earlier scheduled function failed"));
+  state_->cv.wait(lock, [&] { return state_->in_flight == 0; });
+  return std::exchange(state_->error, Status());
 }
 
 StatusOr<PerWorkerDataset> ClusterCoordinator::create_per_worker_dataset(

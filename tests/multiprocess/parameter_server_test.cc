@@ -44,6 +44,10 @@ TEST(Partitioners, AsTfDocumentsThem) {
   EXPECT_EQ(parts(max_size_partitioner(4), {6, 1}), (std::vector<int64_t>{6, 1}));
   EXPECT_EQ(parts(max_size_partitioner(4, 2), {6, 1}), (std::vector<int64_t>{2, 1}));
   EXPECT_EQ(parts(max_size_partitioner(1024), {6, 1}), (std::vector<int64_t>{1, 1}));
+  // MinSizePartitioner rounds up, as TF's min_max_variable_partitioner: ceil(bytes / min).
+  EXPECT_EQ(parts(min_size_partitioner(16, 10), {10}), (std::vector<int64_t>{3}));
+  EXPECT_EQ(parts(min_size_partitioner(32, 8), {3, 5}), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(parts(min_size_partitioner(5, 10), {6, 1}), (std::vector<int64_t>{5, 1}));
   for (auto bad : {fixed_shards_partitioner(0), min_size_partitioner(0), max_size_partitioner(-1)}) {
     ASSERT_FALSE(bad.ok());
     EXPECT_NE(bad.status().message().find("must be positive"), std::string::npos)
@@ -92,11 +96,25 @@ void register_functions() {
                     return std::vector<Array>{e[0], Array::scalar<int32_t>(ctx.worker_index())};
                   })
                   .ok());
-  // Worker w's pipeline: 100 * w + 0..2.
+  // Three elements that say the InputContext: 1000 * num_input_pipelines + 100 * input_pipeline_id
+  // + 10 * num_replicas_in_sync + 0..2.
   ASSERT_TRUE(register_dataset_function("three", [](const InputContext& ic) {
-                return Dataset::range(100 * ic.input_pipeline_id(),
-                                      100 * ic.input_pipeline_id() + 3);
+                const int64_t base = 1000 * ic.num_input_pipelines() +
+                                     100 * ic.input_pipeline_id() + 10 * ic.num_replicas_in_sync();
+                return Dataset::range(base, base + 3);
               }).ok());
+  // Adds 1 to "counter", then returns `args[0]` float32 zeros.
+  ASSERT_TRUE(
+      register_worker_function(
+          "count_and_return",
+          [](WorkerContext& ctx, std::span<const RemoteArg> args) -> StatusOr<std::vector<Array>> {
+            TRIBUTARY_ASSIGN_OR_RETURN(PSVariable counter, ctx.variable("counter"));
+            TRIBUTARY_RETURN_IF_ERROR(counter.assign_add(Array::scalar<float>(1)));
+            const auto n = static_cast<int64_t>(std::get<Array>(args[0]).at(0));
+            TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(DType::kFloat32, {n}));
+            return std::vector<Array>{std::move(out)};
+          })
+          .ok());
 }
 
 class Cluster {
@@ -269,10 +287,10 @@ TEST(ParameterServer, PlacementShardsScheduleJoinFetch) {
     ASSERT_TRUE(v.ok()) << v.status().to_string();
     values.push_back(*v);
   }
-  EXPECT_FALSE(co.done());
+  EXPECT_FALSE(*co.done());
   Status joined_all = co.join();
   ASSERT_TRUE(joined_all.ok()) << joined_all.to_string();
-  EXPECT_TRUE(co.done());
+  EXPECT_TRUE(*co.done());
   std::set<int> workers_used;
   for (const RemoteValue& v : values) {
     ASSERT_TRUE(v.ready());
@@ -304,6 +322,19 @@ TEST(ParameterServer, PlacementShardsScheduleJoinFetch) {
   EXPECT_NE(joined.message().find("row 10"), std::string::npos) << joined.message();
   EXPECT_FALSE(bad->fetch().ok());
   EXPECT_TRUE(co.join().ok());  // reported once
+  // done() reports it too (TF's done() raises it), once what ran has ended; then true again.
+  ASSERT_TRUE(co.schedule("embed", {*Array::from_vector<int64_t>({11})}).ok());
+  StatusOr<bool> finished = false;
+  for (int i = 0; i < 200 && finished.ok() && !*finished; ++i) {
+    finished = co.done();
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(finished.status().code(), StatusCode::kInvalidArgument)
+      << finished.status().to_string();
+  EXPECT_NE(finished.status().message().find("row 11"), std::string::npos)
+      << finished.status().message();
+  ASSERT_TRUE(co.done().ok());
+  EXPECT_TRUE(*co.done());
   EXPECT_EQ(co.schedule("no_such_function").status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(co.shutdown_servers().ok());
 }
@@ -323,10 +354,11 @@ TEST(ParameterServer, PerWorkerDatasetsAndEndOfData) {
   for (const RemoteValue& v : values) {
     auto got = v.fetch();
     ASSERT_TRUE(got.ok()) << got.status().to_string();
-    const int worker = static_cast<int>(got->at(1).at(0));
     const int64_t element = static_cast<int64_t>(got->at(0).at(0));
-    EXPECT_GE(element, 100 * worker);  // each worker reads its own pipeline
-    EXPECT_LT(element, 100 * worker + 3);
+    // TF's InputContext for ParameterServerStrategy: (1 pipeline, id 0, 1 replica in sync) on
+    // every worker, each reading the whole pipeline.
+    EXPECT_GE(element, 1010);
+    EXPECT_LT(element, 1013);
   }
   // Seven more calls: six elements in all, so a pipeline runs out: TF's OutOfRangeError.
   Status end;
@@ -371,6 +403,60 @@ TEST(ParameterServer, KilledWorkerIsRescheduledAndRejoins) {
     for (const RemoteValue& v : more) used.insert(static_cast<int>(v.fetch()->at(0).at(0)));
   }
   EXPECT_TRUE(used.contains(1)) << "the restarted worker was never sent work";
+}
+
+// A failure that would come back on any worker is the function's error, reported once: not a
+// worker failure to retry elsewhere (TF retries only on a worker's unavailability). A result above
+// the frame limit (the worker answers the error) and an argument above it (refused before
+// sending) each fail at once, and the function ran at most once.
+TEST(ParameterServer, ErrorsThatAreNotAWorkersFailureAreNotRetried) {
+  Cluster cluster(2, 1);
+  auto strategy = make_strategy(cluster);
+  ASSERT_TRUE(strategy);
+  auto counter = strategy->create_variable("counter", Array::scalar<float>(0));
+  ASSERT_TRUE(counter.ok());
+  auto coordinator = ClusterCoordinator::create(*strategy);
+  ASSERT_TRUE(coordinator.ok());
+  ClusterCoordinator& co = **coordinator;
+  const int64_t over = (int64_t{68} << 20) / 4;  // 68 MiB of float32: above the 64 MiB frame
+  auto big = co.schedule("count_and_return", {Array::scalar<float>(static_cast<float>(over))});
+  ASSERT_TRUE(big.ok());
+  Status joined = co.join();
+  EXPECT_EQ(joined.code(), StatusCode::kResourceExhausted) << joined.to_string();
+  EXPECT_NE(joined.message().find("function 'count_and_return' could not run on worker:"),
+            std::string::npos)
+      << joined.message();
+  EXPECT_FALSE(big->fetch().ok());
+  EXPECT_EQ(co.rescheduled(), 0);
+  EXPECT_EQ(counter->read()->at(0), 1.0);
+
+  auto huge_arg = Array::zeros(DType::kFloat32, {over});
+  ASSERT_TRUE(huge_arg.ok());
+  ASSERT_TRUE(co.schedule("count", {*huge_arg}).ok());
+  joined = co.join();
+  EXPECT_EQ(joined.code(), StatusCode::kInvalidArgument) << joined.to_string();
+  EXPECT_NE(joined.message().find("above the limit"), std::string::npos) << joined.message();
+  EXPECT_EQ(co.rescheduled(), 0);
+  EXPECT_EQ(counter->read()->at(0), 1.0);
+  // The workers stay in service.
+  auto fine = co.schedule("count_and_return", {Array::scalar<float>(4)});
+  ASSERT_TRUE(fine.ok());
+  ASSERT_TRUE(co.join().ok());
+  EXPECT_EQ(fine->fetch()->at(0).num_elements(), 4);
+}
+
+// TF's check of what a partitioner returns: a list, its first entry non-zero, the others 1.
+TEST(ParameterServer, MalformedPartitionsAreRefused) {
+  Cluster cluster(1, 1);
+  for (std::vector<int64_t> bad : {std::vector<int64_t>{}, std::vector<int64_t>{0},
+                                   std::vector<int64_t>{-1, 1}, std::vector<int64_t>{2, 2}}) {
+    auto strategy = make_strategy(cluster, [bad](const Shape&, DType) { return bad; });
+    ASSERT_TRUE(strategy);
+    auto v = strategy->create_variable("v", *Array::from_vector<float>({1, 2, 3, 4}, {4, 1}));
+    EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument) << bad.size();
+    EXPECT_NE(v.status().message().find("variable_partitioner must return"), std::string::npos)
+        << v.status().message();
+  }
 }
 
 TEST(ParameterServer, KilledParameterServerIsAClearErrorNotAHang) {

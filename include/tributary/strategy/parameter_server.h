@@ -2,8 +2,8 @@
 // (parameter_server_strategy_v2.py, cluster_coordinator.py) in C++ shape.
 //
 // The cluster (TF_CONFIG, as TF defines it): one "chief" task, the coordinator, which creates the
-// variables and schedules functions; "worker" tasks, which run the functions; "ps" tasks, which hold
-// the variables. Every task runs the same binary: workers and ps tasks call run_server() (TF's
+// variables and schedules functions; "worker" tasks, which run the functions; "ps" tasks, which
+// hold the variables. Every task runs the same binary: workers and ps tasks call run_server() (TF's
 // tf.distribute.Server(...).join()), the chief makes a ParameterServerStrategy and a
 // ClusterCoordinator.
 //
@@ -13,8 +13,8 @@
 //    schedule() names them. A worker function gets a WorkerContext (its variables, its
 //    per-worker iterators) and the scheduled arguments, and returns Arrays.
 //  - ParameterServerStrategy is not a Strategy (strategy.h): TF's can only be used through a
-//    ClusterCoordinator in a custom loop (its NotImplementedError otherwise), so its surface here is
-//    variable creation, and the coordinator's.
+//    ClusterCoordinator in a custom loop (its NotImplementedError otherwise), so its surface here
+//    is variable creation, and the coordinator's.
 //  - Variables are PSVariables: one handle type for a variable on one ps task and for TF's
 //    ShardedVariable (several shards along dimension 0, on ps tasks round-robin), which reads and
 //    updates as one. Sparse row access (gather, scatter_*) is what embedding lookups and their
@@ -22,14 +22,16 @@
 //
 // Semantics, as TF's:
 //  - Placement: variable k (in creation order, shards counted one by one) goes to ps task
-//    k % num_ps. A variable_partitioner, when set, splits dimension 0 of every variable of rank >= 1
-//    into min(partitions[0], shape[0]) shards, the first shape[0] % n shards one row longer
-//    (10 rows in 4 shards: 3, 3, 2, 2); shards are named "<name>/part_<i>".
+//    k % num_ps. A variable_partitioner, when set, splits dimension 0 of every variable of rank >=
+//    1 into min(partitions[0], shape[0]) shards, the first shape[0] % n shards one row longer (10
+//    rows in 4 shards: 3, 3, 2, 2); shards are named "<name>/part_<i>".
 //  - Updates (assign, assign_add, assign_sub, scatter_*) are applied atomically on the ps task
 //    that holds the shard; different workers' updates interleave (asynchronous training).
 //  - schedule() returns at once with a RemoteValue; the function runs on some worker, one function
 //    at a time per worker. join() waits for everything scheduled, done() asks without waiting,
-//    RemoteValue::fetch() waits for one result.
+//    RemoteValue::fetch() waits for one result. A function's error (one it returns, or one the
+//    worker answers, such as a result above the frame limit) is not retried: join() and done()
+//    report it (done() returns it instead of false/true, as TF's done() raises it).
 //  - Worker failure: a worker that dies, or does not answer within the timeout, has its in-flight
 //    function re-scheduled on another worker (so a function may run more than once, and updates it
 //    made before the failure stay: at-least-once, as in TF); the coordinator keeps asking the
@@ -91,13 +93,15 @@ struct CoordinatorState;
 struct WorkerCall;
 }  // namespace ps_internal
 
-// --- Partitioners (TF's tf.distribute.experimental.partitioners) ----------------------------------
-// A partitioner gets a variable's shape and dtype and returns how many parts each dimension is cut
-// into; every entry but the first must be 1.
+// --- Partitioners (TF's tf.distribute.experimental.partitioners)
+// ---------------------------------- A partitioner gets a variable's shape and dtype and returns
+// how many parts each dimension is cut into; the list must not be empty, its first entry must be at
+// least 1 and every other entry 1 (TF's ValueError otherwise).
 using VariablePartitioner = std::function<std::vector<int64_t>(const Shape& shape, DType dtype)>;
 // min(num_shards, shape[0]) shards. num_shards must be positive.
 StatusOr<VariablePartitioner> fixed_shards_partitioner(int num_shards);
-// As many shards as keep each at least min_shard_bytes, at most max_shards.
+// ceil(total bytes / min_shard_bytes) shards, at most max_shards and shape[0] (TF's
+// min_max_variable_partitioner; a shard may come out smaller than min_shard_bytes).
 StatusOr<VariablePartitioner> min_size_partitioner(int64_t min_shard_bytes = 256 << 10,
                                                    int max_shards = 1,
                                                    int64_t bytes_per_string = 16);
@@ -192,7 +196,10 @@ class WorkerContext {
 
 using WorkerFunction =
     std::function<StatusOr<std::vector<Array>>(WorkerContext&, std::span<const RemoteArg> args)>;
-// TF's dataset_fn(input_context): the worker's pipeline (input_pipeline_id = worker index).
+// TF's dataset_fn(input_context), called on each worker. As TF's ParameterServerStrategy, with no
+// synchronisation beyond a worker: InputContext(num_input_pipelines=1, input_pipeline_id=0,
+// num_replicas_in_sync=1), so shard() on it does nothing and every worker reads the whole
+// pipeline (shuffle it to give workers different orders).
 using DatasetFunction = std::function<Dataset(const InputContext&)>;
 
 // Registers in this process (every task of the job must register the same names). A name
@@ -301,7 +308,9 @@ class ClusterCoordinator {
 
   StatusOr<RemoteValue> schedule(const std::string& function, std::vector<RemoteArg> args = {});
   Status join();
-  bool done() const;
+  // TF's done(): whether every scheduled function has finished. When one failed, its error
+  // (after what was in flight has ended and the queue was cancelled, as join()); reported once.
+  StatusOr<bool> done();
   StatusOr<PerWorkerDataset> create_per_worker_dataset(const std::string& dataset_function);
   // Tells every worker and ps task to stop serving (run_server() returns there).
   Status shutdown_servers();
