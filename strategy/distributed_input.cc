@@ -12,6 +12,7 @@ struct DistributedDataset::Pipelines {
   bool per_replica = false;
   ElementSpec spec;              // per replica
   bool partial_batches = false;  // TF's enable_get_next_as_optional
+  bool fetch_to_device = true;   // false: elements stay in host memory (InputOptions)
 };
 
 struct DistributedIterator::Impl {
@@ -20,6 +21,9 @@ struct DistributedIterator::Impl {
   std::vector<std::unique_ptr<DatasetIterator>> iterators;
   std::vector<bool> exhausted;
   bool finished = false;
+  // The components of the last real batch seen here (dimension 0 aside): the shape of the
+  // zero-size batches once this worker's data runs out, when the element spec does not say it.
+  ElementSpec seen;
 };
 
 namespace {
@@ -34,16 +38,24 @@ bool all_static(const ElementSpec& spec) {
   return true;
 }
 
-// A zero-size batch shaped like this step's real batches (TF's dummy tensors: dimension 0 is 0,
-// unknown dimensions are 0 too).
-StatusOr<Element> empty_batch(const ElementSpec& spec,
+// A zero-size batch shaped like this step's real batches, else like the last real batch this
+// worker saw, else like the element spec (TF's dummy tensors: dimension 0 is 0, unknown dimensions
+// are 0 too).
+StatusOr<Element> empty_batch(const ElementSpec& spec, const ElementSpec& seen,
                               const std::vector<std::optional<Element>>& step) {
   const Element* real = nullptr;
   for (const auto& e : step) {
     if (e) real = &*e;
   }
+  const ElementSpec& known = seen.empty() ? spec : seen;
+  if (!real && known.empty()) {
+    return failed_precondition(
+        "this worker has no data for a step at which other workers do, and the element spec is "
+        "unknown (a map() without its output ElementSpec), so it cannot give its replicas "
+        "zero-size batches of the right shape: pass the ElementSpec to map()");
+  }
   Element out;
-  const size_t n = real ? real->size() : spec.size();
+  const size_t n = real ? real->size() : known.size();
   for (size_t c = 0; c < n; ++c) {
     Shape shape;
     DType dtype;
@@ -51,8 +63,8 @@ StatusOr<Element> empty_batch(const ElementSpec& spec,
       shape = (*real)[c].shape();
       dtype = (*real)[c].dtype();
     } else {
-      shape = spec[c].shape;
-      dtype = spec[c].dtype;
+      shape = known[c].shape;
+      dtype = known[c].dtype;
       for (int64_t& d : shape) d = std::max<int64_t>(d, 0);
     }
     if (shape.empty()) {
@@ -87,9 +99,11 @@ Status check_options(const InputOptions& o) {
 }
 
 std::shared_ptr<DistributedDataset::Pipelines> finish(std::vector<Dataset> datasets,
-                                                      bool per_replica, const Strategy& s) {
+                                                      bool per_replica, const Strategy& s,
+                                                      const InputOptions& options) {
   auto p = std::make_shared<DistributedDataset::Pipelines>();
   p->per_replica = per_replica;
+  p->fetch_to_device = options.fetch_to_device;
   p->spec = datasets[0].element_spec();
   bool finite = true;
   for (const Dataset& d : datasets) finite = finite && d.cardinality() != kInfiniteCardinality;
@@ -101,6 +115,12 @@ std::shared_ptr<DistributedDataset::Pipelines> finish(std::vector<Dataset> datas
   }
   p->datasets = std::move(datasets);
   return p;
+}
+
+// Where a replica's elements go: its device, or with fetch_to_device=false host memory (TF: "each
+// replica's device becomes the host CPU"; CPU replicas are in host memory already).
+Device element_device(const Device& replica, bool fetch_to_device) {
+  return fetch_to_device || replica.is_cpu() ? replica : Device::cpu();
 }
 
 }  // namespace
@@ -177,17 +197,36 @@ StatusOr<std::optional<PerReplica<Element>>> DistributedIterator::get_next_as_op
       ++with_data;
     }
   }
+  // The zero-size batches for replicas without data, made before the real batches are moved out
+  // of `step` and before the workers agree, so that a worker that cannot make them says so there.
+  std::optional<Element> empty;
+  Status fill_error;
+  if (with_data < R && local_error.ok()) {
+    StatusOr<Element> e = empty_batch(m.pipelines->spec, m.seen, step);
+    if (e.ok())
+      empty = std::move(*e);
+    else
+      fill_error = e.status();
+  }
+  for (const auto& e : step) {
+    if (!e) continue;
+    m.seen.clear();
+    for (const Array& a : *e) m.seen.push_back(TensorSpec{a.dtype(), a.shape()});
+    break;
+  }
   int64_t global = with_data;
   if (s.num_workers() > 1 && m.pipelines->partial_batches) {
-    // Every worker learns how many replicas anywhere have data, and whether a pipeline failed,
-    // so that all of them end (or fail) at the same step.
+    // Every worker learns how many replicas anywhere have data, whether a pipeline failed and
+    // whether a worker cannot fill its replicas without data, so that all of them end (or fail)
+    // at the same step.
     std::vector<Array> in, out;
     for (int i = 0; i < R; ++i) {
-      std::vector<int64_t> v = {i == 0 ? with_data : 0, i == 0 && !local_error.ok() ? 1 : 0};
+      std::vector<int64_t> v = {i == 0 ? with_data : 0, i == 0 && !local_error.ok() ? 1 : 0,
+                                i == 0 && !fill_error.ok() ? 1 : 0};
       TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::from_vector(v));
       TRIBUTARY_ASSIGN_OR_RETURN(Array placed, a.to_device(s.worker_devices()[i]));
       TRIBUTARY_ASSIGN_OR_RETURN(Array o,
-                                 Array::zeros(DType::kInt64, Shape{2}, s.worker_devices()[i]));
+                                 Array::zeros(DType::kInt64, Shape{3}, s.worker_devices()[i]));
       in.push_back(std::move(placed));
       out.push_back(std::move(o));
     }
@@ -210,6 +249,11 @@ StatusOr<std::optional<PerReplica<Element>>> DistributedIterator::get_next_as_op
           "stops at this step");
     }
     global = out[0].data<int64_t>()[0];
+    if (global > 0 && fill_error.ok() && out[0].data<int64_t>()[2] > 0) {
+      return failed_precondition(
+          "another worker has no data for this step and cannot give its replicas zero-size "
+          "batches (see its error); every worker stops at this step");
+    }
   } else if (!local_error.ok()) {
     return local_error;
   }
@@ -217,15 +261,13 @@ StatusOr<std::optional<PerReplica<Element>>> DistributedIterator::get_next_as_op
     m.finished = true;
     return std::optional<PerReplica<Element>>();
   }
-  std::optional<Element> empty;  // made before the real batches are moved out of `step`
-  if (with_data < R) {
-    TRIBUTARY_ASSIGN_OR_RETURN(empty, empty_batch(m.pipelines->spec, step));
-  }
+  if (!fill_error.ok()) return fill_error;
   std::vector<Element> batches;
   for (int i = 0; i < R; ++i) {
     Element e = step[i] ? std::move(*step[i]) : *empty;
+    const Device to = element_device(s.worker_devices()[i], m.pipelines->fetch_to_device);
     for (Array& a : e) {
-      TRIBUTARY_ASSIGN_OR_RETURN(a, a.to_device(s.worker_devices()[i]));
+      TRIBUTARY_ASSIGN_OR_RETURN(a, a.to_device(to));
     }
     batches.push_back(std::move(e));
   }
@@ -266,7 +308,7 @@ StatusOr<DistributedDataset> distribute_dataset(Strategy& strategy, const Datase
     d = d.prefetch(static_cast<int64_t>(R) * options.per_replica_buffer_size);
   }
   TRIBUTARY_RETURN_IF_ERROR(d.status());
-  return DistributedDataset(&strategy, finish({d}, false, strategy));
+  return DistributedDataset(&strategy, finish({d}, false, strategy, options));
 }
 
 StatusOr<DistributedDataset> distribute_datasets_from_function(
@@ -288,7 +330,7 @@ StatusOr<DistributedDataset> distribute_datasets_from_function(
       TRIBUTARY_RETURN_IF_ERROR(d->status());
       datasets.push_back(std::move(*d));
     }
-    return DistributedDataset(&strategy, finish(std::move(datasets), true, strategy));
+    return DistributedDataset(&strategy, finish(std::move(datasets), true, strategy, options));
   }
   InputContext context(strategy.num_workers(), strategy.worker_index(),
                        strategy.num_replicas_in_sync());
@@ -296,7 +338,7 @@ StatusOr<DistributedDataset> distribute_datasets_from_function(
   if (!d.ok()) return d.status().with_context("dataset_fn");
   TRIBUTARY_RETURN_IF_ERROR(d->status());
   datasets.push_back(std::move(*d));
-  return DistributedDataset(&strategy, finish(std::move(datasets), false, strategy));
+  return DistributedDataset(&strategy, finish(std::move(datasets), false, strategy, options));
 }
 
 }  // namespace tributary

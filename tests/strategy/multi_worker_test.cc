@@ -281,6 +281,59 @@ TEST_P(MultiWorkerTest, AWorkerThatDiesFailsTheOthersInsteadOfHangingThem) {
   EXPECT_EQ(r.children[1].exit_code, 3) << r.describe();
 }
 
+// The same with an element spec that map() leaves unknown: a worker that ran out gives its
+// replicas zero-size batches shaped like the last batch it saw. A worker without any data from the
+// start cannot know their shape: every worker fails that step, saying so, rather than handing out
+// elements without components.
+TEST_P(MultiWorkerTest, UnevenDataWithAnUnknownElementSpec) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    auto identity = [](Element e) -> StatusOr<Element> { return e; };
+    for (int64_t worker1_rows : {4, 0}) {
+      auto dd =
+          distribute_datasets_from_function(st, [&](const InputContext& ctx) -> StatusOr<Dataset> {
+            return Dataset::range(ctx.input_pipeline_id() == 0 ? 10 : worker1_rows)
+                .map(identity)
+                .batch(2);
+          });
+      CHILD_OK(dd.status());
+      CHILD_CHECK(dd->element_spec().empty());
+      auto it = dd->make_iterator();
+      CHILD_OK(it.status());
+      std::vector<int64_t> global_rows;
+      Status ended;
+      for (int step = 0; step < 10 && ended.ok(); ++step) {
+        auto batch = it->get_next();
+        if (batch.status().code() == StatusCode::kOutOfRange) break;
+        ended = batch.status();
+        if (!ended.ok()) break;
+        for (const Element& e : batch->values()) CHILD_CHECK(e.size() == 1);
+        auto rows = st.run(
+            [](ReplicaContext& ctx, const Element& e) -> StatusOr<Array> {
+              if (e.size() != 1 || e[0].rank() != 1) return internal_error("not a batch");
+              return ctx.all_reduce(ReduceOp::kSum, Array::scalar(static_cast<float>(e[0].dim0())));
+            },
+            *batch);
+        CHILD_OK(rows.status());
+        global_rows.push_back(static_cast<int64_t>((*rows)[0].to_vector<float>()[0]));
+      }
+      if (worker1_rows == 4) {
+        CHILD_OK(ended);
+        CHILD_CHECK((global_rows == std::vector<int64_t>{8, 4, 2}));
+      } else {
+        CHILD_CHECK(global_rows.empty());
+        CHILD_CHECK(ended.code() == StatusCode::kFailedPrecondition);
+        CHILD_CHECK(ended.message().find(rank == 1
+                                             ? "pass the ElementSpec to map()"
+                                             : "another worker has no data") != std::string::npos);
+      }
+    }
+    return kChildOk;
+  });
+}
+
 TEST_P(MultiWorkerTest, BadInputOnOneWorkerOnlyFailsEveryWorkerPromptly) {
   expect_all_ok(2, [&](int rank) {
     auto s = make(rank, 2, 2);

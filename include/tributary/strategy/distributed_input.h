@@ -23,7 +23,12 @@
 // same number of times, as TF requires), which means a worker that ran out keeps producing empty
 // batches until every worker has, and no worker hangs on an uneven last batch. As in TF this is
 // on when the dataset's size is finite and (its shapes are not all static or there are several
-// workers); otherwise a step that cannot give every replica a batch ends the data.
+// workers); otherwise a step that cannot give every replica a batch ends the data. The zero-size
+// batches take their shapes from a real batch of the same step, else the last one this worker saw,
+// else the element spec; a worker with none of these (no data from the start and a map() without
+// its output ElementSpec) fails the step on every worker with kFailedPrecondition, saying so.
+// distribute_datasets_from_function adds no prefetch (per_replica_buffer_size applies to
+// distribute_dataset only), as TF: prefetch in your dataset_fn.
 // get_next() from inside run() is TF's error. An iterator is used by one thread at a time.
 #pragma once
 
@@ -44,7 +49,10 @@ enum class InputReplicationMode { kPerWorker, kPerReplica };
 
 // TF's tf.distribute.InputOptions, plus the auto-shard policy TF sets through tf.data.Options.
 struct InputOptions {
-  bool fetch_to_device = true;  // CPU replicas share the host's memory: nothing to fetch
+  // TF's experimental_fetch_to_device: true puts each replica's elements on its device; false
+  // keeps them in host memory (CPU arrays, also for GPU replicas). CPU replicas are in host
+  // memory either way.
+  bool fetch_to_device = true;
   InputReplicationMode replication_mode = InputReplicationMode::kPerWorker;
   bool place_dataset_on_device = false;
   int per_replica_buffer_size = 1;  // elements prefetched per replica (0: no prefetch)
