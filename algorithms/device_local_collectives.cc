@@ -5,6 +5,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algorithms/device_reduce.h"
@@ -33,6 +34,11 @@ bool same_memory_space(const Device& a, const Device& b) {
   return gpu::physical_device(a.index()) == gpu::physical_device(b.index());
 }
 
+// Whether a copy on a stream of `by` into `dst` writes another GPU's memory.
+bool writes_another_gpu(const Device& dst, const Device& by) {
+  return dst.is_cuda() && !same_memory_space(dst, by);
+}
+
 // What one synchronous call used: streams to wait for, scratch to free, events to keep alive.
 class Session {
  public:
@@ -58,6 +64,16 @@ class Session {
     events_.push_back(std::move(e));
     return Status();
   }
+  // Before `waiter` (a stream of another GPU) writes into GPU `d`'s memory: makes it wait for the
+  // work pending on `d`, the caller's on `d`'s legacy default stream included (our stream of `d`
+  // is an ordinary stream, so an event recorded there follows that work). Once per pair and call.
+  // What the caller queues on `d` afterwards follows the write: every call returns only once its
+  // streams are done (finish()).
+  Status after_pending_on(const Device& d, void* waiter) {
+    if (!ordered_.insert({d.index(), waiter}).second) return Status();
+    TRIBUTARY_ASSIGN_OR_RETURN(void* theirs, stream(d));
+    return order(theirs, d.index(), waiter);
+  }
   // Frees the scratch (stream-ordered) and waits for every stream used.
   Status finish() {
     Status first;
@@ -72,6 +88,7 @@ class Session {
       if (first.ok()) first = r;
     }
     used_.clear();
+    ordered_.clear();
     events_.clear();
     return first;
   }
@@ -83,6 +100,7 @@ class Session {
     void* stream;
   };
   std::set<int> used_;
+  std::set<std::pair<int, void*>> ordered_;  // after_pending_on()'s (device, waiter) pairs
   std::vector<Block> blocks_;
   std::vector<gpu::Event> events_;
 };
@@ -105,6 +123,7 @@ Status device_local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<
   const int64_t count = srcs[0].num_elements();
   const size_t bytes = srcs[0].nbytes();
   if (count == 0 || dsts.empty()) return Status();
+  gpu::CurrentDeviceGuard keep_callers_device;  // outlives the session
   Session session;
   if (on.is_cpu()) {
     // Reduce in host memory: stage GPU sources down, reduce, copy up to GPU destinations.
@@ -167,11 +186,17 @@ Status device_local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<
     ddsts.push_back(result);
   }
   // A destination that is another replica's source is rewritten only after every read: the
-  // copies above read their sources before the kernel runs, on `main`'s order.
+  // copies above read their sources before the kernel runs, on `main`'s order. The kernel's device
+  // is made current here, so that device_reduce() has no device of the caller's to switch back to
+  // (one the thread never chose would get a context; the guard above restores the caller's).
+  TRIBUTARY_RETURN_IF_ERROR(gpu::set_device(on.index()));
   TRIBUTARY_RETURN_IF_ERROR(device_reduce(op, dtype, dsrcs, ddsts, static_cast<size_t>(count),
                                           mean_divisor, gpu::physical_device(on.index()), main));
   for (const Tensor& d : dsts) {
     if (same_memory_space(d.device(), on)) continue;
+    if (writes_another_gpu(d.device(), on)) {
+      TRIBUTARY_RETURN_IF_ERROR(session.after_pending_on(d.device(), main));
+    }
     TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(d.data(), d.device(), ddsts[0], on, bytes, main));
   }
   return session.finish();
@@ -180,12 +205,17 @@ Status device_local_reduce(ReduceOp op, std::span<const Tensor> srcs, std::span<
 Status device_local_copy(const Tensor& src, std::span<const Tensor> dsts) {
   const size_t bytes = src.nbytes();
   if (bytes == 0) return Status();
+  gpu::CurrentDeviceGuard keep_callers_device;  // outlives the session
   Session session;
   for (const Tensor& d : dsts) {
     if (d.data() == src.data()) continue;
-    // On the source's GPU when it has one (after the caller's work there), else the destination's.
+    // On the source's GPU when it has one (after the caller's work there), else the destination's;
+    // a write into another GPU waits for the work pending there.
     const Device& by = src.device().is_cuda() ? src.device() : d.device();
     TRIBUTARY_ASSIGN_OR_RETURN(void* s, session.stream(by));
+    if (writes_another_gpu(d.device(), by)) {
+      TRIBUTARY_RETURN_IF_ERROR(session.after_pending_on(d.device(), s));
+    }
     TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(d.data(), d.device(), src.data(), src.device(),
                                               bytes, s));
   }
@@ -193,6 +223,7 @@ Status device_local_copy(const Tensor& src, std::span<const Tensor> dsts) {
 }
 
 Status device_local_all_gather(std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
+  gpu::CurrentDeviceGuard keep_callers_device;  // outlives the session
   Session session;
   for (const Tensor& out : outputs) {
     for (size_t j = 0; j < inputs.size(); ++j) {
@@ -201,6 +232,9 @@ Status device_local_all_gather(std::span<const Tensor> inputs, std::span<const T
       if (count == 0 || slot.data() == inputs[j].data()) continue;
       const Device& by = inputs[j].device().is_cuda() ? inputs[j].device() : out.device();
       TRIBUTARY_ASSIGN_OR_RETURN(void* s, session.stream(by));
+      if (writes_another_gpu(out.device(), by)) {
+        TRIBUTARY_RETURN_IF_ERROR(session.after_pending_on(out.device(), s));
+      }
       TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(slot.data(), out.device(), inputs[j].data(),
                                                 inputs[j].device(), inputs[j].nbytes(), s));
     }

@@ -55,7 +55,11 @@ Status check_visible(const Device& device);
 Status set_device(int device);
 
 // Restores the calling thread's current CUDA device when it goes out of scope, so that a call that
-// switches devices leaves the caller's as it was (nothing without CUDA).
+// switches devices leaves the caller's as it was (nothing without CUDA). Every entry point that
+// switches devices holds one. Costs a cudaGetDevice (a thread-local read) each way, and a
+// cudaSetDevice only when the device changed. A device whose primary context is not active is not
+// restored (a thread that never chose one reads as GPU 0, and selecting it would create a context
+// there): such a thread is left on the device that was used.
 class CurrentDeviceGuard {
  public:
   CurrentDeviceGuard();

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -94,6 +95,36 @@ struct Local {
   // What collectives are issued on: `comm` itself (launch=nonblocking), or a blocking communicator
   // split from it (launch=blocking).
   ncclComm_t data = nullptr;
+  // Orders `stream` against another GPU's stream around a copy between the two (copy_between()).
+  gpu::Event order;
+};
+
+// NCCL forbids concurrent calls on one communicator, and ncclCommGetAsyncError is not read-only
+// (it completes and clears the communicator's pending group job). So the thread handing a call to
+// NCCL holds the turn (kWait) for as long as it may call NCCL, and the watchdog polls
+// ncclCommGetAsyncError only when it can take the turn at once (kTry): it never makes a launch wait
+// for its cadence, only, at most, for the few atomic loads of one poll.
+class NcclTurn {
+ public:
+  enum Mode { kWait, kTry };
+  NcclTurn(std::atomic<bool>& busy, Mode mode) : busy_(busy) {
+    held_ = !busy_.exchange(true, std::memory_order_acquire);
+    for (int spins = 0; !held_ && mode == kWait; ++spins) {
+      if (spins > 64) std::this_thread::yield();
+      held_ = !busy_.load(std::memory_order_relaxed) &&
+              !busy_.exchange(true, std::memory_order_acquire);
+    }
+  }
+  ~NcclTurn() {
+    if (held_) busy_.store(false, std::memory_order_release);
+  }
+  NcclTurn(const NcclTurn&) = delete;
+  NcclTurn& operator=(const NcclTurn&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  std::atomic<bool>& busy_;
+  bool held_ = false;
 };
 
 Status failed_before_the_stream_waited() {
@@ -211,6 +242,7 @@ class NcclOps final : public CrossDeviceOps {
         gate_([this] { abort_communicators(); }) {}
 
   ~NcclOps() override {
+    gpu::CurrentDeviceGuard keep_callers_device;
     // Let what is in flight finish (bounded), then stop the watchdog and free the communicators:
     // healthy and idle, finalized (NCCL flushes what it still sends to peers) and destroyed;
     // otherwise aborted (never waits for peers), so that no kernel runs on past the backend.
@@ -237,6 +269,7 @@ class NcclOps final : public CrossDeviceOps {
   }
 
   Status init(const std::shared_ptr<Store>& scope) {
+    gpu::CurrentDeviceGuard keep_callers_device;
     if (blocking_launch_) TRIBUTARY_RETURN_IF_ERROR(blocking_launch_supported());
     const int G = num_local_replicas();
     const int nranks = num_replicas_in_sync();
@@ -245,6 +278,7 @@ class NcclOps final : public CrossDeviceOps {
       Local& l = locals_[static_cast<size_t>(i)];
       l.device = devices()[static_cast<size_t>(i)];
       TRIBUTARY_ASSIGN_OR_RETURN(l.stream, gpu::Stream::create(l.device.index()));
+      TRIBUTARY_ASSIGN_OR_RETURN(l.order, gpu::Event::create(l.device.index()));
     }
     const auto deadline = Clock::now() + timeout();
     ncclUniqueId id;
@@ -352,9 +386,8 @@ class NcclOps final : public CrossDeviceOps {
       if (rank() == root) {
         send = source.data();
         if (source.device() != locals_[0].device) {
-          TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(recv[0], locals_[0].device, source.data(),
-                                                    source.device(), bytes,
-                                                    locals_[0].stream.get()));
+          TRIBUTARY_RETURN_IF_ERROR(
+              copy_between(recv[0], locals_[0].device, source.data(), source.device(), bytes, 0));
           send = recv[0];
         }
       }
@@ -529,15 +562,65 @@ class NcclOps final : public CrossDeviceOps {
   }
 
   // Copies buffers[i] (on local GPU i) to every destination that is not that buffer: from the
-  // buffer on the destination's own GPU when it is local, else from buffers[0].
+  // buffer on the destination's own GPU when it is local, else from buffers[0] (ordered against
+  // the destination's GPU, copy_between()).
   Status copy_out(std::span<const Tensor> destinations, const std::vector<void*>& buffers,
                   size_t bytes) {
     for (const Tensor& d : destinations) {
       size_t i = local_index(d.device());
       if (i == locals_.size()) i = 0;
       if (d.data() == buffers[i]) continue;
-      TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(d.data(), d.device(), buffers[i],
-                                                locals_[i].device, bytes, locals_[i].stream.get()));
+      TRIBUTARY_RETURN_IF_ERROR(
+          copy_between(d.data(), d.device(), buffers[i], locals_[i].device, bytes, i));
+    }
+    return Status();
+  }
+
+  // The stream and ordering event of GPU `d`: a local GPU's own, else a stream and an event made
+  // for that GPU on its first use (only the launching thread, inside the gate, comes here).
+  using Side = std::pair<void*, const gpu::Event*>;
+  StatusOr<Side> side_of(const Device& d) {
+    const size_t i = local_index(d);
+    if (i < locals_.size()) return Side(locals_[i].stream.get(), &locals_[i].order);
+    auto it = peers_.find(d.index());
+    if (it == peers_.end()) {
+      Peer p;
+      TRIBUTARY_ASSIGN_OR_RETURN(p.stream, gpu::Stream::create(d.index()));
+      TRIBUTARY_ASSIGN_OR_RETURN(p.order, gpu::Event::create(d.index()));
+      it = peers_.emplace(d.index(), std::move(p)).first;
+    }
+    return Side(it->second.stream.get(), &it->second.order);
+  }
+
+  // Makes `waiter` wait for what is queued on `stream` so far (`event` is of `stream`'s GPU). The
+  // event may be recorded again at once: a wait keeps the record it was given.
+  static Status order(const gpu::Event& event, void* stream, void* waiter) {
+    TRIBUTARY_RETURN_IF_ERROR(event.record(stream));
+    return event.block_stream(waiter);
+  }
+
+  // A copy on local GPU `on`'s stream that may read or write another GPU, ordered on both sides:
+  // after the work pending on the other GPU (its stream of ours is an ordinary stream, so it also
+  // follows the caller's work on that GPU's legacy default stream), and before what is queued on
+  // the destination's GPU afterwards (the next collective's stream there, and through it the
+  // caller's legacy default stream). Between two places on `on`'s own GPU, a plain copy.
+  Status copy_between(void* dst, const Device& dst_device, const void* src,
+                      const Device& src_device, size_t bytes, size_t on) {
+    const Device& here = locals_[on].device;
+    void* stream = locals_[on].stream.get();
+    if (src_device.is_cuda() && src_device != here) {
+      TRIBUTARY_ASSIGN_OR_RETURN(auto side, side_of(src_device));
+      TRIBUTARY_RETURN_IF_ERROR(order(*side.second, side.first, stream));
+    }
+    const bool other_dst = dst_device.is_cuda() && dst_device != here;
+    if (other_dst && dst_device != src_device) {
+      TRIBUTARY_ASSIGN_OR_RETURN(auto side, side_of(dst_device));
+      TRIBUTARY_RETURN_IF_ERROR(order(*side.second, side.first, stream));
+    }
+    TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(dst, dst_device, src, src_device, bytes, stream));
+    if (other_dst) {
+      TRIBUTARY_ASSIGN_OR_RETURN(auto side, side_of(dst_device));
+      TRIBUTARY_RETURN_IF_ERROR(order(locals_[on].order, stream, side.first));
     }
     return Status();
   }
@@ -568,9 +651,8 @@ class NcclOps final : public CrossDeviceOps {
       }
       for (const Tensor& d : destinations.values()) {
         if (d.data() == target) continue;
-        TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(d.data(), d.device(), target,
-                                                  locals_[root].device, bytes,
-                                                  locals_[root].stream.get()));
+        TRIBUTARY_RETURN_IF_ERROR(
+            copy_between(d.data(), d.device(), target, locals_[root].device, bytes, root));
       }
       return Status();
     }
@@ -659,6 +741,7 @@ class NcclOps final : public CrossDeviceOps {
   template <typename Body>
   Work launch(const CallInfo& call, Body body) {
     if (gate_.failed()) return Work::completed(failure());
+    gpu::CurrentDeviceGuard keep_callers_device;  // group() and the events switch devices
     Status s;
     bool failed = false;
     {
@@ -666,6 +749,7 @@ class NcclOps final : public CrossDeviceOps {
       // (core/launch_gate.h): finish() runs it.
       internal::LaunchGate::Launch inside(gate_, &call);
       if (inside.may_proceed()) {
+        NcclTurn turn(in_nccl_, NcclTurn::kWait);  // no NCCL call of the watchdog's meanwhile
         Scratch scratch;  // freed in stream order once everything is enqueued
         s = body(scratch);
       }
@@ -713,10 +797,11 @@ class NcclOps final : public CrossDeviceOps {
   }
 
   // launch=blocking: the call being enqueued, when it is still inside NCCL past its deadline (NCCL
-  // waits there for peers while it connects, at the first collective of each kind).
+  // waits there for peers while it connects, at the first collective of each kind). Also after an
+  // earlier failure, which leaves the abort to that thread: it has to be made to return.
   Status overdue_launch() {
     return gate_.with_launching([&](const CallInfo* call) -> Status {
-      if (call == nullptr || gate_.failed()) return Status();
+      if (call == nullptr) return Status();
       if (Clock::now() <= call->start + call->timeout) return Status();
       return deadline_exceeded(fmt::format(
           "{} was still being handed to NCCL after {} (timeout=): with launch=blocking the call "
@@ -730,6 +815,9 @@ class NcclOps final : public CrossDeviceOps {
   // --- the watchdog -----------------------------------------------------------------------------
 
   void watch() {
+    // Every CUDA call here (event queries, an abort) runs on a device of ours: a thread with none
+    // would create a context on GPU 0 at its first call.
+    (void)gpu::set_device(locals_[0].device.index());
     auto idle_since = Clock::now();
     auto next_launch_check = idle_since;
     std::vector<Work> ended;  // a burst of collectives found done, completed outside the lock
@@ -738,7 +826,14 @@ class NcclOps final : public CrossDeviceOps {
       if (blocking_launch_ && Clock::now() >= next_launch_check) {
         next_launch_check = Clock::now() + std::chrono::milliseconds(10);
         lock.unlock();
-        if (Status late = overdue_launch(); !late.ok()) fail_all(late);
+        if (Status late = overdue_launch(); !late.ok()) {
+          fail_all(late);
+          // The launching thread sits inside NCCL past its deadline, waiting for peers: revoke the
+          // communicators so that NCCL returns (it then aborts them), and fail what is pending now
+          // that NCCL has stopped it on the device too. The one call made on a communicator while
+          // another thread is inside NCCL, and only for a thread that would otherwise never return.
+          if (revoke_communicators()) fail_pending(failure());
+        }
         lock.lock();
         if (stop_) break;
       }
@@ -798,6 +893,9 @@ class NcclOps final : public CrossDeviceOps {
         const std::string what = head.call.describe();
         fail_all(s.message().find(what) == std::string::npos ? s.with_context("nccl: " + what)
                                                              : s);
+        // Deferred to a thread inside a launch, what is pending stays until it leaves: meanwhile
+        // look again at the watchdog's cadence, not in a busy loop.
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
         lock.lock();
         continue;
       }
@@ -823,7 +921,11 @@ class NcclOps final : public CrossDeviceOps {
     }
   }
 
+  // NCCL's asynchronous errors, unless a launch is calling NCCL (NcclTurn): then nothing is known
+  // this time, and the launch's own calls (settle()) report them.
   Status async_errors() {
+    NcclTurn turn(in_nccl_, NcclTurn::kTry);
+    if (!turn.held()) return Status();
     std::lock_guard lock(comm_mu_);
     if (aborted_) return Status();
     for (Local& l : locals_) {
@@ -855,12 +957,11 @@ class NcclOps final : public CrossDeviceOps {
         fail_pending(why);
         break;
       case internal::LaunchGate::Failed::kDeferred:
-        // Another thread is inside NCCL, enqueueing: it aborts the communicators when NCCL returns,
-        // then fails what is pending. A non-blocking call returns at once (settle() sees the
-        // flag). Blocking communicators are revoked here: NCCL stops what is in flight, on the
-        // device too, so that a call waiting for a peer returns, and what is pending can fail now
-        // without kernels still writing into its buffers.
-        if (blocking_launch_ && revoke_communicators()) fail_pending(why);
+        // Another thread is inside a launch: it aborts the communicators when it leaves NCCL, then
+        // fails what is pending. A non-blocking call returns at once (settle() sees the flag). A
+        // blocking one may wait inside NCCL for its peers: the watchdog revokes the communicators
+        // only once that call is past its own deadline (watch()), never under a call that is
+        // merely being enqueued.
         break;
       case internal::LaunchGate::Failed::kAlreadyFailed:
         break;  // the first failure ends what is pending
@@ -872,6 +973,7 @@ class NcclOps final : public CrossDeviceOps {
   // thread that is inside NCCL. False when they were already aborted or revoked.
   bool revoke_communicators() {
 #ifdef NCCL_REVOKE_DEFAULT
+    gpu::CurrentDeviceGuard keep_callers_device;
     std::lock_guard lock(comm_mu_);
     if (aborted_ || revoked_) return false;
     revoked_ = true;
@@ -900,38 +1002,52 @@ class NcclOps final : public CrossDeviceOps {
     for (Work& w : failed) w.complete(why);
   }
 
-  // A healthy communicator: ncclCommFinalize (non-blocking, bounded) then ncclCommDestroy. Any
-  // that does not finalize in time is left to abort_communicators().
+  // Healthy and idle: the setup communicators are finalized (non-blocking, polled for at most 5 s)
+  // and destroyed; any that does not finalize in time is left to abort_communicators(). Their
+  // finalize waits in the intra-node barrier that the blocking communicators' finalize would wait
+  // in, for the same ranks, and that one cannot be interrupted without freeing the communicators
+  // under the thread inside it: so the blocking communicators are finalized (destroy_blocking())
+  // only after every setup communicator has, and otherwise left to abort_communicators(), where no
+  // thread is inside NCCL.
   void destroy_communicators() {
+    gpu::CurrentDeviceGuard keep_callers_device;
     std::lock_guard lock(comm_mu_);
     if (aborted_) return;
-    if (blocking_launch_) destroy_blocking(std::chrono::seconds(5));
     for (Local& l : locals_) {
       if (l.comm == nullptr) continue;
       (void)gpu::set_device(l.device.index());
       (void)ncclCommFinalize(l.comm);
     }
     const auto until = Clock::now() + std::chrono::seconds(5);
-    for (Local& l : locals_) {
+    std::vector<char> finalized(locals_.size(), 0);
+    bool all_finalized = true;
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      Local& l = locals_[i];
       if (l.comm == nullptr) continue;
       ncclResult_t state = ncclInProgress;
       while (ncclCommGetAsyncError(l.comm, &state) == ncclSuccess && state == ncclInProgress &&
              Clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
-      if (state == ncclSuccess) {
-        (void)gpu::set_device(l.device.index());
-        (void)ncclCommDestroy(l.comm);
-        if (l.data == l.comm) l.data = nullptr;
-        l.comm = nullptr;
-      }
+      finalized[i] = state == ncclSuccess;
+      all_finalized = all_finalized && finalized[i];
+    }
+    if (blocking_launch_ && all_finalized) destroy_blocking(std::chrono::seconds(5));
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      Local& l = locals_[i];
+      if (!finalized[i]) continue;
+      (void)gpu::set_device(l.device.index());
+      (void)ncclCommDestroy(l.comm);
+      if (l.data == l.comm) l.data = nullptr;
+      l.comm = nullptr;
     }
   }
 
-  // launch=blocking, healthy: the blocking communicators are finalized (NCCL flushes what it still
-  // sends to peers) and destroyed inside the call, so on a helper thread, waited for at most
-  // `bound`. Past it they are left to finish on their own, with a warning, rather than aborted
-  // under the helper; the setup communicators are torn down as usual.
+  // launch=blocking, healthy, once the setup communicators have finalized: the blocking
+  // communicators are finalized (NCCL flushes what it still sends to peers) and destroyed inside
+  // the call, so on a helper thread, waited for at most `bound`. Past it they are left to finish on
+  // their own, with a warning: not aborted, since ncclCommAbort would free them under the helper,
+  // which is inside NCCL (NCCL has no way to interrupt a blocking finalize short of freeing).
   void destroy_blocking(std::chrono::nanoseconds bound) {
     std::vector<std::pair<ncclComm_t, int>> comms;
     for (Local& l : locals_) {
@@ -963,14 +1079,16 @@ class NcclOps final : public CrossDeviceOps {
     }
     helper.detach();
     log_warning(fmt::format(
-        "nccl: the blocking communicators did not finalize within {} (a peer may be gone); they "
-        "are left to finish in the background",
+        "nccl: the blocking communicators did not finalize within {} although the setup "
+        "communicators did (a peer may have stopped since); they are left to finish in the "
+        "background",
         nanos_text(bound)));
   }
 
   // The setup communicators first: aborting one also ends a split in progress (and waits for it),
   // so that `data` is final when it is read below.
   void abort_communicators() {
+    gpu::CurrentDeviceGuard keep_callers_device;
     std::lock_guard lock(comm_mu_);
     if (aborted_) return;
     aborted_ = true;
@@ -1036,6 +1154,14 @@ class NcclOps final : public CrossDeviceOps {
 
   const bool blocking_launch_;  // launch=blocking
   std::vector<Local> locals_;
+  // A stream and an ordering event for each GPU that is not local but that a copy reads or writes
+  // (copy_between()); only the launching thread, inside the gate, uses them.
+  struct Peer {
+    gpu::Stream stream;
+    gpu::Event order;
+  };
+  std::map<int, Peer> peers_;
+  std::atomic<bool> in_nccl_{false};  // NcclTurn: a thread of ours is calling NCCL
   // Keeps a failure from aborting the communicators under a thread that is inside NCCL; its flag,
   // raised before the communicators are aborted, is read by the Works' completion probes (which
   // may outlive this backend). Its lock is taken before comm_mu_.

@@ -1,13 +1,15 @@
 // core/gpu.h over the CUDA runtime, and the CUDA allocator of tensor.h. The one place where CUDA
 // runtime errors become Status (the nccl backend translates NCCL's own codes in its folder).
+#include "core/gpu.h"
+
+#include <cuda.h>  // driver types only: its entry points are looked up through the runtime
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <utility>
 #include <string>
+#include <utility>
 
-#include "core/gpu.h"
 #include "fmt/format.h"
 #include "tributary/tensor.h"
 
@@ -159,6 +161,58 @@ Status set_device(int device) {
              : cuda_check(err, "cudaSetDevice({}) for virtual GPU:{}", physical, device);
 }
 
+namespace {
+
+// Whether (physical) GPU `device`'s primary context is active. A thread that never chose a device
+// reads as GPU 0, and since CUDA 12 cudaSetDevice creates the primary context of the device it
+// selects: a guard that "restored" GPU 0 there would leave a context (hundreds of MiB) on a GPU
+// the process does not use. The driver's entry points are found through the runtime, so that
+// nothing links against libcuda (machines without a driver still load the library). Unknown reads
+// as inactive: not restoring costs nothing worse than leaving the thread on the device we used.
+bool primary_context_active(int device) {
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using PrimaryCtxGetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  struct Entry {
+    DeviceGet device_get = nullptr;
+    PrimaryCtxGetState get_state = nullptr;
+  };
+  static const Entry entry = [] {
+    auto lookup = [](const char* symbol) -> void* {
+      void* fn = nullptr;
+#if CUDART_VERSION >= 12050
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      const bool ok = cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault,
+                                                       &found) == cudaSuccess &&
+                      found == cudaDriverEntryPointSuccess;
+#elif CUDART_VERSION >= 12000
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      const bool ok =
+          cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &found) == cudaSuccess &&
+          found == cudaDriverEntryPointSuccess;
+#else
+      const bool ok = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault) == cudaSuccess;
+#endif
+      if (ok) return fn;
+      (void)cudaGetLastError();
+      return nullptr;
+    };
+    Entry e;
+    e.device_get = reinterpret_cast<DeviceGet>(lookup("cuDeviceGet"));
+    e.get_state = reinterpret_cast<PrimaryCtxGetState>(lookup("cuDevicePrimaryCtxGetState"));
+    return e;
+  }();
+  if (entry.device_get == nullptr || entry.get_state == nullptr) return false;
+  CUdevice dev = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (entry.device_get(&dev, device) != CUDA_SUCCESS) return false;
+  return entry.get_state(dev, &flags, &active) == CUDA_SUCCESS && active != 0;
+}
+
+}  // namespace
+
+// A TLS read (cudaGetDevice) on the way in; on the way out another, and a cudaSetDevice only when
+// the device was changed and the caller's has a context to go back to.
 CurrentDeviceGuard::CurrentDeviceGuard() {
   if (cudaGetDevice(&previous_) != cudaSuccess) {
     previous_ = -1;
@@ -167,7 +221,11 @@ CurrentDeviceGuard::CurrentDeviceGuard() {
 }
 
 CurrentDeviceGuard::~CurrentDeviceGuard() {
-  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  if (previous_ < 0) return;
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now == previous_) return;
+  if (!primary_context_active(previous_)) return;
+  (void)cudaSetDevice(previous_);
 }
 
 // --- Stream ----------------------------------------------------------------------------------------
@@ -186,7 +244,8 @@ StatusOr<Stream> Stream::create(int device) {
 
 Stream::~Stream() {
   if (stream_ != nullptr) {
-    (void)cudaSetDevice(physical_device(device_));
+    CurrentDeviceGuard keep_callers_device;
+    (void)set_device(device_);
     (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
 }
@@ -227,8 +286,14 @@ StatusOr<Event> Event::create(int device, bool timing) {
   return out;
 }
 
+// On the event's own device: a thread that drops the last reference (a Work released anywhere)
+// may have no device of its own, and any runtime call there would create a context on GPU 0.
 Event::~Event() {
-  if (event_ != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  if (event_ != nullptr) {
+    CurrentDeviceGuard keep_callers_device;
+    (void)set_device(device_);
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  }
 }
 
 Event::Event(Event&& other) noexcept
@@ -352,6 +417,7 @@ StatusOr<PeerLink> peer_link(int from, int to) {
 Status enable_peer_access(int from, int to) {
   if (physical_device(from) == physical_device(to)) return Status();
   to = physical_device(to);
+  CurrentDeviceGuard keep_callers_device;
   TRIBUTARY_RETURN_IF_ERROR(set_device(from));
   cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);  // from the current (physical) device
   if (err == cudaErrorPeerAccessAlreadyEnabled) {
@@ -374,6 +440,7 @@ class CudaAllocator final : public Allocator {
   StatusOr<void*> allocate(const Device& device, size_t bytes) override {
     if (!device.is_cuda()) return invalid_argument("CUDA allocator asked for " + device.to_string());
     TRIBUTARY_RETURN_IF_ERROR(gpu::check_visible(device));
+    gpu::CurrentDeviceGuard keep_callers_device;
     TRIBUTARY_RETURN_IF_ERROR(gpu::set_device(device.index()));
     void* p = nullptr;
     TRIBUTARY_RETURN_IF_ERROR(gpu::cuda_status(
@@ -382,7 +449,8 @@ class CudaAllocator final : public Allocator {
     return p;
   }
   void deallocate(const Device& device, void* ptr, size_t) noexcept override {
-    (void)cudaSetDevice(gpu::physical_device(device.index()));
+    gpu::CurrentDeviceGuard keep_callers_device;
+    (void)gpu::set_device(device.index());
     (void)cudaFree(ptr);
   }
   Status copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,

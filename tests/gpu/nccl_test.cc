@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -282,6 +283,45 @@ TEST(Nccl, BlockingLaunchWorkCompletesOnTheDevice) {
   SKIP_WITHOUT_NCCL(r);
   SKIP_WITHOUT_GPUS(1);
   check_work_completes_on_the_device(r, "nccl:launch=blocking");
+}
+
+// Every call leaves the calling thread's current CUDA device as it was, though it switches devices
+// inside (one NCCL group over two GPUs; an in-process reduction with peer copies).
+TEST(GpuRuntime, CallsLeaveTheCallersCurrentDevice) {
+  BackendRegistry r = builtin_backends();
+  SKIP_WITHOUT_GPUS(2);
+  BackendContext ctx;
+  ctx.devices = {Device::cuda(0), Device::cuda(1)};
+  auto a = Buffer::allocate(DType::kFloat32, Shape{1024}, Device::cuda(0));
+  auto b = Buffer::allocate(DType::kFloat32, Shape{1024}, Device::cuda(1));
+  auto c = Buffer::allocate(DType::kFloat32, Shape{1024}, Device::cuda(0));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  for (const char* spec : {"nccl", "nccl:launch=blocking", "reduction_to_one_device"}) {
+    if (std::string(spec).rfind("nccl", 0) == 0 && r.find("nccl") == nullptr) continue;
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    auto ops = r.create(spec, ctx);
+    ASSERT_TRUE(ops.ok()) << spec << ": " << ops.status().message();
+    int current = -1;
+    ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+    EXPECT_EQ(current, 1) << spec << ": made";
+    for (int caller : {1, 0}) {
+      ASSERT_EQ(cudaSetDevice(caller), cudaSuccess);
+      Work w = (*ops)->all_reduce(ReduceOp::kSum, PerReplica<Tensor>{a->tensor(), b->tensor()},
+                                  PerReplica<Tensor>{a->tensor(), b->tensor()});
+      ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+      EXPECT_EQ(current, caller) << spec << ": all_reduce";
+      EXPECT_TRUE(w.wait(std::chrono::seconds(30)).ok()) << spec;
+      w = (*ops)->reduce(ReduceOp::kSum, PerReplica<Tensor>{a->tensor(), b->tensor()},
+                         Mirrored<Tensor>{b->tensor(), c->tensor()});
+      ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+      EXPECT_EQ(current, caller) << spec << ": reduce to the other GPU";
+      EXPECT_TRUE(w.wait(std::chrono::seconds(30)).ok()) << spec;
+    }
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    ops->reset();
+    ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+    EXPECT_EQ(current, 1) << spec << ": destroyed";
+  }
 }
 #endif
 
