@@ -38,16 +38,16 @@ bool all_static(const ElementSpec& spec) {
   return true;
 }
 
-// A zero-size batch shaped like this step's real batches, else like the last real batch this
-// worker saw, else like the element spec (TF's dummy tensors: dimension 0 is 0, unknown dimensions
-// are 0 too).
+// A zero-size batch shaped like this step's real batches, else like the element spec (TF's dummy
+// tensors: dimension 0 is 0, unknown dimensions are 0 too), else, when map() left the spec
+// unknown, like the last real batch this worker saw.
 StatusOr<Element> empty_batch(const ElementSpec& spec, const ElementSpec& seen,
                               const std::vector<std::optional<Element>>& step) {
   const Element* real = nullptr;
   for (const auto& e : step) {
     if (e) real = &*e;
   }
-  const ElementSpec& known = seen.empty() ? spec : seen;
+  const ElementSpec& known = spec.empty() ? seen : spec;
   if (!real && known.empty()) {
     return failed_precondition(
         "this worker has no data for a step at which other workers do, and the element spec is "

@@ -1198,17 +1198,30 @@ void CoordinatorState::dispatch(int worker) {
     // The function's own calls to the ps tasks each have the timeout; the function as a whole gets
     // half as long again, so that a ps failure it meets comes back as its error, not as a silent
     // worker.
-    auto answer = client->call("worker.run", request, strategy->timeout + strategy->timeout / 2);
-    std::lock_guard lock(mu);
-    --in_flight;
+    const milliseconds budget = strategy->timeout + strategy->timeout / 2;
+    auto answer = client->call("worker.run", request, budget);
     // Only a worker that died, was cut off or did not answer in time makes the function run
     // elsewhere (TF retries on a worker's unavailability only). An error the worker answered (its
     // result too large to send back, say) or one raised here before sending (an argument above
     // the frame limit) would come back on every worker: it is the function's error.
-    const bool worker_lost = !answer.ok() &&
-                             answer.status().message().rfind("the server answered: ", 0) != 0 &&
-                             (answer.status().code() == StatusCode::kUnavailable ||
-                              answer.status().code() == StatusCode::kDeadlineExceeded);
+    bool worker_lost = !answer.ok() &&
+                       answer.status().message().rfind("the server answered: ", 0) != 0 &&
+                       (answer.status().code() == StatusCode::kUnavailable ||
+                        answer.status().code() == StatusCode::kDeadlineExceeded);
+    if (worker_lost && answer.status().code() == StatusCode::kDeadlineExceeded &&
+        client
+            ->call("worker.ping", "",
+                   std::min<milliseconds>(strategy->timeout, std::chrono::seconds(10)))
+            .ok()) {
+      // No answer in time from a worker that answers a ping: alive, and busy with a function that
+      // outlasts the budget, as it would on any worker.
+      worker_lost = false;
+      answer = deadline_exceeded("it did not finish within " + format_duration(budget) +
+                                 " (1.5 x the timeout) on a worker that still answers; raise "
+                                 "TRIBUTARY_TIMEOUT for functions that run longer");
+    }
+    std::lock_guard lock(mu);
+    --in_flight;
     if (worker_lost) {
       internal::write_log_line(internal::LogLevel::kWarning, "coordinator",
                                who + " failed (" + answer.status().message() +
@@ -1333,6 +1346,7 @@ Status ClusterCoordinator::join() {
 
 StatusOr<bool> ClusterCoordinator::done() {
   std::unique_lock lock(state_->mu);
+  (void)state_->give_up_without_workers();  // as join(): no worker for the timeout is an error
   if (state_->error.ok()) return state_->queue.empty() && state_->in_flight == 0;
   // As TF's done(): cancel what is queued, let what runs end, then raise the error (once).
   state_->fail_all_queued(aborted("cancelled: an earlier scheduled function failed"));

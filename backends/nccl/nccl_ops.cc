@@ -797,11 +797,11 @@ class NcclOps final : public CrossDeviceOps {
   }
 
   // launch=blocking: the call being enqueued, when it is still inside NCCL past its deadline (NCCL
-  // waits there for peers while it connects, at the first collective of each kind). Also after an
-  // earlier failure, which leaves the abort to that thread: it has to be made to return.
+  // waits there for peers while it connects, at the first collective of each kind). After a
+  // failure nothing: fail_all() revoked the communicators then.
   Status overdue_launch() {
     return gate_.with_launching([&](const CallInfo* call) -> Status {
-      if (call == nullptr) return Status();
+      if (call == nullptr || gate_.failed()) return Status();
       if (Clock::now() <= call->start + call->timeout) return Status();
       return deadline_exceeded(fmt::format(
           "{} was still being handed to NCCL after {} (timeout=): with launch=blocking the call "
@@ -826,14 +826,9 @@ class NcclOps final : public CrossDeviceOps {
       if (blocking_launch_ && Clock::now() >= next_launch_check) {
         next_launch_check = Clock::now() + std::chrono::milliseconds(10);
         lock.unlock();
-        if (Status late = overdue_launch(); !late.ok()) {
-          fail_all(late);
-          // The launching thread sits inside NCCL past its deadline, waiting for peers: revoke the
-          // communicators so that NCCL returns (it then aborts them), and fail what is pending now
-          // that NCCL has stopped it on the device too. The one call made on a communicator while
-          // another thread is inside NCCL, and only for a thread that would otherwise never return.
-          if (revoke_communicators()) fail_pending(failure());
-        }
+        // The launching thread sits inside NCCL past its deadline, waiting for peers: fail_all()
+        // revokes the communicators so that NCCL returns (it then aborts them).
+        if (Status late = overdue_launch(); !late.ok()) fail_all(late);
         lock.lock();
         if (stop_) break;
       }
@@ -959,9 +954,12 @@ class NcclOps final : public CrossDeviceOps {
       case internal::LaunchGate::Failed::kDeferred:
         // Another thread is inside a launch: it aborts the communicators when it leaves NCCL, then
         // fails what is pending. A non-blocking call returns at once (settle() sees the flag). A
-        // blocking one may wait inside NCCL for its peers: the watchdog revokes the communicators
-        // only once that call is past its own deadline (watch()), never under a call that is
-        // merely being enqueued.
+        // blocking one may wait inside NCCL for peers that will never come (the failure may be
+        // theirs): the communicators are revoked (ncclCommRevoke), so that NCCL stops what is in
+        // flight, on the device too, and that call returns; what is pending fails now. The one
+        // NCCL call made while another thread is inside NCCL, since without it that thread would
+        // stay there until its own deadline (overdue_launch()), up to a whole timeout later.
+        if (blocking_launch_ && revoke_communicators()) fail_pending(why);
         break;
       case internal::LaunchGate::Failed::kAlreadyFailed:
         break;  // the first failure ends what is pending

@@ -5,6 +5,7 @@
 #include <cuda.h>  // driver types only: its entry points are looked up through the runtime
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -169,7 +170,20 @@ namespace {
 // the process does not use. The driver's entry points are found through the runtime, so that
 // nothing links against libcuda (machines without a driver still load the library). Unknown reads
 // as inactive: not restoring costs nothing worse than leaving the thread on the device we used.
+bool primary_context_active_uncached(int device);
+
 bool primary_context_active(int device) {
+  // Once active, a primary context stays so for the process's life unless someone resets the
+  // device: a thread asks the driver about each device once it has seen it active.
+  thread_local std::uint64_t known_active = 0;
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable && ((known_active >> device) & 1u) != 0) return true;
+  const bool active = primary_context_active_uncached(device);
+  if (cacheable && active) known_active |= std::uint64_t{1} << device;
+  return active;
+}
+
+bool primary_context_active_uncached(int device) {
   using DeviceGet = CUresult (*)(CUdevice*, int);
   using PrimaryCtxGetState = CUresult (*)(CUdevice, unsigned int*, int*);
   struct Entry {
@@ -456,7 +470,12 @@ class CudaAllocator final : public Allocator {
   Status copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
               size_t bytes) override {
     if (bytes == 0 || dst == src) return Status();
-    // Synchronous, on the legacy default stream: unified addressing picks the direction.
+    // Synchronous, on the legacy default stream of the GPU side (the destination's when both are),
+    // so that it follows the work queued on that GPU's ordinary streams, tributary's included:
+    // unified addressing picks the direction.
+    gpu::CurrentDeviceGuard keep_callers_device;
+    TRIBUTARY_RETURN_IF_ERROR(
+        gpu::set_device(dst_device.is_cuda() ? dst_device.index() : src_device.index()));
     TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(dst, dst_device, src, src_device, bytes, nullptr));
     return gpu::cuda_status(cudaStreamSynchronize(nullptr),
                             "cudaMemcpy " + src_device.to_string() + " -> " +

@@ -445,6 +445,29 @@ TEST(ParameterServer, ErrorsThatAreNotAWorkersFailureAreNotRetried) {
   EXPECT_EQ(fine->fetch()->at(0).num_elements(), 4);
 }
 
+// A function that outlasts 1.5 x the timeout on a worker that still answers is the function's
+// error (it would do the same anywhere), not a lost worker to retry elsewhere forever.
+TEST(ParameterServer, AFunctionPastItsTimeOnALiveWorkerIsItsError) {
+  Cluster cluster(1, 1);
+  ParameterServerStrategyOptions o;
+  Config chief = cluster.chief_config();
+  chief.set("TRIBUTARY_TIMEOUT", "1s");  // the chief's: 1.5 s for a function
+  o.config = chief;
+  auto strategy = ParameterServerStrategy::create(o);
+  ASSERT_TRUE(strategy.ok()) << strategy.status().to_string();
+  auto counter = (*strategy)->create_variable("counter", Array::scalar<float>(0));
+  ASSERT_TRUE(counter.ok());
+  auto coordinator = ClusterCoordinator::create(**strategy);
+  ASSERT_TRUE(coordinator.ok());
+  ClusterCoordinator& co = **coordinator;
+  ASSERT_TRUE(co.schedule("count", {Array::scalar<float>(3000)}).ok());
+  Status joined = co.join();
+  EXPECT_EQ(joined.code(), StatusCode::kDeadlineExceeded) << joined.to_string();
+  EXPECT_NE(joined.message().find("raise TRIBUTARY_TIMEOUT"), std::string::npos)
+      << joined.message();
+  EXPECT_EQ(co.rescheduled(), 0);
+}
+
 // TF's check of what a partitioner returns: a list, its first entry non-zero, the others 1.
 TEST(ParameterServer, MalformedPartitionsAreRefused) {
   Cluster cluster(1, 1);

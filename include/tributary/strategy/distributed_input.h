@@ -24,11 +24,11 @@
 // batches until every worker has, and no worker hangs on an uneven last batch. As in TF this is
 // on when the dataset's size is finite and (its shapes are not all static or there are several
 // workers); otherwise a step that cannot give every replica a batch ends the data. The zero-size
-// batches take their shapes from a real batch of the same step, else the last one this worker saw,
-// else the element spec; a worker with none of these (no data from the start and a map() without
-// its output ElementSpec) fails the step on every worker with kFailedPrecondition, saying so.
-// distribute_datasets_from_function adds no prefetch (per_replica_buffer_size applies to
-// distribute_dataset only), as TF: prefetch in your dataset_fn.
+// batches take their shapes from a real batch of the same step, else the element spec, else (a
+// map() without its output ElementSpec) the last batch this worker saw; a worker with none of these
+// (no data from the start and a map() without its output ElementSpec) fails the step on every
+// worker with kFailedPrecondition, saying so. distribute_datasets_from_function adds no prefetch
+// (per_replica_buffer_size applies to distribute_dataset only), as TF: prefetch in your dataset_fn.
 // get_next() from inside run() is TF's error. An iterator is used by one thread at a time.
 #pragma once
 
