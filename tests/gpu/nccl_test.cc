@@ -16,6 +16,7 @@
 #include "tests/multiprocess/conformance.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
+#include "tributary/strategy/distributed_input.h"
 #include "tributary/strategy/strategies.h"
 
 #if defined(TRIBUTARY_HAVE_CUDA)
@@ -343,6 +344,31 @@ TEST(GpuStrategies, MixedCpuAndGpuFallsBackToReductionToOneDevice) {
   auto s = make_mirrored_strategy(o);
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ((*s)->cross_device_ops().name(), "reduction_to_one_device");
+}
+
+// TF's InputOptions.experimental_fetch_to_device: elements on each replica's GPU by default, in
+// host memory when false.
+TEST(GpuStrategies, FetchToDeviceFalseKeepsElementsInHostMemory) {
+  SKIP_WITHOUT_GPUS(1);
+  MirroredStrategyOptions o;
+  o.devices = {Device::cuda(0)};
+  auto s = make_mirrored_strategy(o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  for (bool fetch : {true, false}) {
+    InputOptions options;
+    options.fetch_to_device = fetch;
+    auto dd = distribute_dataset(**s, Dataset::range(8).batch(4), options);
+    ASSERT_TRUE(dd.ok()) << dd.status().message();
+    auto it = dd->make_iterator();
+    ASSERT_TRUE(it.ok()) << it.status().message();
+    auto batch = it->get_next();
+    ASSERT_TRUE(batch.ok()) << batch.status().message();
+    const Array& a = (*batch)[0][0];
+    EXPECT_EQ(a.device(), fetch ? Device::cuda(0) : Device::cpu()) << a.device().to_string();
+    auto host = a.to_device(Device::cpu());
+    ASSERT_TRUE(host.ok());
+    EXPECT_EQ(host->to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
+  }
 }
 
 }  // namespace
