@@ -1,4 +1,5 @@
 // The per-thread context stack: get_strategy(), get_replica_context(), scopes.
+#include "fmt/format.h"
 #include "strategy/internal.h"
 
 namespace tributary {
@@ -46,16 +47,38 @@ ReplicaContext* get_replica_context() {
 
 bool in_cross_replica_context() { return get_replica_context() == nullptr; }
 
+Strategy* Strategy::identity() const {
+  if (parts_.kind == StrategyKind::kDefault) return &default_strategy();
+  return const_cast<Strategy*>(this);
+}
+
 StatusOr<StrategyScope> Strategy::scope() {
   auto& t = thread_context();
   Strategy* current = strategy_internal::current_strategy();
+  if (kind() == StrategyKind::kDefault) {
+    // TF's _DefaultDistributionContext: refused while another strategy is current, and otherwise
+    // it pushes no context, so the default replica context stays current inside it.
+    if (current != nullptr && current->kind() != StrategyKind::kDefault) {
+      return failed_precondition("Must not nest tf.distribute.Strategy scopes. (" + describe() +
+                                 " was entered inside " + current->describe() +
+                                 "; leave that strategy's scope or run() first)");
+    }
+    return StrategyScope(nullptr);
+  }
+  if (t.replica != nullptr && t.merge == nullptr &&
+      t.replica->strategy().kind() != StrategyKind::kDefault) {
+    // Inside run(): TF's _CurrentDistributionContext requires cross-replica context.
+    Strategy& running = t.replica->strategy();
+    if (&running != this) return strategy_internal::mixing_error(*this, running);
+    return failed_precondition(fmt::format(
+        "Method requires being in cross-replica context, use get_replica_context().merge_call() "
+        "(scope() of {} was entered inside its run(), on replica {}; enter the scope outside "
+        "run(), or do the cross-replica work in a merge_call function)",
+        describe(), t.replica->local_replica_id()));
+  }
   if (current != nullptr && current != this) {
     return failed_precondition("Must not nest tf.distribute.Strategy scopes: " + describe() +
                                " was entered inside " + current->describe());
-  }
-  if (kind() == StrategyKind::kDefault && current == nullptr) {
-    // The default strategy's scope changes nothing but is still counted, so that leaving it is
-    // symmetric.
   }
   if (t.replica == nullptr && t.merge == nullptr) {
     t.scope = this;

@@ -1,5 +1,6 @@
 // Cross-replica operations (Strategy::reduce, gather, reduce_to, ...) and the replica-context
 // collectives they share with ReplicaContext, all through the strategy's one CrossDeviceOps.
+#include <cctype>
 #include <cstring>
 
 #include "fmt/format.h"
@@ -17,6 +18,15 @@ PerReplica<Tensor> tensors_of(std::span<const Array> arrays) {
 }
 
 Status wait(Work work) { return work.wait(); }
+
+// TF's reduce: an axis in [-rank, rank), a negative one counting from the end.
+StatusOr<int> normalize_axis(int axis, int rank) {
+  if (axis < -rank || axis >= rank) {
+    return invalid_argument(
+        fmt::format("`axis` = {} out of range for `value` with rank {}", axis, rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
 
 // [outer, A, inner] -> [A, outer, inner] (to_front) or back.
 StatusOr<Array> move_axis(const Array& a, int axis, bool to_front, Shape result_shape) {
@@ -118,9 +128,12 @@ std::string_view variable_aggregation_name(VariableAggregation a) {
 }
 
 std::string Strategy::describe() const {
+  if (Strategy* s = identity(); s != this) return s->describe();  // a handle on the default
   std::string devices;
   for (const Device& d : parts_.devices) devices += (devices.empty() ? "" : ", ") + d.to_string();
-  std::string s = fmt::format("{}(devices=[{}]", parts_.name, devices);
+  std::string s = parts_.name;
+  if (instance_ > 0) s += fmt::format("#{}", instance_);
+  s += fmt::format("(devices=[{}]", devices);
   if (parts_.central_variables) s += ", parameter_device=" + parts_.parameter_device.to_string();
   if (parts_.num_workers > 1) {
     s += fmt::format(", worker={}/{}", parts_.worker_index, parts_.num_workers);
@@ -138,8 +151,9 @@ std::vector<Device> Strategy::parameter_devices() const {
 
 Status Strategy::require_cross_replica(std::string_view method) const {
   const auto& t = thread_context();
+  const Strategy* self = identity();
   if (t.replica != nullptr && t.merge == nullptr) {
-    if (&t.replica->strategy() != this)
+    if (&t.replica->strategy() != self)
       return strategy_internal::mixing_error(*this, t.replica->strategy());
     if (method == "gather") {
       return failed_precondition(
@@ -152,7 +166,7 @@ Status Strategy::require_cross_replica(std::string_view method) const {
         method, t.replica->local_replica_id()));
   }
   Strategy* current = strategy_internal::current_strategy();
-  if (current != nullptr && current != this)
+  if (current != nullptr && current != self)
     return strategy_internal::mixing_error(*this, *current);
   return ok_status();
 }
@@ -160,6 +174,12 @@ Status Strategy::require_cross_replica(std::string_view method) const {
 StatusOr<std::vector<Array>> Strategy::all_reduce_local(ReduceOp op,
                                                         std::span<const Array> per_replica) {
   TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, per_replica, "all_reduce"));
+  // TF's MEAN is the sum divided with `/` (truediv): an integer mean is a float64, not the
+  // backend's integer MEAN (which truncates). So integers are summed, then divided here. The
+  // default strategy and OneDevice return the value itself (TF's _reduce_to there returns it).
+  const bool plain = kind() == StrategyKind::kDefault || kind() == StrategyKind::kOneDevice;
+  const bool true_division =
+      op == ReduceOp::kMean && !plain && !dtype_is_floating(per_replica[0].dtype());
   std::vector<Array> inputs, outputs;
   for (int i = 0; i < num_local_replicas(); ++i) {
     if (per_replica[i].shape() != per_replica[0].shape()) {
@@ -173,8 +193,17 @@ StatusOr<std::vector<Array>> Strategy::all_reduce_local(ReduceOp op,
     inputs.push_back(std::move(in));
     outputs.push_back(std::move(out));
   }
-  TRIBUTARY_RETURN_IF_ERROR(
-      wait(parts_.cross_device_ops->all_reduce(op, tensors_of(inputs), tensors_of(outputs))));
+  TRIBUTARY_RETURN_IF_ERROR(wait(parts_.cross_device_ops->all_reduce(
+      true_division ? ReduceOp::kSum : op, tensors_of(inputs), tensors_of(outputs))));
+  if (!true_division) return outputs;
+  const double count = num_replicas_in_sync();
+  for (int i = 0; i < num_local_replicas(); ++i) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array sum, outputs[i].to_device(Device::cpu()));
+    std::vector<double> q = sum.to_doubles();
+    for (double& x : q) x /= count;
+    TRIBUTARY_ASSIGN_OR_RETURN(Array mean, Array::from_doubles(DType::kFloat64, q, sum.shape()));
+    TRIBUTARY_ASSIGN_OR_RETURN(outputs[i], mean.to_device(parts_.devices[i]));
+  }
   return outputs;
 }
 
@@ -296,31 +325,77 @@ StatusOr<Array> ReplicaContext::all_reduce(ReduceOp op, const Array& value) {
   return r[0];
 }
 
+namespace {
+
+// "ReduceOp.SUM", as TF prints it.
+std::string op_text(ReduceOp op) {
+  std::string name(reduce_op_name(op));
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return "ReduceOp." + name;
+}
+
+// What one replica brings to an all_reduce meeting.
+struct AllReduceArg {
+  ReduceOp op;
+  std::vector<Array> values;
+};
+
+// Every replica must make the same all_reduce: the same op, count, dtypes and shapes. Checked
+// in the merge, so that a difference fails every replica with the same message.
+Status check_same_all_reduce(const std::vector<AllReduceArg>& args) {
+  const AllReduceArg& first = args[0];
+  for (size_t i = 1; i < args.size(); ++i) {
+    const AllReduceArg& a = args[i];
+    if (a.op != first.op) {
+      return invalid_argument(fmt::format(
+          "all_reduce: replica 0 passed {} but replica {} passed {}; every replica must "
+          "all_reduce with the same op",
+          op_text(first.op), i, op_text(a.op)));
+    }
+    if (a.values.size() != first.values.size()) {
+      return invalid_argument(
+          fmt::format("all_reduce: replica {} passed {} value(s) but replica 0 passed {}; every "
+                      "replica must all_reduce the same number of values",
+                      i, a.values.size(), first.values.size()));
+    }
+    for (size_t k = 0; k < a.values.size(); ++k) {
+      const Array& mine = a.values[k];
+      const Array& theirs = first.values[k];
+      if (mine.dtype() != theirs.dtype() || mine.shape() != theirs.shape()) {
+        return invalid_argument(fmt::format(
+            "all_reduce: replica {} has {}{} but replica 0 has {}{} (value {}); every replica "
+            "must reduce the same {}",
+            i, dtype_name(mine.dtype()), shape_to_string(mine.shape()), dtype_name(theirs.dtype()),
+            shape_to_string(theirs.shape()), k,
+            mine.dtype() != theirs.dtype() ? "dtype" : "shape"));
+      }
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 StatusOr<std::vector<Array>> ReplicaContext::all_reduce(ReduceOp op,
                                                         std::span<const Array> values) {
   Strategy* s = strategy_;
-  std::vector<Array> mine(values.begin(), values.end());
+  AllReduceArg mine{op, std::vector<Array>(values.begin(), values.end())};
   StatusOr<std::any> r =
       meet("all_reduce", std::any(std::move(mine)),
-           [s, op](std::vector<std::any>& args) -> StatusOr<std::any> {
+           [s](std::vector<std::any>& args) -> StatusOr<std::any> {
              const size_t n = args.size();
-             std::vector<std::vector<Array>> per_replica(n);
-             for (size_t i = 0; i < n; ++i)
-               per_replica[i] = std::any_cast<std::vector<Array>>(args[i]);
-             const size_t count = per_replica[0].size();
-             for (size_t i = 1; i < n; ++i) {
-               if (per_replica[i].size() != count) {
-                 return invalid_argument(fmt::format(
-                     "all_reduce: replica {} passed {} value(s) but replica 0 passed {}", i,
-                     per_replica[i].size(), count));
-               }
-             }
-             // result[k][i]: value k for replica i.
+             std::vector<AllReduceArg> per_replica;
+             per_replica.reserve(n);
+             for (auto& a : args) per_replica.push_back(std::any_cast<AllReduceArg>(std::move(a)));
+             TRIBUTARY_RETURN_IF_ERROR(check_same_all_reduce(per_replica));
+             const ReduceOp agreed = per_replica[0].op;
+             const size_t count = per_replica[0].values.size();
+             // result[k][i]: value k for replica i. One collective per value, in order.
              std::vector<std::vector<Array>> result(count);
              for (size_t k = 0; k < count; ++k) {
                std::vector<Array> column;
-               for (size_t i = 0; i < n; ++i) column.push_back(per_replica[i][k]);
-               TRIBUTARY_ASSIGN_OR_RETURN(result[k], s->all_reduce_local(op, column));
+               for (size_t i = 0; i < n; ++i) column.push_back(per_replica[i].values[k]);
+               TRIBUTARY_ASSIGN_OR_RETURN(result[k], s->all_reduce_local(agreed, column));
              }
              return std::any(std::move(result));
            });
@@ -334,10 +409,21 @@ StatusOr<std::vector<Array>> ReplicaContext::all_reduce(ReduceOp op,
 StatusOr<Array> ReplicaContext::all_gather(const Array& value, int axis) {
   Strategy* s = strategy_;
   StatusOr<std::any> r = meet(
-      "all_gather", std::any(value), [s, axis](std::vector<std::any>& args) -> StatusOr<std::any> {
+      "all_gather", std::any(std::make_pair(axis, value)),
+      [s](std::vector<std::any>& args) -> StatusOr<std::any> {
         std::vector<Array> values;
-        for (auto& a : args) values.push_back(std::any_cast<Array>(a));
-        TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> out, s->all_gather_local(values, axis));
+        const int agreed = std::any_cast<const std::pair<int, Array>&>(args[0]).first;
+        for (size_t i = 0; i < args.size(); ++i) {
+          auto& [a, v] = std::any_cast<std::pair<int, Array>&>(args[i]);
+          if (a != agreed) {
+            return invalid_argument(fmt::format(
+                "all_gather: replica 0 passed axis {} but replica {} passed axis {}; every "
+                "replica must gather along the same axis",
+                agreed, i, a));
+          }
+          values.push_back(std::move(v));
+        }
+        TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> out, s->all_gather_local(values, agreed));
         return std::any(std::move(out));
       });
   if (!r.ok()) return r.status();
@@ -363,23 +449,21 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
     }
     std::vector<Array> numer, denom;
     for (const Array& v : value) {
-      if (*axis < 0 || *axis >= v.rank()) {
-        return invalid_argument(
-            fmt::format("`axis` = {} out of range for `value` with rank {}", *axis, v.rank()));
-      }
-      TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(v, *axis));
+      TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, v.rank()));
+      TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(v, a));
       numer.push_back(std::move(s));
-      denom.push_back(Array::scalar(static_cast<double>(v.shape()[*axis])));
+      denom.push_back(Array::scalar(static_cast<double>(v.shape()[a])));
     }
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> total, all_reduce_local(ReduceOp::kSum, numer));
     if (op == ReduceOp::kSum) return total[0].to_device(Device::cpu());
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> count, all_reduce_local(ReduceOp::kSum, denom));
-    const double n = count[0].at(0);
-    std::vector<double> q = total[0].to_doubles();
-    for (double& x : q) x /= n;  // 0/0 is NaN, as TF's division of an empty batch
+    TRIBUTARY_ASSIGN_OR_RETURN(Array n, count[0].to_device(Device::cpu()));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array sum, total[0].to_device(Device::cpu()));
+    std::vector<double> q = sum.to_doubles();
+    for (double& x : q) x /= n.at(0);  // 0/0 is NaN, as TF's division of an empty batch
     // TF's truediv: an integer mean is a float64.
-    const DType out = dtype_is_floating(total[0].dtype()) ? total[0].dtype() : DType::kFloat64;
-    return Array::from_doubles(out, q, total[0].shape());
+    const DType out = dtype_is_floating(sum.dtype()) ? sum.dtype() : DType::kFloat64;
+    return Array::from_doubles(out, q, sum.shape());
   }());
 }
 
@@ -399,14 +483,11 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<
           value.to_string(), num_replicas_in_sync()));
     }
     if (!axis) return value;
-    if (*axis < 0 || *axis >= value.rank()) {
-      return invalid_argument(
-          fmt::format("`axis` = {} out of range for `value` with rank {}", *axis, value.rank()));
-    }
-    TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, *axis));
+    TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, value.rank()));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, a));
     if (op == ReduceOp::kSum) return total;
     std::vector<double> q = total.to_doubles();
-    for (double& x : q) x /= static_cast<double>(value.shape()[*axis]);
+    for (double& x : q) x /= static_cast<double>(value.shape()[a]);
     const DType out = dtype_is_floating(total.dtype()) ? total.dtype() : DType::kFloat64;
     return Array::from_doubles(out, q, total.shape());
   }());

@@ -53,7 +53,7 @@ StatusOr<Array> compute_average_loss(const Array& per_example_loss,
         loss.to_string()));
   }
   if (!loss.device().is_cpu()) return unimplemented("compute_average_loss needs a CPU loss");
-  std::vector<double> weights(static_cast<size_t>(loss.num_elements()), 1.0);
+  std::vector<double> weights;
   if (sample_weight) {
     TRIBUTARY_ASSIGN_OR_RETURN(weights, broadcast_weights(loss, *sample_weight));
   }
@@ -64,9 +64,14 @@ StatusOr<Array> compute_average_loss(const Array& per_example_loss,
   if (*global_batch_size < 0) return invalid_argument("global_batch_size must be non-negative.");
   double sum = 0;
   for (int64_t i = 0; i < loss.num_elements(); ++i) {
-    // TF scales in float32, then casts back to the loss's dtype.
-    sum +=
-        dtype_round(loss.dtype(), static_cast<float>(loss.at(i)) * static_cast<float>(weights[i]));
+    if (sample_weight) {
+      // TF's scale_losses_by_sample_weight multiplies in float32, then casts back to the loss's
+      // dtype.
+      sum += dtype_round(loss.dtype(),
+                         static_cast<float>(loss.at(i)) * static_cast<float>(weights[i]));
+    } else {
+      sum += loss.at(i);  // no weight: no float32 round trip, the loss keeps its precision
+    }
   }
   const double value =
       *global_batch_size == 0 ? 0.0 : sum / static_cast<double>(*global_batch_size);

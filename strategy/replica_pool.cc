@@ -1,13 +1,16 @@
 // run(): persistent replica threads, and the meetings where replicas make cross-replica calls.
 //
-// A meeting is TF's merge_call: every local replica arrives with its argument, the last to arrive
-// runs the merge function for all of them, and everyone leaves with its result. What TF leaves to
+// A meeting is TF's merge_call: every local replica arrives with its argument and its merge
+// function; when the last arrives, replica 0's merge function runs for all of them (TF runs
+// threads[0].merge_fn, so the result never depends on arrival order) on the last arriver's thread,
+// and everyone leaves with its result. What TF leaves to
 // a hang (replicas that make different numbers or kinds of calls, a replica that fails while the
 // others wait) is detected here: every replica is either at the meeting or finished, so when all
 // are accounted for and some are missing, the waiting ones fail at once; a replica that is merely
 // slow fails them after the backend's timeout.
 #include <condition_variable>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -86,6 +89,7 @@ struct Strategy::Pool {
   int arrived = 0;
   int finished = 0;
   std::vector<std::any> args;
+  std::vector<ReplicaContext::MergeFn*> fns;  // each waiting replica's, alive on its stack
   std::vector<std::string> whats;
   std::vector<int> calls;  // meetings each replica has joined in this run
   std::any result;
@@ -169,6 +173,7 @@ struct Strategy::Pool {
     std::unique_lock lock(mu);
     if (!failure.ok()) return failure;
     args[i] = std::move(arg);
+    fns[i] = &fn;
     whats[i] = std::string(what);
     ++calls[i];
     ++arrived;
@@ -183,12 +188,13 @@ struct Strategy::Pool {
           return failure;
         }
       }
-      // Everyone else is waiting: run the merge function without the lock, in cross-replica
-      // context. The waiters stop counting their timeout meanwhile (the merge's collectives have
-      // their own), and this replica runs its own function, which is alive on its own stack.
+      // Everyone else is waiting: run replica 0's merge function without the lock, in
+      // cross-replica context. The waiters stop counting their timeout meanwhile (the merge's
+      // collectives have their own); replica 0's function is alive on its stack, where replica 0
+      // waits for this meeting to end.
       merging = true;
       lock.unlock();
-      StatusOr<std::any> r = run_merge(*strategy, fn, args);
+      StatusOr<std::any> r = run_merge(*strategy, *fns[0], args);
       lock.lock();
       merging = false;
       if (!r.ok()) {
@@ -199,6 +205,7 @@ struct Strategy::Pool {
       for (int j = 0; j < n; ++j) {
         whats[j].clear();
         args[j].reset();
+        fns[j] = nullptr;
       }
       arrived = 0;
       ++meeting_generation;
@@ -259,7 +266,24 @@ struct Strategy::Pool {
   }
 };
 
+Status Strategy::check_run_arguments(std::span<const char* const> kinds,
+                                     std::span<const size_t> sizes) {
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    if (kinds[i] == nullptr || sizes[i] == static_cast<size_t>(num_local_replicas())) continue;
+    Status bad = invalid_argument(fmt::format(
+        "run(): argument {} is a {} of {} component(s) but {} has {} local replica(s); pass one "
+        "value per local replica (e.g. from distribute_values_from_function() or a distributed "
+        "dataset's get_next()), or a plain value to give every replica the same one",
+        i + 1, kinds[i], sizes[i], describe(), num_local_replicas()));
+    tell_peers(bad);
+    return bad;
+  }
+  return ok_status();
+}
+
 Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn) {
+  // A handle on the default strategy runs as the default strategy (its replica context).
+  if (Strategy* s = identity(); s != this) return s->run_erased(fn);
   auto& t = thread_context();
   if (t.replica != nullptr || t.merge != nullptr) {
     return failed_precondition(
@@ -287,6 +311,7 @@ Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn) {
   const int n = p.n;
   p.results.assign(n, Status());
   p.args.assign(n, {});
+  p.fns.assign(n, nullptr);
   p.whats.assign(n, {});
   p.calls.assign(n, 0);
   p.failure = Status();
@@ -331,7 +356,22 @@ StatusOr<std::any> ReplicaContext::meet(std::string_view what, std::any arg, Mer
   return strategy_->pool_->meet(local_id_, what, std::move(arg), fn);
 }
 
+namespace {
+
+// The next number among the strategies called `name` in this process (1, 2, ...): an identity for
+// messages, so that "Mixing different tf.distribute.Strategy objects: A is not B" names two
+// different strategies differently. Only counts; nothing is looked up by it.
+int next_instance(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, int> made;
+  std::lock_guard lock(mu);
+  return ++made[name];
+}
+
+}  // namespace
+
 Strategy::Strategy(StrategyParts parts) : parts_(std::move(parts)) {
+  if (parts_.kind != StrategyKind::kDefault) instance_ = next_instance(parts_.name);
   for (int i = 0; i < num_local_replicas(); ++i) {
     contexts_.push_back(std::unique_ptr<ReplicaContext>(new ReplicaContext(this, i)));
   }

@@ -265,6 +265,8 @@ StatusOr<std::unique_ptr<Strategy>> make_strategy(std::string_view name, int rep
   std::vector<Device> cpus;
   for (int i = 0; i < replicas; ++i) cpus.push_back(Device::cpu(i));
   if (name == "default") {
+    // TF forbids a second default strategy, and a unique_ptr cannot hold the singleton: this is a
+    // handle on default_strategy() (a kDefault Strategy acts as it, strategy.h).
     return single_replica(StrategyKind::kDefault, "DefaultStrategy", Device::cpu(0));
   }
   if (name == "one_device") return make_one_device_strategy(Device::cpu(0));

@@ -17,6 +17,9 @@ struct Variable::State {
   VariableSynchronization sync = VariableSynchronization::kOnWrite;
   VariableAggregation aggregation = VariableAggregation::kNone;
   bool trainable = true;
+  // The default strategy's and OneDeviceStrategy's: one copy, no distributed-variable rules (TF
+  // creates a plain tf.Variable there).
+  bool plain = false;
   bool central = false;           // one copy on the parameter device
   std::vector<Array> components;  // owned storage, updated in place under `mu`
   mutable std::mutex mu;
@@ -130,6 +133,11 @@ struct VariableImpl {
 
   static Status update(State& v, UpdateKind k, const Array& value) {
     TRIBUTARY_RETURN_IF_ERROR(check_value(v, value, update_name(k)));
+    if (v.plain) {
+      // A plain variable: its one copy is updated in any context, whatever its aggregation.
+      std::lock_guard serial(v.update_mu);
+      return update_all(v, k, value);
+    }
     Strategy& s = *v.strategy;
     if (ReplicaContext* ctx = replica_of(s)) return update_in_replica(v, *ctx, k, value);
     TRIBUTARY_RETURN_IF_ERROR(
@@ -197,6 +205,7 @@ struct VariableImpl {
   }
 
   static StatusOr<Array> read(const State& v) {
+    if (v.plain) return snapshot(v, 0);  // one copy, nothing to aggregate, in any context
     Strategy& s = *v.strategy;
     if (ReplicaContext* ctx = replica_of(s)) {
       Array local = snapshot(v, v.central ? 0 : static_cast<size_t>(ctx->local_replica_id()));
@@ -239,18 +248,23 @@ struct VariableImpl {
 };
 
 StatusOr<Variable> Strategy::create_variable(const Array& initial_value, VariableOptions options) {
+  // A handle on the default strategy creates the default strategy's variables.
+  if (Strategy* s = identity(); s != this) return s->create_variable(initial_value, options);
   StatusOr<Variable> made = [&]() -> StatusOr<Variable> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica(fmt::format(
         "create_variable ('{}'; create variables outside run(), e.g. in scope())", options.name)));
     VariableSynchronization sync = options.synchronization;
     if (sync == VariableSynchronization::kAuto) sync = VariableSynchronization::kOnWrite;
-    if (sync == VariableSynchronization::kNone) {
+    // TF: the default strategy and OneDevice._create_variable call next_creator, which makes a
+    // plain tf.Variable: none of the distributed checks below apply.
+    const bool plain = kind() == StrategyKind::kDefault || kind() == StrategyKind::kOneDevice;
+    if (sync == VariableSynchronization::kNone && !plain) {
       return invalid_argument(fmt::format(
           "`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
           "Please change the `synchronization` for variable: {}",
           options.name));
     }
-    if (options.aggregation == VariableAggregation::kMean &&
+    if (options.aggregation == VariableAggregation::kMean && !plain &&
         !dtype_is_floating(initial_value.dtype())) {
       return invalid_argument(fmt::format(
           "creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is not "
@@ -265,6 +279,7 @@ StatusOr<Variable> Strategy::create_variable(const Array& initial_value, Variabl
     state->sync = sync;
     state->aggregation = options.aggregation;
     state->trainable = options.trainable;
+    state->plain = plain;
     // CentralStorage keeps ON_WRITE variables once; ON_READ ones stay per replica (they are
     // per-replica accumulators by definition).
     state->central = parts_.central_variables && sync == VariableSynchronization::kOnWrite;
@@ -295,14 +310,56 @@ StatusOr<Variable> Strategy::create_variable(const Array& initial_value, Variabl
   return made;
 }
 
-Status Strategy::update(Variable& variable,
-                        const std::function<StatusOr<Array>(int, const Array&)>& fn) {
-  TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("update"));
+namespace {
+
+using UpdateFn = std::function<StatusOr<Array>(int, const Array&)>;
+
+// What one replica brings to the meeting of an update() in replica context.
+struct ReplicaUpdate {
+  const Variable::State* variable;
+  const UpdateFn* fn;  // alive on the replica's stack while it waits in the meeting
+};
+
+}  // namespace
+
+Status Strategy::update(Variable& variable, const UpdateFn& fn) {
+  if (Strategy* s = identity(); s != this) return s->update(variable, fn);
   if (!variable.valid()) return invalid_argument("update: the variable is empty");
   Variable::State& v = *variable.state();
+  const auto& t = strategy_internal::thread_context();
+  const bool in_replica =
+      t.replica != nullptr && t.merge == nullptr && &t.replica->strategy() == this;
+  if (!in_replica) TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("update"));
   if (v.strategy != this) {
     return invalid_argument(fmt::format("update: variable '{}' was created by {}, not {}", v.name,
                                         v.strategy->describe(), describe()));
+  }
+  if (in_replica) {
+    // TF's _replica_ctx_update: a merge_call whose function calls update in cross-replica
+    // context; component i is computed by replica i's fn (TF: fn with replica i's args).
+    Variable target = variable;
+    StatusOr<std::any> r = t.replica->meet(
+        fmt::format("update on variable '{}'", v.name), std::any(ReplicaUpdate{&v, &fn}),
+        [this, target](std::vector<std::any>& args) mutable -> StatusOr<std::any> {
+          std::vector<const UpdateFn*> fns;
+          for (size_t i = 0; i < args.size(); ++i) {
+            const auto& a = std::any_cast<const ReplicaUpdate&>(args[i]);
+            if (a.variable != target.state().get()) {
+              return invalid_argument(fmt::format(
+                  "update: replica {} updates another variable than replica 0 (both named "
+                  "'{}'); every replica must update the same variable",
+                  i, target.name()));
+            }
+            fns.push_back(a.fn);
+          }
+          TRIBUTARY_RETURN_IF_ERROR(
+              update(target, [&fns](int component, const Array& current) -> StatusOr<Array> {
+                const size_t i = static_cast<size_t>(component);
+                return (*fns[i < fns.size() ? i : 0])(component, current);
+              }));
+          return std::any();
+        });
+    return r.ok() ? ok_status() : r.status();
   }
   std::vector<std::pair<size_t, Array>> updates;
   for (size_t i = 0; i < v.components.size(); ++i) {

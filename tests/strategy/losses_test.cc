@@ -48,6 +48,26 @@ TEST(LossesTest, Errors) {
                                                 "cross replica context"));
 }
 
+// TF casts to float32 only inside scale_losses_by_sample_weight, i.e. only when a weight is given:
+// without one a float64 loss keeps its precision.
+TEST(LossesTest, OnlyASampleWeightGoesThroughFloat32) {
+  const double a = 1.0 + 1e-9, b = 0.1;
+  Array loss = *Array::from_vector<double>({a, b});
+  auto avg = compute_average_loss(loss);
+  ASSERT_TRUE(avg.ok()) << avg.status().to_string();
+  EXPECT_EQ(avg->dtype(), DType::kFloat64);
+  EXPECT_EQ(avg->to_vector<double>(), std::vector<double>{(a + b) / 2});
+  EXPECT_EQ(compute_average_loss(loss, std::nullopt, 1)->to_vector<double>(),
+            std::vector<double>{a + b});
+  // With a weight: loss and weight multiplied in float32, then cast back to float64.
+  auto weighted = compute_average_loss(loss, Array::scalar(1.0f));
+  ASSERT_TRUE(weighted.ok()) << weighted.status().to_string();
+  EXPECT_EQ(weighted->dtype(), DType::kFloat64);
+  const double expected =
+      (static_cast<double>(static_cast<float>(a)) + static_cast<double>(static_cast<float>(b))) / 2;
+  EXPECT_EQ(weighted->to_vector<double>(), std::vector<double>{expected});
+}
+
 TEST(LossesTest, InReplicaContextTheDefaultIsLocalBatchTimesReplicas) {
   auto s = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "", nullptr});
   auto r = (*s)->run([](ReplicaContext&) -> StatusOr<std::vector<Array>> {

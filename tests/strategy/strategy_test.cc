@@ -11,6 +11,7 @@
 
 #include "tests/strategy/strategy_test_util.h"
 #include "tributary/strategy/strategies.h"
+#include "tributary/strategy/variable.h"
 
 namespace tributary {
 namespace {
@@ -380,6 +381,203 @@ TEST_P(MirroredTest, BatchReduceToAndReduceToDevices) {
   EXPECT_THAT(none.status().message(), HasSubstr("destinations can not be empty"));
 }
 
+// A PerReplica or Mirrored argument must have one component per local replica: run() refuses
+// it before select_replica indexes a component that is not there.
+TEST_P(MirroredTest, RunRefusesDistributedArgumentsOfTheWrongSize) {
+  auto s = make(2);
+  std::atomic<int> calls{0};
+  auto fewer = s->run(
+      [&](ReplicaContext&, int a) {
+        ++calls;
+        return a;
+      },
+      PerReplica<int>({5}));
+  EXPECT_EQ(fewer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(fewer.status().message(),
+              HasSubstr("argument 1 is a PerReplica of 1 component(s) but " + s->describe() +
+                        " has 2 local replica(s)"));
+  Status more = s->run(
+      [&](ReplicaContext&, int, int) -> Status {
+        ++calls;
+        return ok_status();
+      },
+      7, Mirrored<int>({1, 2, 3}));
+  EXPECT_EQ(more.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(more.message(), HasSubstr("argument 2 is a Mirrored of 3 component(s)"));
+  auto arrays = s->run([&](ReplicaContext&, const Array& a) { return a; },
+                       PerReplica<Array>({Array::scalar(1.0f)}));
+  EXPECT_EQ(arrays.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls.load(), 0);  // no replica ran
+  // The right size still runs.
+  auto ok = s->run([](ReplicaContext&, int a) { return a; }, PerReplica<int>({5, 6}));
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->values(), (std::vector<int>{5, 6}));
+}
+
+// TF runs threads[0].merge_fn: the merge function that runs is replica 0's whichever replica
+// arrives last.
+TEST_P(MirroredTest, MergeCallRunsReplicaZerosFunction) {
+  auto s = make(3);
+  for (int slow : {-1, 0, 1, 2}) {
+    auto r = s->run([&](ReplicaContext& ctx) -> StatusOr<std::string> {
+      const int me = ctx.local_replica_id();
+      // Replica 0 arrives first unless it is the slow one; the others arrive in turn.
+      const int delay = me == slow ? 60 : (slow == -1 ? 20 * me : 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      const std::string tag = "merge_fn of replica " + std::to_string(me);
+      return ctx.merge_call([&tag](Strategy&, const PerReplica<int>&) { return tag; }, me);
+    });
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (const std::string& got : *r) EXPECT_EQ(got, "merge_fn of replica 0") << "slow " << slow;
+  }
+}
+
+// Replicas that make the same collective with different arguments fail, every one of them,
+// instead of one replica's op or axis being used for all.
+TEST_P(MirroredTest, ReplicasPassingDifferentOpsAxesOrShapesFailEveryReplica) {
+  auto s = make(2);
+  auto every_replica_fails = [&](const std::function<Status(ReplicaContext&)>& call,
+                                 const std::string& expected) {
+    std::vector<Status> seen(2);
+    Status st = s->run([&](ReplicaContext& ctx) -> Status {
+      seen[ctx.local_replica_id()] = call(ctx);
+      return ok_status();
+    });
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_THAT(st.message(), HasSubstr(expected));
+    for (const Status& one : seen) {
+      EXPECT_EQ(one.code(), StatusCode::kInvalidArgument) << one.to_string();
+      EXPECT_THAT(one.message(), HasSubstr(expected));
+    }
+  };
+  every_replica_fails(
+      [](ReplicaContext& ctx) {
+        const ReduceOp op = ctx.local_replica_id() == 0 ? ReduceOp::kSum : ReduceOp::kMax;
+        return ctx.all_reduce(op, Array::scalar(float(ctx.local_replica_id() + 1))).status();
+      },
+      "all_reduce: replica 0 passed ReduceOp.SUM but replica 1 passed ReduceOp.MAX");
+  every_replica_fails(
+      [](ReplicaContext& ctx) {
+        if (ctx.local_replica_id() == 0)
+          return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+        return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0)).status();
+      },
+      "all_reduce: replica 1 has float64[] but replica 0 has float32[] (value 0)");
+  every_replica_fails(
+      [](ReplicaContext& ctx) {
+        return ctx.all_gather(*Array::from_vector<float>({1, 2}, {1, 2}), ctx.local_replica_id())
+            .status();
+      },
+      "all_gather: replica 0 passed axis 0 but replica 1 passed axis 1");
+  // The strategy stays usable.
+  auto ok = s->run(
+      [](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kMax, Array::scalar(2.0f)); });
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+}
+
+// TF's MEAN is a true division: an integer mean is a float64, with or without an axis, in
+// cross-replica and replica context alike.
+TEST_P(MirroredTest, IntegerMeanIsAFloat64) {
+  auto s = make(2);
+  PerReplica<Array> v({*Array::from_vector<int32_t>({1, 4}), *Array::from_vector<int32_t>({2, 7})});
+  auto mean = s->reduce(ReduceOp::kMean, v);
+  ASSERT_TRUE(mean.ok()) << mean.status().to_string();
+  EXPECT_EQ(mean->dtype(), DType::kFloat64);
+  EXPECT_EQ(mean->to_vector<double>(), (std::vector<double>{1.5, 5.5}));
+  auto along = s->reduce(ReduceOp::kMean, v, 0);
+  ASSERT_TRUE(along.ok()) << along.status().to_string();
+  EXPECT_EQ(along->dtype(), DType::kFloat64);
+  EXPECT_EQ(along->to_vector<double>(), std::vector<double>{3.5});
+  // SUM keeps the dtype.
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, v)->to_vector<int32_t>(), (std::vector<int32_t>{3, 11}));
+  auto r = s->run([](ReplicaContext& ctx) {
+    return ctx.all_reduce(ReduceOp::kMean, Array::scalar<int64_t>(ctx.local_replica_id() + 1));
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (int i = 0; i < 2; ++i) {
+    const Array& a = (*r)[static_cast<size_t>(i)];
+    EXPECT_EQ(a.dtype(), DType::kFloat64);
+    EXPECT_EQ(a.to_vector<double>(), std::vector<double>{1.5});
+    EXPECT_EQ(a.device(), Device::cpu(i));
+  }
+}
+
+// TF's reduce accepts axis < 0 (axis + rank); [-rank, rank) is the range.
+TEST_P(MirroredTest, ReduceAcceptsNegativeAxes) {
+  auto s = make(2);
+  PerReplica<Array> v({*Array::from_vector<float>({1, 2, 3, 4}, {2, 2}),
+                       *Array::from_vector<float>({5, 6}, {1, 2})});
+  auto one = s->reduce(
+      ReduceOp::kSum,
+      PerReplica<Array>({*Array::from_vector<float>({1, 2}), *Array::from_vector<float>({3})}), -1);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  EXPECT_EQ(one->to_vector<float>(), std::vector<float>{6});
+  auto mean = s->reduce(ReduceOp::kMean, v, -2);  // axis 0: 3 rows in all
+  ASSERT_TRUE(mean.ok()) << mean.status().to_string();
+  EXPECT_EQ(mean->to_vector<float>(), (std::vector<float>{3, 4}));
+  auto bad = s->reduce(ReduceOp::kSum, v, -3);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("`axis` = -3 out of range for `value` with rank 2"));
+  // A value that is not distributed, too.
+  Array x = *Array::from_vector<float>({1, 2, 3, 4}, {2, 2});
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, x, -1)->to_vector<float>(), (std::vector<float>{1.5, 3.5}));
+  EXPECT_THAT(s->reduce(ReduceOp::kMean, x, 2).status().message(),
+              HasSubstr("`axis` = 2 out of range for `value` with rank 2"));
+}
+
+// scope() inside run() is TF's error: the running strategy's needs cross-replica context, another
+// strategy's is mixing strategies.
+TEST_P(MirroredTest, ScopeInsideRunIsRefusedAsTfRefusesIt) {
+  auto a = make(2);
+  auto b = make(2);
+  Status st = a->run([&](ReplicaContext& ctx) -> Status {
+    auto same = a->scope();
+    EXPECT_EQ(same.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(same.status().message(),
+                HasSubstr("Method requires being in cross-replica context, use "
+                          "get_replica_context().merge_call()"));
+    auto other = b->scope();
+    EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(other.status().message(),
+                HasSubstr("Mixing different tf.distribute.Strategy objects: " + b->describe() +
+                          " is not " + a->describe()));
+    auto default_scope = default_strategy().scope();
+    EXPECT_THAT(default_scope.status().message(),
+                HasSubstr("Must not nest tf.distribute.Strategy scopes."));
+    // Nothing changed: still this replica's context.
+    EXPECT_EQ(get_replica_context(), &ctx);
+    EXPECT_EQ(&get_strategy(), a.get());
+    return ok_status();
+  });
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  // In a merge function (cross-replica context) the running strategy's scope is fine.
+  auto merged = a->run([&](ReplicaContext& ctx) {
+    return ctx.merge_call(
+        [](Strategy& s, const PerReplica<int>&) { return s.scope().ok() ? 1 : 0; }, 0);
+  });
+  ASSERT_TRUE(merged.ok()) << merged.status().to_string();
+  EXPECT_EQ((*merged)[0], 1);
+  EXPECT_FALSE(has_strategy());
+}
+
+// Two strategies of one class are told apart in messages.
+TEST_P(MirroredTest, DescribeTellsInstancesApart) {
+  auto a = make(2);
+  auto b = make(2);
+  EXPECT_NE(a->describe(), b->describe());
+  EXPECT_EQ(b->instance(), a->instance() + 1);
+  EXPECT_THAT(a->describe(), HasSubstr("MirroredStrategy#" + std::to_string(a->instance()) +
+                                       "(devices=[CPU:0, CPU:1]"));
+  auto scope = a->scope();
+  ASSERT_TRUE(scope.ok());
+  auto mixed =
+      b->reduce(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.f), Array::scalar(2.f)}));
+  EXPECT_THAT(mixed.status().message(),
+              HasSubstr("Mixing different tf.distribute.Strategy objects: " + b->describe() +
+                        " is not " + a->describe()));
+}
+
 INSTANTIATE_TEST_SUITE_P(InProcessBackends, MirroredTest,
                          ::testing::Values("reduction_to_one_device", "hierarchical_copy", "ring"),
                          [](const auto& info) { return info.param; });
@@ -493,7 +691,8 @@ TEST(StrategyFactoryTest, BadDeviceListsAndBackends) {
   auto m = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "", nullptr});
   ASSERT_TRUE(m.ok());
   EXPECT_EQ((*m)->cross_device_ops().name(), "reduction_to_one_device");
-  EXPECT_THAT((*m)->describe(), HasSubstr("MirroredStrategy(devices=[CPU:0, CPU:1]"));
+  EXPECT_THAT((*m)->describe(), HasSubstr("MirroredStrategy#"));
+  EXPECT_THAT((*m)->describe(), HasSubstr("(devices=[CPU:0, CPU:1]"));
 }
 
 // TF: NCCL asked for where there is no GPU warns "Enabled NCCL communication but no GPUs
@@ -557,6 +756,104 @@ TEST(FakeBackendTest, ABackendFailureReachesEveryReplica) {
   });
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   EXPECT_THAT(st.message(), HasSubstr("peer 3 is gone"));
+}
+
+// TF's _DefaultDistributionContext pushes no context: inside the default strategy's scope the
+// default replica context stays current, and another strategy may be entered and used.
+TEST(DefaultStrategyTest, ItsScopeChangesNothing) {
+  auto a = make_mirrored_strategy({{Device::cpu(0), Device::cpu(1)}, "", nullptr});
+  ASSERT_TRUE(a.ok());
+  {
+    auto d = default_strategy().scope();
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(get_replica_context(), default_strategy().default_replica_context());
+    EXPECT_FALSE(in_cross_replica_context());
+    EXPECT_FALSE(has_strategy());
+    auto again = default_strategy().scope();
+    EXPECT_TRUE(again.ok());
+    PerReplica<Array> v({Array::scalar(1.0f), Array::scalar(2.0f)});
+    auto reduced = (*a)->reduce(ReduceOp::kSum, v);
+    ASSERT_TRUE(reduced.ok()) << reduced.status().to_string();
+    EXPECT_EQ(reduced->to_vector<float>(), std::vector<float>{3});
+    {
+      auto inner = (*a)->scope();
+      ASSERT_TRUE(inner.ok()) << inner.status().to_string();
+      EXPECT_EQ(&get_strategy(), a->get());
+      EXPECT_TRUE(in_cross_replica_context());
+    }
+    EXPECT_EQ(&get_strategy(), &default_strategy());
+    EXPECT_FALSE(in_cross_replica_context());
+  }
+  // Inside another strategy's scope the default strategy's is TF's error.
+  auto scope = (*a)->scope();
+  ASSERT_TRUE(scope.ok());
+  auto nested = default_strategy().scope();
+  EXPECT_EQ(nested.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(nested.status().message(), HasSubstr("Must not nest tf.distribute.Strategy scopes."));
+}
+
+// There is one default strategy (TF forbids a second): make_strategy("default") is a handle on it.
+TEST(DefaultStrategyTest, MakeStrategyDefaultIsAHandleOnTheOneDefaultStrategy) {
+  auto d = make_strategy("default");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  Strategy& handle = **d;
+  EXPECT_EQ(handle.kind(), StrategyKind::kDefault);
+  EXPECT_EQ(handle.describe(), default_strategy().describe());
+  {
+    auto scope = handle.scope();
+    ASSERT_TRUE(scope.ok());
+    EXPECT_EQ(&get_strategy(), &default_strategy());
+    auto r = default_strategy().reduce(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f)}));
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    auto h = handle.reduce(ReduceOp::kSum, PerReplica<Array>({Array::scalar(1.0f)}));
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+  }
+  auto ran = handle.run([&](ReplicaContext& ctx) {
+    EXPECT_EQ(&ctx.strategy(), &default_strategy());
+    EXPECT_EQ(&get_strategy(), &default_strategy());
+    // The default strategy's method is this strategy's method: no "Mixing" error.
+    return default_strategy().reduce(ReduceOp::kSum, Array::scalar(1.0f)).status().code();
+  });
+  ASSERT_TRUE(ran.ok()) << ran.status().to_string();
+  EXPECT_EQ((*ran)[0], StatusCode::kFailedPrecondition);  // cross-replica method in replica context
+  auto v = handle.create_variable(Array::scalar(1.0f));
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(&v->strategy(), &default_strategy());
+}
+
+TEST(OneDeviceStrategyTest, IntegerMeanReturnsTheValue) {
+  // TF's OneDevice and default _reduce_to return the value itself (no division, no cast).
+  auto s = make_one_device_strategy(Device::cpu(0));
+  ASSERT_TRUE(s.ok());
+  Array t = *Array::from_vector<int32_t>({1, 2});
+  auto none = (*s)->reduce(ReduceOp::kMean, PerReplica<Array>({t}));
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_TRUE(none->equals(t));
+  auto r = default_strategy().run(
+      [&](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kMean, t); });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE((*r)[0].equals(t));
+  // With an axis the mean is TF's true division.
+  auto along = (*s)->reduce(ReduceOp::kMean, PerReplica<Array>({t}), -1);
+  ASSERT_TRUE(along.ok()) << along.status().to_string();
+  EXPECT_EQ(along->dtype(), DType::kFloat64);
+  EXPECT_EQ(along->to_vector<double>(), std::vector<double>{1.5});
+}
+
+// run() ends with the first replica error in time (TF's Coordinator keeps the first
+// request_stop), not the lowest-numbered failing replica's.
+TEST(MeetingTest, RunReturnsTheFirstErrorInTime) {
+  auto s = mirrored_with_timeout(3, "5s");
+  Status st = s->run([](ReplicaContext& ctx) -> Status {
+    if (ctx.local_replica_id() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      return invalid_argument("replica zero's own error");
+    }
+    if (ctx.local_replica_id() == 2) return invalid_argument("replica two's own error");
+    return ok_status();
+  });
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("replica 2: replica two's own error"));
 }
 
 }  // namespace

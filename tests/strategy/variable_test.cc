@@ -227,6 +227,106 @@ TEST(VariableTest, ExtendedUpdateAndReduceToVariable) {
   EXPECT_EQ(scalar_of((*b)[1]), 7.0f);
 }
 
+// TF's StrategyExtended.update in replica context is _replica_ctx_update: a merge_call whose
+// function calls update in cross-replica context, each component with its replica's arguments.
+TEST(VariableTest, ExtendedUpdateInReplicaContextIsAMergeCall) {
+  auto s = mirrored(2);
+  auto v = *s->create_variable(Array::scalar(1.0f), {"v"});
+  auto r = s->run([&](ReplicaContext& ctx) -> StatusOr<float> {
+    const float mine = 10.0f * static_cast<float>(ctx.local_replica_id() + 1);  // 10, 20
+    TRIBUTARY_RETURN_IF_ERROR(s->update(v, [mine](int component, const Array& cur) {
+      return add(cur, Array::scalar(mine + static_cast<float>(component)));
+    }));
+    // Every replica sees the update once it returns.
+    TRIBUTARY_ASSIGN_OR_RETURN(Array own, v.read());
+    return scalar_of(own);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // Component 0 by replica 0's fn (1 + 10 + 0), component 1 by replica 1's (1 + 20 + 1).
+  EXPECT_EQ(components(v), (std::vector<float>{11, 22}));
+  EXPECT_EQ(r->values(), (std::vector<float>{11, 22}));
+  // A failure in any replica's fn changes no component and reaches every replica.
+  Status st = s->run([&](ReplicaContext& ctx) {
+    const bool fail = ctx.local_replica_id() == 1;
+    return s->update(v, [fail](int, const Array& cur) -> StatusOr<Array> {
+      if (fail) return invalid_argument("replica 1 says no");
+      return add(cur, Array::scalar(1.0f));
+    });
+  });
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("replica 1 says no"));
+  EXPECT_EQ(components(v), (std::vector<float>{11, 22}));
+  // Replicas updating different variables are told.
+  auto w = *s->create_variable(Array::scalar(0.0f), {"w"});
+  st = s->run([&](ReplicaContext& ctx) {
+    Variable& target = ctx.local_replica_id() == 0 ? v : w;
+    return s->update(target, [](int, const Array& cur) -> StatusOr<Array> { return cur; });
+  });
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("replica 0 called update on variable 'v' but replica 1 "
+                                      "called update on variable 'w'"));
+  // CentralStorage's one copy is computed by replica 0's fn (TF's primary).
+  CentralStorageStrategyOptions o;
+  o.compute_devices = {Device::cpu(0), Device::cpu(1)};
+  auto central = make_central_storage_strategy(o);
+  ASSERT_TRUE(central.ok());
+  auto c = *(*central)->create_variable(Array::scalar(0.0f), {"c", VS::kOnWrite, VA::kSum});
+  ASSERT_TRUE((*central)
+                  ->run([&](ReplicaContext& ctx) {
+                    const float mine = static_cast<float>(ctx.local_replica_id() + 5);
+                    return (*central)->update(c, [mine](int, const Array&) -> StatusOr<Array> {
+                      return Array::scalar(mine);
+                    });
+                  })
+                  .ok());
+  EXPECT_EQ(components(c), std::vector<float>{5});
+}
+
+// TF's default strategy and OneDevice._create_variable call next_creator: plain tf.Variables,
+// "exactly as code written without any strategy", so no distributed-variable rule applies.
+TEST(VariableTest, DefaultAndOneDeviceVariablesArePlain) {
+  auto one_device = make_one_device_strategy(Device::cpu(0));
+  ASSERT_TRUE(one_device.ok());
+  for (Strategy* s : {one_device->get(), &default_strategy()}) {
+    SCOPED_TRACE(s->describe());
+    auto scope = s->scope();
+    ASSERT_TRUE(scope.ok());
+    auto none = s->create_variable(Array::scalar(1.0f), {"n", VS::kNone, VA::kNone});
+    ASSERT_TRUE(none.ok()) << none.status().to_string();
+    EXPECT_EQ(none->synchronization(), VS::kNone);
+    ASSERT_TRUE(none->assign_add(Array::scalar(2.0f)).ok());
+    EXPECT_EQ(scalar_of(*none->read()), 3.0f);
+    auto int_mean =
+        s->create_variable(Array::scalar<int32_t>(1), {"steps", VS::kOnWrite, VA::kMean});
+    ASSERT_TRUE(int_mean.ok()) << int_mean.status().to_string();
+    auto sum = s->create_variable(Array::scalar(1.0f), {"sum", VS::kOnRead, VA::kSum});
+    ASSERT_TRUE(sum.ok());
+    Status add = sum->assign_add(Array::scalar(1.0f));
+    ASSERT_TRUE(add.ok()) << add.to_string();
+    EXPECT_EQ(scalar_of(*sum->read()), 2.0f);
+    ASSERT_TRUE(sum->assign(Array::scalar(8.0f)).ok());  // not divided by the replica count
+    EXPECT_EQ(components(*sum), std::vector<float>{8});
+    auto on_read_none = s->create_variable(Array::scalar(4.0f), {"rn", VS::kOnRead, VA::kNone});
+    ASSERT_TRUE(on_read_none.ok());
+    auto read = on_read_none->read();
+    ASSERT_TRUE(read.ok()) << read.status().to_string();
+    EXPECT_EQ(scalar_of(*read), 4.0f);
+    // In replica context too, whatever the aggregation.
+    auto r = s->run([&](ReplicaContext&) -> StatusOr<int32_t> {
+      TRIBUTARY_RETURN_IF_ERROR(int_mean->assign_add(Array::scalar<int32_t>(2)));
+      TRIBUTARY_RETURN_IF_ERROR(sum->assign_add(Array::scalar(1.0f)));
+      auto sync = variable_sync_on_read_context();
+      TRIBUTARY_ASSIGN_OR_RETURN(Array n, on_read_none->read());
+      EXPECT_EQ(scalar_of(n), 4.0f);
+      TRIBUTARY_ASSIGN_OR_RETURN(Array steps, int_mean->read());
+      return steps.to_vector<int32_t>()[0];
+    });
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ((*r)[0], 3);
+    EXPECT_EQ(components(*sum), std::vector<float>{9});
+  }
+}
+
 TEST(VariableTest, CentralStorageKeepsOneCopyAndAggregatesReplicaUpdates) {
   CentralStorageStrategyOptions o;
   o.compute_devices = {Device::cpu(0), Device::cpu(1)};

@@ -13,7 +13,9 @@
 TRIBUTARY_BEGIN_PUBLIC_API
 namespace tributary {
 
-// sum_i(w_i * loss_i) / global_batch_size, as a scalar of the loss's dtype.
+// sum_i(w_i * loss_i) / global_batch_size, as a scalar of the loss's dtype. As in TF, only a given
+// sample_weight goes through float32 (scale_losses_by_sample_weight casts loss and weight to
+// float32, multiplies, and casts back); without one the loss keeps its dtype (float64 stays exact).
 //  - per_example_loss must have rank >= 1 (TF's error otherwise);
 //  - sample_weight: a scalar, the loss's shape, or [batch] broadcast over the loss's other dims;
 //  - global_batch_size defaults to per_example_loss.dim0 * num_replicas_in_sync of the current

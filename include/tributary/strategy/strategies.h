@@ -76,7 +76,9 @@ StatusOr<std::unique_ptr<Strategy>> make_central_storage_strategy(
 // By name, for flags and config files: "default", "one_device", "mirrored",
 // "multi_worker_mirrored", "central_storage". `replicas` CPU replicas (CPU:0..n-1) where the
 // strategy takes a device list; `backend` is the cross-device ops / communication spec ("" =
-// default). An unknown name lists the valid ones.
+// default). An unknown name lists the valid ones. "default" gives a handle on default_strategy()
+// (there is one default strategy, as in TF; strategy.h): its run(), scope(), variables and context
+// checks are the default strategy's, and `replicas` and `backend` are ignored.
 StatusOr<std::unique_ptr<Strategy>> make_strategy(std::string_view name, int replicas = 1,
                                                   std::string backend = "");
 

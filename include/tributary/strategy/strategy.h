@@ -7,23 +7,33 @@
 // Contexts, as in TF (distribute_lib): code runs in exactly one of
 //  - replica context: inside the function given to run(), one thread per local replica, each with
 //    its ReplicaContext (get_replica_context() returns it);
-//  - cross-replica context: inside a scope() or a merge_call function (get_replica_context()
-//    returns null, in_cross_replica_context() is true);
+//  - cross-replica context: inside a (non-default) strategy's scope() or a merge_call function
+//    (get_replica_context() returns null, in_cross_replica_context() is true);
 //  - the default replica context: outside any scope, where get_strategy() is the default strategy.
+//    The default strategy's scope() changes nothing (TF's _DefaultDistributionContext pushes no
+//    context): inside it get_replica_context() is still the default replica context, and another
+//    strategy's scope() and methods may be used there.
+// scope() inside run() (replica context) is refused as TF refuses it: TF's "Method requires being
+// in cross-replica context, use get_replica_context().merge_call()" for the running strategy, and
+// "Mixing different tf.distribute.Strategy objects" for another one.
 // Cross-replica methods (reduce, gather, reduce_to, ...) called from replica context fail with TF's
 // message ("Method requires being in cross-replica context, use
 // get_replica_context().merge_call()"); a method of strategy A used inside strategy B's scope or
 // run fails with "Mixing different tf.distribute.Strategy objects: A is not B".
 //
 // run(): calls `fn` once per local replica, concurrently, on persistent replica threads (one per
-// local device; a one-replica strategy runs `fn` on the calling thread). An error Status or an
-// exception from any replica ends run() with that error (the lowest failing replica's, with its
-// id). Cross-replica calls made from replica context (all_reduce, all_gather, merge_call,
-// synchronized variable updates) are meeting points: every local replica must make the same calls
-// in the same order. A replica that returns or fails while others wait at a meeting point, or that
-// makes a different call there, fails every waiting replica at once with an error that says so
-// (TF's "Some replicas made a different number of replica_context().merge_call() calls."); a
-// replica that never arrives fails the others after the backend's timeout. Nothing hangs.
+// local device; a one-replica strategy runs `fn` on the calling thread). A PerReplica or Mirrored
+// argument must have one component per local replica (kInvalidArgument otherwise, before any
+// replica runs). An error Status or an exception from any replica ends run() with that error: the
+// first to fail in time, with its replica id (as TF's Coordinator keeps the first request_stop),
+// not necessarily the lowest-numbered failing replica's. Cross-replica calls made from replica
+// context (all_reduce, all_gather, merge_call, synchronized variable updates) are meeting points:
+// every local replica must make the same calls in the same order. A replica that returns or fails
+// while others wait at a meeting point, or that makes a different call there (another method, or
+// the same one with another ReduceOp, axis, number of values, dtype or shape), fails every waiting
+// replica at once with an error that says so (TF's "Some replicas made a different number of
+// replica_context().merge_call() calls."); a replica that never arrives fails the others after the
+// backend's timeout. Nothing hangs.
 //
 // Where C++ differs from TF (keeping the meaning):
 //  - No exceptions cross the API: failures are Status values, and TF's ValueError/RuntimeError
@@ -35,20 +45,23 @@
 //  - ReduceOp has MIN, MAX and PROD besides TF's SUM and MEAN; reduce (without an axis),
 //    reduce_to, batch_reduce_to and all_reduce accept them (an extension; with an axis only SUM and
 //    MEAN, as TF).
+//  - MEAN of integer values in reduce() and ReplicaContext::all_reduce() is TF's true division
+//    (`/`): the integer sum (through the backend) divided by the count, returned as float64. The
+//    default strategy and OneDeviceStrategy return the value itself when there is no axis (TF's
+//    _reduce_to there returns its input). reduce_to and batch_reduce_to write into buffers of the
+//    value's dtype and keep the backend's rule (integer MEAN truncates toward zero, dtype.h).
 //  - Multi-worker: an error on one worker before a collective its peers will wait in (bad input to
 //    reduce, a failing merge function, ...) aborts the backend so that every worker fails at once
 //    instead of at its timeout; the strategy is then unusable, as after any failed collective.
 //  - merge_call's result is handed to every replica as is (no per-replica unwrapping).
 //  - StrategyExtended's operations (reduce_to, batch_reduce_to, broadcast_to, update) are methods
-//  of
-//    Strategy itself; update() takes a function returning each copy's new value instead of a
+//    of Strategy itself; update() takes a function returning each copy's new value instead of a
 //    function that assigns it.
 //  - Variables are created with create_variable() in cross-replica context (no variable-creator
 //    scope), not from inside run().
 //  - A Strategy is driven by one user thread at a time (the thread that calls run(), reduce(),
-//  ...),
-//    like a CrossDeviceOps. Every process of a multi-worker job must make the same cross-replica
-//    calls, variable creations and reads of ON_READ variables, in the same order.
+//    ...), like a CrossDeviceOps. Every process of a multi-worker job must make the same
+//    cross-replica calls, variable creations and reads of ON_READ variables, in the same order.
 #pragma once
 
 #include <any>
@@ -87,6 +100,25 @@ const T& select_replica(int, const T& v) {
   return v;
 }
 
+namespace internal {
+// What run() checks of an argument: a PerReplica or Mirrored needs one component per replica.
+template <typename T>
+struct RunArgument {
+  static constexpr const char* kKind = nullptr;
+  static size_t size(const T&) { return 0; }
+};
+template <typename T>
+struct RunArgument<PerReplica<T>> {
+  static constexpr const char* kKind = "PerReplica";
+  static size_t size(const PerReplica<T>& v) { return v.size(); }
+};
+template <typename T>
+struct RunArgument<Mirrored<T>> {
+  static constexpr const char* kKind = "Mirrored";
+  static size_t size(const Mirrored<T>& v) { return v.size(); }
+};
+}  // namespace internal
+
 // TF's ValueContext: what distribute_values_from_function's function is told.
 struct ValueContext {
   int replica_id_in_sync_group = 0;
@@ -103,24 +135,33 @@ class ReplicaContext {
   const Device& device() const;
 
   // Reduces `value` across every replica in sync (all workers); every replica gets the result.
+  // Every local replica must pass the same op, dtype and shape: a replica that passes another
+  // (SUM on one, MAX on another) fails every replica with kInvalidArgument naming the difference.
+  // MEAN of an integer value is a float64 (TF's true division; see above).
   StatusOr<Array> all_reduce(ReduceOp op, const Array& value);
-  // Several values in one meeting (TF's nest): one fused batch_reduce when the backend fuses.
+  // Several values in one meeting (TF's nest), with the same rules per value: one collective per
+  // value, in order (not fused into one; batch_reduce_to is the fused form).
   StatusOr<std::vector<Array>> all_reduce(ReduceOp op, std::span<const Array> values);
   // Concatenates every replica's value along `axis` in global replica order. Sizes along `axis`
-  // may differ between replicas (as TF's collective all_gather allows); everything else must match.
+  // may differ between replicas (as TF's collective all_gather allows); everything else, `axis`
+  // included, must match (kInvalidArgument on every replica otherwise).
   StatusOr<Array> all_gather(const Array& value, int axis);
 
   // Pauses every local replica, runs `fn` once in cross-replica context with each replica's `arg`
-  // (in local replica order), and returns its result to every replica. `fn` is any callable (a
-  // lambda, a function, a std::function) taking (Strategy&, const PerReplica<A>&) and returning
-  // StatusOr<R> or R (merge_call returns StatusOr<R>), or Status (merge_call returns Status):
+  // (in local replica order), and returns its result to every replica. The `fn` that runs is
+  // replica 0's, always (TF runs threads[0].merge_fn): when replicas pass different callables, or
+  // closures over replica-local data, the result does not depend on which replica arrived last.
+  // `fn` is any callable (a lambda, a function, a std::function) taking (Strategy&,
+  // const PerReplica<A>&) and returning StatusOr<R> or R (merge_call returns StatusOr<R>), or
+  // Status (merge_call returns Status):
   //   ctx.merge_call([](Strategy& s, const PerReplica<int>& v) { return v[0] + v[1]; }, 1);
   template <typename Fn, typename A>
   auto merge_call(Fn&& fn, A arg);
 
-  // For the strategy layer: a meeting of the local replicas. Every replica passes `arg`; the last
-  // to arrive runs `fn` on all of them (in cross-replica context) and every replica gets its
-  // result. `what` names the call, so that replicas making different calls are told which.
+  // For the strategy layer: a meeting of the local replicas. Every replica passes `arg`; when the
+  // last arrives, replica 0's `fn` runs once on all of them (in cross-replica context, on the last
+  // arriver's thread) and every replica gets its result. `what` names the call, so that replicas
+  // making different calls are told which; `fn` checks that the arguments agree.
   using MergeFn = std::function<StatusOr<std::any>(std::vector<std::any>& args)>;
   StatusOr<std::any> meet(std::string_view what, std::any arg, MergeFn fn);
 
@@ -136,7 +177,8 @@ Strategy& get_strategy();
 // True inside a non-default strategy's scope or run().
 bool has_strategy();
 // This thread's replica context: the running replica's inside run(), null in cross-replica context
-// (a scope or merge_call), the default strategy's (replica 0) elsewhere.
+// (a non-default strategy's scope, or merge_call), the default strategy's (replica 0) elsewhere,
+// inside default_strategy().scope() included.
 ReplicaContext* get_replica_context();
 bool in_cross_replica_context();
 
@@ -169,7 +211,8 @@ struct VariableOptions {
 
 enum class StrategyKind { kDefault, kOneDevice, kMirrored, kMultiWorkerMirrored, kCentralStorage };
 
-// What a concrete strategy selects (strategies.h builds these).
+// What a concrete strategy selects (strategies.h builds these). A Strategy made with kind
+// kDefault is a handle on default_strategy() (see there).
 struct StrategyParts {
   StrategyKind kind = StrategyKind::kDefault;
   std::string name = "DefaultStrategy";              // TF's class name, for messages
@@ -192,7 +235,11 @@ class Strategy {
 
   StrategyKind kind() const { return parts_.kind; }
   const std::string& name() const { return parts_.name; }
-  // "MirroredStrategy(devices=[CPU:0, CPU:1], cross_device_ops=reduction_to_one_device:...)"
+  // This strategy's number among the strategies of its name made in this process (1, 2, ...), so
+  // that messages tell two of them apart; 0 for the default strategy (there is only one).
+  int instance() const { return instance_; }
+  // "MirroredStrategy#2(devices=[CPU:0, CPU:1], cross_device_ops=reduction_to_one_device:...)";
+  // the default strategy is "DefaultStrategy(...)".
   std::string describe() const;
   int num_replicas_in_sync() const;
   int num_local_replicas() const { return static_cast<int>(parts_.devices.size()); }
@@ -209,7 +256,10 @@ class Strategy {
 
   // Enters this strategy's cross-replica context on this thread (re-entering the same strategy is
   // counted; entering another strategy's scope inside it is "Must not nest tf.distribute.Strategy
-  // scopes.").
+  // scopes."). Inside run() it is TF's error: "Method requires being in cross-replica context, use
+  // get_replica_context().merge_call()" for the running strategy, "Mixing different
+  // tf.distribute.Strategy objects" for another. The default strategy's scope changes nothing (the
+  // default replica context stays current); it is refused inside another strategy's scope or run.
   StatusOr<StrategyScope> scope();
 
   // --- replica context ---------------------------------------------------------------------------
@@ -222,7 +272,9 @@ class Strategy {
   // --- cross-replica context ---------------------------------------------------------------------
   // TF's Strategy.reduce. axis none: reduce across replicas. axis given: reduce each replica's
   // value along `axis` first; MEAN then divides by the global number of elements along `axis`, so
-  // partial and empty batches give the exact global mean.
+  // partial and empty batches give the exact global mean. A negative axis counts from the end
+  // (axis + rank, as TF); an axis outside [-rank, rank) is TF's error. MEAN of integer values is a
+  // float64 (TF's true division), with or without an axis.
   StatusOr<Array> reduce(ReduceOp op, const PerReplica<Array>& value,
                          std::optional<int> axis = std::nullopt);
   // A value that is not distributed (TF's reduce_non_distributed_value): MEAN returns it, SUM
@@ -248,13 +300,18 @@ class Strategy {
   // Copies `value` (the chief's, in multi-worker) to every device of `destination`.
   StatusOr<Mirrored<Array>> broadcast_to(const Array& value, const Variable& destination);
   // TF's extended.update: `fn(component_index, current_value)` gives each component's new value;
-  // every new value is computed and checked before any component changes.
+  // every new value is computed and checked before any component changes. In replica context it
+  // is TF's _replica_ctx_update: a merge_call (every local replica must call it, on the same
+  // variable) that runs update once in cross-replica context, component i computed by replica i's
+  // `fn` (a variable with one copy, e.g. CentralStorage's, by replica 0's, TF's primary).
   Status update(Variable& variable,
                 const std::function<StatusOr<Array>(int component, const Array& current)>& fn);
 
   // --- variables ---------------------------------------------------------------------------------
   // Creates a variable placed by this strategy: a MirroredVariable (ON_WRITE), a
-  // SyncOnReadVariable (ON_READ), or, for CentralStorage, one copy on the parameter device.
+  // SyncOnReadVariable (ON_READ), or, for CentralStorage, one copy on the parameter device. The
+  // default strategy and OneDeviceStrategy create plain variables (TF calls next_creator): one
+  // copy, none of the distributed-variable rules (variable.h).
   // Multi-worker: the chief's initial value is broadcast, so every replica starts identical (every
   // worker must create its variables in the same order). Cross-replica context only.
   StatusOr<Variable> create_variable(const Array& initial_value, VariableOptions options = {});
@@ -275,17 +332,27 @@ class Strategy {
   friend class StrategyScope;
   friend struct VariableImpl;
   struct Pool;
+  // The default strategy for a kDefault handle (make_strategy("default")), else this.
+  Strategy* identity() const;
+  template <typename... Args>
+  Status check_run_args(const Args&... args);
+  Status check_run_arguments(std::span<const char* const> kinds, std::span<const size_t> sizes);
   Status run_erased(const std::function<Status(ReplicaContext&)>& fn);
   StatusOr<std::vector<Array>> all_reduce_local(ReduceOp op, std::span<const Array> per_replica);
   StatusOr<std::vector<Array>> all_gather_local(std::span<const Array> per_replica, int axis);
 
   StrategyParts parts_;
+  int instance_ = 0;
   std::vector<std::unique_ptr<ReplicaContext>> contexts_;
   std::unique_ptr<Pool> pool_;
 };
 
 // The default strategy: one replica on CPU:0, run() calls fn on the calling thread, reduce returns
-// its input. One per program (TF's singleton), created on first use.
+// its input, variables are plain. One per program (TF's singleton), created on first use. TF
+// forbids a second one; here a Strategy made with kind kDefault (make_strategy("default"), or
+// StrategyParts' default kind) is a handle on this one: its run(), scope(), create_variable() and
+// update() act on default_strategy(), its context checks treat it as default_strategy(), and
+// describe() names it as such.
 Strategy& default_strategy();
 
 // --- template definitions ------------------------------------------------------------------------
@@ -300,10 +367,21 @@ struct UnwrapStatusOr<StatusOr<T>> {
 };
 }  // namespace internal
 
+template <typename... Args>
+Status Strategy::check_run_args(const Args&... args) {
+  const char* const kinds[] = {internal::RunArgument<Args>::kKind..., nullptr};
+  const size_t sizes[] = {internal::RunArgument<Args>::size(args)..., 0};
+  return check_run_arguments(std::span<const char* const>(kinds, sizeof...(Args)),
+                             std::span<const size_t>(sizes, sizeof...(Args)));
+}
+
 template <typename Fn, typename... Args>
 auto Strategy::run(Fn&& fn, const Args&... args) {
   using Raw = std::invoke_result_t<Fn&, ReplicaContext&, decltype(select_replica(0, args))...>;
+  // Before select_replica indexes any component.
+  Status bad_args = check_run_args(args...);
   if constexpr (std::is_same_v<Raw, Status> || std::is_void_v<Raw>) {
+    if (!bad_args.ok()) return bad_args;
     return run_erased([&](ReplicaContext& ctx) -> Status {
       if constexpr (std::is_void_v<Raw>) {
         fn(ctx, select_replica(ctx.local_replica_id(), args)...);
@@ -314,6 +392,7 @@ auto Strategy::run(Fn&& fn, const Args&... args) {
     });
   } else {
     using R = typename internal::UnwrapStatusOr<Raw>::type;
+    if (!bad_args.ok()) return StatusOr<PerReplica<R>>(std::move(bad_args));
     std::vector<std::optional<R>> slots(static_cast<size_t>(num_local_replicas()));
     Status s = run_erased([&](ReplicaContext& ctx) -> Status {
       Raw r = fn(ctx, select_replica(ctx.local_replica_id(), args)...);

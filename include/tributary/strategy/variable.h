@@ -16,7 +16,12 @@
 //     every worker, so all workers must read together), ONLY_FIRST_REPLICA (replica 0's copy);
 //     NONE is TF's error. assign(x) with SUM gives every copy x / num_replicas_in_sync (so the
 //     aggregated read returns x), else x; assign_add/assign_sub with SUM are TF's errors.
-//   synchronization NONE: TF's error at creation.
+//   synchronization NONE: TF's error at creation (except for plain variables, below).
+// The default strategy and OneDeviceStrategy create plain variables, as TF does (their
+// _create_variable calls next_creator: a tf.Variable "exactly as code written without any
+// strategy"): one copy, read and updated directly in any context, with none of the rules above.
+// synchronization NONE, MEAN on an integer dtype, assign_add on ON_READ SUM in cross-replica
+// context and reading ON_READ NONE are all allowed; the aggregation is recorded, not applied.
 // CentralStorage keeps ON_WRITE variables once on the parameter device (TF's AggregatingVariable):
 // replica-context updates with SUM/MEAN reduce the replicas' values and apply the result once,
 // ONLY_FIRST_REPLICA applies replica 0's; NONE is TF's error ("You must specify an aggregation
@@ -51,7 +56,8 @@ class Variable {
   const std::string& name() const;
   DType dtype() const;
   const Shape& shape() const;
-  VariableSynchronization synchronization() const;  // ON_WRITE or ON_READ (AUTO resolved)
+  // ON_WRITE or ON_READ (AUTO resolved to ON_WRITE); NONE too for a plain variable.
+  VariableSynchronization synchronization() const;
   VariableAggregation aggregation() const;
   bool trainable() const;
   Strategy& strategy() const;
