@@ -2,6 +2,8 @@
 // shared by every node (specs, error nodes, the sticky iterator base) and compute_batch_size.
 #include "tributary/strategy/dataset.h"
 
+#include <exception>
+#include <string>
 #include <utility>
 
 #include "strategy/data/nodes.h"
@@ -51,7 +53,16 @@ NodePtr error_node(Status status) {
 StatusOr<std::optional<Element>> IteratorBase::get_next() {
   if (!error_.ok()) return error_;
   if (done_) return std::optional<Element>();
-  StatusOr<std::optional<Element>> r = next();
+  // User code below (a map function, a dataset function) may throw: an error in the stream, as
+  // TF's, not an exception through the pipeline, and one that stays (the next call repeats it).
+  StatusOr<std::optional<Element>> r = std::optional<Element>();
+  try {
+    r = next();
+  } catch (const std::exception& e) {
+    r = internal_error(std::string("the input pipeline threw: ") + e.what());
+  } catch (...) {
+    r = internal_error("the input pipeline threw a non-standard exception");
+  }
   if (!r.ok()) {
     error_ = r.status();
   } else if (!r->has_value()) {

@@ -95,27 +95,33 @@ class RangeNode final : public Node {
     return std::make_shared<RangeNode>(start_, stop_, step_);
   }
   ElementSpec element_spec() const override { return {TensorSpec{DType::kInt64, {}}}; }
-  int64_t cardinality() const override {
-    // ceil((stop - start) / step), clamped at 0; computed so that it cannot overflow for
-    // start/stop near the int64 limits (the difference is taken in unsigned arithmetic).
+  // ceil((stop - start) / step), clamped at 0, in unsigned arithmetic so that it cannot overflow
+  // for start/stop near the int64 limits: up to 2^64 - 1 elements.
+  uint64_t count() const {
     if (step_ > 0 && stop_ > start_) {
       const uint64_t span = static_cast<uint64_t>(stop_) - static_cast<uint64_t>(start_);
-      return static_cast<int64_t>((span - 1) / static_cast<uint64_t>(step_) + 1);
+      return (span - 1) / static_cast<uint64_t>(step_) + 1;
     }
     if (step_ < 0 && stop_ < start_) {
       const uint64_t span = static_cast<uint64_t>(start_) - static_cast<uint64_t>(stop_);
       const uint64_t mag = static_cast<uint64_t>(-(step_ + 1)) + 1;
-      return static_cast<int64_t>((span - 1) / mag + 1);
+      return (span - 1) / mag + 1;
     }
     return 0;
+  }
+  // More elements than an int64 counts (a span wider than INT64_MAX) read as infinite, as TF's
+  // cardinality treats a range up to INT64_MAX.
+  int64_t cardinality() const override {
+    const uint64_t n = count();
+    return n > static_cast<uint64_t>(INT64_MAX) ? kInfiniteCardinality : static_cast<int64_t>(n);
   }
 
   StatusOr<std::unique_ptr<DatasetIterator>> make_iterator() const override {
     class It final : public IteratorBase {
      public:
-      It(int64_t start, int64_t step, int64_t count) : next_(start), step_(step), left_(count) {}
+      It(int64_t start, int64_t step, uint64_t count) : next_(start), step_(step), left_(count) {}
       StatusOr<std::optional<Element>> next() override {
-        if (left_ <= 0) return std::optional<Element>();
+        if (left_ == 0) return std::optional<Element>();
         const int64_t v = next_;
         --left_;
         if (left_ > 0) next_ += step_;
@@ -123,9 +129,10 @@ class RangeNode final : public Node {
       }
 
      private:
-      int64_t next_, step_, left_;
+      int64_t next_, step_;
+      uint64_t left_;
     };
-    return std::unique_ptr<DatasetIterator>(std::make_unique<It>(start_, step_, cardinality()));
+    return std::unique_ptr<DatasetIterator>(std::make_unique<It>(start_, step_, count()));
   }
 
  private:

@@ -77,7 +77,7 @@ class BatchNode final : public Node {
   int64_t cardinality() const override {
     const int64_t n = input()->cardinality();
     if (n < 0) return n;
-    return drop_ ? n / n_ : (n + n_ - 1) / n_;
+    return n / n_ + (!drop_ && n % n_ != 0 ? 1 : 0);  // TF's, which cannot overflow
   }
   BatchRole batch_role() const override { return BatchRole::kBatch; }
   int64_t batch_size() const override { return n_; }
@@ -131,7 +131,9 @@ class RepeatNode final : public Node {
     if (count_ < 0) return n == 0 ? 0 : kInfiniteCardinality;
     if (count_ == 0) return 0;
     if (n < 0) return n;
-    return n * count_;
+    int64_t total = 0;
+    // TF multiplies; a product past int64 is unknown here rather than a wrapped number.
+    return __builtin_mul_overflow(n, count_, &total) ? kUnknownCardinality : total;
   }
   BatchRole batch_role() const override { return BatchRole::kPassThrough; }
 
@@ -153,8 +155,10 @@ class RepeatNode final : public Node {
           }
           cur_.reset();
           ++epoch_;
-          // An empty input repeated forever would spin here; TF ends the sequence instead.
-          if (count_ < 0 && !epoch_had_elements_) return std::optional<Element>();
+          // An empty input repeated forever would spin here; TF ends the sequence instead. The
+          // same for a count: the epochs left would be as empty (TF runs through them, which for
+          // a large count spins as long).
+          if (!epoch_had_elements_) return std::optional<Element>();
         }
       }
 
@@ -301,20 +305,65 @@ class MapNode final : public Node {
   StatusOr<std::unique_ptr<DatasetIterator>> make_iterator() const override {
     class It final : public IteratorBase {
      public:
-      It(std::unique_ptr<DatasetIterator> in, MapFn fn) : in_(std::move(in)), fn_(std::move(fn)) {}
+      It(std::unique_ptr<DatasetIterator> in, MapFn fn, std::optional<ElementSpec> spec)
+          : in_(std::move(in)), fn_(std::move(fn)), spec_(std::move(spec)) {}
       StatusOr<std::optional<Element>> next() override {
         TRIBUTARY_ASSIGN_OR_RETURN(std::optional<Element> e, in_->get_next());
         if (!e) return e;
-        TRIBUTARY_ASSIGN_OR_RETURN(Element out, fn_(std::move(*e)));
-        return std::optional<Element>(std::move(out));
+        StatusOr<Element> out = internal_error("map function did not run");
+        try {
+          out = fn_(std::move(*e));
+        } catch (const std::exception& x) {
+          return internal_error(std::string("the map function threw: ") + x.what());
+        } catch (...) {
+          return internal_error("the map function threw a non-standard exception");
+        }
+        if (!out.ok()) return out.status();
+        if (spec_) TRIBUTARY_RETURN_IF_ERROR(check_against_spec(*out, *spec_));
+        return std::optional<Element>(std::move(*out));
       }
 
      private:
+      // TF traces fn, so its output always has the declared structure; here the declaration is
+      // checked on every element, since the spec drives batching and zero-size batches downstream.
+      static Status check_against_spec(const Element& out, const ElementSpec& spec) {
+        auto shape_text = [](const Shape& s) {
+          std::string t = "(";
+          for (size_t i = 0; i < s.size(); ++i) {
+            t += (i ? ", " : "") + (s[i] < 0 ? std::string("None") : std::to_string(s[i]));
+          }
+          return t + (s.size() == 1 ? ",)" : ")");
+        };
+        bool match = out.size() == spec.size();
+        for (size_t c = 0; match && c < out.size(); ++c) {
+          const Shape& want = spec[c].shape;
+          const Shape& got = out[c].shape();
+          match = out[c].dtype() == spec[c].dtype && got.size() == want.size();
+          for (size_t d = 0; match && d < want.size(); ++d)
+            match = want[d] < 0 || want[d] == got[d];
+        }
+        if (match) return ok_status();
+        std::string got = "(", want = "(";
+        for (size_t c = 0; c < out.size(); ++c) {
+          got += (c ? ", " : "") + std::string(dtype_name(out[c].dtype())) + " " +
+                 shape_text(out[c].shape());
+        }
+        for (size_t c = 0; c < spec.size(); ++c) {
+          want += (c ? ", " : "") + std::string(dtype_name(spec[c].dtype)) + " " +
+                  shape_text(spec[c].shape);
+        }
+        return invalid_argument("the map function returned " + got +
+                                ") where its output_spec "
+                                "declares " +
+                                want + "); fix the function or the spec");
+      }
+
       std::unique_ptr<DatasetIterator> in_;
       MapFn fn_;
+      std::optional<ElementSpec> spec_;
     };
     TRIBUTARY_ASSIGN_OR_RETURN(auto in, input()->make_iterator());
-    return std::unique_ptr<DatasetIterator>(std::make_unique<It>(std::move(in), fn_));
+    return std::unique_ptr<DatasetIterator>(std::make_unique<It>(std::move(in), fn_, spec_));
   }
 
  private:

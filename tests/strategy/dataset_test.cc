@@ -127,6 +127,25 @@ TEST(DatasetSources, Range) {
   EXPECT_EQ(must_collect(Dataset::range(10, 0, -4)), (Rows{{10}, {6}, {2}}));
   EXPECT_EQ(must_collect(Dataset::range(5, 5, 1)), Rows{});
   EXPECT_EQ(Dataset::range(0, 5, 0).status(), invalid_argument("step must be a non-zero integer."));
+  // Near the int64 limits: the elements are all there (the count used to wrap to 0 elements).
+  constexpr int64_t kMax = INT64_MAX, kMin = INT64_MIN;
+  auto first = [](const Dataset& ds, size_t n) {  // exact int64 values, at most n
+    std::vector<int64_t> out;
+    auto it = iter(ds);
+    while (it && out.size() < n) {
+      StatusOr<std::optional<Element>> e = it->get_next();
+      if (!e.ok() || !e->has_value()) break;
+      out.push_back(*(**e)[0].data<int64_t>());
+    }
+    return out;
+  };
+  EXPECT_EQ(first(Dataset::range(-1, kMax), 2), (std::vector<int64_t>{-1, 0}));
+  EXPECT_EQ(first(Dataset::range(kMin, 0), 2), (std::vector<int64_t>{kMin, kMin + 1}));
+  EXPECT_EQ(first(Dataset::range(kMax - 2, kMax), 9), (std::vector<int64_t>{kMax - 2, kMax - 1}));
+  EXPECT_EQ(first(Dataset::range(kMin + 1, kMin, -1), 9), (std::vector<int64_t>{kMin + 1}));
+  EXPECT_EQ(Dataset::range(0, kMax).cardinality(), kMax);
+  EXPECT_EQ(Dataset::range(-1, kMax).cardinality(), kInfiniteCardinality);  // past int64
+  EXPECT_EQ(Dataset::range(kMin, kMax).cardinality(), kInfiniteCardinality);
 }
 
 TEST(DatasetSources, FromTensorSlicesAndTensors) {
@@ -205,6 +224,7 @@ TEST(DatasetTransforms, RepeatAndTake) {
             (Rows{{0}, {1}, {2}, {0}, {1}, {2}, {0}}));
   EXPECT_EQ(must_collect(Dataset::range(3).repeat(0)), Rows{});
   EXPECT_EQ(must_collect(Dataset::range(0).repeat()), Rows{});  // ends instead of spinning
+  EXPECT_EQ(must_collect(Dataset::range(0).repeat(INT64_MAX)), Rows{});  // so does a count
   EXPECT_EQ(must_collect(Dataset::range(5).take(-1)).size(), 5u);
   EXPECT_EQ(must_collect(Dataset::range(5).take(0)), Rows{});
   EXPECT_EQ(must_collect(Dataset::range(5).take(9)).size(), 5u);
@@ -239,6 +259,34 @@ TEST(DatasetTransforms, MapAndItsErrors) {
   EXPECT_EQ(it->get_next().status(), aborted("element 2 is bad"));
 
   EXPECT_EQ(Dataset::range(3).map(MapFn()).status().code(), StatusCode::kInvalidArgument);
+
+  // An exception is an error that stays, without a prefetch too (it used to escape get_next(),
+  // and the next call went on past the lost elements).
+  auto throw_at_1 = [](Element e) -> StatusOr<Element> {
+    if (*e[0].data<int64_t>() == 1) throw std::runtime_error("boom");
+    return e;
+  };
+  it = iter(Dataset::range(6).map(throw_at_1).batch(3));
+  for (int i = 0; i < 2; ++i) {
+    StatusOr<std::optional<Element>> r = it->get_next();
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("the map function threw: boom"), std::string::npos)
+        << r.status().message();
+  }
+
+  // What fn returns is checked against its declared output_spec.
+  auto to_floats = [](Element) -> StatusOr<Element> {
+    return Element{*Array::from_vector<float>({1, 2, 3})};
+  };
+  it = iter(Dataset::range(2).map(to_floats, ElementSpec{{DType::kInt64, {}}}));
+  StatusOr<std::optional<Element>> bad = it->get_next();
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("returned (float32 (3,)) where its output_spec declares "
+                                        "(int64 ())"),
+            std::string::npos)
+      << bad.status().message();
+  EXPECT_EQ(must_collect(Dataset::range(2).map(to_floats, ElementSpec{{DType::kFloat32, {-1}}})),
+            (Rows{{1, 2, 3}, {1, 2, 3}}));
 }
 
 // --- shuffle
@@ -495,6 +543,10 @@ TEST(DatasetIntrospection, Cardinality) {
   EXPECT_EQ(must_collect(Dataset::range(10, 0, -3)).size(), 4u);
   EXPECT_EQ(Dataset::range(10).batch(3).cardinality(), 4);
   EXPECT_EQ(Dataset::range(10).batch(3, true).cardinality(), 3);
+  EXPECT_EQ(Dataset::range(10).batch(INT64_MAX).cardinality(), 1);  // TF's way to stack all
+  EXPECT_EQ(Dataset::range(INT64_MAX).batch(2).cardinality(), INT64_MAX / 2 + 1);
+  EXPECT_EQ(Dataset::range(int64_t{1} << 40).repeat(int64_t{1} << 24).cardinality(),
+            kUnknownCardinality);  // past int64: not a wrapped number
   EXPECT_EQ(Dataset::range(10).repeat().cardinality(), kInfiniteCardinality);
   EXPECT_EQ(Dataset::range(10).repeat(3).cardinality(), 30);
   EXPECT_EQ(Dataset::range(10).repeat(0).cardinality(), 0);

@@ -15,19 +15,22 @@
 //  * End of data, two spellings on purpose, as in TF: DatasetIterator is the pipeline's own
 //    interface (every source and transformation implements it, and each one meets the end of its
 //    input on every epoch), so the end is a value, nullopt, never an error to be told apart from
-//    real ones. The strategy-facing iterators follow TF's Python API: DistributedIterator::get_next()
-//    and WorkerContext::next() (parameter_server.h) return kOutOfRange at the end, as TF raises
-//    OutOfRangeError, which ends a step on every replica or a scheduled function with a status that
-//    says why; DistributedIterator::get_next_as_optional() gives nullopt, TF's
-//    get_next_as_optional(). So: a plain Dataset's iterator ends with nullopt; a distributed or
-//    per-worker one ends with OutOfRange unless you ask for the optional.
+//    real ones. The strategy-facing iterators follow TF's Python API:
+//    DistributedIterator::get_next() and WorkerContext::next() (parameter_server.h) return
+//    kOutOfRange at the end, as TF raises OutOfRangeError, which ends a step on every replica or a
+//    scheduled function with a status that says why; DistributedIterator::get_next_as_optional()
+//    gives nullopt, TF's get_next_as_optional(). So: a plain Dataset's iterator ends with nullopt;
+//    a distributed or per-worker one ends with OutOfRange unless you ask for the optional.
 //  * Elements are tuples of CPU Arrays that share storage with whatever produced them; treat them
 //    as immutable (as Array says).
 //  * element_spec() may hold -1 for a dimension that is not known statically (TF's None). It is
 //    empty when the structure is unknown: after map() without an output spec, or for a failed
 //    Dataset.
 //  * Destroying an iterator stops its prefetch threads; it waits at most for the element each of
-//    them is producing at that moment.
+//    them is producing at that moment (chained prefetches stop in turn, the last first).
+//  * A user function that throws (a map function, say) is an error in the stream, kInternal with
+//    the exception's text, repeated by every later get_next(), as TF turns a Python exception
+//    into an error; nothing throws out of get_next().
 #pragma once
 
 #include <cstdint>
@@ -107,7 +110,8 @@ class Dataset {
   // --- transformations -----------------------------------------------------------------------
   // Stacks n consecutive elements (the last batch may be smaller unless drop_remainder).
   Dataset batch(int64_t batch_size, bool drop_remainder = false) const;
-  // count < 0: forever.
+  // count < 0: forever. An epoch without elements ends the sequence (the rest would be as
+  // empty; TF ends an empty input repeated forever, and runs through a count of empty epochs).
   Dataset repeat(int64_t count = -1) const;
   // TF's buffered shuffle; the order is a function of seed and of how many iterators this Dataset
   // (or a copy) has made before, unless reshuffle_each_iteration is false.
@@ -115,7 +119,9 @@ class Dataset {
   // Elements whose position p satisfies p % num_shards == index.
   Dataset shard(int64_t num_shards, int64_t index) const;
   // `fn` runs in get_next (on the prefetch thread when a prefetch follows); its errors surface
-  // there. `output_spec` declares what fn returns; without it element_spec() becomes unknown.
+  // there. `output_spec` declares what fn returns (each element is checked against it: a
+  // different number of components, dtype, rank or known dimension is kInvalidArgument); without
+  // it element_spec() becomes unknown.
   Dataset map(MapFn fn, std::optional<ElementSpec> output_spec = std::nullopt) const;
   // The first `count` elements (count < 0: all).
   Dataset take(int64_t count) const;
