@@ -48,7 +48,7 @@ ReplicaContext* get_replica_context() {
 bool in_cross_replica_context() { return get_replica_context() == nullptr; }
 
 Strategy* Strategy::identity() const {
-  if (parts_.kind == StrategyKind::kDefault) return &default_strategy();
+  if (parts_.default_handle) return &default_strategy();
   return const_cast<Strategy*>(this);
 }
 

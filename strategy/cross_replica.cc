@@ -175,9 +175,10 @@ StatusOr<std::vector<Array>> Strategy::all_reduce_local(ReduceOp op,
                                                         std::span<const Array> per_replica) {
   TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, per_replica, "all_reduce"));
   // TF's MEAN is the sum divided with `/` (truediv): an integer mean is a float64, not the
-  // backend's integer MEAN (which truncates). So integers are summed, then divided here. The
-  // default strategy and OneDevice return the value itself (TF's _reduce_to there returns it).
-  const bool plain = kind() == StrategyKind::kDefault || kind() == StrategyKind::kOneDevice;
+  // backend's integer MEAN (which truncates). So integers are summed, then divided here. With one
+  // replica in sync (the default strategy, OneDevice, a one-device Mirrored, one worker of one
+  // replica) TF's CrossDeviceOps.reduce takes its shortcut and returns the value itself.
+  const bool plain = num_replicas_in_sync() == 1;
   const bool true_division =
       op == ReduceOp::kMean && !plain && !dtype_is_floating(per_replica[0].dtype());
   std::vector<Array> inputs, outputs;

@@ -65,13 +65,14 @@ StrategyParts parts_of(StrategyKind kind, std::string name, std::vector<Device> 
 }
 
 StatusOr<std::unique_ptr<Strategy>> single_replica(StrategyKind kind, std::string name,
-                                                   Device device) {
+                                                   Device device, bool default_handle = false) {
   BackendContext context;
   context.devices = {device};
   TRIBUTARY_ASSIGN_OR_RETURN(
       auto ops, create_backend(registry_or_builtin(nullptr), "reduction_to_one_device", context));
   StrategyParts parts = parts_of(kind, std::move(name), {device}, std::move(ops));
   parts.parameter_device = device;
+  parts.default_handle = default_handle;
   return std::make_unique<Strategy>(std::move(parts));
 }
 
@@ -266,8 +267,9 @@ StatusOr<std::unique_ptr<Strategy>> make_strategy(std::string_view name, int rep
   for (int i = 0; i < replicas; ++i) cpus.push_back(Device::cpu(i));
   if (name == "default") {
     // TF forbids a second default strategy, and a unique_ptr cannot hold the singleton: this is a
-    // handle on default_strategy() (a kDefault Strategy acts as it, strategy.h).
-    return single_replica(StrategyKind::kDefault, "DefaultStrategy", Device::cpu(0));
+    // handle on default_strategy() (strategy.h).
+    return single_replica(StrategyKind::kDefault, "DefaultStrategy", Device::cpu(0),
+                          /*default_handle=*/true);
   }
   if (name == "one_device") return make_one_device_strategy(Device::cpu(0));
   if (name == "mirrored") return make_mirrored_strategy({cpus, backend, nullptr});

@@ -438,12 +438,21 @@ void bind_factories(py::module_& m) {
           return made(make_central_storage_strategy(std::move(o)));
         }, py::arg("compute_devices") = py::none(), py::arg("parameter_device") = py::none(),
         py::arg("cross_device_ops") = py::none());
-  m.def("make_strategy", [](const std::string& name, int replicas, const std::string& backend) {
+  m.def(
+      "make_strategy",
+      [](const std::string& name, int replicas, const std::string& backend) -> py::object {
+        // TF's one default strategy: the object get_strategy() returns outside any scope.
+        if (name == "default") return strategy_object(default_strategy());
+        std::unique_ptr<Strategy> s;
+        {
           py::gil_scoped_release release;
-          return made(make_strategy(name, replicas, backend));
-        }, py::arg("name"), py::arg("replicas") = 1, py::arg("backend") = "",
-        "By name: 'default', 'one_device', 'mirrored', 'multi_worker_mirrored', "
-        "'central_storage', with `replicas` CPU replicas and a backend spec ('' = default).");
+          s = made(make_strategy(name, replicas, backend));
+        }
+        return py::cast(std::move(s));
+      },
+      py::arg("name"), py::arg("replicas") = 1, py::arg("backend") = "",
+      "By name: 'default', 'one_device', 'mirrored', 'multi_worker_mirrored', "
+      "'central_storage', with `replicas` CPU replicas and a backend spec ('' = default).");
 }
 
 void bind_strategy_class(py::module_& m) {

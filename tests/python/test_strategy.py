@@ -204,6 +204,11 @@ def test_strategies_by_name():
         assert s.num_replicas_in_sync >= 1
     with pytest.raises(tributary.Error, match="unknown strategy"):
         tributary.make_strategy("mirrorred")
+    # TF's one default strategy: the same object as get_strategy() outside any scope.
+    d = tributary.make_strategy("default")
+    assert d is tributary.get_strategy()
+    with d.scope():
+        assert tributary.get_strategy() is d
     assert tributary.OneDeviceStrategy("CPU:0").num_replicas_in_sync == 1
     assert tributary.CentralStorageStrategy(["CPU:0", "CPU:1"]).num_replicas_in_sync == 2
     with pytest.raises(tributary.Error):

@@ -838,6 +838,34 @@ TEST(OneDeviceStrategyTest, IntegerMeanReturnsTheValue) {
   ASSERT_TRUE(along.ok()) << along.status().to_string();
   EXPECT_EQ(along->dtype(), DType::kFloat64);
   EXPECT_EQ(along->to_vector<double>(), std::vector<double>{1.5});
+  // So does any strategy with one replica in sync: TF's CrossDeviceOps.reduce shortcut.
+  MirroredStrategyOptions o;
+  o.devices = {Device::cpu(0)};
+  auto one = make_mirrored_strategy(o);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto m = (*one)->reduce(ReduceOp::kMean, PerReplica<Array>({t}));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_TRUE(m->equals(t)) << dtype_name(m->dtype());
+  auto mr = (*one)->run([&](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kMean, t); });
+  ASSERT_TRUE(mr.ok()) << mr.status().to_string();
+  EXPECT_TRUE((*mr)[0].equals(t));
+}
+
+// Only make_strategy("default") makes a handle: a Strategy built from StrategyParts of kind
+// kDefault by hand is a strategy of its own, on its own devices.
+TEST(DefaultStrategyTest, OnlyMakeStrategyMakesAHandle) {
+  StrategyParts parts;
+  parts.devices = {Device::cpu(1)};
+  BackendContext context;
+  context.devices = parts.devices;
+  auto ops = builtin_backends().create("reduction_to_one_device", context);
+  ASSERT_TRUE(ops.ok()) << ops.status().to_string();
+  parts.cross_device_ops = std::move(*ops);
+  Strategy own(std::move(parts));
+  auto ran = own.run([](ReplicaContext& ctx) { return &ctx.strategy(); });
+  ASSERT_TRUE(ran.ok()) << ran.status().to_string();
+  EXPECT_EQ((*ran)[0], &own);
+  EXPECT_EQ(own.worker_devices(), std::vector<Device>{Device::cpu(1)});
 }
 
 // run() ends with the first replica error in time (TF's Coordinator keeps the first

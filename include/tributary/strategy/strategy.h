@@ -211,10 +211,12 @@ struct VariableOptions {
 
 enum class StrategyKind { kDefault, kOneDevice, kMirrored, kMultiWorkerMirrored, kCentralStorage };
 
-// What a concrete strategy selects (strategies.h builds these). A Strategy made with kind
-// kDefault is a handle on default_strategy() (see there).
+// What a concrete strategy selects (strategies.h builds these).
 struct StrategyParts {
   StrategyKind kind = StrategyKind::kDefault;
+  // Set by make_strategy("default") only: the Strategy is a handle on default_strategy() (see
+  // there).
+  bool default_handle = false;
   std::string name = "DefaultStrategy";              // TF's class name, for messages
   std::vector<Device> devices = {Device::cpu()};     // local replicas, in order
   std::unique_ptr<CrossDeviceOps> cross_device_ops;  // spans devices x workers
@@ -332,7 +334,7 @@ class Strategy {
   friend class StrategyScope;
   friend struct VariableImpl;
   struct Pool;
-  // The default strategy for a kDefault handle (make_strategy("default")), else this.
+  // The default strategy for a handle (make_strategy("default")), else this.
   Strategy* identity() const;
   template <typename... Args>
   Status check_run_args(const Args&... args);
@@ -349,10 +351,10 @@ class Strategy {
 
 // The default strategy: one replica on CPU:0, run() calls fn on the calling thread, reduce returns
 // its input, variables are plain. One per program (TF's singleton), created on first use. TF
-// forbids a second one; here a Strategy made with kind kDefault (make_strategy("default"), or
-// StrategyParts' default kind) is a handle on this one: its run(), scope(), create_variable() and
-// update() act on default_strategy(), its context checks treat it as default_strategy(), and
-// describe() names it as such.
+// forbids a second one; here make_strategy("default") (which must return an owner) gives a handle
+// on this one: its run(), scope(), create_variable() and update() act on default_strategy(), its
+// context checks treat it as default_strategy(), and describe() names it as such. Python's
+// make_strategy("default") returns default_strategy() itself.
 Strategy& default_strategy();
 
 // --- template definitions ------------------------------------------------------------------------
