@@ -1,13 +1,14 @@
 // save_checkpoint / restore_checkpoint: a small self-describing binary file written by the chief
 // (its layout: checkpoint_format.h).
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "fmt/format.h"
 #include "strategy/checkpoint_format.h"
@@ -17,7 +18,39 @@ namespace tributary {
 namespace checkpoint_internal {
 namespace {
 
+constexpr std::string_view kMagicStem = "TRIBUTARY-CKPT-";
 constexpr std::string_view kMagic = "TRIBUTARY-CKPT-1\n";
+
+// An errno from a file operation as a Status whose code says what to do about it.
+Status file_error(int err, std::string what) {
+  what += std::string(": ") + std::strerror(err);
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return not_found(std::move(what));
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return failed_precondition(std::move(what) + " (permission denied)");
+    case EISDIR:
+      return invalid_argument(std::move(what));
+    case ENOSPC:
+    case EDQUOT:
+      return resource_exhausted(std::move(what));
+    default:
+      return unavailable(std::move(what));
+  }
+}
+
+// The bytes a dtype and shape take, or false when the shape is negative or overflows.
+bool shape_bytes(DType dtype, const Shape& shape, uint64_t* bytes) {
+  uint64_t n = dtype_size(dtype);
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  }
+  *bytes = n;
+  return true;
+}
 
 uint64_t fnv1a(std::string_view bytes) {
   uint64_t h = 1469598103934665603ull;
@@ -81,6 +114,13 @@ StatusOr<std::map<std::string, Array>> decode(const std::string& path, std::stri
                     "written by save_checkpoint and copied whole?",
                     path, why));
   };
+  if (data.substr(0, kMagicStem.size()) == kMagicStem && data.substr(0, kMagic.size()) != kMagic) {
+    const std::string_view rest = data.substr(kMagicStem.size());
+    return unimplemented(fmt::format(
+        "checkpoint '{}' has format '{}', which this version of tributary does not read (it reads "
+        "format 1): restore it with the version that wrote it",
+        path, rest.substr(0, std::min<size_t>(rest.find('\n'), 16))));
+  }
   if (data.size() < kMagic.size() + 16 || data.substr(0, kMagic.size()) != kMagic) {
     return corrupt("bad header");
   }
@@ -104,41 +144,101 @@ StatusOr<std::map<std::string, Array>> decode(const std::string& path, std::stri
     for (auto& d : shape) {
       if (!r.get(d)) return corrupt("bad shape");
     }
-    uint64_t nbytes;
+    uint64_t nbytes, expected = 0;
     if (!r.get(nbytes) || !r.bytes(nbytes, bytes)) return corrupt("bad data");
+    // Checked before allocating: a damaged shape never asks for more memory than the file holds.
+    if (!shape_bytes(static_cast<DType>(dtype), shape, &expected) || expected != nbytes) {
+      return corrupt("size does not match shape");
+    }
     StatusOr<Array> a = Array::zeros(static_cast<DType>(dtype), shape);
-    if (!a.ok() || a->nbytes() != nbytes) return corrupt("size does not match shape");
+    if (!a.ok()) return a.status();
     if (nbytes) std::memcpy(a->mutable_data<void>(), bytes.data(), nbytes);
-    out.emplace(std::string(name), *a);
+    if (!out.emplace(std::string(name), *a).second) {
+      return corrupt(fmt::format("two entries named '{}'", name));
+    }
   }
+  if (r.pos() != body.size() - kMagic.size()) return corrupt("bytes after the last entry");
   return out;
 }
 
 Status write_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  f.close();
-  Status written;
-  if (!f) {
-    written =
-        unavailable(fmt::format("could not write checkpoint '{}': {}", tmp, std::strerror(errno)));
-  } else if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    written = unavailable(
-        fmt::format("could not rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+  // A temporary file of its own beside `path` (mkstemp: O_EXCL, so neither another save of the same
+  // path nor a link planted there is written through), synced, renamed over `path`, and the
+  // directory synced: a crash leaves the old checkpoint or the new one, never a part of one.
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    return file_error(errno, fmt::format("cannot create checkpoint '{}' (a temporary file beside "
+                                         "it)",
+                                         path));
   }
-  if (!written.ok()) std::remove(tmp.c_str());
+  Status written;
+  for (size_t done = 0; done < bytes.size() && written.ok();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      written = file_error(n < 0 ? errno : EIO, fmt::format("cannot write checkpoint "
+                                                            "'{}'",
+                                                            path));
+    else
+      done += static_cast<size_t>(n);
+  }
+  if (written.ok() && ::fsync(fd) != 0) {
+    written = file_error(errno, fmt::format("cannot sync checkpoint '{}'", path));
+  }
+  if (::close(fd) != 0 && written.ok()) {
+    written = file_error(errno, fmt::format("cannot write checkpoint '{}'", path));
+  }
+  if (written.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    written = file_error(errno, fmt::format("cannot put checkpoint '{}' in place", path));
+  }
+  if (!written.ok()) {
+    ::unlink(tmp.c_str());
+    return written;
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);  // best effort: some file systems refuse to sync a directory
+    ::close(dfd);
+  }
   return written;
 }
 
 StatusOr<std::string> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    return not_found(fmt::format("checkpoint '{}' cannot be opened: {}", path, std::strerror(errno)));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return file_error(errno, fmt::format("checkpoint '{}' cannot be opened", path));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return file_error(err, fmt::format("checkpoint '{}' cannot be read", path));
   }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return invalid_argument(
+        fmt::format("checkpoint '{}' is {}, not a file", path,
+                    S_ISDIR(st.st_mode) ? "a directory" : "not a regular file"));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return file_error(err, fmt::format("cannot read checkpoint '{}'", path));
+    }
+    if (n == 0) break;  // shorter than it was: the checksum refuses it
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
 }
 
 StatusOr<Array> find_entry(const std::string& path, const std::map<std::string, Array>& saved,
@@ -162,7 +262,8 @@ StatusOr<Array> find_entry(const std::string& path, const std::map<std::string, 
 
 namespace {
 
-constexpr size_t kMessageBytes = 1024;  // the chief's status, broadcast to every worker
+constexpr size_t kMessageBytes = 1024;            // a worker's status, gathered by every worker
+constexpr size_t kSlotBytes = kMessageBytes + 8;  // the status, then the digest of the names
 
 Status check_variables(std::span<const Variable> variables, Strategy*& strategy) {
   std::set<std::string> names;
@@ -186,37 +287,95 @@ Status check_variables(std::span<const Variable> variables, Strategy*& strategy)
   return ok_status();
 }
 
-// The chief's status, made known to every worker (the others return it too, so none waits for a
-// broadcast that never comes).
-Status agree(Strategy& s, const Status& chief_status) {
-  if (s.num_workers() == 1) return chief_status;
-  StatusOr<Array> buf = Array::zeros(DType::kUInt8, Shape{static_cast<int64_t>(kMessageBytes)});
-  if (!buf.ok()) return buf.status();
-  if (s.is_chief() && !chief_status.ok()) {
-    std::string m = chief_status.message();
-    m.resize(std::min(m.size(), kMessageBytes - 2));
-    auto* p = buf->mutable_data<uint8_t>();
-    p[0] = static_cast<uint8_t>(chief_status.code());
-    std::memcpy(p + 1, m.data(), m.size());
+// The variables' names in order, as one number: workers that pass different lists (or the same in
+// another order) would save or restore one variable's value into another.
+uint64_t names_digest(std::span<const Variable> variables) {
+  std::string all;
+  for (const Variable& v : variables) {
+    all += v.name();
+    all += '\0';
   }
-  StatusOr<Array> out = Array::zeros(DType::kUInt8, Shape{static_cast<int64_t>(kMessageBytes)});
-  if (!out.ok()) return out.status();
-  TRIBUTARY_RETURN_IF_ERROR(
-      s.cross_device_ops().broadcast(buf->tensor(), Mirrored<Tensor>({out->tensor()}), 0).wait());
-  const auto* p = out->data<uint8_t>();
-  if (p[0] == 0) return ok_status();
-  if (s.is_chief()) return chief_status;
-  return Status(static_cast<StatusCode>(p[0]),
-                "on the chief: " + std::string(reinterpret_cast<const char*>(p + 1)));
+  return checkpoint_internal::fnv1a(all);
+}
+
+// Every worker's status (and the digest of its variables' names) made known to every worker, in
+// one all-gather: each returns its own error, else the first other worker's, else, when the
+// digests differ, an error naming the workers whose lists differ. So no worker goes on, or waits
+// for a collective, alone.
+Status agree(Strategy& s, const Status& mine, uint64_t digest, std::string_view what) {
+  if (s.num_workers() == 1) return mine;
+  const int R = s.num_local_replicas();
+  const int N = s.num_replicas_in_sync();
+  std::vector<Array> in, out;
+  for (int i = 0; i < R; ++i) {
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array a, Array::zeros(DType::kUInt8, Shape{static_cast<int64_t>(kSlotBytes)}));
+    auto* p = a.mutable_data<uint8_t>();
+    if (!mine.ok()) {
+      std::string m = mine.message();
+      m.resize(std::min(m.size(), kMessageBytes - 2));
+      p[0] = static_cast<uint8_t>(mine.code());
+      std::memcpy(p + 1, m.data(), m.size());
+    }
+    std::memcpy(p + kMessageBytes, &digest, sizeof digest);
+    TRIBUTARY_ASSIGN_OR_RETURN(a, a.to_device(s.worker_devices()[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array o, Array::zeros(DType::kUInt8, Shape{static_cast<int64_t>(N * kSlotBytes)},
+                              s.worker_devices()[i]));
+    in.push_back(std::move(a));
+    out.push_back(std::move(o));
+  }
+  std::vector<Tensor> ti, to;
+  for (int i = 0; i < R; ++i) {
+    ti.push_back(in[i].tensor());
+    to.push_back(out[i].tensor());
+  }
+  Status gathered =
+      s.cross_device_ops()
+          .all_gather(PerReplica<Tensor>(std::move(ti)), PerReplica<Tensor>(std::move(to)))
+          .wait();
+  if (!mine.ok()) return mine;
+  if (!gathered.ok()) {
+    return gathered.with_context(fmt::format("{}: agreeing with the other workers", what));
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(Array host, out[0].to_device(Device::cpu()));
+  const auto* all = host.data<uint8_t>();
+  auto slot = [&](int w) { return all + static_cast<size_t>(w) * R * kSlotBytes; };  // replica 0
+  uint64_t first = 0;
+  std::memcpy(&first, slot(0) + kMessageBytes, sizeof first);
+  std::string differ;
+  for (int w = 0; w < s.num_workers(); ++w) {
+    const uint8_t* p = slot(w);
+    if (p[0] != 0) {
+      return Status(static_cast<StatusCode>(p[0]),
+                    fmt::format("{} failed on worker {}: {}", what, w,
+                                std::string(reinterpret_cast<const char*>(p + 1))));
+    }
+    uint64_t d = 0;
+    std::memcpy(&d, p + kMessageBytes, sizeof d);
+    if (d != first) differ += (differ.empty() ? "" : ", ") + std::to_string(w);
+  }
+  if (!differ.empty()) {
+    return invalid_argument(fmt::format(
+        "{}: worker(s) {} passed other variables than worker 0, or the same in another order; "
+        "pass the same list, in the same order, on every worker",
+        what, differ));
+  }
+  return ok_status();
 }
 
 }  // namespace
 
 Status save_checkpoint(const std::string& path, std::span<const Variable> variables) {
   Strategy* s = nullptr;
-  TRIBUTARY_RETURN_IF_ERROR(check_variables(variables, s));
-  if (s == nullptr) s = &get_strategy();
+  const Status checked = check_variables(variables, s);
+  if (s == nullptr) {
+    if (!checked.ok()) return checked;
+    s = &get_strategy();
+  }
   TRIBUTARY_RETURN_IF_ERROR(s->require_cross_replica("save_checkpoint"));
+  const uint64_t digest = names_digest(variables);
+  TRIBUTARY_RETURN_IF_ERROR(agree(*s, checked, digest, "save_checkpoint"));
   std::vector<std::pair<std::string, Array>> entries;
   for (const Variable& v : variables) {
     TRIBUTARY_ASSIGN_OR_RETURN(Array value, v.read());  // ON_READ: aggregated, on every worker
@@ -225,14 +384,19 @@ Status save_checkpoint(const std::string& path, std::span<const Variable> variab
   const std::string out = checkpoint_internal::encode(entries);
   Status written;
   if (s->should_checkpoint()) written = checkpoint_internal::write_atomically(path, out);
-  return agree(*s, written);
+  return agree(*s, written, digest, "save_checkpoint");
 }
 
 Status restore_checkpoint(const std::string& path, std::span<const Variable> variables) {
   Strategy* s = nullptr;
-  TRIBUTARY_RETURN_IF_ERROR(check_variables(variables, s));
-  if (s == nullptr) s = &get_strategy();
+  const Status checked = check_variables(variables, s);
+  if (s == nullptr) {
+    if (!checked.ok()) return checked;
+    s = &get_strategy();
+  }
   TRIBUTARY_RETURN_IF_ERROR(s->require_cross_replica("restore_checkpoint"));
+  const uint64_t digest = names_digest(variables);
+  TRIBUTARY_RETURN_IF_ERROR(agree(*s, checked, digest, "restore_checkpoint"));
   std::map<std::string, Array> saved;
   Status loaded;
   if (s->is_chief()) {
@@ -250,7 +414,7 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
       loaded = checkpoint_internal::find_entry(path, saved, v.name(), v.dtype(), v.shape()).status();
     }
   }
-  TRIBUTARY_RETURN_IF_ERROR(agree(*s, loaded));
+  TRIBUTARY_RETURN_IF_ERROR(agree(*s, loaded, digest, "restore_checkpoint"));
   // Every value is known good on the chief: share them, then assign (nothing changed before here).
   std::vector<Array> values;
   for (const Variable& v : variables) {
@@ -269,13 +433,16 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
     }
     values.push_back(std::move(value));
   }
-  for (size_t i = 0; i < variables.size(); ++i) {
+  Status assigned;
+  for (size_t i = 0; i < variables.size() && assigned.ok(); ++i) {
     // Cross-replica assign is TF's restore rule: ON_READ SUM splits the value evenly across the
     // replicas; everything else gives every copy the value.
     Variable v = variables[i];
-    TRIBUTARY_RETURN_IF_ERROR(v.assign(values[i]));
+    assigned = v.assign(values[i]);
   }
-  return ok_status();
+  // Every value was checked before; an assignment can still fail (memory, a device): the workers
+  // agree on the outcome.
+  return agree(*s, assigned, digest, "restore_checkpoint");
 }
 
 }  // namespace tributary

@@ -262,6 +262,38 @@ TEST_P(MultiWorkerTest, CheckpointWrittenByTheChiefRestoredEverywhereByBroadcast
 // The collective timeout in these tests is 20 s: failing well before it shows the peers were told.
 constexpr auto kPromptly = std::chrono::seconds(8);
 
+// Workers that pass different lists (here, the same variables in another order) would restore one
+// variable's value into another: every worker refuses, naming the workers. A worker's own error
+// (two variables of one name) reaches the others at once, with its reason.
+TEST_P(MultiWorkerTest, CheckpointsRefuseWorkersThatDisagree) {
+  const std::string path = dir_ + "/order.ckpt";
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 1);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    auto a = st.create_variable(*Array::from_vector<float>({1, 2}), {"a"});
+    auto b = st.create_variable(*Array::from_vector<float>({3, 4}), {"b"});
+    CHILD_OK(a.status());
+    CHILD_OK(b.status());
+    CHILD_OK(save_checkpoint(path, std::vector<Variable>{*a, *b}));
+    std::vector<Variable> mine =
+        rank == 0 ? std::vector<Variable>{*a, *b} : std::vector<Variable>{*b, *a};
+    Status order = restore_checkpoint(path, mine);
+    CHILD_CHECK(order.code() == StatusCode::kInvalidArgument);
+    CHILD_CHECK(order.message().find("worker(s) 1 passed other variables") != std::string::npos);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<Variable> dup =
+        rank == 1 ? std::vector<Variable>{*a, *a} : std::vector<Variable>{*a, *b};
+    Status twice = save_checkpoint(path, dup);
+    CHILD_CHECK(!twice.ok());
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < kPromptly);
+    CHILD_CHECK(twice.message().find("two variables are named 'a'") != std::string::npos);
+    if (rank == 0) CHILD_CHECK(twice.message().find("on worker 1") != std::string::npos);
+    CHILD_CHECK((a->values()[0].to_vector<float>() == std::vector<float>{1, 2}));
+    return kChildOk;
+  });
+}
+
 TEST_P(MultiWorkerTest, AWorkerThatDiesFailsTheOthersInsteadOfHangingThem) {
   auto r = testing::run_group(2, std::chrono::seconds(60), [&](int rank) {
     auto s = make(rank, 2, 2);

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "strategy/checkpoint_format.h"
 #include "tributary/strategy/strategies.h"
 
 namespace tributary {
@@ -428,6 +430,103 @@ TEST_F(CheckpointTest, BadFilesAndMismatchesChangeNothing) {
   EXPECT_EQ(w.values()[0].to_vector<float>(), (std::vector<float>{4, 4}));
   std::vector<Variable> dup = {w, w};
   EXPECT_THAT(save_checkpoint(path_, dup).message(), HasSubstr("two variables are named 'w'"));
+}
+
+// Saves of one path from two threads at once each leave a whole checkpoint (they shared one
+// temporary file, and an interleaved one could be renamed into place by the save that reported ok).
+TEST_F(CheckpointTest, ConcurrentSavesOfOnePathLeaveAWholeFile) {
+  auto a = make_one_device_strategy(Device::cpu(0));
+  auto b = make_one_device_strategy(Device::cpu(0));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto wa = *(*a)->create_variable(*Array::from_vector(std::vector<float>(1 << 20, 1.0f)), {"w"});
+  auto wb = *(*b)->create_variable(*Array::from_vector(std::vector<float>(1 << 20, 2.0f)), {"w"});
+  for (int round = 0; round < 5; ++round) {
+    Status sa, sb;
+    std::thread ta([&] { sa = save_checkpoint(path_, std::vector<Variable>{wa}); });
+    std::thread tb([&] { sb = save_checkpoint(path_, std::vector<Variable>{wb}); });
+    ta.join();
+    tb.join();
+    ASSERT_TRUE(sa.ok()) << sa.to_string();
+    ASSERT_TRUE(sb.ok()) << sb.to_string();
+    auto c = make_one_device_strategy(Device::cpu(0));
+    auto wc = *(*c)->create_variable(*Array::from_vector(std::vector<float>(1 << 20, 0.0f)), {"w"});
+    Status restored = restore_checkpoint(path_, std::vector<Variable>{wc});
+    ASSERT_TRUE(restored.ok()) << restored.to_string();
+    const std::vector<float> got = wc.read()->to_vector<float>();
+    EXPECT_TRUE(got == std::vector<float>(1 << 20, 1.0f) ||
+                got == std::vector<float>(1 << 20, 2.0f));
+  }
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(path_).parent_path())) {
+    EXPECT_EQ(e.path().string().rfind(path_ + ".tmp", 0), std::string::npos) << "left " << e.path();
+  }
+}
+
+// A file whose entries were tampered with (and its checksum recomputed, as anyone can) is refused
+// before anything is allocated from it; so are duplicates, trailing bytes and another format.
+TEST_F(CheckpointTest, CraftedFilesAreRefused) {
+  auto fnv = [](std::string_view b) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : b) h = (h ^ c) * 1099511628211ull;
+    return h;
+  };
+  auto seal = [&](std::string body) {  // the file's checksum over `body`
+    const uint64_t h = fnv(body);
+    body.append(reinterpret_cast<const char*>(&h), 8);
+    return body;
+  };
+  auto write = [&](const std::string& bytes) {
+    std::ofstream(path_, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  auto s = make_one_device_strategy(Device::cpu(0));
+  auto w = *(*s)->create_variable(Array::scalar(5.0f), {"w"});
+  std::vector<Variable> vars = {w};
+  auto refused = [&](std::string_view why) {
+    Status r = restore_checkpoint(path_, vars);
+    EXPECT_EQ(r.code(), StatusCode::kInvalidArgument) << r.to_string();
+    EXPECT_THAT(r.message(), HasSubstr(std::string(why)));
+    EXPECT_EQ(w.read()->to_vector<float>(), std::vector<float>{5.0f});
+  };
+  // float32[2^40] claimed, 0 bytes of data.
+  std::string body = "TRIBUTARY-CKPT-1\n";
+  auto put = [&](auto v) { body.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(uint64_t{1});
+  put(uint32_t{1});
+  body += "w";
+  put(static_cast<uint8_t>(DType::kFloat32));
+  put(uint8_t{1});
+  put(int64_t{1} << 40);
+  put(uint64_t{0});
+  write(seal(body));
+  refused("size does not match shape");
+  // Two entries named w.
+  const std::string one = checkpoint_internal::encode({{"w", Array::scalar(1.0f)}});
+  const std::string two =
+      checkpoint_internal::encode({{"w", Array::scalar(1.0f)}, {"w", Array::scalar(2.0f)}});
+  write(two);
+  refused("two entries named 'w'");
+  // Bytes after the last entry.
+  write(seal(one.substr(0, one.size() - 8) + "junk"));
+  refused("bytes after the last entry");
+  // Another format version: said so, not "corrupt".
+  write("TRIBUTARY-CKPT-2\n" + one.substr(17));
+  Status newer = restore_checkpoint(path_, vars);
+  EXPECT_EQ(newer.code(), StatusCode::kUnimplemented) << newer.to_string();
+  EXPECT_THAT(newer.message(), HasSubstr("format '2'"));
+}
+
+TEST_F(CheckpointTest, PathErrorsSayWhatIsWrong) {
+  auto s = make_one_device_strategy(Device::cpu(0));
+  auto w = *(*s)->create_variable(Array::scalar(5.0f), {"w"});
+  std::vector<Variable> vars = {w};
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  Status is_dir = restore_checkpoint(dir, vars);
+  EXPECT_EQ(is_dir.code(), StatusCode::kInvalidArgument) << is_dir.to_string();
+  EXPECT_THAT(is_dir.message(), HasSubstr("is a directory"));
+  const std::string nowhere = dir + "/no-such-dir-" + std::to_string(::getpid()) + "/model.ckpt";
+  Status missing_dir = save_checkpoint(nowhere, vars);
+  EXPECT_EQ(missing_dir.code(), StatusCode::kNotFound) << missing_dir.to_string();
+  EXPECT_THAT(missing_dir.message(), HasSubstr("cannot create checkpoint '" + nowhere + "'"));
 }
 
 }  // namespace
