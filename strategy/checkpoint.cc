@@ -42,6 +42,21 @@ Status file_error(int err, std::string what) {
   }
 }
 
+// The process's umask, read without changing it (umask() sets it, racing other threads' files):
+// /proc/self/status says it; 022 where that is not known.
+mode_t current_umask() {
+  FILE* f = std::fopen("/proc/self/status", "re");
+  unsigned mask = 022;
+  if (f != nullptr) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::sscanf(line, "Umask: %o", &mask) == 1) break;
+    }
+    std::fclose(f);
+  }
+  return static_cast<mode_t>(mask);
+}
+
 // The bytes a dtype and shape take, or false when the shape is negative or overflows.
 bool shape_bytes(DType dtype, const Shape& shape, uint64_t* bytes) {
   uint64_t n = dtype_size(dtype);
@@ -173,6 +188,10 @@ Status write_atomically(const std::string& path, const std::string& bytes) {
                                          path));
   }
   Status written;
+  // mkstemp makes the file 0600; a checkpoint gets the mode any new file would (0666 less umask).
+  if (::fchmod(fd, 0666 & ~current_umask()) != 0) {
+    written = file_error(errno, fmt::format("cannot set the mode of checkpoint '{}'", path));
+  }
   for (size_t done = 0; done < bytes.size() && written.ok();) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -389,6 +390,12 @@ TEST_F(CheckpointTest, RoundTripWithTfsOnReadSumRule) {
        }).ok());
   std::vector<Variable> vars = {w, count, mean};
   ASSERT_TRUE(save_checkpoint(path_, vars).ok());
+  // The mode of any new file (its temporary file was mkstemp's 0600).
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  struct stat file {};
+  ASSERT_EQ(::stat(path_.c_str(), &file), 0);
+  EXPECT_EQ(file.st_mode & 0777, 0666 & ~mask);
   // Change everything, then restore into a fresh strategy's variables of the same names.
   auto s2 = mirrored(2);
   auto w2 = *s2->create_variable(*Array::from_vector<float>({0, 0}), {"w"});
