@@ -63,9 +63,8 @@ def main(argv):
                                synchronization="on_write", aggregation="sum")
         dataset = strategy.experimental_distribute_dataset(make_dataset(a))
 
-        def train_step(batch):
+        def train_step(x, y):
             """One replica's step on its share of the global batch."""
-            x, y = batch
             wf, bf = np.float32(w.read()[0, 0]), np.float32(b.read()[0])
             err = wf * x[:, 0] + bf - y[:, 0]
             per_example = err * err
@@ -82,8 +81,8 @@ def main(argv):
 
         for epoch in range(1, a.epochs + 1):
             total, steps = 0.0, 0
-            for batch in dataset:
-                losses = strategy.run(train_step, args=(batch,))
+            for x, y in dataset:  # a tuple of PerReplica, as TF
+                losses = strategy.run(train_step, args=(x, y))
                 total += float(strategy.reduce("sum", losses, axis=None))
                 steps += 1
             wv, bv = w.read(), b.read()

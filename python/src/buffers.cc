@@ -247,14 +247,58 @@ HeldTensor hold_tensor(py::handle obj, const Device& device, Access access,
              "__array_interface__ or __cuda_array_interface__");
 }
 
+namespace {
+
+// TF's convert_to_tensor of a literal (or NumPy scalar) to a given dtype: no silent narrowing. A
+// float into an integer dtype is a TypeError, an integer outside the dtype's range a ValueError;
+// float64 -> float32 (and int -> float) are conversions TF makes too.
+void check_literal_fits(const py::module_& np, py::handle obj, const py::dtype& target,
+                        const std::string& what) {
+  const char kind = target.kind();
+  if (kind != 'i' && kind != 'u') return;
+  const std::string tname = py::str(target.attr("name"));
+  py::object src;
+  try {
+    src = np.attr("asarray")(obj);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_OverflowError)) throw;
+    throw_invalid(what + ": " + std::string(py::repr(obj)) + " is out of range for " + tname);
+  }
+  const char src_kind = src.attr("dtype").attr("kind").cast<char>();
+  if (src_kind == 'i' || src_kind == 'u' || src_kind == 'b') {
+    if (src_kind == 'b' || src.attr("size").cast<py::ssize_t>() == 0) return;
+    py::object info = np.attr("iinfo")(target);
+    // Python ints compare exactly (no wrap-around of int64/uint64 mixtures).
+    py::int_ lo(src.attr("min")()), hi(src.attr("max")());
+    if (lo < info.attr("min") || hi > info.attr("max")) {
+      throw_invalid(what + ": " + std::string(py::repr(obj)).substr(0, 80) +
+                    " is out of range for " + tname + " (" +
+                    std::string(py::str(info.attr("min"))) + " to " +
+                    std::string(py::str(info.attr("max"))) + ")");
+    }
+    return;
+  }
+  if (src_kind == 'O') {  // ints beyond int64/uint64
+    throw_invalid(what + ": " + std::string(py::repr(obj)).substr(0, 80) + " is out of range for " +
+                  tname);
+  }
+  throw_type("Cannot convert " + std::string(py::repr(obj)).substr(0, 80) +
+             " to EagerTensor of dtype " + tname + " (" + what + ": a " +
+             std::string(py::str(src.attr("dtype"))) + " value would be truncated)");
+}
+
+}  // namespace
+
 Array array_from(py::handle obj, const std::string& what, std::optional<DType> dtype) {
   py::module_ np = py::module_::import("numpy");
   py::object a;
   const bool literal = py::isinstance<py::float_>(obj) || py::isinstance<py::int_>(obj) ||
-                       py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj);
+                       py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj) ||
+                       py::isinstance(obj, np.attr("generic"));
   if (dtype && literal) {
     std::optional<py::dtype> dt = numpy_dtype(*dtype);
     if (!dt) dt = py::dtype("float32");
+    check_literal_fits(np, obj, *dt, what);
     a = np.attr("asarray")(obj, *dt, py::arg("order") = "C");
     if (*dtype == DType::kBFloat16 && !numpy_dtype(*dtype)) {
       // No NumPy bfloat16: round through the library's own conversion.

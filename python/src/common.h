@@ -109,7 +109,9 @@ py::array new_numpy(DType dtype, const Shape& shape);
 // --- Arrays (the strategy layer's values) -------------------------------------------------------
 
 // A copy of anything NumPy can make an array of (arrays, buffers, scalars, nested lists). With
-// `dtype`, Python scalars and lists take it (as TF converts literals to a variable's dtype).
+// `dtype`, Python scalars, lists and NumPy scalars take it (as TF converts literals to a variable's
+// dtype), never narrowing: a float for an integer dtype is a TypeError, an integer outside the
+// dtype's range a ValueError (float64 -> float32 is allowed).
 Array array_from(py::handle obj, const std::string& what,
                  std::optional<DType> dtype = std::nullopt);
 // A read-only NumPy view of an Array that keeps its storage alive (bfloat16 without ml_dtypes: a

@@ -3,8 +3,10 @@
 // replica's share of the global batch.
 //
 // Elements are tuples of NumPy arrays (read-only views of the library's values); a dataset made
-// from one array yields arrays, as tf.data does. map() is not bound: its function would run on the
-// dataset's prefetch thread; transform arrays with NumPy before from_tensor_slices instead.
+// from one array (a Python list is one array, as in tf.data) yields arrays, as tf.data does. A
+// distributed dataset yields a PerReplica for one-array elements, else a tuple of PerReplica. map()
+// is not bound: its function would run on the dataset's prefetch thread; transform arrays with
+// NumPy before from_tensor_slices instead.
 #include "common.h"
 
 namespace tributary::python {
@@ -44,9 +46,16 @@ py::object element_to_python(const Element& e, bool single) {
   return t;
 }
 
+// tf.data's structure: a tuple is a tuple of components; anything else (a list included, as
+// np.asarray makes it) is one tensor.
 std::vector<Array> components_from(py::handle components, bool& single) {
   std::vector<Array> out;
-  if (py::isinstance<py::tuple>(components) || py::isinstance<py::list>(components)) {
+  if (py::isinstance<py::dict>(components)) {
+    throw_type(
+        "Dataset elements that are dicts are not supported; pass a tuple of arrays "
+        "(e.g. tuple(d.values()))");
+  }
+  if (py::isinstance<py::tuple>(components)) {
     size_t i = 0;
     for (py::handle c : components) {
       out.push_back(array_from(c, "components[" + std::to_string(i++) + "]"));
@@ -57,6 +66,24 @@ std::vector<Array> components_from(py::handle components, bool& single) {
     single = true;
   }
   return out;
+}
+
+// A distributed element: a PerReplica of arrays for single-component elements, else TF's
+// structure: the tuple of components, each a PerReplica.
+py::object distributed_element(const PerReplica<Element>& per_replica, bool single) {
+  const size_t ncomp = per_replica.size() ? per_replica[0].size() : 0;
+  if (single && ncomp == 1) {
+    PerReplicaValue v;
+    for (const Element& el : per_replica) v.values.push_back(to_numpy(el[0]));
+    return py::cast(std::move(v));
+  }
+  py::tuple t(ncomp);
+  for (size_t j = 0; j < ncomp; ++j) {
+    PerReplicaValue v;
+    for (const Element& el : per_replica) v.values.push_back(to_numpy(el.at(j)));
+    t[j] = py::cast(std::move(v));
+  }
+  return t;
 }
 
 PyDistributedDataset distribute(py::object strategy, const PyDataset& d) {
@@ -71,53 +98,76 @@ PyDistributedDataset distribute(py::object strategy, const PyDataset& d) {
 }  // namespace
 
 void bind_data(py::module_& m) {
-  py::class_<PyDataset>(m, "Dataset", "A small tf.data.Dataset (from_tensor_slices, shuffle, batch, ...).")
-      .def_static("from_tensor_slices", [](py::handle components) {
-             bool single = false;
-             std::vector<Array> c = components_from(components, single);
-             PyDataset d{Dataset::from_tensor_slices(std::move(c)), single};
-             check(d.dataset.status());
-             return d;
-           }, py::arg("components"),
-           "One element per row of dimension 0 of an array, or of each array of a tuple.")
-      .def_static("from_tensors", [](py::handle components) {
-             bool single = false;
-             std::vector<Array> c = components_from(components, single);
-             PyDataset d{Dataset::from_tensors(std::move(c)), single};
-             check(d.dataset.status());
-             return d;
-           }, py::arg("components"))
-      .def_static("range", [](int64_t a, std::optional<int64_t> b, int64_t step) {
-             PyDataset d{b ? Dataset::range(a, *b, step) : Dataset::range(a), true};
-             check(d.dataset.status());
-             return d;
-           }, py::arg("start_or_stop"), py::arg("stop") = py::none(), py::arg("step") = 1)
-      .def("batch", [](const PyDataset& d, int64_t n, bool drop) {
-             return d.then(d.dataset.batch(n, drop));
-           }, py::arg("batch_size"), py::arg("drop_remainder") = false)
-      .def("repeat", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.repeat(n)); },
-           py::arg("count") = -1)
-      .def("shuffle", [](const PyDataset& d, int64_t buffer, uint64_t seed, bool reshuffle) {
-             return d.then(d.dataset.shuffle(buffer, seed, reshuffle));
-           }, py::arg("buffer_size"), py::arg("seed"), py::arg("reshuffle_each_iteration") = true)
-      .def("shard", [](const PyDataset& d, int64_t n, int64_t i) { return d.then(d.dataset.shard(n, i)); },
-           py::arg("num_shards"), py::arg("index"))
-      .def("take", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.take(n)); },
-           py::arg("count"))
-      .def("prefetch", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.prefetch(n)); },
-           py::arg("buffer_size"))
+  py::class_<PyDataset>(m, "Dataset",
+                        "A small tf.data.Dataset (from_tensor_slices, shuffle, batch, ...).")
+      .def_static(
+          "from_tensor_slices",
+          [](py::handle components) {
+            bool single = false;
+            std::vector<Array> c = components_from(components, single);
+            PyDataset d{Dataset::from_tensor_slices(std::move(c)), single};
+            check(d.dataset.status());
+            return d;
+          },
+          py::arg("components"),
+          "One element per row of dimension 0 of an array (a list is one array, as np.asarray "
+          "makes it), or of each array of a tuple (elements are then tuples).")
+      .def_static(
+          "from_tensors",
+          [](py::handle components) {
+            bool single = false;
+            std::vector<Array> c = components_from(components, single);
+            PyDataset d{Dataset::from_tensors(std::move(c)), single};
+            check(d.dataset.status());
+            return d;
+          },
+          py::arg("components"))
+      .def_static(
+          "range",
+          [](int64_t a, std::optional<int64_t> b, int64_t step) {
+            PyDataset d{b ? Dataset::range(a, *b, step) : Dataset::range(a), true};
+            check(d.dataset.status());
+            return d;
+          },
+          py::arg("start_or_stop"), py::arg("stop") = py::none(), py::arg("step") = 1)
+      .def(
+          "batch",
+          [](const PyDataset& d, int64_t n, bool drop) { return d.then(d.dataset.batch(n, drop)); },
+          py::arg("batch_size"), py::arg("drop_remainder") = false)
+      .def(
+          "repeat", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.repeat(n)); },
+          py::arg("count") = -1)
+      .def(
+          "shuffle",
+          [](const PyDataset& d, int64_t buffer, uint64_t seed, bool reshuffle) {
+            return d.then(d.dataset.shuffle(buffer, seed, reshuffle));
+          },
+          py::arg("buffer_size"), py::arg("seed"), py::arg("reshuffle_each_iteration") = true)
+      .def(
+          "shard",
+          [](const PyDataset& d, int64_t n, int64_t i) { return d.then(d.dataset.shard(n, i)); },
+          py::arg("num_shards"), py::arg("index"))
+      .def(
+          "take", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.take(n)); },
+          py::arg("count"))
+      .def(
+          "prefetch", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.prefetch(n)); },
+          py::arg("buffer_size"))
       .def("cardinality", [](const PyDataset& d) { return d.dataset.cardinality(); })
-      .def_property_readonly("element_spec", [](const PyDataset& d) {
-             return element_spec_to_string(d.dataset.element_spec());
-           })
-      .def("__iter__", [](const PyDataset& d) {
+      .def_property_readonly(
+          "element_spec",
+          [](const PyDataset& d) { return element_spec_to_string(d.dataset.element_spec()); })
+      .def("__iter__",
+           [](const PyDataset& d) {
              StatusOr<std::unique_ptr<DatasetIterator>> it = [&] {
                py::gil_scoped_release release;
                return d.dataset.make_iterator();
              }();
              return PyDatasetIterator{value_or_throw(std::move(it)), d.single};
            })
-      .def("__repr__", [](const PyDataset& d) { return "<tributary.Dataset " + d.dataset.debug_string() + ">"; });
+      .def("__repr__", [](const PyDataset& d) {
+        return "<tributary.Dataset " + d.dataset.debug_string() + ">";
+      });
 
   py::class_<PyDatasetIterator>(m, "DatasetIterator")
       .def("__iter__", [](py::object self) { return self; })
@@ -133,8 +183,10 @@ void bind_data(py::module_& m) {
 
   py::class_<PyDistributedDataset>(m, "DistributedDataset",
                                    "Strategy.experimental_distribute_dataset's result: iterate "
-                                   "for a PerReplica of each replica's share of every batch.")
-      .def("__iter__", [](const PyDistributedDataset& d) {
+                                   "for a PerReplica of each replica's share of every batch (a "
+                                   "tuple of PerReplica for tuple elements, as TF).")
+      .def("__iter__",
+           [](const PyDistributedDataset& d) {
              StatusOr<DistributedIterator> it = [&] {
                py::gil_scoped_release release;
                return d.dataset.make_iterator();
@@ -142,34 +194,30 @@ void bind_data(py::module_& m) {
              return PyDistributedIterator{value_or_throw(std::move(it)), d.single, d.strategy};
            })
       .def_property_readonly("element_spec", [](const PyDistributedDataset& d) {
-             return element_spec_to_string(d.dataset.element_spec());
-           });
+        return element_spec_to_string(d.dataset.element_spec());
+      });
 
   py::class_<PyDistributedIterator>(m, "DistributedIterator")
       .def("__iter__", [](py::object self) { return self; })
-      .def("get_next", [](PyDistributedIterator& it) {
-             StatusOr<PerReplica<Element>> e = [&] {
-               py::gil_scoped_release release;
-               return it.it->get_next();
-             }();
-             PerReplicaValue v;
-             for (const Element& el : value_or_throw(std::move(e))) {
-               v.values.push_back(element_to_python(el, it.single));
-             }
-             return v;
-           }, "The next PerReplica batch; OutOfRangeError at the end of data (TF's get_next).")
+      .def(
+          "get_next",
+          [](PyDistributedIterator& it) {
+            StatusOr<PerReplica<Element>> e = [&] {
+              py::gil_scoped_release release;
+              return it.it->get_next();
+            }();
+            return distributed_element(value_or_throw(std::move(e)), it.single);
+          },
+          "The next batch: a PerReplica, or a tuple of PerReplica (one per component) for "
+          "tuple elements; OutOfRangeError at the end of data (TF's get_next).")
       .def("__next__", [](PyDistributedIterator& it) {
-             StatusOr<PerReplica<Element>> e = [&] {
-               py::gil_scoped_release release;
-               return it.it->get_next();
-             }();
-             if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) throw py::stop_iteration();
-             PerReplicaValue v;
-             for (const Element& el : value_or_throw(std::move(e))) {
-               v.values.push_back(element_to_python(el, it.single));
-             }
-             return v;
-           });
+        StatusOr<PerReplica<Element>> e = [&] {
+          py::gil_scoped_release release;
+          return it.it->get_next();
+        }();
+        if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) throw py::stop_iteration();
+        return distributed_element(value_or_throw(std::move(e)), it.single);
+      });
 
   // Strategy's input methods live here with the dataset types.
   auto strategy = py::reinterpret_borrow<py::object>(m.attr("Strategy"));

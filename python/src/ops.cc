@@ -4,7 +4,9 @@
 // one local replica. Buffers are used in place, without copies; outputs the caller leaves out are
 // allocated as NumPy arrays. A synchronous call returns the outputs (a list, or one array when one
 // was passed); with async_op=True it returns a Work whose wait() returns them. The buffers stay
-// referenced by the Work until the collective has completed.
+// referenced by the Work until the collective has completed. Waits (a synchronous call's, and
+// Work.wait()) are interruptible: Ctrl-C raises KeyboardInterrupt within ~100 ms, and the
+// collective stays in flight (a synchronous call's exception carries its Work as `.work`).
 #include <algorithm>
 #include <mutex>
 
@@ -114,11 +116,24 @@ struct PyWork {
     }
   }
 
+  // Waits in slices of ~100 ms, taking the GIL between them to run Python's signal handlers: a
+  // Ctrl-C raises KeyboardInterrupt (the collective stays in flight) instead of waiting on.
   py::object wait(std::chrono::milliseconds timeout) {
+    using Clock = std::chrono::steady_clock;
+    constexpr std::chrono::milliseconds kSlice(100);
+    const auto start = Clock::now();
     Status s;
-    {
-      py::gil_scoped_release release;
-      s = work.wait(timeout);
+    for (;;) {
+      const auto elapsed =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      const auto left = timeout > elapsed ? timeout - elapsed : std::chrono::milliseconds(0);
+      const auto slice = std::min(left, kSlice);
+      {
+        py::gil_scoped_release release;
+        s = work.wait(slice);
+      }
+      if (work.test() || left <= kSlice) break;  // done (or failed), or the caller's timeout
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     check(s);
     return result;
@@ -213,7 +228,21 @@ py::object finish(PyBackend& b, std::unique_ptr<PyWork> w, Issue&& issue, bool a
     w->work = issue(*b.get());
   }
   if (async_op) return py::cast(std::move(w));
-  return w->wait(kForever);
+  py::object work = py::cast(std::move(w));
+  try {
+    return work.cast<PyWork&>().wait(kForever);
+  } catch (py::error_already_set& e) {
+    // Interrupted (KeyboardInterrupt): the collective is still in flight and its buffers must
+    // outlive it; the exception carries the Work (e.g. `except KeyboardInterrupt as e:
+    // e.work.wait()`), and dropping it waits for the collective (bounded by its own timeout).
+    if (!work.cast<PyWork&>().work.test()) {
+      try {
+        e.value().attr("work") = work;
+      } catch (py::error_already_set&) {
+      }
+    }
+    throw;
+  }
 }
 
 // A registration of persistent buffers (Backend.register_buffers): it keeps the buffers and its
@@ -439,24 +468,32 @@ void bind_ops(py::module_& m) {
       .def("__exit__", [](PyRegistration& r, py::args) { r.release(); });
 
   py::class_<PyWork>(m, "Work", "An issued collective (async_op=True).")
-      .def("wait", [](PyWork& w, py::handle timeout) { return w.wait(timeout_from(timeout, kForever)); },
-           py::arg("timeout") = py::none(),
-           "Waits up to `timeout` seconds (None: until done) and returns the outputs; raises the "
-           "collective's error, or DeadlineExceededError when the wait timed out first (the "
-           "collective then goes on).")
-      .def("done", [](const PyWork& w) { return w.work.test(); },
-           "True once the collective has completed, successfully or not.")
-      .def("error", [](const PyWork& w) -> py::object {
-             Status s = w.work.error();
-             if (s.ok()) return py::none();
-             return exception_for(s);
-           }, "The exception of a failed collective; None while pending or after success.")
-      .def_property_readonly("elapsed", [](const PyWork& w) {
-             return std::chrono::duration<double>(w.work.elapsed()).count();
-           }, "Seconds from issue to completion (0 while pending).")
+      .def(
+          "wait",
+          [](PyWork& w, py::handle timeout) { return w.wait(timeout_from(timeout, kForever)); },
+          py::arg("timeout") = py::none(),
+          "Waits up to `timeout` seconds (None: until done) and returns the outputs; raises the "
+          "collective's error, or DeadlineExceededError when the wait timed out first (the "
+          "collective then goes on). Ctrl-C raises KeyboardInterrupt within ~100 ms; the "
+          "collective stays in flight (wait again, or let its own timeout end it).")
+      .def(
+          "done", [](const PyWork& w) { return w.work.test(); },
+          "True once the collective has completed, successfully or not.")
+      .def(
+          "error",
+          [](const PyWork& w) -> py::object {
+            Status s = w.work.error();
+            if (s.ok()) return py::none();
+            return exception_for(s);
+          },
+          "The exception of a failed collective; None while pending or after success.")
+      .def_property_readonly(
+          "elapsed",
+          [](const PyWork& w) { return std::chrono::duration<double>(w.work.elapsed()).count(); },
+          "Seconds from issue to completion (0 while pending).")
       .def("__repr__", [](const PyWork& w) {
-             return std::string("<tributary.Work ") + (w.work.test() ? "done" : "pending") + ">";
-           });
+        return std::string("<tributary.Work ") + (w.work.test() ? "done" : "pending") + ">";
+      });
 
   py::class_<PyContext>(m, "Context",
                         "This process's replicas and its place in the cluster (rank, world size), "
@@ -501,7 +538,9 @@ void bind_ops(py::module_& m) {
 
   py::class_<PyBackend>(m, "Backend",
                         "A CrossDeviceOps: collectives over this process's replicas "
-                        "times the processes of the cluster.")
+                        "times the processes of the cluster. A synchronous collective's wait "
+                        "is interruptible: Ctrl-C raises KeyboardInterrupt, the collective "
+                        "stays in flight, and the exception's `work` attribute is its Work.")
       .def("all_reduce", &all_reduce, py::arg("inputs"), py::arg("outputs") = py::none(),
            py::arg("op") = "sum", py::kw_only(), py::arg("async_op") = false,
            "Reduces the replicas' inputs into every output (outputs=None: in place).")

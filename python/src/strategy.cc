@@ -28,6 +28,67 @@ struct Held {
 };
 using HeldPtr = std::shared_ptr<Held>;
 
+// TF's nest: tuples (namedtuples too), lists and dicts are structure, everything else (PerReplica
+// included) a leaf. map_nest rebuilds the structure around f(leaf).
+bool is_nest(py::handle h) {
+  return py::isinstance<py::tuple>(h) || py::isinstance<py::list>(h) || py::isinstance<py::dict>(h);
+}
+
+py::object map_nest(py::handle h, const std::function<py::object(py::handle)>& f) {
+  if (py::isinstance<py::dict>(h)) {
+    py::dict out;
+    for (auto kv : py::reinterpret_borrow<py::dict>(h)) out[kv.first] = map_nest(kv.second, f);
+    return out;
+  }
+  if (py::isinstance<py::list>(h)) {
+    py::list out;
+    for (py::handle x : h) out.append(map_nest(x, f));
+    return out;
+  }
+  if (py::isinstance<py::tuple>(h)) {
+    py::list items;
+    for (py::handle x : h) items.append(map_nest(x, f));
+    py::tuple t(items);
+    if (py::hasattr(h, "_fields")) return h.get_type()(*t);  // a namedtuple: its own type
+    return t;
+  }
+  return f(h);
+}
+
+void flatten_nest(py::handle h, std::vector<py::object>& leaves) {
+  map_nest(h, [&](py::handle leaf) {
+    leaves.push_back(py::reinterpret_borrow<py::object>(leaf));
+    return py::object(py::none());
+  });
+}
+
+// `structure` with its leaves replaced, in order, by `leaves`.
+py::object pack_nest(py::handle structure, const std::vector<py::object>& leaves) {
+  size_t i = 0;
+  return map_nest(structure, [&](py::handle) { return leaves.at(i++); });
+}
+
+// A ReplicaContext handed to Python: it keeps its strategy's Python object alive (the strategy
+// owns the context).
+struct PyReplicaContext {
+  ReplicaContext* ctx = nullptr;
+  py::object owner;
+
+  // The context for a collective call: only its own replica thread, inside run() (or the default
+  // strategy's context where get_replica_context() returns it), may use it.
+  ReplicaContext& active(const char* what) const {
+    if (get_replica_context() != ctx) {
+      throw StatusError(failed_precondition(
+          std::string("ReplicaContext.") + what +
+          "() called outside the Strategy.run() replica that the context belongs to; call "
+          "tributary.get_replica_context() inside the replica function instead"));
+    }
+    return *ctx;
+  }
+};
+
+py::object replica_context_object(ReplicaContext* c);
+
 VariableSynchronization synchronization_from(py::handle h) {
   if (py::isinstance<VariableSynchronization>(h)) return h.cast<VariableSynchronization>();
   std::string s = py::str(h);
@@ -57,9 +118,30 @@ py::object strategy_object(Strategy& s) {
   return py::cast(&s, py::return_value_policy::reference);
 }
 
+// TF's dtypes for Python literals with no dtype given: floats float32, ints int32 (int64 when they
+// do not fit); NumPy arrays and scalars keep theirs.
+Array initial_value_from(py::handle initial) {
+  const bool py_float = PyFloat_CheckExact(initial.ptr());
+  const bool py_int = PyLong_CheckExact(initial.ptr());
+  const bool seq = py::isinstance<py::list>(initial) || py::isinstance<py::tuple>(initial);
+  if (!py_float && !py_int && !seq) return array_from(initial, "initial_value");
+  py::module_ np = py::module_::import("numpy");
+  py::object a = np.attr("asarray")(initial);
+  const std::string dt = py::str(a.attr("dtype"));
+  if (dt == "float64") return array_from(initial, "initial_value", DType::kFloat32);
+  if (dt == "int64") {
+    py::object info = np.attr("iinfo")(py::dtype("int32"));
+    const bool fits =
+        a.attr("size").cast<py::ssize_t>() == 0 || (py::int_(a.attr("min")()) >= info.attr("min") &&
+                                                    py::int_(a.attr("max")()) <= info.attr("max"));
+    if (fits) return array_from(initial, "initial_value", DType::kInt32);
+  }
+  return array_from(a, "initial_value");
+}
+
 PyVariable create_variable(Strategy& s, py::object owner, py::handle initial, std::string name,
                            py::handle synchronization, py::handle aggregation, bool trainable) {
-  Array init = array_from(initial, "initial_value");
+  Array init = initial_value_from(initial);
   VariableOptions o{std::move(name), synchronization_from(synchronization),
                     aggregation_from(aggregation), trainable};
   StatusOr<Variable> v = [&] {
@@ -67,6 +149,11 @@ PyVariable create_variable(Strategy& s, py::object owner, py::handle initial, st
     return s.create_variable(init, std::move(o));
   }();
   return PyVariable{value_or_throw(std::move(v)), std::move(owner)};
+}
+
+py::object replica_context_object(ReplicaContext* c) {
+  if (c == nullptr) return py::none();
+  return py::cast(PyReplicaContext{c, strategy_object(c->strategy())});
 }
 
 PerReplica<Array> per_replica_arrays(const PerReplicaValue& v, const std::string& what) {
@@ -107,15 +194,25 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
     }
     return py::reinterpret_borrow<py::object>(a);
   };
+  auto select_nest = [&](py::handle a, int i) {
+    return map_nest(a, [&](py::handle leaf) { return select(leaf, i); });
+  };
+  if (!args.is_none() && !py::isinstance<py::tuple>(args) && !py::isinstance<py::list>(args)) {
+    throw_invalid("positional args must be a list or tuple, got " +
+                  std::string(py::str(args.get_type())));
+  }
+  if (!kwargs.is_none() && !py::isinstance<py::dict>(kwargs)) {
+    throw_invalid("kwargs must be a dict, got " + std::string(py::str(kwargs.get_type())));
+  }
   std::vector<py::tuple> per_args;
   std::vector<py::dict> per_kwargs;
   py::tuple all_args = args.is_none() ? py::tuple() : py::tuple(py::reinterpret_borrow<py::object>(args));
   py::dict all_kwargs = kwargs.is_none() ? py::dict() : py::reinterpret_borrow<py::dict>(kwargs);
   for (int i = 0; i < n; ++i) {
     py::tuple t(all_args.size());
-    for (size_t j = 0; j < all_args.size(); ++j) t[j] = select(all_args[j], i);
+    for (size_t j = 0; j < all_args.size(); ++j) t[j] = select_nest(all_args[j], i);
     py::dict d;
-    for (auto kv : all_kwargs) d[kv.first] = select(kv.second, i);
+    for (auto kv : all_kwargs) d[kv.first] = select_nest(kv.second, i);
     per_args.push_back(std::move(t));
     per_kwargs.push_back(std::move(d));
   }
@@ -173,7 +270,8 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
   return py::cast(PerReplicaValue{std::move(results)});
 }
 
-py::object merge_call(ReplicaContext& ctx, py::function fn, py::handle args) {
+py::object merge_call(const PyReplicaContext& pc, py::function fn, py::handle args) {
+  ReplicaContext& ctx = pc.active("merge_call");
   auto arg = std::make_shared<Held>();
   arg->obj = args.is_none() ? py::tuple() : py::tuple(py::reinterpret_borrow<py::object>(args));
   std::function<StatusOr<HeldPtr>(Strategy&, const PerReplica<HeldPtr>&)> merge =
@@ -205,19 +303,23 @@ py::object merge_call(ReplicaContext& ctx, py::function fn, py::handle args) {
   return value_or_throw(std::move(r))->obj;
 }
 
-py::object all_reduce_in_replica(ReplicaContext& ctx, py::handle op, py::handle value) {
+py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::handle value) {
+  ReplicaContext& ctx = pc.active("all_reduce");
   const ReduceOp rop = reduce_op_from(op);
-  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+  if (is_nest(value)) {  // TF: the same structure back, in one meeting
+    std::vector<py::object> leaves;
+    flatten_nest(value, leaves);
     std::vector<Array> values;
-    size_t k = 0;
-    for (py::handle v : value) values.push_back(array_from(v, "value[" + std::to_string(k++) + "]"));
+    for (size_t k = 0; k < leaves.size(); ++k) {
+      values.push_back(array_from(leaves[k], "value[" + std::to_string(k) + "]"));
+    }
     StatusOr<std::vector<Array>> r = [&] {
       py::gil_scoped_release release;
       return ctx.all_reduce(rop, std::span<const Array>(values));
     }();
-    py::list out;
-    for (const Array& a : value_or_throw(std::move(r))) out.append(to_numpy(a));
-    return out;
+    std::vector<py::object> out;
+    for (const Array& a : value_or_throw(std::move(r))) out.push_back(to_numpy(a));
+    return pack_nest(value, out);
   }
   Array a = array_from(value, "value");
   StatusOr<Array> r = [&] {
@@ -225,6 +327,63 @@ py::object all_reduce_in_replica(ReplicaContext& ctx, py::handle op, py::handle 
     return ctx.all_reduce(rop, a);
   }();
   return to_numpy(value_or_throw(std::move(r)));
+}
+
+// A PerReplica whose values are nests (run() of a function returning a tuple or dict) as the nest
+// of PerReplica leaves (TF's regroup); any other value as it is.
+py::object regroup(py::handle value) {
+  if (!py::isinstance<PerReplicaValue>(value)) return py::reinterpret_borrow<py::object>(value);
+  const auto& v = value.cast<const PerReplicaValue&>();
+  if (v.values.empty() || !is_nest(v.values[0])) return py::reinterpret_borrow<py::object>(value);
+  std::vector<std::vector<py::object>> per(v.values.size());
+  for (size_t r = 0; r < v.values.size(); ++r) {
+    flatten_nest(v.values[r], per[r]);
+    if (per[r].size() != per[0].size()) {
+      throw_invalid("a PerReplica of nests whose replicas have different structures (replica 0: " +
+                    std::to_string(per[0].size()) + " values, replica " + std::to_string(r) + ": " +
+                    std::to_string(per[r].size()) + ")");
+    }
+  }
+  std::vector<py::object> leaves;
+  for (size_t k = 0; k < per[0].size(); ++k) {
+    PerReplicaValue leaf;
+    for (size_t r = 0; r < per.size(); ++r) leaf.values.push_back(per[r][k]);
+    leaves.push_back(py::cast(std::move(leaf)));
+  }
+  return pack_nest(v.values[0], leaves);
+}
+
+py::object reduce_value(Strategy& s, py::handle op, py::handle value, py::handle axis) {
+  const ReduceOp rop = reduce_op_from(op);
+  const std::optional<int> ax = axis_from(axis);
+  return map_nest(map_nest(value, regroup), [&](py::handle leaf) -> py::object {
+    StatusOr<Array> r = invalid_argument("unset");
+    if (py::isinstance<PerReplicaValue>(leaf)) {
+      PerReplica<Array> v = per_replica_arrays(leaf.cast<const PerReplicaValue&>(), "value");
+      py::gil_scoped_release release;
+      r = s.reduce(rop, v, ax);
+    } else {
+      Array a = array_from(leaf, "value");
+      py::gil_scoped_release release;
+      r = s.reduce(rop, a, ax);
+    }
+    return to_numpy(value_or_throw(std::move(r)));
+  });
+}
+
+py::object gather_value(Strategy& s, py::handle value, int axis) {
+  return map_nest(map_nest(value, regroup), [&](py::handle leaf) -> py::object {
+    if (!py::isinstance<PerReplicaValue>(leaf)) {
+      throw_type("gather(): expected a PerReplica (or a nest of them); got a " +
+                 std::string(py::str(leaf.get_type().attr("__name__"))));
+    }
+    PerReplica<Array> v = per_replica_arrays(leaf.cast<const PerReplicaValue&>(), "value");
+    StatusOr<Array> r = [&] {
+      py::gil_scoped_release release;
+      return s.gather(v, axis);
+    }();
+    return to_numpy(value_or_throw(std::move(r)));
+  });
 }
 
 // Strategy.scope()'s context manager.
@@ -270,53 +429,66 @@ void bind_variables(py::module_& m) {
            py::arg("synchronization") = "auto", py::arg("aggregation") = "none",
            py::arg("trainable") = true,
            "A variable of the strategy in scope (TF's tf.Variable inside strategy.scope()).")
-      .def("read", [](const PyVariable& v) {
-             StatusOr<Array> r = [&] {
-               py::gil_scoped_release release;  // ON_READ in cross-replica context all-reduces
-               return v.variable.read();
-             }();
-             return to_numpy(value_or_throw(std::move(r)));
-           }, "The value: this replica's copy in replica context, else the primary (ON_WRITE) or "
-              "the aggregate (ON_READ).")
-      .def("numpy", [](const PyVariable& v) {
-             StatusOr<Array> r = [&] {
-               py::gil_scoped_release release;
-               return v.variable.read();
-             }();
-             return to_numpy(value_or_throw(std::move(r)));
-           }, "read(), as TF's Variable.numpy().")
-      .def("__array__", [](const PyVariable& v, py::handle dtype) {
-             StatusOr<Array> r = [&] {
-               py::gil_scoped_release release;
-               return v.variable.read();
-             }();
-             py::array a = to_numpy(value_or_throw(std::move(r)));
-             if (dtype.is_none()) return py::object(a);
-             return a.attr("astype")(dtype);
-           }, py::arg("dtype") = py::none())
+      .def(
+          "read",
+          [](const PyVariable& v) {
+            StatusOr<Array> r = [&] {
+              py::gil_scoped_release release;  // ON_READ in cross-replica context all-reduces
+              return v.variable.read();
+            }();
+            return to_numpy(value_or_throw(std::move(r)));
+          },
+          "The value: this replica's copy in replica context, else the primary (ON_WRITE) or "
+          "the aggregate (ON_READ).")
+      .def(
+          "numpy",
+          [](const PyVariable& v) {
+            StatusOr<Array> r = [&] {
+              py::gil_scoped_release release;
+              return v.variable.read();
+            }();
+            return to_numpy(value_or_throw(std::move(r)));
+          },
+          "read(), as TF's Variable.numpy().")
+      .def(
+          "__array__",
+          [](const PyVariable& v, py::handle dtype) {
+            StatusOr<Array> r = [&] {
+              py::gil_scoped_release release;
+              return v.variable.read();
+            }();
+            py::array a = to_numpy(value_or_throw(std::move(r)));
+            if (dtype.is_none()) return py::object(a);
+            return a.attr("astype")(dtype);
+          },
+          py::arg("dtype") = py::none())
       .def("assign", update(&Variable::assign), py::arg("value"))
       .def("assign_add", update(&Variable::assign_add), py::arg("delta"))
       .def("assign_sub", update(&Variable::assign_sub), py::arg("delta"))
-      .def("values", [](const PyVariable& v) {
-             py::list out;
-             for (const Array& a : v.variable.values()) out.append(to_numpy(a));
-             return out;
-           }, "Snapshots of the local copies, in replica order.")
+      .def_property_readonly(
+          "values",
+          [](const PyVariable& v) {
+            py::list out;
+            for (const Array& a : v.variable.values()) out.append(to_numpy(a));
+            return py::tuple(out);
+          },
+          "Snapshots of the local copies, in replica order (a tuple, TF's Variable.values).")
       .def_property_readonly("name", [](const PyVariable& v) { return v.variable.name(); })
-      .def_property_readonly("dtype", [](const PyVariable& v) {
-             return std::string(dtype_name(v.variable.dtype()));
-           })
-      .def_property_readonly("shape", [](const PyVariable& v) {
-             return py::tuple(py::cast(v.variable.shape()));
-           })
+      .def_property_readonly(
+          "dtype", [](const PyVariable& v) { return std::string(dtype_name(v.variable.dtype())); })
+      .def_property_readonly(
+          "shape", [](const PyVariable& v) { return py::tuple(py::cast(v.variable.shape())); })
       .def_property_readonly("synchronization",
                              [](const PyVariable& v) { return v.variable.synchronization(); })
       .def_property_readonly("aggregation",
                              [](const PyVariable& v) { return v.variable.aggregation(); })
-      .def_property_readonly("trainable", [](const PyVariable& v) { return v.variable.trainable(); })
-      .def_property_readonly("devices", [](const PyVariable& v) { return device_names(v.variable.devices()); })
+      .def_property_readonly("trainable",
+                             [](const PyVariable& v) { return v.variable.trainable(); })
+      .def_property_readonly("devices",
+                             [](const PyVariable& v) { return device_names(v.variable.devices()); })
       .def_property_readonly("strategy", [](const PyVariable& v) { return v.owner; })
-      .def("__repr__", [](const PyVariable& v) {
+      .def("__repr__",
+           [](const PyVariable& v) {
              return "<tributary.Variable '" + v.variable.name() + "' shape=" +
                     shape_to_string(v.variable.shape()) + " dtype=" +
                     std::string(dtype_name(v.variable.dtype())) + " " +
@@ -326,31 +498,56 @@ void bind_variables(py::module_& m) {
 }
 
 void bind_replica_context(py::module_& m) {
-  py::class_<ReplicaContext>(m, "ReplicaContext",
-                             "A replica's view inside Strategy.run() (get_replica_context()).")
-      .def_property_readonly("replica_id_in_sync_group", &ReplicaContext::replica_id_in_sync_group)
-      .def_property_readonly("local_replica_id", &ReplicaContext::local_replica_id)
-      .def_property_readonly("num_replicas_in_sync", &ReplicaContext::num_replicas_in_sync)
-      .def_property_readonly("device", [](const ReplicaContext& c) { return c.device().to_string(); })
-      .def_property_readonly("strategy", [](const ReplicaContext& c) { return strategy_object(c.strategy()); })
-      .def("all_reduce", &all_reduce_in_replica, py::arg("op"), py::arg("value"),
-           "Reduces `value` (or a list of values, in one meeting) across every replica in sync.")
-      .def("all_gather", [](ReplicaContext& c, py::handle value, int axis) {
-             Array a = array_from(value, "value");
-             StatusOr<Array> r = [&] {
-               py::gil_scoped_release release;
-               return c.all_gather(a, axis);
-             }();
-             return to_numpy(value_or_throw(std::move(r)));
-           }, py::arg("value"), py::arg("axis") = 0)
+  py::class_<PyReplicaContext>(m, "ReplicaContext",
+                               "A replica's view inside Strategy.run() (get_replica_context()). "
+                               "It keeps its strategy alive; its collectives (all_reduce, "
+                               "all_gather, merge_call) work only on its own replica's thread "
+                               "inside run() (RuntimeError elsewhere).")
+      .def_property_readonly(
+          "replica_id_in_sync_group",
+          [](const PyReplicaContext& c) { return c.ctx->replica_id_in_sync_group(); })
+      .def_property_readonly("local_replica_id",
+                             [](const PyReplicaContext& c) { return c.ctx->local_replica_id(); })
+      .def_property_readonly(
+          "num_replicas_in_sync",
+          [](const PyReplicaContext& c) { return c.ctx->num_replicas_in_sync(); })
+      .def_property_readonly("device",
+                             [](const PyReplicaContext& c) { return c.ctx->device().to_string(); })
+      .def_property_readonly("strategy", [](const PyReplicaContext& c) { return c.owner; })
+      .def("all_reduce", &all_reduce_in_replica, py::arg("reduce_op"), py::arg("value"),
+           "Reduces `value` (a nest of values -- tuple, list, dict -- in one meeting, returned "
+           "with the same structure) across every replica in sync.")
+      .def(
+          "all_reduce",
+          [](const PyReplicaContext& c, py::handle value, py::handle op) {
+            return all_reduce_in_replica(c, op, value);
+          },
+          py::kw_only(), py::arg("value"), py::arg("op"),
+          "all_reduce(value=..., op=...): the older keyword name of reduce_op.")
+      .def(
+          "all_gather",
+          [](const PyReplicaContext& pc, py::handle value, int axis) {
+            ReplicaContext& c = pc.active("all_gather");
+            return map_nest(value, [&](py::handle leaf) -> py::object {
+              Array a = array_from(leaf, "value");
+              StatusOr<Array> r = [&] {
+                py::gil_scoped_release release;
+                return c.all_gather(a, axis);
+              }();
+              return to_numpy(value_or_throw(std::move(r)));
+            });
+          },
+          py::arg("value"), py::arg("axis") = 0,
+          "Concatenates every replica's `value` (or each value of a nest, returned with the same "
+          "structure) along `axis` in global replica order.")
       .def("merge_call", &merge_call, py::arg("merge_fn"), py::arg("args") = py::tuple(),
            "Runs merge_fn(strategy, *args) once in cross-replica context, each argument a "
            "PerReplica of the replicas' values, and returns its result to every replica.");
 
-  m.def("get_replica_context", []() -> ReplicaContext* { return get_replica_context(); },
-        py::return_value_policy::reference,
-        "This thread's ReplicaContext: the running replica's inside run(), None in cross-replica "
-        "context (a scope), the default strategy's elsewhere.");
+  m.def(
+      "get_replica_context", []() { return replica_context_object(get_replica_context()); },
+      "This thread's ReplicaContext: the running replica's inside run(), None in cross-replica "
+      "context (a scope), the default strategy's elsewhere.");
   m.def("in_cross_replica_context", &in_cross_replica_context);
   m.def("has_strategy", &has_strategy);
   m.def("get_strategy", []() { return strategy_object(get_strategy()); },
@@ -402,26 +599,40 @@ void bind_factories(py::module_& m) {
         }, py::arg("devices") = py::none(), py::arg("cross_device_ops") = py::none(),
         "One replica per local device (default: every GPU, else CPU:0); cross_device_ops: a "
         "backend spec (default: TF's choice).");
-  m.def("MultiWorkerMirroredStrategy",
-        [](py::handle devices, std::string implementation, int64_t bytes_per_pack,
-           py::handle timeout, py::handle startup_timeout) {
-          MultiWorkerMirroredStrategyOptions o;
-          o.devices = devices_from(devices, {});
-          o.communication.implementation = std::move(implementation);
-          o.communication.bytes_per_pack = bytes_per_pack;
-          o.communication.timeout = timeout_from(timeout, std::chrono::milliseconds(0));
-          if (!startup_timeout.is_none()) {
-            o.startup_timeout = timeout_from(startup_timeout, std::chrono::milliseconds(0));
-          }
-          py::gil_scoped_release release;  // rendezvous with every worker
-          return made(make_multi_worker_mirrored_strategy(std::move(o)));
-        },
-        py::arg("devices") = py::none(), py::arg("implementation") = "auto",
-        py::arg("bytes_per_pack") = 0, py::arg("timeout") = py::none(),
-        py::arg("startup_timeout") = py::none(),
-        "One replica per local device on every worker of the cluster in the environment "
-        "(tributary-run, TF_CONFIG, torchrun, Slurm, Open MPI). implementation: 'auto', 'ring', "
-        "'nccl' or any backend spec (TF's CommunicationOptions); timeout in seconds.");
+  m.def(
+      "MultiWorkerMirroredStrategy",
+      [](py::handle devices, std::string implementation, int64_t bytes_per_pack, py::handle timeout,
+         py::handle startup_timeout, py::handle communication_options) {
+        if (!communication_options.is_none()) {
+          // TF's tf.distribute.experimental.CommunicationOptions (tributary.CommunicationOptions).
+          py::object impl = communication_options.attr("implementation");
+          if (py::hasattr(impl, "value")) impl = impl.attr("value");  // an enum member
+          implementation = py::str(impl);
+          for (auto& c : implementation)
+            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          bytes_per_pack = communication_options.attr("bytes_per_pack").cast<int64_t>();
+          timeout = communication_options.attr("timeout_seconds");
+        }
+        MultiWorkerMirroredStrategyOptions o;
+        o.devices = devices_from(devices, {});
+        o.communication.implementation = std::move(implementation);
+        o.communication.bytes_per_pack = bytes_per_pack;
+        o.communication.timeout = timeout_from(timeout, std::chrono::milliseconds(0));
+        if (!startup_timeout.is_none()) {
+          o.startup_timeout = timeout_from(startup_timeout, std::chrono::milliseconds(0));
+        }
+        py::gil_scoped_release release;  // rendezvous with every worker
+        return made(make_multi_worker_mirrored_strategy(std::move(o)));
+      },
+      py::arg("devices") = py::none(), py::arg("implementation") = "auto",
+      py::arg("bytes_per_pack") = 0, py::arg("timeout") = py::none(),
+      py::arg("startup_timeout") = py::none(), py::kw_only(),
+      py::arg("communication_options") = py::none(),
+      "One replica per local device on every worker of the cluster in the environment "
+      "(tributary-run, TF_CONFIG, torchrun, Slurm, Open MPI). implementation: 'auto', 'ring', "
+      "'nccl' or any backend spec; timeout in seconds. communication_options: a "
+      "tributary.CommunicationOptions (TF's), which then sets implementation, bytes_per_pack "
+      "and timeout.");
   m.def("OneDeviceStrategy", [](const std::string& device) {
           Device d = value_or_throw(Device::parse(device));
           py::gil_scoped_release release;
@@ -464,62 +675,55 @@ void bind_strategy_class(py::module_& m) {
       .def("__exit__", [](PyScope& s, py::args) { s.scope.reset(); });
 
   py::class_<Strategy>(m, "Strategy", "A tf.distribute strategy (MirroredStrategy(), ...).")
-      .def("scope", [](py::object self) {
-             return PyScope{&self.cast<Strategy&>(), self, std::nullopt};
-           }, "A context manager entering this strategy's cross-replica context.")
+      .def(
+          "scope",
+          [](py::object self) {
+            return PyScope{&self.cast<Strategy&>(), self, std::nullopt};
+          },
+          "A context manager entering this strategy's cross-replica context.")
       .def("run", &run, py::arg("fn"), py::arg("args") = py::tuple(),
            py::arg("kwargs") = py::none(),
            "Calls fn(*args, **kwargs) once per local replica, concurrently (PerReplica arguments "
            "are unwrapped per replica); returns a PerReplica of the results.")
-      .def("reduce", [](Strategy& s, py::handle op, py::handle value, py::handle axis) {
-             const ReduceOp rop = reduce_op_from(op);
-             const std::optional<int> ax = axis_from(axis);
-             StatusOr<Array> r = invalid_argument("unset");
-             if (py::isinstance<PerReplicaValue>(value)) {
-               PerReplica<Array> v = per_replica_arrays(value.cast<const PerReplicaValue&>(), "value");
-               py::gil_scoped_release release;
-               r = s.reduce(rop, v, ax);
-             } else {
-               Array a = array_from(value, "value");
-               py::gil_scoped_release release;
-               r = s.reduce(rop, a, ax);
-             }
-             return to_numpy(value_or_throw(std::move(r)));
-           }, py::arg("reduce_op"), py::arg("value"), py::arg("axis") = py::none(),
-           "TF's Strategy.reduce: across replicas (and workers); with an axis, along it first.")
-      .def("gather", [](Strategy& s, const PerReplicaValue& value, int axis) {
-             PerReplica<Array> v = per_replica_arrays(value, "value");
-             StatusOr<Array> r = [&] {
-               py::gil_scoped_release release;
-               return s.gather(v, axis);
-             }();
-             return to_numpy(value_or_throw(std::move(r)));
-           }, py::arg("value"), py::arg("axis") = 0)
-      .def("experimental_local_results", [](const Strategy&, py::handle value) {
-             if (py::isinstance<PerReplicaValue>(value)) {
-               return py::tuple(py::cast(value.cast<const PerReplicaValue&>().values));
-             }
-             return py::make_tuple(value);
-           }, py::arg("value"))
-      .def("create_variable", [](py::object self, py::handle initial_value, std::string name,
-                                 py::handle synchronization, py::handle aggregation,
-                                 bool trainable) {
-             return create_variable(self.cast<Strategy&>(), self, initial_value, std::move(name),
-                                    synchronization, aggregation, trainable);
-           }, py::arg("initial_value"), py::arg("name") = "Variable",
-           py::arg("synchronization") = "auto", py::arg("aggregation") = "none",
-           py::arg("trainable") = true)
+      .def("reduce", &reduce_value, py::arg("reduce_op"), py::arg("value"),
+           py::arg("axis") = py::none(),
+           "TF's Strategy.reduce: across replicas (and workers); with an axis, along it first. "
+           "`value` may be a nest (tuple, list, dict) of values or PerReplica, or a PerReplica of "
+           "nests: the result has the nest's structure.")
+      .def("gather", &gather_value, py::arg("value"), py::arg("axis") = 0,
+           "TF's Strategy.gather: each PerReplica of `value` (a nest too) concatenated along "
+           "`axis` across every replica.")
+      .def(
+          "experimental_local_results",
+          [](const Strategy&, py::handle value) {
+            if (py::isinstance<PerReplicaValue>(value)) {
+              return py::tuple(py::cast(value.cast<const PerReplicaValue&>().values));
+            }
+            return py::make_tuple(value);
+          },
+          py::arg("value"))
+      .def(
+          "create_variable",
+          [](py::object self, py::handle initial_value, std::string name,
+             py::handle synchronization, py::handle aggregation, bool trainable) {
+            return create_variable(self.cast<Strategy&>(), self, initial_value, std::move(name),
+                                   synchronization, aggregation, trainable);
+          },
+          py::arg("initial_value"), py::arg("name") = "Variable",
+          py::arg("synchronization") = "auto", py::arg("aggregation") = "none",
+          py::arg("trainable") = true)
       .def_property_readonly("name", &Strategy::name)
       .def_property_readonly("num_replicas_in_sync", &Strategy::num_replicas_in_sync)
       .def_property_readonly("num_local_replicas", &Strategy::num_local_replicas)
-      .def_property_readonly("worker_devices", [](const Strategy& s) { return device_names(s.worker_devices()); })
+      .def_property_readonly("worker_devices",
+                             [](const Strategy& s) { return device_names(s.worker_devices()); })
       .def_property_readonly("worker_index", &Strategy::worker_index)
       .def_property_readonly("num_workers", &Strategy::num_workers)
       .def_property_readonly("is_chief", &Strategy::is_chief)
       .def_property_readonly("should_checkpoint", &Strategy::should_checkpoint)
-      .def_property_readonly("cross_device_ops",
-                             [](const Strategy& s) { return s.cross_device_ops().spec(); },
-                             "The spec of the backend the strategy reduces with.")
+      .def_property_readonly(
+          "cross_device_ops", [](const Strategy& s) { return s.cross_device_ops().spec(); },
+          "The spec of the backend the strategy reduces with.")
       .def("describe", &Strategy::describe)
       .def("__repr__", &Strategy::describe);
 }

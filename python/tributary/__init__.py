@@ -60,7 +60,41 @@ from ._tributary import (  # noqa: F401
     shareable_array,
 )
 
+import enum as _enum
+
+
+class CommunicationImplementation(_enum.Enum):
+    """TF's tf.distribute.experimental.CommunicationImplementation."""
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+class CommunicationOptions:
+    """TF's tf.distribute.experimental.CommunicationOptions, for
+    ``MultiWorkerMirroredStrategy(communication_options=...)``. ``implementation`` is a
+    CommunicationImplementation, or a string ('auto', 'ring', 'nccl' or any backend spec)."""
+
+    def __init__(self, bytes_per_pack=0, timeout_seconds=None,
+                 implementation=CommunicationImplementation.AUTO):
+        if bytes_per_pack < 0:
+            raise ValueError("bytes_per_pack must be non-negative, got {}".format(bytes_per_pack))
+        if isinstance(implementation, str):
+            implementation = CommunicationImplementation.__members__.get(
+                implementation.upper(), implementation)
+        self.bytes_per_pack = bytes_per_pack
+        self.timeout_seconds = timeout_seconds
+        self.implementation = implementation
+
+    def __repr__(self):
+        return ("CommunicationOptions(bytes_per_pack={!r}, timeout_seconds={!r}, "
+                "implementation={!r})".format(self.bytes_per_pack, self.timeout_seconds,
+                                              self.implementation))
+
+
 __all__ = _errors_all + [
+    "CommunicationImplementation", "CommunicationOptions",
     "Backend", "CentralStorageStrategy", "Context", "Dataset", "DistributedDataset",
     "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "PerReplica",
     "ReduceOp", "Registration", "ReplicaContext", "Strategy", "Variable", "VariableAggregation",

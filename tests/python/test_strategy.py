@@ -130,7 +130,7 @@ def test_mirrored_variable_sum_aggregation(mirrored):
         np.testing.assert_array_equal(v.read(), [[3]])
         np.testing.assert_array_equal(np.asarray(v), [[3]])
         v.assign(np.full((1, 1), 7, np.float32))
-        assert [float(c[0, 0]) for c in v.values()] == [7, 7]
+        assert [float(c[0, 0]) for c in v.values] == [7, 7]
         v.assign_sub([[2.0]])  # a literal takes the variable's dtype
         assert float(v.numpy()[0, 0]) == 5
         with pytest.raises(tributary.InvalidArgumentError):
@@ -183,9 +183,9 @@ def test_distributed_dataset_splits_the_global_batch(mirrored):
     with mirrored.scope():
         dist = mirrored.experimental_distribute_dataset(ds)
         seen = []
-        for batch in dist:
-            assert isinstance(batch, tributary.PerReplica)
-            for xb, yb in batch.values:
+        for xs, ys in dist:  # TF's structure: a tuple of PerReplica
+            assert isinstance(xs, tributary.PerReplica) and isinstance(ys, tributary.PerReplica)
+            for xb, yb in zip(xs.values, ys.values):
                 np.testing.assert_array_equal(yb, 2 * xb)
                 seen.extend(xb[:, 0].tolist())
         assert sorted(seen) == list(range(10))

@@ -53,7 +53,7 @@ def test_variables_start_from_the_chief_and_stay_mirrored(strategy):
 
         strategy.run(step)
         np.testing.assert_array_equal(v.read(), 10 + n * (n - 1) / 2)
-        for copy in v.values():
+        for copy in v.values:
             np.testing.assert_array_equal(copy, 10 + n * (n - 1) / 2)
 
 
