@@ -130,11 +130,19 @@ StatusOr<std::map<std::string, Array>> decode(const std::string& path, std::stri
                     path, why));
   };
   if (data.substr(0, kMagicStem.size()) == kMagicStem && data.substr(0, kMagic.size()) != kMagic) {
+    // A later format ("TRIBUTARY-CKPT-<n>\n", n > 1) says so; anything else there is damage.
     const std::string_view rest = data.substr(kMagicStem.size());
-    return unimplemented(fmt::format(
-        "checkpoint '{}' has format '{}', which this version of tributary does not read (it reads "
-        "format 1): restore it with the version that wrote it",
-        path, rest.substr(0, std::min<size_t>(rest.find('\n'), 16))));
+    size_t digits = 0;
+    uint64_t version = 0;
+    while (digits < rest.size() && digits < 9 && rest[digits] >= '0' && rest[digits] <= '9') {
+      version = version * 10 + static_cast<uint64_t>(rest[digits++] - '0');
+    }
+    if (digits > 0 && digits < rest.size() && rest[digits] == '\n' && version > 1) {
+      return unimplemented(fmt::format(
+          "checkpoint '{}' has format '{}', which this version of tributary does not read (it "
+          "reads format 1): restore it with the version that wrote it",
+          path, version));
+    }
   }
   if (data.size() < kMagic.size() + 16 || data.substr(0, kMagic.size()) != kMagic) {
     return corrupt("bad header");
@@ -163,7 +171,9 @@ StatusOr<std::map<std::string, Array>> decode(const std::string& path, std::stri
     if (!r.get(nbytes) || !r.bytes(nbytes, bytes)) return corrupt("bad data");
     // Checked before allocating: a damaged shape never asks for more memory than the file holds.
     if (!shape_bytes(static_cast<DType>(dtype), shape, &expected) || expected != nbytes) {
-      return corrupt("size does not match shape");
+      return corrupt(fmt::format("entry '{}' claims {}{} but holds {} bytes", name,
+                                 dtype_name(static_cast<DType>(dtype)), shape_to_string(shape),
+                                 nbytes));
     }
     StatusOr<Array> a = Array::zeros(static_cast<DType>(dtype), shape);
     if (!a.ok()) return a.status();
@@ -311,10 +321,20 @@ Status check_variables(std::span<const Variable> variables, Strategy*& strategy)
 uint64_t names_digest(std::span<const Variable> variables) {
   std::string all;
   for (const Variable& v : variables) {
-    all += v.name();
-    all += '\0';
+    if (!v.valid()) continue;
+    // Name, dtype and shape: a broadcast of the chief's value needs the same size everywhere.
+    all += v.name() + '\0' + std::string(dtype_name(v.dtype())) + shape_to_string(v.shape()) + '\0';
   }
   return checkpoint_internal::fnv1a(all);
+}
+
+// The strategy of the variables, for agreeing with the other workers even when this worker's list
+// is bad: the first valid variable's, else the current one.
+Strategy& strategy_of(std::span<const Variable> variables) {
+  for (const Variable& v : variables) {
+    if (v.valid()) return v.strategy();
+  }
+  return get_strategy();
 }
 
 // Every worker's status (and the digest of its variables' names) made known to every worker, in
@@ -386,33 +406,34 @@ Status agree(Strategy& s, const Status& mine, uint64_t digest, std::string_view 
 }  // namespace
 
 Status save_checkpoint(const std::string& path, std::span<const Variable> variables) {
+  // Every worker makes the same collectives whatever fails where: its own errors go into the
+  // agreements (an all-gather of every worker's status), never into an early return between them.
   Strategy* s = nullptr;
   const Status checked = check_variables(variables, s);
-  if (s == nullptr) {
-    if (!checked.ok()) return checked;
-    s = &get_strategy();
-  }
+  if (s == nullptr) s = &strategy_of(variables);
   TRIBUTARY_RETURN_IF_ERROR(s->require_cross_replica("save_checkpoint"));
   const uint64_t digest = names_digest(variables);
   TRIBUTARY_RETURN_IF_ERROR(agree(*s, checked, digest, "save_checkpoint"));
   std::vector<std::pair<std::string, Array>> entries;
-  for (const Variable& v : variables) {
-    TRIBUTARY_ASSIGN_OR_RETURN(Array value, v.read());  // ON_READ: aggregated, on every worker
-    entries.emplace_back(v.name(), std::move(value));
-  }
-  const std::string out = checkpoint_internal::encode(entries);
   Status written;
-  if (s->should_checkpoint()) written = checkpoint_internal::write_atomically(path, out);
+  for (const Variable& v : variables) {
+    StatusOr<Array> value = v.read();  // ON_READ: aggregated, a collective on every worker
+    if (!value.ok()) {
+      if (written.ok()) written = value.status();
+      continue;  // the other reads still take part in their collectives
+    }
+    entries.emplace_back(v.name(), std::move(*value));
+  }
+  if (written.ok() && s->should_checkpoint()) {
+    written = checkpoint_internal::write_atomically(path, checkpoint_internal::encode(entries));
+  }
   return agree(*s, written, digest, "save_checkpoint");
 }
 
 Status restore_checkpoint(const std::string& path, std::span<const Variable> variables) {
   Strategy* s = nullptr;
   const Status checked = check_variables(variables, s);
-  if (s == nullptr) {
-    if (!checked.ok()) return checked;
-    s = &get_strategy();
-  }
+  if (s == nullptr) s = &strategy_of(variables);
   TRIBUTARY_RETURN_IF_ERROR(s->require_cross_replica("restore_checkpoint"));
   const uint64_t digest = names_digest(variables);
   TRIBUTARY_RETURN_IF_ERROR(agree(*s, checked, digest, "restore_checkpoint"));
@@ -433,26 +454,41 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
       loaded = checkpoint_internal::find_entry(path, saved, v.name(), v.dtype(), v.shape()).status();
     }
   }
+  // The broadcast buffers, made before the workers agree, so that a worker that cannot make them
+  // says so there rather than leaving the others in a broadcast.
+  std::vector<Array> values, outs;
+  for (const Variable& v : variables) {
+    if (!loaded.ok()) break;
+    if (s->is_chief()) {
+      values.push_back(saved.at(v.name()));
+    } else {
+      StatusOr<Array> placeholder = Array::zeros(v.dtype(), v.shape());  // not read
+      if (!placeholder.ok())
+        loaded = placeholder.status();
+      else
+        values.push_back(std::move(*placeholder));
+    }
+    if (s->num_workers() > 1 && loaded.ok()) {
+      StatusOr<Array> out = Array::zeros(v.dtype(), v.shape());
+      if (!out.ok())
+        loaded = out.status();
+      else
+        outs.push_back(std::move(*out));
+    }
+  }
   TRIBUTARY_RETURN_IF_ERROR(agree(*s, loaded, digest, "restore_checkpoint"));
   // Every value is known good on the chief: share them, then assign (nothing changed before here).
-  std::vector<Array> values;
-  for (const Variable& v : variables) {
-    Array value;
-    if (s->is_chief()) {
-      value = saved.at(v.name());
-    } else {
-      TRIBUTARY_ASSIGN_OR_RETURN(value, Array::zeros(v.dtype(), v.shape()));  // not read
-    }
-    if (s->num_workers() > 1) {
-      TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(v.dtype(), v.shape()));
-      TRIBUTARY_RETURN_IF_ERROR(s->cross_device_ops()
-                                    .broadcast(value.tensor(), Mirrored<Tensor>({out.tensor()}), 0)
-                                    .wait());
-      value = out;
-    }
-    values.push_back(std::move(value));
-  }
+  // A failed broadcast is recorded, and the others are still made, as on the other workers.
   Status assigned;
+  if (s->num_workers() > 1) {
+    for (size_t i = 0; i < variables.size(); ++i) {
+      Status moved = s->cross_device_ops()
+                         .broadcast(values[i].tensor(), Mirrored<Tensor>({outs[i].tensor()}), 0)
+                         .wait();
+      if (!moved.ok() && assigned.ok()) assigned = moved;
+      values[i] = outs[i];
+    }
+  }
   for (size_t i = 0; i < variables.size() && assigned.ok(); ++i) {
     // Cross-replica assign is TF's restore rule: ON_READ SUM splits the value evenly across the
     // replicas; everything else gives every copy the value.

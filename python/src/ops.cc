@@ -135,6 +135,8 @@ struct PyWork {
       if (work.test() || left <= kSlice) break;  // done (or failed), or the caller's timeout
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
+    // A slice may have timed out just before the collective ended: its status is then the Work's.
+    if (work.test()) s = work.wait(std::chrono::milliseconds(0));
     check(s);
     return result;
   }

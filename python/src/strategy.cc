@@ -34,10 +34,25 @@ bool is_nest(py::handle h) {
   return py::isinstance<py::tuple>(h) || py::isinstance<py::list>(h) || py::isinstance<py::dict>(h);
 }
 
+// A dict's keys in TF's nest order (sorted), so that dicts built in different orders on different
+// replicas or workers line up leaf by leaf; TF's TypeError when they cannot be sorted.
+py::list sorted_keys(py::handle d) {
+  try {
+    return py::module_::import("builtins").attr("sorted")(d);
+  } catch (py::error_already_set&) {
+    throw py::type_error("nest only supports dicts with sortable keys");
+  }
+}
+
 py::object map_nest(py::handle h, const std::function<py::object(py::handle)>& f) {
   if (py::isinstance<py::dict>(h)) {
+    // Leaves are visited in sorted-key order (TF's flatten order); the result keeps the dict's own
+    // key order, as TF's nest does.
+    auto d = py::reinterpret_borrow<py::dict>(h);
+    py::dict mapped;
+    for (py::handle k : sorted_keys(h)) mapped[k] = map_nest(d[k], f);
     py::dict out;
-    for (auto kv : py::reinterpret_borrow<py::dict>(h)) out[kv.first] = map_nest(kv.second, f);
+    for (auto kv : d) out[kv.first] = mapped[kv.first];
     return out;
   }
   if (py::isinstance<py::list>(h)) {
@@ -53,6 +68,27 @@ py::object map_nest(py::handle h, const std::function<py::object(py::handle)>& f
     return t;
   }
   return f(h);
+}
+
+// The shape of a nest, leaves aside, for comparing the values of several replicas: TF's
+// assert_same_structure.
+std::string structure_of(py::handle h) {
+  if (py::isinstance<py::dict>(h)) {
+    auto d = py::reinterpret_borrow<py::dict>(h);
+    std::string s = "{";
+    for (py::handle k : sorted_keys(h))
+      s += std::string(py::repr(k)) + ": " + structure_of(d[k]) + ", ";
+    return s + "}";
+  }
+  if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
+    std::string s = py::isinstance<py::list>(h) ? "["
+                    : py::hasattr(h, "_fields")
+                        ? std::string(py::str(h.get_type().attr("__name__"))) + "("
+                        : "(";
+    for (py::handle x : h) s += structure_of(x) + ", ";
+    return s + (py::isinstance<py::list>(h) ? "]" : ")");
+  }
+  return ".";
 }
 
 void flatten_nest(py::handle h, std::vector<py::object>& leaves) {
@@ -336,12 +372,13 @@ py::object regroup(py::handle value) {
   const auto& v = value.cast<const PerReplicaValue&>();
   if (v.values.empty() || !is_nest(v.values[0])) return py::reinterpret_borrow<py::object>(value);
   std::vector<std::vector<py::object>> per(v.values.size());
+  const std::string first = structure_of(v.values[0]);
   for (size_t r = 0; r < v.values.size(); ++r) {
     flatten_nest(v.values[r], per[r]);
-    if (per[r].size() != per[0].size()) {
-      throw_invalid("a PerReplica of nests whose replicas have different structures (replica 0: " +
-                    std::to_string(per[0].size()) + " values, replica " + std::to_string(r) + ": " +
-                    std::to_string(per[r].size()) + ")");
+    if (const std::string mine = structure_of(v.values[r]); mine != first) {
+      throw_invalid("The two structures don't have the same nested structure: replica 0 returned " +
+                    first.substr(0, 200) + " but replica " + std::to_string(r) + " " +
+                    mine.substr(0, 200) + " (. is a value)");
     }
   }
   std::vector<py::object> leaves;
@@ -608,8 +645,11 @@ void bind_factories(py::module_& m) {
           py::object impl = communication_options.attr("implementation");
           if (py::hasattr(impl, "value")) impl = impl.attr("value");  // an enum member
           implementation = py::str(impl);
-          for (auto& c : implementation)
-            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          // TF's enum names (AUTO, RING, NCCL) in any case; a backend spec is taken as written
+          // (its options may be case-sensitive).
+          std::string lower = implementation;
+          for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          if (lower == "auto" || lower == "ring" || lower == "nccl") implementation = lower;
           bytes_per_pack = communication_options.attr("bytes_per_pack").cast<int64_t>();
           timeout = communication_options.attr("timeout_seconds");
         }

@@ -109,9 +109,10 @@ class RangeNode final : public Node {
     }
     return 0;
   }
-  // More elements than an int64 counts (a span wider than INT64_MAX) read as infinite, as TF's
-  // cardinality treats a range up to INT64_MAX.
+  // TF's RangeCardinality: a range up to INT64_MAX is infinite (how enumerate() and "endless"
+  // ranges are written); so is one of more elements than an int64 counts.
   int64_t cardinality() const override {
+    if (step_ > 0 && stop_ == INT64_MAX) return kInfiniteCardinality;
     const uint64_t n = count();
     return n > static_cast<uint64_t>(INT64_MAX) ? kInfiniteCardinality : static_cast<int64_t>(n);
   }

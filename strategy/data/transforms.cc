@@ -146,19 +146,18 @@ class RepeatNode final : public Node {
           if (!cur_) {
             if (count_ >= 0 && epoch_ >= count_) return std::optional<Element>();
             TRIBUTARY_ASSIGN_OR_RETURN(cur_, input_->make_iterator());
-            epoch_had_elements_ = false;
           }
           TRIBUTARY_ASSIGN_OR_RETURN(std::optional<Element> e, cur_->get_next());
           if (e) {
-            epoch_had_elements_ = true;
+            any_element_ = true;
             return e;
           }
           cur_.reset();
           ++epoch_;
-          // An empty input repeated forever would spin here; TF ends the sequence instead. The
-          // same for a count: the epochs left would be as empty (TF runs through them, which for
-          // a large count spins as long).
-          if (!epoch_had_elements_) return std::optional<Element>();
+          // TF's rule: an input whose first epoch is empty ends the sequence (repeated forever it
+          // would spin here). For a count too: TF runs through its empty epochs, which for a large
+          // count spins as long. Later empty epochs do not end it.
+          if (!any_element_) return std::optional<Element>();
         }
       }
 
@@ -166,7 +165,7 @@ class RepeatNode final : public Node {
       NodePtr input_;
       int64_t count_;
       int64_t epoch_ = 0;
-      bool epoch_had_elements_ = false;
+      bool any_element_ = false;
       std::unique_ptr<DatasetIterator> cur_;
     };
     return std::unique_ptr<DatasetIterator>(std::make_unique<It>(input(), count_));
@@ -319,7 +318,8 @@ class MapNode final : public Node {
           return internal_error("the map function threw a non-standard exception");
         }
         if (!out.ok()) return out.status();
-        if (spec_) TRIBUTARY_RETURN_IF_ERROR(check_against_spec(*out, *spec_));
+        // An empty spec is an unknown one (dataset.h): nothing to check.
+        if (spec_ && !spec_->empty()) TRIBUTARY_RETURN_IF_ERROR(check_against_spec(*out, *spec_));
         return std::optional<Element>(std::move(*out));
       }
 

@@ -156,6 +156,30 @@ def test_replica_all_reduce_and_all_gather_keep_the_structure(mirrored):
         assert isinstance(r3, dict) and r3["x"].tolist() == [0, 1]
 
 
+def test_dicts_line_up_by_key_and_structures_must_match(mirrored):
+    # Replicas that build their dicts in different orders: keys, not insertion order, pair the
+    # values (TF's nest sorts keys); the result keeps a dict's own order.
+    def f():
+        ctx = tributary.get_replica_context()
+        i = ctx.replica_id_in_sync_group
+        d = {"a": np.float32(1 + i), "b": np.float32(100 * (1 + i))}
+        if i == 1:
+            d = {"b": d["b"], "a": d["a"]}
+        return d, ctx.all_reduce("sum", d)
+
+    out = mirrored.run(f)
+    reduced = mirrored.reduce("sum", tributary.PerReplica([v[0] for v in out.values]), axis=None)
+    assert float(reduced["a"]) == 3 and float(reduced["b"]) == 300
+    for _, r in out.values:
+        assert float(r["a"]) == 3 and float(r["b"]) == 300
+    # A tuple on one replica and a list on the other are different structures (TF's error).
+    mixed = mirrored.run(lambda: (np.float32(1), np.float32(2))
+                         if tributary.get_replica_context().replica_id_in_sync_group == 0
+                         else [np.float32(3), np.float32(4)])
+    with pytest.raises(ValueError, match="same nested structure"):
+        mirrored.reduce("sum", mixed, axis=None)
+
+
 # --- 4. run()'s argument checks -----------------------------------------------------------------
 
 def test_run_args_must_be_a_list_or_tuple(mirrored):

@@ -505,7 +505,7 @@ TEST_F(CheckpointTest, CraftedFilesAreRefused) {
   put(int64_t{1} << 40);
   put(uint64_t{0});
   write(seal(body));
-  refused("size does not match shape");
+  refused("entry 'w' claims float32[1099511627776] but holds 0 bytes");  // before allocating
   // Two entries named w.
   const std::string one = checkpoint_internal::encode({{"w", Array::scalar(1.0f)}});
   const std::string two =
@@ -520,6 +520,9 @@ TEST_F(CheckpointTest, CraftedFilesAreRefused) {
   Status newer = restore_checkpoint(path_, vars);
   EXPECT_EQ(newer.code(), StatusCode::kUnimplemented) << newer.to_string();
   EXPECT_THAT(newer.message(), HasSubstr("format '2'"));
+  // Damage to the first line is damage, not another format.
+  write("TRIBUTARY-CKPT-1\r\n" + one.substr(17));
+  refused("corrupt or truncated");
 }
 
 TEST_F(CheckpointTest, PathErrorsSayWhatIsWrong) {

@@ -110,8 +110,8 @@ class Dataset {
   // --- transformations -----------------------------------------------------------------------
   // Stacks n consecutive elements (the last batch may be smaller unless drop_remainder).
   Dataset batch(int64_t batch_size, bool drop_remainder = false) const;
-  // count < 0: forever. An epoch without elements ends the sequence (the rest would be as
-  // empty; TF ends an empty input repeated forever, and runs through a count of empty epochs).
+  // count < 0: forever. As TF, an input whose first epoch is empty ends the sequence (repeated
+  // forever it would spin); for a count too, where TF runs through the count's empty epochs.
   Dataset repeat(int64_t count = -1) const;
   // TF's buffered shuffle; the order is a function of seed and of how many iterators this Dataset
   // (or a copy) has made before, unless reshuffle_each_iteration is false.

@@ -111,11 +111,11 @@ bool in_variable_sync_on_read_context();
 // leaves one whole checkpoint). restore_checkpoint: the chief reads `path` and broadcasts every
 // value, so workers need not share a file system; ON_READ SUM values are divided evenly across the
 // replicas (TF's rule), everything else is assigned to every copy. Every worker must pass the same
-// variables in the same order (checked: names are compared across workers before anything is
-// read). Any worker's error (a missing file, a missing or mismatched variable, a corrupt,
-// tampered or newer-format file, its own bad list) fails every worker at once with that worker's
-// message, and no variable changes (an assignment that fails midway, for lack of memory say, is
-// reported on every worker). Restoring assigns existing variables: create them first (TF's
+// variables in the same order (checked: names, dtypes and shapes are compared across workers
+// before anything is read). Any worker's error (a missing file, a missing or mismatched variable, a
+// corrupt, tampered or newer-format file, its own bad list) fails every worker at once with that
+// worker's message, and no variable changes (an assignment that fails midway, for lack of memory
+// say, is reported on every worker). Restoring assigns existing variables: create them first (TF's
 // deferred restore into variables made later is not offered).
 Status save_checkpoint(const std::string& path, std::span<const Variable> variables);
 Status restore_checkpoint(const std::string& path, std::span<const Variable> variables);
