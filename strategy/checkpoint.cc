@@ -292,11 +292,16 @@ StatusOr<Array> find_entry(const std::string& path, const std::map<std::string, 
 namespace {
 
 constexpr size_t kMessageBytes = 1024;            // a worker's status, gathered by every worker
-constexpr size_t kSlotBytes = kMessageBytes + 8;  // the status, then the digest of the names
+constexpr size_t kSlotBytes = kMessageBytes + 8;  // the status, then the variables' digest
 
 Status check_variables(std::span<const Variable> variables, Strategy*& strategy) {
   std::set<std::string> names;
   strategy = nullptr;
+  if (variables.empty()) {
+    // Refused: without a variable there is no strategy to agree through, and a worker that saved
+    // nothing would write an empty checkpoint over the chief's.
+    return invalid_argument("checkpoint: no variables given; pass the strategy's variables");
+  }
   for (const Variable& v : variables) {
     if (!v.valid()) return invalid_argument("checkpoint: an empty Variable handle");
     if (!names.insert(v.name()).second) {
@@ -316,9 +321,9 @@ Status check_variables(std::span<const Variable> variables, Strategy*& strategy)
   return ok_status();
 }
 
-// The variables' names in order, as one number: workers that pass different lists (or the same in
-// another order) would save or restore one variable's value into another.
-uint64_t names_digest(std::span<const Variable> variables) {
+// The variables' names, dtypes and shapes in order, as one number: workers that pass different
+// lists (or the same in another order) would save or restore one variable's value into another.
+uint64_t layout_digest(std::span<const Variable> variables) {
   std::string all;
   for (const Variable& v : variables) {
     if (!v.valid()) continue;
@@ -337,7 +342,7 @@ Strategy& strategy_of(std::span<const Variable> variables) {
   return get_strategy();
 }
 
-// Every worker's status (and the digest of its variables' names) made known to every worker, in
+// Every worker's status (and the digest of its variables) made known to every worker, in
 // one all-gather: each returns its own error, else the first other worker's, else, when the
 // digests differ, an error naming the workers whose lists differ. So no worker goes on, or waits
 // for a collective, alone.
@@ -396,8 +401,8 @@ Status agree(Strategy& s, const Status& mine, uint64_t digest, std::string_view 
   }
   if (!differ.empty()) {
     return invalid_argument(fmt::format(
-        "{}: worker(s) {} passed other variables than worker 0, or the same in another order; "
-        "pass the same list, in the same order, on every worker",
+        "{}: worker(s) {} passed other variables than worker 0 (names, dtypes or shapes), or the "
+        "same in another order; pass the same list, in the same order, on every worker",
         what, differ));
   }
   return ok_status();
@@ -412,7 +417,7 @@ Status save_checkpoint(const std::string& path, std::span<const Variable> variab
   const Status checked = check_variables(variables, s);
   if (s == nullptr) s = &strategy_of(variables);
   TRIBUTARY_RETURN_IF_ERROR(s->require_cross_replica("save_checkpoint"));
-  const uint64_t digest = names_digest(variables);
+  const uint64_t digest = layout_digest(variables);
   TRIBUTARY_RETURN_IF_ERROR(agree(*s, checked, digest, "save_checkpoint"));
   std::vector<std::pair<std::string, Array>> entries;
   Status written;
@@ -435,7 +440,7 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
   const Status checked = check_variables(variables, s);
   if (s == nullptr) s = &strategy_of(variables);
   TRIBUTARY_RETURN_IF_ERROR(s->require_cross_replica("restore_checkpoint"));
-  const uint64_t digest = names_digest(variables);
+  const uint64_t digest = layout_digest(variables);
   TRIBUTARY_RETURN_IF_ERROR(agree(*s, checked, digest, "restore_checkpoint"));
   std::map<std::string, Array> saved;
   Status loaded;

@@ -184,11 +184,12 @@ StatusOr<std::unique_ptr<Strategy>> make_multi_worker_mirrored_strategy(
         fmt::format("bytes_per_pack must be non-negative, not {}", comm.bytes_per_pack));
   }
   std::string spec = comm.implementation.empty() ? "auto" : comm.implementation;
-  if (spec == "auto" || spec == "AUTO") {
+  // TF's CommunicationImplementation names, in any case; any other spec as written.
+  if (internal::iequals(spec, "auto")) {
     spec = all_gpus(devices) && registry.find("nccl") ? "nccl" : "ring";
-  } else if (spec == "RING") {
+  } else if (internal::iequals(spec, "ring")) {
     spec = "ring";
-  } else if (spec == "NCCL") {
+  } else if (internal::iequals(spec, "nccl")) {
     spec = "nccl";
   }
   spec = nccl_or_fallback(spec, devices, registry, "ring",

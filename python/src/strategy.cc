@@ -37,9 +37,12 @@ bool is_nest(py::handle h) {
 // A dict's keys in TF's nest order (sorted), so that dicts built in different orders on different
 // replicas or workers line up leaf by leaf; TF's TypeError when they cannot be sorted.
 py::list sorted_keys(py::handle d) {
+  static py::object* const sorted = new py::object(
+      py::module_::import("builtins").attr("sorted"));  // never freed: no GIL at exit
   try {
-    return py::module_::import("builtins").attr("sorted")(d);
-  } catch (py::error_already_set&) {
+    return (*sorted)(d);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;  // KeyboardInterrupt, MemoryError: as they are
     throw py::type_error("nest only supports dicts with sortable keys");
   }
 }
@@ -644,12 +647,7 @@ void bind_factories(py::module_& m) {
           // TF's tf.distribute.experimental.CommunicationOptions (tributary.CommunicationOptions).
           py::object impl = communication_options.attr("implementation");
           if (py::hasattr(impl, "value")) impl = impl.attr("value");  // an enum member
-          implementation = py::str(impl);
-          // TF's enum names (AUTO, RING, NCCL) in any case; a backend spec is taken as written
-          // (its options may be case-sensitive).
-          std::string lower = implementation;
-          for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-          if (lower == "auto" || lower == "ring" || lower == "nccl") implementation = lower;
+          implementation = py::str(impl);  // the C++ strategy reads TF's names in any case
           bytes_per_pack = communication_options.attr("bytes_per_pack").cast<int64_t>();
           timeout = communication_options.attr("timeout_seconds");
         }

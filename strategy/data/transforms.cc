@@ -318,8 +318,7 @@ class MapNode final : public Node {
           return internal_error("the map function threw a non-standard exception");
         }
         if (!out.ok()) return out.status();
-        // An empty spec is an unknown one (dataset.h): nothing to check.
-        if (spec_ && !spec_->empty()) TRIBUTARY_RETURN_IF_ERROR(check_against_spec(*out, *spec_));
+        if (spec_) TRIBUTARY_RETURN_IF_ERROR(check_against_spec(*out, *spec_));
         return std::optional<Element>(std::move(*out));
       }
 
@@ -451,6 +450,7 @@ NodePtr shard_node(NodePtr input, int64_t num_shards, int64_t index) {
 NodePtr map_node(NodePtr input, MapFn fn, std::optional<ElementSpec> output_spec) {
   if (!input->status().ok()) return input;
   if (!fn) return invalid("map: the function is empty.");
+  if (output_spec && output_spec->empty()) output_spec.reset();  // empty: unknown (dataset.h)
   return std::make_shared<MapNode>(std::move(input), std::move(fn), std::move(output_spec));
 }
 

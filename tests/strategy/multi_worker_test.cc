@@ -281,6 +281,19 @@ TEST_P(MultiWorkerTest, CheckpointsRefuseWorkersThatDisagree) {
     Status order = restore_checkpoint(path, mine);
     CHILD_CHECK(order.code() == StatusCode::kInvalidArgument);
     CHILD_CHECK(order.message().find("worker(s) 1 passed other variables") != std::string::npos);
+    // The same names with another shape: the chief's broadcast would not fit.
+    auto a3 = st.create_variable(*Array::from_vector<float>({1, 2, 3}), {"a"});
+    CHILD_OK(a3.status());
+    std::vector<Variable> shaped =
+        rank == 0 ? std::vector<Variable>{*a, *b} : std::vector<Variable>{*a3, *b};
+    Status shape = restore_checkpoint(path, shaped);
+    CHILD_CHECK(shape.code() == StatusCode::kInvalidArgument);
+    CHILD_CHECK(shape.message().find("(names, dtypes or shapes)") != std::string::npos);
+    // An empty handle on one worker: it fails, and tells the others.
+    std::vector<Variable> holey =
+        rank == 1 ? std::vector<Variable>{Variable(), *b} : std::vector<Variable>{*a, *b};
+    Status hole = restore_checkpoint(path, holey);
+    CHILD_CHECK(hole.message().find("an empty Variable handle") != std::string::npos);
     const auto start = std::chrono::steady_clock::now();
     std::vector<Variable> dup =
         rank == 1 ? std::vector<Variable>{*a, *a} : std::vector<Variable>{*a, *b};

@@ -537,6 +537,10 @@ TEST_F(CheckpointTest, PathErrorsSayWhatIsWrong) {
   Status missing_dir = save_checkpoint(nowhere, vars);
   EXPECT_EQ(missing_dir.code(), StatusCode::kNotFound) << missing_dir.to_string();
   EXPECT_THAT(missing_dir.message(), HasSubstr("cannot create checkpoint '" + nowhere + "'"));
+  Status none = save_checkpoint(path_, {});
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument) << none.to_string();
+  EXPECT_THAT(none.message(), HasSubstr("no variables given"));
+  EXPECT_FALSE(std::filesystem::exists(path_));
 }
 
 }  // namespace

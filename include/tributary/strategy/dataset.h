@@ -112,6 +112,8 @@ class Dataset {
   Dataset batch(int64_t batch_size, bool drop_remainder = false) const;
   // count < 0: forever. As TF, an input whose first epoch is empty ends the sequence (repeated
   // forever it would spin); for a count too, where TF runs through the count's empty epochs.
+  // Later empty epochs do not end it (TF's rule): a file source that becomes empty after its
+  // first epoch, repeated forever, reopens its files forever.
   Dataset repeat(int64_t count = -1) const;
   // TF's buffered shuffle; the order is a function of seed and of how many iterators this Dataset
   // (or a copy) has made before, unless reshuffle_each_iteration is false.
@@ -121,7 +123,7 @@ class Dataset {
   // `fn` runs in get_next (on the prefetch thread when a prefetch follows); its errors surface
   // there. `output_spec` declares what fn returns (each element is checked against it: a
   // different number of components, dtype, rank or known dimension is kInvalidArgument); without
-  // it element_spec() becomes unknown.
+  // it, or with an empty one, element_spec() becomes unknown.
   Dataset map(MapFn fn, std::optional<ElementSpec> output_spec = std::nullopt) const;
   // The first `count` elements (count < 0: all).
   Dataset take(int64_t count) const;
@@ -139,7 +141,8 @@ class Dataset {
   Status status() const;
   ElementSpec element_spec() const;
   // Number of elements, kInfiniteCardinality, or kUnknownCardinality (TF's rules: file sources
-  // and rebatch() are unknown, and so is a failed Dataset).
+  // and rebatch() are unknown, and so is a failed Dataset; a range up to INT64_MAX, empty or not,
+  // is infinite, as TF's enumerate() relies on).
   int64_t cardinality() const;
   // TF's compute_batch_size: the common static dimension 0 of the element spec when every
   // component has one, else the size of the first batch() reached from the end through
