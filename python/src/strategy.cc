@@ -342,10 +342,43 @@ py::object merge_call(const PyReplicaContext& pc, py::function fn, py::handle ar
   return value_or_throw(std::move(r))->obj;
 }
 
+bool contains_dict(py::handle h) {
+  if (py::isinstance<py::dict>(h)) return true;
+  if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
+    for (py::handle x : h) {
+      if (contains_dict(x)) return true;
+    }
+  }
+  return false;
+}
+
 py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::handle value) {
   ReplicaContext& ctx = pc.active("all_reduce");
   const ReduceOp rop = reduce_op_from(op);
   if (is_nest(value)) {  // TF: the same structure back, in one meeting
+    if (contains_dict(value)) {
+      // Dicts pair their values by key: replicas with other keys would add up different values.
+      // Their structures are compared first (one more meeting, for nests with dicts only).
+      const std::string mine = structure_of(value);
+      Status same = [&] {
+        py::gil_scoped_release release;
+        return ctx.merge_call(
+            [](Strategy&, const PerReplica<std::string>& all) -> Status {
+              for (size_t r = 1; r < all.values().size(); ++r) {
+                if (all.values()[r] != all.values()[0]) {
+                  return invalid_argument(
+                      "all_reduce: The two structures don't have the same nested structure: "
+                      "replica 0 passed " +
+                      all.values()[0].substr(0, 200) + " but replica " + std::to_string(r) + " " +
+                      all.values()[r].substr(0, 200) + " (. is a value)");
+                }
+              }
+              return Status();
+            },
+            mine);
+      }();
+      check(same);
+    }
     std::vector<py::object> leaves;
     flatten_nest(value, leaves);
     std::vector<Array> values;

@@ -172,6 +172,14 @@ def test_dicts_line_up_by_key_and_structures_must_match(mirrored):
     assert float(reduced["a"]) == 3 and float(reduced["b"]) == 300
     for _, r in out.values:
         assert float(r["a"]) == 3 and float(r["b"]) == 300
+    # Replicas whose dicts have other keys are refused in replica context too.
+    def other_keys():
+        ctx = tributary.get_replica_context()
+        key = "b" if ctx.replica_id_in_sync_group == 0 else "c"
+        return ctx.all_reduce("sum", {"a": np.float32(1), key: np.float32(2)})
+
+    with pytest.raises(ValueError, match="same nested structure"):
+        mirrored.run(other_keys)
     # A tuple on one replica and a list on the other are different structures (TF's error).
     mixed = mirrored.run(lambda: (np.float32(1), np.float32(2))
                          if tributary.get_replica_context().replica_id_in_sync_group == 0
