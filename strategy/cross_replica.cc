@@ -1,5 +1,6 @@
 // Cross-replica operations (Strategy::reduce, gather, reduce_to, ...) and the replica-context
 // collectives they share with ReplicaContext, all through the strategy's one CrossDeviceOps.
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 
@@ -18,6 +19,13 @@ PerReplica<Tensor> tensors_of(std::span<const Array> arrays) {
 }
 
 Status wait(Work work) { return work.wait(); }
+
+// "ReduceOp.SUM", as TF prints it.
+std::string op_text(ReduceOp op) {
+  std::string name(reduce_op_name(op));
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return "ReduceOp." + name;
+}
 
 // TF's reduce: an axis in [-rank, rank), a negative one counting from the end.
 StatusOr<int> normalize_axis(int axis, int rank) {
@@ -208,16 +216,88 @@ StatusOr<std::vector<Array>> Strategy::all_reduce_local(ReduceOp op,
   return outputs;
 }
 
+namespace {
+
+// Every replica's rows in global replica order: replica r holds along[r] rows of `row_elems`
+// elements (`local[i]`, any device, for local replica i). Each is padded to the longest on the
+// host, all-gathered on the replica devices, and compacted on the host: one flat CPU array of
+// sum(along) rows per local replica. Nothing is sent when every replica has no rows.
+StatusOr<std::vector<Array>> gather_rows(Strategy& s, std::span<const Array> local,
+                                         std::span<const int64_t> along, int64_t row_elems) {
+  const int n_local = s.num_local_replicas();
+  const int64_t max_along = *std::max_element(along.begin(), along.end());
+  int64_t total = 0;
+  for (int64_t a : along) total += a;
+  const DType dtype = local[0].dtype();
+  const size_t row_bytes = static_cast<size_t>(row_elems) * dtype_size(dtype);
+  std::vector<Array> padded, gathered;
+  for (int i = 0; i < n_local; ++i) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array mine, local[i].to_device(Device::cpu()));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array pad, Array::zeros(dtype, Shape{max_along * row_elems}));
+    if (mine.nbytes()) std::memcpy(pad.mutable_data<void>(), mine.data<void>(), mine.nbytes());
+    TRIBUTARY_ASSIGN_OR_RETURN(pad, pad.to_device(s.worker_devices()[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array out,
+        Array::zeros(dtype, Shape{static_cast<int64_t>(along.size()) * max_along * row_elems},
+                     s.worker_devices()[i]));
+    padded.push_back(std::move(pad));
+    gathered.push_back(std::move(out));
+  }
+  if (max_along * row_elems > 0) {
+    TRIBUTARY_RETURN_IF_ERROR(
+        wait(s.cross_device_ops().all_gather(tensors_of(padded), tensors_of(gathered))));
+  }
+  std::vector<Array> results;
+  for (int i = 0; i < n_local; ++i) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array all, gathered[i].to_device(Device::cpu()));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array compact, Array::zeros(dtype, Shape{total * row_elems}));
+    auto* dst = compact.mutable_data<unsigned char>();
+    const auto* src = all.data<unsigned char>();
+    size_t at = 0;
+    for (size_t r = 0; r < along.size(); ++r) {
+      const size_t bytes = static_cast<size_t>(along[r]) * row_bytes;
+      if (bytes) std::memcpy(dst + at, src + r * static_cast<size_t>(max_along) * row_bytes, bytes);
+      at += bytes;
+    }
+    results.push_back(std::move(compact));
+  }
+  return results;
+}
+
+// One all-gather of `width` int64 per local replica (descriptions of the values about to be
+// gathered, so that every replica sees every replica's alike); the CPU result, replica-major.
+StatusOr<std::vector<int64_t>> gather_descriptions(Strategy& s,
+                                                   const std::vector<std::vector<int64_t>>& mine,
+                                                   size_t width) {
+  std::vector<Array> in, out;
+  for (int i = 0; i < s.num_local_replicas(); ++i) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::from_vector(mine[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(a, a.to_device(s.worker_devices()[i]));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array o,
+        Array::zeros(DType::kInt64, Shape{static_cast<int64_t>(width) * s.num_replicas_in_sync()},
+                     s.worker_devices()[i]));
+    in.push_back(std::move(a));
+    out.push_back(std::move(o));
+  }
+  TRIBUTARY_RETURN_IF_ERROR(wait(s.cross_device_ops().all_gather(tensors_of(in), tensors_of(out))));
+  TRIBUTARY_ASSIGN_OR_RETURN(Array all, out[0].to_device(Device::cpu()));
+  return all.to_vector<int64_t>();
+}
+
+constexpr int kMaxGatherRank = 8;
+
+}  // namespace
+
 StatusOr<std::vector<Array>> Strategy::all_gather_local(std::span<const Array> per_replica,
                                                         int axis) {
   TRIBUTARY_RETURN_IF_ERROR(check_per_replica(*this, per_replica, "all_gather"));
   const int n_local = num_local_replicas();
   const int n = num_replicas_in_sync();
-  CrossDeviceOps& cdo = *parts_.cross_device_ops;
   // 1. Every replica's shape, so that sizes along `axis` may differ (TF's collective all_gather
   //    pads to the largest and slices back) and mismatches are seen alike by every replica.
-  constexpr int kMaxRank = 8;
-  std::vector<Array> shape_in, shape_out;
+  constexpr int kMaxRank = kMaxGatherRank;
+  std::vector<std::vector<int64_t>> descs;
   for (int i = 0; i < n_local; ++i) {
     const Array& v = per_replica[i];
     if (v.rank() == 0 || v.rank() > kMaxRank) {
@@ -228,22 +308,17 @@ StatusOr<std::vector<Array>> Strategy::all_gather_local(std::span<const Array> p
     std::vector<int64_t> desc(kMaxRank + 1, -1);
     desc[0] = v.rank();
     for (int d = 0; d < v.rank(); ++d) desc[d + 1] = v.shape()[d];
-    TRIBUTARY_ASSIGN_OR_RETURN(Array a, Array::from_vector(desc));
-    TRIBUTARY_ASSIGN_OR_RETURN(Array dev_a, a.to_device(parts_.devices[i]));
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        Array out, Array::zeros(DType::kInt64, Shape{(kMaxRank + 1) * n}, parts_.devices[i]));
-    shape_in.push_back(std::move(dev_a));
-    shape_out.push_back(std::move(out));
+    descs.push_back(std::move(desc));
   }
-  TRIBUTARY_RETURN_IF_ERROR(wait(cdo.all_gather(tensors_of(shape_in), tensors_of(shape_out))));
-  std::vector<int64_t> all = shape_out[0].to_vector<int64_t>();
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<int64_t> all,
+                             gather_descriptions(*this, descs, kMaxRank + 1));
   const int64_t* first = all.data();
   const int rank = static_cast<int>(first[0]);
   if (axis < 0 || axis >= rank) {
     return invalid_argument(
         fmt::format("all_gather: `axis` = {} out of range for `value` with rank {}", axis, rank));
   }
-  int64_t max_along = 0, total_along = 0;
+  int64_t total_along = 0;
   std::vector<int64_t> along(n);
   for (int r = 0; r < n; ++r) {
     const int64_t* d = first + r * (kMaxRank + 1);
@@ -256,57 +331,135 @@ StatusOr<std::vector<Array>> Strategy::all_gather_local(std::span<const Array> p
           r, axis));
     }
     along[r] = d[axis + 1];
-    max_along = std::max(max_along, along[r]);
     total_along += along[r];
   }
-  // 2. Move `axis` to the front, pad to the largest size, gather, and slice each replica's rows.
-  std::vector<Array> padded, gathered;
+  // 2. Move `axis` to the front (on the host), gather every replica's rows, and move it back.
   int64_t row_elems = 1;
   for (int k = 0; k < rank; ++k) {
     if (k != axis) row_elems *= first[k + 1];
   }
+  std::vector<Array> fronts;
   for (int i = 0; i < n_local; ++i) {
     const Array& v = per_replica[i];
     Shape front = v.shape();
     front.erase(front.begin() + axis);
     front.insert(front.begin(), v.shape()[axis]);
-    Array moved = v;
+    TRIBUTARY_ASSIGN_OR_RETURN(Array moved, v.to_device(Device::cpu()));
     if (axis != 0) {
-      TRIBUTARY_ASSIGN_OR_RETURN(moved, move_axis(v, axis, true, front));
+      TRIBUTARY_ASSIGN_OR_RETURN(moved, move_axis(moved, axis, true, front));
     }
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        Array pad, Array::zeros(v.dtype(), Shape{max_along * row_elems}, parts_.devices[i]));
-    if (moved.nbytes()) std::memcpy(pad.mutable_data<void>(), moved.data<void>(), moved.nbytes());
-    TRIBUTARY_ASSIGN_OR_RETURN(
-        Array out, Array::zeros(v.dtype(), Shape{n * max_along * row_elems}, parts_.devices[i]));
-    padded.push_back(std::move(pad));
-    gathered.push_back(std::move(out));
+    fronts.push_back(std::move(moved));
   }
-  TRIBUTARY_RETURN_IF_ERROR(wait(cdo.all_gather(tensors_of(padded), tensors_of(gathered))));
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> rows, gather_rows(*this, fronts, along, row_elems));
   std::vector<Array> results;
   for (int i = 0; i < n_local; ++i) {
-    Shape front_shape;
-    front_shape.push_back(total_along);
-    for (int k = 0; k < rank; ++k) {
-      if (k != axis) front_shape.push_back(first[k + 1]);
-    }
-    TRIBUTARY_ASSIGN_OR_RETURN(Array compact, Array::zeros(per_replica[i].dtype(), front_shape));
-    const size_t row_bytes = static_cast<size_t>(row_elems) * dtype_size(compact.dtype());
-    auto* dst = compact.mutable_data<unsigned char>();
-    const auto* src = gathered[i].data<unsigned char>();
-    size_t at = 0;
-    for (int r = 0; r < n; ++r) {
-      const size_t bytes = static_cast<size_t>(along[r]) * row_bytes;
-      if (bytes) std::memcpy(dst + at, src + static_cast<size_t>(r * max_along) * row_bytes, bytes);
-      at += bytes;
-    }
+    Shape natural = per_replica[i].shape();
+    natural[axis] = total_along;
+    Array compact = rows[i];
     if (axis != 0) {
-      Shape natural = per_replica[i].shape();
-      natural[axis] = total_along;
+      Shape front_shape;
+      front_shape.push_back(total_along);
+      for (int k = 0; k < rank; ++k) {
+        if (k != axis) front_shape.push_back(first[k + 1]);
+      }
+      TRIBUTARY_ASSIGN_OR_RETURN(compact, compact.reshape(front_shape));
       TRIBUTARY_ASSIGN_OR_RETURN(compact, move_axis(compact, axis, false, natural));
+    } else {
+      TRIBUTARY_ASSIGN_OR_RETURN(compact, compact.reshape(natural));
     }
     TRIBUTARY_ASSIGN_OR_RETURN(Array placed, compact.to_device(parts_.devices[i]));
     results.push_back(std::move(placed));
+  }
+  return results;
+}
+
+StatusOr<std::vector<IndexedSlices>> Strategy::all_reduce_slices_local(
+    ReduceOp op, std::span<const IndexedSlices> per_replica) {
+  if (static_cast<int>(per_replica.size()) != num_local_replicas()) {
+    return invalid_argument(fmt::format(
+        "all_reduce of IndexedSlices: expected one value per local replica ({}), got {}",
+        num_local_replicas(), per_replica.size()));
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+    return invalid_argument(fmt::format(
+        "`reduce_op` must be Reduce.SUM or Reduce.MEAN, not {}: IndexedSlices are reduced by "
+        "concatenating every replica's slices",
+        op_text(op)));
+  }
+  std::vector<IndexedSlices> results;
+  if (num_replicas_in_sync() == 1) {  // TF's shortcut: the value itself
+    TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices placed, per_replica[0].to_device(parts_.devices[0]));
+    results.push_back(std::move(placed));
+    return results;
+  }
+  // 1. What every replica holds: dtypes, rows and dense_shape (rank <= 8), gathered so that a
+  //    difference fails every replica alike, and rows may differ.
+  constexpr size_t kHead = 4, kWidth = kHead + kMaxGatherRank;
+  std::vector<std::vector<int64_t>> descs;
+  for (const IndexedSlices& v : per_replica) {
+    std::vector<int64_t> d(kWidth, -1);
+    d[0] = static_cast<int64_t>(v.dtype());
+    d[1] = static_cast<int64_t>(v.indices().dtype());
+    d[2] = v.num_rows();
+    d[3] = static_cast<int64_t>(v.dense_shape().size());
+    for (size_t k = 0; k < v.dense_shape().size() && k < kMaxGatherRank; ++k) {
+      d[kHead + k] = v.dense_shape()[k];
+    }
+    descs.push_back(std::move(d));
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<int64_t> all, gather_descriptions(*this, descs, kWidth));
+  const int n = num_replicas_in_sync();
+  auto describe = [&](int r) {
+    const int64_t* d = all.data() + static_cast<size_t>(r) * kWidth;
+    Shape dense;
+    for (int64_t k = 0; k < std::min<int64_t>(d[3], kMaxGatherRank); ++k)
+      dense.push_back(d[kHead + k]);
+    return fmt::format("values {}, indices {}, dense_shape {}",
+                       dtype_name(static_cast<DType>(d[0])), dtype_name(static_cast<DType>(d[1])),
+                       shape_to_string(dense));
+  };
+  std::vector<int64_t> rows(n);
+  for (int r = 0; r < n; ++r) {
+    const int64_t* d = all.data() + static_cast<size_t>(r) * kWidth;
+    if (d[3] > kMaxGatherRank) {
+      return invalid_argument(fmt::format(
+          "all_reduce of IndexedSlices: replica {} has a dense_shape of rank {}; at most {}", r,
+          d[3], kMaxGatherRank));
+    }
+    if (d[0] != all[0] || d[1] != all[1] || !std::equal(d + 3, d + kWidth, all.data() + 3)) {
+      return invalid_argument(fmt::format(
+          "all_reduce of IndexedSlices: replica {} has {} but replica 0 has {}; every replica must "
+          "reduce slices of the same dtypes and dense_shape",
+          r, describe(r), describe(0)));
+    }
+    rows[r] = d[2];
+  }
+  // 2. Every replica's values, then indices (padded to the most rows; each keeps its own).
+  const Shape& dense_shape = per_replica[0].dense_shape();
+  const int64_t row_elems = shape_num_elements(Shape(dense_shape.begin() + 1, dense_shape.end()));
+  std::vector<Array> values, indices;
+  for (const IndexedSlices& v : per_replica) {
+    values.push_back(v.values());
+    indices.push_back(v.indices());
+  }
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> all_values,
+                             gather_rows(*this, values, rows, row_elems));
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> all_indices, gather_rows(*this, indices, rows, 1));
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  Shape values_shape = dense_shape;
+  values_shape[0] = total;
+  for (int i = 0; i < num_local_replicas(); ++i) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array v, all_values[i].reshape(values_shape));
+    if (op == ReduceOp::kMean) {
+      // TF divides the values by the group size; an integer mean is TF's true division.
+      if (!dtype_is_floating(v.dtype())) v = cast(v, DType::kFloat64);
+      TRIBUTARY_ASSIGN_OR_RETURN(v, scale(v, 1.0 / n));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices made,
+                               IndexedSlices::make(std::move(v), all_indices[i], dense_shape));
+    TRIBUTARY_ASSIGN_OR_RETURN(made, made.to_device(parts_.devices[i]));
+    results.push_back(std::move(made));
   }
   return results;
 }
@@ -327,13 +480,6 @@ StatusOr<Array> ReplicaContext::all_reduce(ReduceOp op, const Array& value) {
 }
 
 namespace {
-
-// "ReduceOp.SUM", as TF prints it.
-std::string op_text(ReduceOp op) {
-  std::string name(reduce_op_name(op));
-  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return "ReduceOp." + name;
-}
 
 // What one replica brings to an all_reduce meeting.
 struct AllReduceArg {
@@ -431,6 +577,32 @@ StatusOr<Array> ReplicaContext::all_gather(const Array& value, int axis) {
   return std::any_cast<const std::vector<Array>&>(*r)[local_id_];
 }
 
+StatusOr<IndexedSlices> ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value) {
+  Strategy* s = strategy_;
+  StatusOr<std::any> r =
+      meet("all_reduce of IndexedSlices", std::any(std::make_pair(op, value)),
+           [s](std::vector<std::any>& args) -> StatusOr<std::any> {
+             const ReduceOp agreed =
+                 std::any_cast<const std::pair<ReduceOp, IndexedSlices>&>(args[0]).first;
+             std::vector<IndexedSlices> values;
+             for (size_t i = 0; i < args.size(); ++i) {
+               auto& [o, v] = std::any_cast<std::pair<ReduceOp, IndexedSlices>&>(args[i]);
+               if (o != agreed) {
+                 return invalid_argument(fmt::format(
+                     "all_reduce: replica 0 passed {} but replica {} passed {}; every replica must "
+                     "all_reduce with the same op",
+                     op_text(agreed), i, op_text(o)));
+               }
+               values.push_back(std::move(v));
+             }
+             TRIBUTARY_ASSIGN_OR_RETURN(std::vector<IndexedSlices> out,
+                                        s->all_reduce_slices_local(agreed, values));
+             return std::any(std::move(out));
+           });
+  if (!r.ok()) return r.status();
+  return std::any_cast<const std::vector<IndexedSlices>&>(*r)[local_id_];
+}
+
 // --- Strategy: cross-replica
 // -------------------------------------------------------------------------
 
@@ -465,6 +637,15 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
     // TF's truediv: an integer mean is a float64.
     const DType out = dtype_is_floating(sum.dtype()) ? sum.dtype() : DType::kFloat64;
     return Array::from_doubles(out, q, sum.shape());
+  }());
+}
+
+StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const PerReplica<IndexedSlices>& value) {
+  return told(*this, [&]() -> StatusOr<IndexedSlices> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<IndexedSlices> r,
+                               all_reduce_slices_local(op, value.values()));
+    return r[0].to_device(Device::cpu());
   }());
 }
 

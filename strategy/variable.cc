@@ -1,6 +1,8 @@
 // Variables: creation, reads and the ON_WRITE / ON_READ update rules (values.py, values_util.py).
 #include "tributary/strategy/variable.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -42,6 +44,74 @@ std::string_view update_name(UpdateKind k) {
       return "assign_sub";
   }
   return "?";
+}
+
+enum class ScatterKind { kAdd, kSub, kMul, kDiv, kMin, kMax, kUpdate };
+
+std::string_view scatter_name(ScatterKind k) {
+  switch (k) {
+    case ScatterKind::kAdd:
+      return "scatter_add";
+    case ScatterKind::kSub:
+      return "scatter_sub";
+    case ScatterKind::kMul:
+      return "scatter_mul";
+    case ScatterKind::kDiv:
+      return "scatter_div";
+    case ScatterKind::kMin:
+      return "scatter_min";
+    case ScatterKind::kMax:
+      return "scatter_max";
+    case ScatterKind::kUpdate:
+      return "scatter_update";
+  }
+  return "?";
+}
+
+// Row `row` of the variable's data combined with slice `k` of `values` (both CPU, same dtype).
+void scatter_row(ScatterKind kind, DType dtype, void* data, int64_t row, const Array& values,
+                 int64_t k, int64_t row_elems) {
+  const bool integral = !dtype_is_floating(dtype);
+  for (int64_t e = 0; e < row_elems; ++e) {
+    const int64_t at = row * row_elems + e;
+    const double x = dtype_load(dtype, data, at);
+    const double y = values.at(k * row_elems + e);
+    double r = y;
+    switch (kind) {
+      case ScatterKind::kAdd:
+        r = x + y;
+        break;
+      case ScatterKind::kSub:
+        r = x - y;
+        break;
+      case ScatterKind::kMul:
+        r = x * y;
+        break;
+      case ScatterKind::kDiv:
+        r = integral ? std::trunc(x / y) : x / y;
+        break;
+      case ScatterKind::kMin:
+        r = std::min(x, y);
+        break;
+      case ScatterKind::kMax:
+        r = std::max(x, y);
+        break;
+      case ScatterKind::kUpdate:
+        break;
+    }
+    dtype_store(dtype, data, at, r);
+  }
+}
+
+// TF's AggregatingVariable (ps_values.py) refuses an update with aggregation NONE in replica
+// context: one copy, many replicas.
+Status central_needs_aggregation(const std::string& variable, const std::string& strategy) {
+  return invalid_argument(fmt::format(
+      "You must specify an aggregation method to update a variable in Replica Context. You "
+      "can do so by passing an explicit value for argument `aggregation` to tf.Variable(..)."
+      "e.g. `tf.Variable(..., aggregation=tf.VariableAggregation.SUM)` (variable '{}' lives "
+      "once on {}'s parameter device; VariableOptions::aggregation)",
+      variable, strategy));
 }
 
 StatusOr<ReduceOp> reduce_op_of(VariableAggregation a) {
@@ -163,15 +233,7 @@ struct VariableImpl {
     const size_t local = static_cast<size_t>(ctx.local_replica_id());
     if (v.sync == VariableSynchronization::kOnRead) return update_one(v, local, k, value);
     if (v.aggregation == VariableAggregation::kNone) {
-      if (v.central) {
-        // TF's AggregatingVariable (ps_values.py) refuses this: one copy, many replicas.
-        return invalid_argument(fmt::format(
-            "You must specify an aggregation method to update a variable in Replica Context. You "
-            "can do so by passing an explicit value for argument `aggregation` to tf.Variable(..)."
-            "e.g. `tf.Variable(..., aggregation=tf.VariableAggregation.SUM)` (variable '{}' lives "
-            "once on {}'s parameter device; VariableOptions::aggregation)",
-            v.name, v.strategy->name()));
-      }
+      if (v.central) return central_needs_aggregation(v.name, v.strategy->name());
       return update_one(v, local, k, value);
     }
     Strategy& s = *v.strategy;
@@ -199,6 +261,146 @@ struct VariableImpl {
             agreed = reduced[0];
           }
           TRIBUTARY_RETURN_IF_ERROR(update_all(*state, k, agreed));
+          return std::any();
+        });
+    return r.ok() ? ok_status() : r.status();
+  }
+
+  // --- sparse updates (scatter_*) -------------------------------------------------------------
+  // TF's resource scatter kernels' checks, on `delta` as this variable would apply it.
+  static Status check_scatter(const State& v, ScatterKind k, const IndexedSlices& delta) {
+    const std::string what = fmt::format("{} on variable '{}' ({}{})", scatter_name(k), v.name,
+                                         dtype_name(v.dtype), shape_to_string(v.shape));
+    if (v.shape.empty()) {
+      return invalid_argument(fmt::format("{}: params must be at least 1 dimensional", what));
+    }
+    if (delta.dtype() != v.dtype) {
+      return invalid_argument(fmt::format("{}: the updates are {}; the dtypes must match", what,
+                                          delta.values().tensor().to_string()));
+    }
+    const Shape& u = delta.values().shape();
+    if (!std::equal(u.begin() + 1, u.end(), v.shape.begin() + 1, v.shape.end())) {
+      return invalid_argument(fmt::format(
+          "{}: Must have updates.shape = indices.shape + params.shape[1:] or updates.shape = [], "
+          "got updates.shape {}, indices.shape {}, params.shape {}",
+          what, shape_to_string(u), shape_to_string(delta.indices().shape()),
+          shape_to_string(v.shape)));
+    }
+    TRIBUTARY_ASSIGN_OR_RETURN(Array indices, delta.indices().to_device(Device::cpu()));
+    for (int64_t i = 0; i < indices.num_elements(); ++i) {
+      const auto row = static_cast<int64_t>(indices.at(i));
+      if (row < 0 || row >= v.shape[0]) {
+        return invalid_argument(
+            fmt::format("{}: indices[{}] = {} is not in [0, {})", what, i, row, v.shape[0]));
+      }
+    }
+    if (k == ScatterKind::kDiv && !dtype_is_floating(v.dtype)) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array values, delta.values().to_device(Device::cpu()));
+      for (int64_t i = 0; i < values.num_elements(); ++i) {
+        if (values.at(i) == 0)
+          return invalid_argument(fmt::format("{}: Integer division by zero", what));
+      }
+    }
+    return ok_status();
+  }
+
+  // Applies checked `delta` to the copies in `which`: rows in place on the CPU; a copy on another
+  // device is updated on a host copy and written back whole.
+  static Status scatter_some(State& v, const std::vector<size_t>& which, ScatterKind k,
+                             const IndexedSlices& delta) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array values, delta.values().to_device(Device::cpu()));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array indices, delta.indices().to_device(Device::cpu()));
+    const int64_t n = values.dim0();
+    const int64_t row_elems = n == 0 ? 0 : values.num_elements() / n;
+    auto apply_to = [&](void* data) {
+      for (int64_t r = 0; r < n; ++r) {
+        scatter_row(k, v.dtype, data, static_cast<int64_t>(indices.at(r)), values, r, row_elems);
+      }
+    };
+    std::vector<std::pair<size_t, Array>> off_host;
+    for (size_t i : which) {
+      if (v.components[i].device().is_cpu()) continue;
+      TRIBUTARY_ASSIGN_OR_RETURN(Array copy, snapshot(v, i).to_device(Device::cpu()));
+      copy = copy.deep_copy();
+      apply_to(copy.mutable_data<void>());
+      off_host.emplace_back(i, std::move(copy));
+    }
+    TRIBUTARY_RETURN_IF_ERROR(commit(v, off_host));
+    std::lock_guard lock(v.mu);
+    for (size_t i : which) {
+      if (v.components[i].device().is_cpu()) apply_to(v.components[i].mutable_data<void>());
+    }
+    return ok_status();
+  }
+
+  static Status scatter_all(State& v, ScatterKind k, const IndexedSlices& delta) {
+    std::vector<size_t> all(v.components.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    return scatter_some(v, all, k, delta);
+  }
+
+  static Status scatter(State& v, ScatterKind k, const IndexedSlices& delta) {
+    if (!v.plain && v.sync == VariableSynchronization::kOnRead) {
+      return unimplemented(fmt::format(
+          "Variables with `synchronization=ON_READ` doesn't support `{}` (variable '{}')",
+          scatter_name(k), v.name));
+    }
+    const bool keeps_one =
+        k == ScatterKind::kMin || k == ScatterKind::kMax || k == ScatterKind::kUpdate;
+    if (!v.plain && keeps_one && v.aggregation != VariableAggregation::kNone &&
+        v.aggregation != VariableAggregation::kOnlyFirstReplica) {
+      return unimplemented(fmt::format(
+          "{} is only supported for mirrored variable (variable created within certain "
+          "`tf.distribute.Strategy` scope) with NONE or `ONLY_FIRST_REPLICA` aggregation, got: {}. "
+          "(variable '{}')",
+          scatter_name(k), variable_aggregation_name(v.aggregation), v.name));
+    }
+    TRIBUTARY_RETURN_IF_ERROR(check_scatter(v, k, delta));
+    if (v.plain) {
+      std::lock_guard serial(v.update_mu);
+      return scatter_all(v, k, delta);
+    }
+    Strategy& s = *v.strategy;
+    if (ReplicaContext* ctx = replica_of(s)) return scatter_in_replica(v, *ctx, k, delta);
+    TRIBUTARY_RETURN_IF_ERROR(
+        s.require_cross_replica(fmt::format("{} on variable '{}'", scatter_name(k), v.name)));
+    return scatter_all(v, k, delta);
+  }
+
+  static Status scatter_in_replica(State& v, ReplicaContext& ctx, ScatterKind k,
+                                   const IndexedSlices& delta) {
+    if (v.aggregation == VariableAggregation::kNone) {
+      if (v.central) return central_needs_aggregation(v.name, v.strategy->name());
+      std::lock_guard serial(v.update_mu);
+      return scatter_some(v, {static_cast<size_t>(ctx.local_replica_id())}, k, delta);
+    }
+    Strategy& s = *v.strategy;
+    State* state = &v;
+    StatusOr<std::any> r = ctx.meet(
+        fmt::format("{} on variable '{}'", scatter_name(k), v.name), std::any(delta),
+        [&s, state, k](std::vector<std::any>& args) -> StatusOr<std::any> {
+          std::vector<IndexedSlices> values;
+          for (auto& a : args) values.push_back(std::any_cast<IndexedSlices>(std::move(a)));
+          ReduceOp op = ReduceOp::kSum;
+          if (state->aggregation == VariableAggregation::kOnlyFirstReplica) {
+            // Global replica 0's slices: every other replica adds none to the concatenation.
+            for (size_t i = 0; i < values.size(); ++i) {
+              if (s.worker_index() == 0 && i == 0) continue;
+              const IndexedSlices& mine = values[i];
+              Shape none = mine.values().shape();
+              none[0] = 0;
+              TRIBUTARY_ASSIGN_OR_RETURN(Array no_values, Array::zeros(mine.dtype(), none));
+              TRIBUTARY_ASSIGN_OR_RETURN(Array no_indices,
+                                         Array::zeros(mine.indices().dtype(), Shape{0}));
+              TRIBUTARY_ASSIGN_OR_RETURN(
+                  values[i], IndexedSlices::make(no_values, no_indices, mine.dense_shape()));
+            }
+          } else {
+            TRIBUTARY_ASSIGN_OR_RETURN(op, reduce_op_of(state->aggregation));
+          }
+          TRIBUTARY_ASSIGN_OR_RETURN(std::vector<IndexedSlices> agreed,
+                                     s.all_reduce_slices_local(op, values));
+          TRIBUTARY_RETURN_IF_ERROR(scatter_all(*state, k, agreed[0]));
           return std::any();
         });
     return r.ok() ? ok_status() : r.status();
@@ -416,6 +618,20 @@ Status Variable::assign_sub(const Array& delta) {
   if (!state_) return failed_precondition("assign_sub to an empty Variable handle");
   return VariableImpl::update(*state_, UpdateKind::kSub, delta);
 }
+
+#define TRIBUTARY_SCATTER(method, kind)                                              \
+  Status Variable::method(const IndexedSlices& delta) {                              \
+    if (!state_) return failed_precondition(#method " on an empty Variable handle"); \
+    return VariableImpl::scatter(*state_, ScatterKind::kind, delta);                 \
+  }
+TRIBUTARY_SCATTER(scatter_add, kAdd)
+TRIBUTARY_SCATTER(scatter_sub, kSub)
+TRIBUTARY_SCATTER(scatter_mul, kMul)
+TRIBUTARY_SCATTER(scatter_div, kDiv)
+TRIBUTARY_SCATTER(scatter_min, kMin)
+TRIBUTARY_SCATTER(scatter_max, kMax)
+TRIBUTARY_SCATTER(scatter_update, kUpdate)
+#undef TRIBUTARY_SCATTER
 
 std::vector<Array> Variable::values() const {
   std::vector<Array> out;

@@ -12,6 +12,7 @@
 #include "tributary/strategy/array.h"
 #include "tributary/strategy/dataset.h"
 #include "tributary/strategy/distributed_input.h"
+#include "tributary/strategy/indexed_slices.h"
 #include "tributary/strategy/losses.h"
 #include "tributary/strategy/parameter_server.h"
 #include "tributary/strategy/strategies.h"

@@ -135,6 +135,73 @@ TEST_P(MultiWorkerTest, ReduceAndGatherSpanWorkersWithPartialBatches) {
   });
 }
 
+// Sparse gradients (IndexedSlices) across workers: every replica's rows, in global replica order,
+// whatever their number; scatter updates of an embedding table agree on every worker; replicas
+// that disagree on the dense shape fail every worker with the same message.
+TEST_P(MultiWorkerTest, SparseValuesConcatenateAcrossWorkers) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    // Global replica g touches rows 0 .. g-1 of a [4, 1] table, each with value 10 * g + row.
+    auto mine = [](int g, int64_t dense_rows) {
+      std::vector<float> values;
+      std::vector<int64_t> indices;
+      for (int row = 0; row < g; ++row) {
+        values.push_back(static_cast<float>(10 * g + row));
+        indices.push_back(row);
+      }
+      return IndexedSlices::make(
+          *Array::from_vector(values, {static_cast<int64_t>(values.size()), 1}),
+          *Array::from_vector(indices), {dense_rows, 1});
+    };
+    auto reduced = st.run([&](ReplicaContext& ctx) -> StatusOr<IndexedSlices> {
+      TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices v, mine(ctx.replica_id_in_sync_group(), 4));
+      return ctx.all_reduce(ReduceOp::kSum, v);
+    });
+    CHILD_OK(reduced.status());
+    for (const IndexedSlices& r : *reduced) {
+      CHILD_CHECK((r.indices().to_vector<int64_t>() == std::vector<int64_t>{0, 0, 1, 0, 1, 2}));
+      CHILD_CHECK((r.values().to_vector<float>() == std::vector<float>{10, 20, 21, 30, 31, 32}));
+    }
+    auto table =
+        st.create_variable(*Array::zeros(DType::kFloat32, {4, 1}),
+                           {"emb", VariableSynchronization::kOnWrite, VariableAggregation::kSum});
+    CHILD_OK(table.status());
+    CHILD_OK(st.run([&](ReplicaContext& ctx) -> Status {
+      TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices v, mine(ctx.replica_id_in_sync_group(), 4));
+      return table->scatter_add(v);
+    }));
+    for (const Array& c : table->values()) {
+      CHILD_CHECK((c.to_vector<float>() == std::vector<float>{60, 52, 32, 0}));
+    }
+    // ONLY_FIRST_REPLICA: global replica 1 (worker 0's second) has rows; replica 0 has none, and
+    // its (empty) update is what every worker applies.
+    auto first = st.create_variable(
+        *Array::zeros(DType::kFloat32, {4, 1}),
+        {"first", VariableSynchronization::kOnWrite, VariableAggregation::kOnlyFirstReplica});
+    CHILD_OK(first.status());
+    CHILD_OK(st.run([&](ReplicaContext& ctx) -> Status {
+      TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices v, mine(ctx.replica_id_in_sync_group(), 4));
+      return first->scatter_update(v);
+    }));
+    for (const Array& c : first->values()) {
+      CHILD_CHECK((c.to_vector<float>() == std::vector<float>{0, 0, 0, 0}));
+    }
+    // Worker 1's replicas claim 5 dense rows: every worker fails, naming global replica 2.
+    Status bad = st.run([&](ReplicaContext& ctx) -> Status {
+      TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices v,
+                                 mine(ctx.replica_id_in_sync_group(), rank == 0 ? 4 : 5));
+      return ctx.all_reduce(ReduceOp::kSum, v).status();
+    });
+    CHILD_CHECK(bad.code() == StatusCode::kInvalidArgument);
+    CHILD_CHECK(bad.message().find("replica 2 has values float32, indices int64, dense_shape "
+                                   "[5, 1] but replica 0 has values float32, indices int64, "
+                                   "dense_shape [4, 1]") != std::string::npos);
+    return kChildOk;
+  });
+}
+
 TEST_P(MultiWorkerTest, UnevenDataAcrossWorkersEndsTogetherWithoutHanging) {
   expect_all_ok(2, [&](int rank) {
     auto s = make(rank, 2, 2);

@@ -77,6 +77,7 @@
 #include "tributary/export.h"
 #include "tributary/status.h"
 #include "tributary/strategy/array.h"
+#include "tributary/strategy/indexed_slices.h"
 #include "tributary/values.h"
 
 TRIBUTARY_BEGIN_PUBLIC_API
@@ -142,6 +143,9 @@ class ReplicaContext {
   // Several values in one meeting (TF's nest), with the same rules per value: one collective per
   // value, in order (not fused into one; batch_reduce_to is the fused form).
   StatusOr<std::vector<Array>> all_reduce(ReduceOp op, std::span<const Array> values);
+  // Sparse values (indexed_slices.h): every replica gets the concatenation of every replica's
+  // slices in global replica order (their rows may differ in number); SUM or MEAN only.
+  StatusOr<IndexedSlices> all_reduce(ReduceOp op, const IndexedSlices& value);
   // Concatenates every replica's value along `axis` in global replica order. Sizes along `axis`
   // may differ between replicas (as TF's collective all_gather allows); everything else, `axis`
   // included, must match (kInvalidArgument on every replica otherwise).
@@ -279,6 +283,9 @@ class Strategy {
   // float64 (TF's true division), with or without an axis.
   StatusOr<Array> reduce(ReduceOp op, const PerReplica<Array>& value,
                          std::optional<int> axis = std::nullopt);
+  // Sparse values (indexed_slices.h): the concatenation of every replica's slices in global
+  // replica order, on the CPU; SUM or MEAN only (TF reduces IndexedSlices by gathering them).
+  StatusOr<IndexedSlices> reduce(ReduceOp op, const PerReplica<IndexedSlices>& value);
   // A value that is not distributed (TF's reduce_non_distributed_value): MEAN returns it, SUM
   // returns it with one replica in sync and is an error otherwise.
   StatusOr<Array> reduce(ReduceOp op, const Array& value, std::optional<int> axis = std::nullopt);
@@ -342,6 +349,8 @@ class Strategy {
   Status run_erased(const std::function<Status(ReplicaContext&)>& fn);
   StatusOr<std::vector<Array>> all_reduce_local(ReduceOp op, std::span<const Array> per_replica);
   StatusOr<std::vector<Array>> all_gather_local(std::span<const Array> per_replica, int axis);
+  StatusOr<std::vector<IndexedSlices>> all_reduce_slices_local(
+      ReduceOp op, std::span<const IndexedSlices> per_replica);
 
   StrategyParts parts_;
   int instance_ = 0;

@@ -69,6 +69,35 @@ class Variable {
   Status assign_add(const Array& delta);
   Status assign_sub(const Array& delta);
 
+  // Sparse updates (TF's scatter_*), for gradients that are IndexedSlices (indexed_slices.h): row
+  // indices[k] of the variable is combined with values[k] (add, subtract, multiply, divide, min,
+  // max, or replaced). A repeated index applies once per occurrence, in order (scatter_update: the
+  // last one stays). dense_shape is not looked at (as TF); the values' dtype and the shape of one
+  // slice must be the variable's, every index in [0, rows), and an integer divisor non-zero, else
+  // kInvalidArgument with TF's wording, checked before any row changes. The variable must have rank
+  // >= 1. Only the rows named are touched on the CPU.
+  // Rules, as TF's values.py:
+  //   plain variables: applied directly, in any context.
+  //   ON_WRITE: in cross-replica context applied to every copy. In replica context, by
+  //     aggregation: NONE updates the replica's own copy; SUM/MEAN gather every replica's slices
+  //     (across workers; MEAN divides their values by num_replicas_in_sync) and apply them to every
+  //     copy, so that scatter_add of per-replica gradients adds their sum (their mean); and
+  //     ONLY_FIRST_REPLICA applies global replica 0's slices to every copy. scatter_min,
+  //     scatter_max and scatter_update need aggregation NONE or ONLY_FIRST_REPLICA in any context
+  //     (TF's NotImplementedError, kUnimplemented here: "scatter_update is only supported for
+  //     mirrored variable ... with NONE or `ONLY_FIRST_REPLICA` aggregation, got: SUM.").
+  //     CentralStorage's one copy follows the same rules, except that NONE in replica context is
+  //     refused as for assign.
+  //   ON_READ: TF's NotImplementedError ("Variables with `synchronization=ON_READ` doesn't support
+  //     `scatter_add`"), kUnimplemented.
+  Status scatter_add(const IndexedSlices& delta);
+  Status scatter_sub(const IndexedSlices& delta);
+  Status scatter_mul(const IndexedSlices& delta);
+  Status scatter_div(const IndexedSlices& delta);
+  Status scatter_min(const IndexedSlices& delta);
+  Status scatter_max(const IndexedSlices& delta);
+  Status scatter_update(const IndexedSlices& delta);
+
   // Snapshots of the local copies, in replica order (TF's experimental_local_results).
   std::vector<Array> values() const;
 
