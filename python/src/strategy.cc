@@ -352,9 +352,47 @@ bool contains_dict(py::handle h) {
   return false;
 }
 
+bool is_sparse(py::handle h) { return py::isinstance<IndexedSlices>(h); }
+
+bool contains_sparse(py::handle h) {
+  bool found = false;
+  map_nest(h, [&](py::handle leaf) {
+    found = found || is_sparse(leaf);
+    return py::object(py::none());
+  });
+  return found;
+}
+
+// One value reduced across the replicas: an IndexedSlices (concatenated, as TF) or a dense value.
+py::object all_reduce_leaf(ReplicaContext& ctx, ReduceOp op, py::handle value,
+                           const std::string& what) {
+  if (is_sparse(value)) {
+    IndexedSlices v = value.cast<IndexedSlices>();
+    StatusOr<IndexedSlices> r = [&] {
+      py::gil_scoped_release release;
+      return ctx.all_reduce(op, v);
+    }();
+    return py::cast(value_or_throw(std::move(r)));
+  }
+  Array a = array_from(value, what);
+  StatusOr<Array> r = [&] {
+    py::gil_scoped_release release;
+    return ctx.all_reduce(op, a);
+  }();
+  return to_numpy(value_or_throw(std::move(r)));
+}
+
 py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::handle value) {
   ReplicaContext& ctx = pc.active("all_reduce");
   const ReduceOp rop = reduce_op_from(op);
+  if (is_nest(value) && contains_sparse(value)) {
+    // A nest with IndexedSlices: one meeting per value, in the nest's order (replicas whose
+    // values differ in kind meet in different calls, and fail alike).
+    size_t k = 0;
+    return map_nest(value, [&](py::handle leaf) {
+      return all_reduce_leaf(ctx, rop, leaf, "value[" + std::to_string(k++) + "]");
+    });
+  }
   if (is_nest(value)) {  // TF: the same structure back, in one meeting
     if (contains_dict(value)) {
       // Dicts pair their values by key: replicas with other keys would add up different values.
@@ -393,12 +431,7 @@ py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::
     for (const Array& a : value_or_throw(std::move(r))) out.push_back(to_numpy(a));
     return pack_nest(value, out);
   }
-  Array a = array_from(value, "value");
-  StatusOr<Array> r = [&] {
-    py::gil_scoped_release release;
-    return ctx.all_reduce(rop, a);
-  }();
-  return to_numpy(value_or_throw(std::move(r)));
+  return all_reduce_leaf(ctx, rop, value, "value");
 }
 
 // A PerReplica whose values are nests (run() of a function returning a tuple or dict) as the nest
@@ -431,6 +464,24 @@ py::object reduce_value(Strategy& s, py::handle op, py::handle value, py::handle
   const std::optional<int> ax = axis_from(axis);
   return map_nest(map_nest(value, regroup), [&](py::handle leaf) -> py::object {
     StatusOr<Array> r = invalid_argument("unset");
+    if (py::isinstance<PerReplicaValue>(leaf) &&
+        !leaf.cast<const PerReplicaValue&>().values.empty() &&
+        is_sparse(leaf.cast<const PerReplicaValue&>().values[0])) {
+      std::vector<IndexedSlices> parts;
+      for (const py::object& v : leaf.cast<const PerReplicaValue&>().values) {
+        if (!is_sparse(v)) {
+          throw_type("reduce(): a PerReplica mixes IndexedSlices and other values; got a " +
+                     std::string(py::str(v.get_type().attr("__name__"))));
+        }
+        parts.push_back(v.cast<IndexedSlices>());
+      }
+      if (ax) throw_invalid("reduce(): IndexedSlices are reduced without an axis");
+      StatusOr<IndexedSlices> sparse = [&] {
+        py::gil_scoped_release release;
+        return s.reduce(rop, PerReplica<IndexedSlices>(std::move(parts)));
+      }();
+      return py::cast(value_or_throw(std::move(sparse)));
+    }
     if (py::isinstance<PerReplicaValue>(leaf)) {
       PerReplica<Array> v = per_replica_arrays(leaf.cast<const PerReplicaValue&>(), "value");
       py::gil_scoped_release release;
@@ -489,6 +540,21 @@ void bind_variables(py::module_& m) {
       check(s);
     };
   };
+  auto scatter = [](Status (Variable::*fn)(const IndexedSlices&)) {
+    return [fn](PyVariable& v, py::handle delta) {
+      if (!is_sparse(delta)) {
+        throw_type("sparse_delta must be a tributary.IndexedSlices, got a " +
+                   std::string(py::str(delta.get_type().attr("__name__"))));
+      }
+      IndexedSlices d = delta.cast<IndexedSlices>();
+      Status s;
+      {
+        py::gil_scoped_release release;  // replica context: the replicas meet here
+        s = (v.variable.*fn)(d);
+      }
+      check(s);
+    };
+  };
   py::class_<PyVariable>(m, "Variable",
                          "A variable placed by a strategy: mirrored (ON_WRITE) or sync-on-read "
                          "(ON_READ), with TF's aggregation rules.")
@@ -538,6 +604,13 @@ void bind_variables(py::module_& m) {
       .def("assign", update(&Variable::assign), py::arg("value"))
       .def("assign_add", update(&Variable::assign_add), py::arg("delta"))
       .def("assign_sub", update(&Variable::assign_sub), py::arg("delta"))
+      .def("scatter_add", scatter(&Variable::scatter_add), py::arg("sparse_delta"))
+      .def("scatter_sub", scatter(&Variable::scatter_sub), py::arg("sparse_delta"))
+      .def("scatter_mul", scatter(&Variable::scatter_mul), py::arg("sparse_delta"))
+      .def("scatter_div", scatter(&Variable::scatter_div), py::arg("sparse_delta"))
+      .def("scatter_min", scatter(&Variable::scatter_min), py::arg("sparse_delta"))
+      .def("scatter_max", scatter(&Variable::scatter_max), py::arg("sparse_delta"))
+      .def("scatter_update", scatter(&Variable::scatter_update), py::arg("sparse_delta"))
       .def_property_readonly(
           "values",
           [](const PyVariable& v) {
@@ -625,6 +698,34 @@ void bind_replica_context(py::module_& m) {
   m.def("has_strategy", &has_strategy);
   m.def("get_strategy", []() { return strategy_object(get_strategy()); },
         "The strategy in scope on this thread, else the default strategy.");
+}
+
+void bind_indexed_slices(py::module_& m) {
+  py::class_<IndexedSlices>(m, "IndexedSlices",
+                            "Sparse rows of a dense tensor (TF's tf.IndexedSlices): values[k] is "
+                            "row indices[k] of a tensor of shape dense_shape.")
+      .def(py::init([](py::handle values, py::handle indices, py::handle dense_shape) {
+             Array v = array_from(values, "values");
+             Array i = array_from(indices, "indices");
+             Shape shape;
+             for (py::handle d : dense_shape) shape.push_back(d.cast<int64_t>());
+             return value_or_throw(
+                 IndexedSlices::make(std::move(v), std::move(i), std::move(shape)));
+           }),
+           py::arg("values"), py::arg("indices"), py::arg("dense_shape"))
+      .def_property_readonly("values", [](const IndexedSlices& s) { return to_numpy(s.values()); })
+      .def_property_readonly("indices",
+                             [](const IndexedSlices& s) { return to_numpy(s.indices()); })
+      .def_property_readonly(
+          "dense_shape",
+          [](const IndexedSlices& s) { return py::tuple(py::cast(s.dense_shape())); })
+      .def_property_readonly("dtype",
+                             [](const IndexedSlices& s) { return to_numpy(s.values()).dtype(); })
+      .def("__repr__", &IndexedSlices::to_string);
+  m.def(
+      "to_dense", [](const IndexedSlices& s) { return to_numpy(value_or_throw(to_dense(s))); },
+      py::arg("sparse"),
+      "The dense NumPy array of an IndexedSlices (TF's convert_to_tensor): repeated rows sum.");
 }
 
 void bind_per_replica(py::module_& m) {
@@ -820,6 +921,7 @@ void bind_losses(py::module_& m) {
 
 void bind_strategy(py::module_& m) {
   bind_per_replica(m);
+  bind_indexed_slices(m);
   bind_variables(m);
   bind_replica_context(m);
   bind_strategy_class(m);

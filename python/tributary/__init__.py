@@ -33,6 +33,7 @@ from ._tributary import (  # noqa: F401
     DatasetIterator,
     DistributedDataset,
     DistributedIterator,
+    IndexedSlices,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
@@ -58,6 +59,7 @@ from ._tributary import (  # noqa: F401
     make_strategy,
     scale_regularization_loss,
     shareable_array,
+    to_dense,
 )
 
 import enum as _enum
@@ -96,10 +98,10 @@ class CommunicationOptions:
 __all__ = _errors_all + [
     "CommunicationImplementation", "CommunicationOptions",
     "Backend", "CentralStorageStrategy", "Context", "Dataset", "DistributedDataset",
-    "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "PerReplica",
+    "IndexedSlices", "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "PerReplica",
     "ReduceOp", "Registration", "ReplicaContext", "Strategy", "Variable", "VariableAggregation",
     "VariableSynchronization", "Work", "backend", "backends", "compute_average_loss",
     "cuda_available", "get_replica_context", "get_strategy", "has_strategy",
     "in_cross_replica_context", "make_context", "make_strategy", "scale_regularization_loss",
-    "shareable_array",
+    "shareable_array", "to_dense",
 ]
