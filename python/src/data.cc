@@ -97,6 +97,15 @@ PyDistributedDataset distribute(py::object strategy, const PyDataset& d) {
 
 }  // namespace
 
+namespace {
+// A padded shape from Python: a sequence of ints, None (or -1) for "the longest in the batch".
+Shape shape_from(py::handle h) {
+  Shape shape;
+  for (py::handle d : h) shape.push_back(d.is_none() ? -1 : d.cast<int64_t>());
+  return shape;
+}
+}  // namespace
+
 void bind_data(py::module_& m) {
   py::class_<PyDataset>(m, "Dataset",
                         "A small tf.data.Dataset (from_tensor_slices, shuffle, batch, ...).")
@@ -153,6 +162,66 @@ void bind_data(py::module_& m) {
       .def(
           "prefetch", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.prefetch(n)); },
           py::arg("buffer_size"))
+      .def(
+          "skip", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.skip(n)); },
+          py::arg("count"))
+      .def("unbatch", [](const PyDataset& d) { return d.then(d.dataset.unbatch()); })
+      .def(
+          "padded_batch",
+          [](const PyDataset& d, int64_t n, py::handle shapes, py::handle values, bool drop) {
+            std::optional<std::vector<Shape>> padded;
+            if (!shapes.is_none()) {
+              padded.emplace();
+              if (d.single) {
+                padded->push_back(shape_from(shapes));
+              } else {
+                for (py::handle one : shapes) padded->push_back(shape_from(one));
+              }
+            }
+            std::vector<double> fill;
+            if (!values.is_none()) {
+              if (d.single) {
+                fill.push_back(values.cast<double>());
+              } else {
+                for (py::handle v : values) fill.push_back(v.cast<double>());
+              }
+            }
+            return d.then(d.dataset.padded_batch(n, std::move(padded), std::move(fill), drop));
+          },
+          py::arg("batch_size"), py::arg("padded_shapes") = py::none(),
+          py::arg("padding_values") = py::none(), py::arg("drop_remainder") = false,
+          "batch() of elements whose shapes differ: each component padded at the end to its "
+          "padded shape (None or -1: the longest in the batch; no shapes: every dimension), with "
+          "its padding value (0 by default). For tuple elements, a tuple of shapes and of values.")
+      .def(
+          "concatenate",
+          [](const PyDataset& d, const PyDataset& other) {
+            if (d.single != other.single) {
+              throw_type("concatenate(): one dataset yields arrays and the other tuples");
+            }
+            return d.then(d.dataset.concatenate(other.dataset));
+          },
+          py::arg("dataset"))
+      .def_static(
+          "zip",
+          [](py::args args) {
+            // TF's Dataset.zip((a, b)) and, since TF 2.13, Dataset.zip(a, b).
+            py::handle items =
+                args.size() == 1 && !py::isinstance<PyDataset>(args[0]) ? args[0] : args;
+            std::vector<Dataset> parts;
+            for (py::handle h : items) {
+              if (!py::isinstance<PyDataset>(h)) {
+                throw_type("zip(): expected Datasets, got a " +
+                           std::string(py::str(h.get_type().attr("__name__"))));
+              }
+              parts.push_back(h.cast<const PyDataset&>().dataset);
+            }
+            PyDataset z{Dataset::zip(std::move(parts)), false};
+            check(z.dataset.status());
+            return z;
+          },
+          "Element k of every dataset side by side, as a tuple (their components in order); "
+          "ends with the shortest.")
       .def("cardinality", [](const PyDataset& d) { return d.dataset.cardinality(); })
       .def_property_readonly(
           "element_spec",

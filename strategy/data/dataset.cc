@@ -168,6 +168,26 @@ Dataset Dataset::shard(int64_t num_shards, int64_t index) const {
 Dataset Dataset::map(MapFn fn, std::optional<ElementSpec> output_spec) const {
   return Dataset(data_internal::map_node(node_, std::move(fn), std::move(output_spec)));
 }
+Dataset Dataset::skip(int64_t count) const {
+  return Dataset(data_internal::skip_node(node_, count));
+}
+Dataset Dataset::filter(FilterFn predicate) const {
+  return Dataset(data_internal::filter_node(node_, std::move(predicate)));
+}
+Dataset Dataset::unbatch() const { return Dataset(data_internal::unbatch_node(node_)); }
+Dataset Dataset::padded_batch(int64_t batch_size, std::optional<std::vector<Shape>> padded_shapes,
+                              std::vector<double> padding_values, bool drop_remainder) const {
+  return Dataset(data_internal::padded_batch_node(node_, batch_size, std::move(padded_shapes),
+                                                  std::move(padding_values), drop_remainder));
+}
+Dataset Dataset::concatenate(const Dataset& other) const {
+  return Dataset(data_internal::concatenate_node(node_, other.node_));
+}
+Dataset Dataset::zip(std::vector<Dataset> datasets) {
+  std::vector<NodePtr> nodes;
+  for (Dataset& d : datasets) nodes.push_back(std::move(d.node_));
+  return Dataset(data_internal::zip_node(std::move(nodes)));
+}
 Dataset Dataset::take(int64_t count) const {
   return Dataset(data_internal::take_node(node_, count));
 }

@@ -105,7 +105,7 @@ inline NodePtr invalid(std::string message) {
   return error_node(invalid_argument(std::move(message)));
 }
 
-// Factories (sources.cc, transforms.cc, prefetch.cc, rebatch.cc, files.cc, csv.cc).
+// Factories (sources.cc, transforms.cc, compose.cc, prefetch.cc, rebatch.cc, files.cc, csv.cc).
 NodePtr tensor_slices_node(std::vector<Array> components);
 NodePtr tensors_node(std::vector<Array> components);
 NodePtr range_node(int64_t start, int64_t stop, int64_t step);
@@ -123,6 +123,14 @@ NodePtr take_node(NodePtr input, int64_t count);
 NodePtr prefetch_node(NodePtr input, int64_t buffer_size);
 NodePtr rebatch_node(NodePtr input, std::vector<int64_t> batch_sizes, bool drop_remainder);
 NodePtr legacy_rebatch_node(NodePtr input, int64_t num_replicas);
+NodePtr skip_node(NodePtr input, int64_t count);
+NodePtr filter_node(NodePtr input, FilterFn predicate);
+NodePtr unbatch_node(NodePtr input);
+NodePtr padded_batch_node(NodePtr input, int64_t batch_size,
+                          std::optional<std::vector<Shape>> padded_shapes,
+                          std::vector<double> padding_values, bool drop_remainder);
+NodePtr zip_node(std::vector<NodePtr> inputs);
+NodePtr concatenate_node(NodePtr first, NodePtr second);
 
 // Shared helpers.
 std::string shape_or_none(const Shape& shape);  // "(None, 3)"

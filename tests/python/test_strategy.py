@@ -213,3 +213,23 @@ def test_strategies_by_name():
     assert tributary.CentralStorageStrategy(["CPU:0", "CPU:1"]).num_replicas_in_sync == 2
     with pytest.raises(tributary.Error):
         tributary.MirroredStrategy(["CPU:0", "CPU:0"])
+
+
+def test_dataset_skip_unbatch_padded_batch_zip_concatenate():
+    ds = tributary.Dataset.range(7)
+    assert [int(x) for x in ds.skip(4)] == [4, 5, 6]
+    assert [int(x) for x in ds.batch(3).unbatch()] == list(range(7))
+    seqs = tributary.Dataset.from_tensor_slices(np.array([[1, 0], [2, 2]], np.int64)).unbatch()
+    assert [int(x) for x in seqs] == [1, 0, 2, 2]
+    padded = list(tributary.Dataset.range(3).batch(2).padded_batch(2, padded_shapes=[3],
+                                                                 padding_values=-1))
+    assert padded[0].tolist() == [[0, 1, -1], [2, -1, -1]]
+    pairs = list(tributary.Dataset.zip(tributary.Dataset.range(3), tributary.Dataset.range(10, 12)))
+    assert [(int(a), int(b)) for a, b in pairs] == [(0, 10), (1, 11)]
+    assert tributary.Dataset.zip((ds, ds)).cardinality() == 7
+    both = tributary.Dataset.range(2).concatenate(tributary.Dataset.range(5, 6))
+    assert [int(x) for x in both] == [0, 1, 5]
+    with pytest.raises(TypeError):
+        tributary.Dataset.range(2).concatenate(tributary.Dataset.zip(ds, ds))
+    with pytest.raises(tributary.errors.InvalidArgumentError, match="scalar components"):
+        tributary.Dataset.range(2).unbatch()

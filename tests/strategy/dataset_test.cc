@@ -294,6 +294,149 @@ TEST(DatasetTransforms, MapAndItsErrors) {
             (Rows{{1, 2, 3}, {1, 2, 3}}));
 }
 
+// --- skip, filter, unbatch, padded_batch, zip, concatenate
+// ---------------------------------------------------------------------------------------
+
+TEST(DatasetSelect, SkipAndFilter) {
+  EXPECT_EQ(must_collect(Dataset::range(5).skip(3)), (Rows{{3}, {4}}));
+  EXPECT_EQ(must_collect(Dataset::range(5).skip(0)).size(), 5u);
+  EXPECT_EQ(must_collect(Dataset::range(5).skip(9)), Rows{});
+  EXPECT_EQ(must_collect(Dataset::range(5).skip(-1)), Rows{});  // TF: -1 skips everything
+  EXPECT_EQ(Dataset::range(5).skip(2).cardinality(), 3);
+  EXPECT_EQ(Dataset::range(5).skip(-1).cardinality(), 0);
+  EXPECT_EQ(Dataset::range(5).skip(9).cardinality(), 0);
+  EXPECT_EQ(Dataset::range(5).repeat().skip(2).cardinality(), kInfiniteCardinality);
+  EXPECT_EQ(Dataset::range(5).skip(1).debug_string(), "SkipDataset(1) <- RangeDataset(0, 5, 1)");
+
+  auto even = [](const Element& e) -> StatusOr<bool> {
+    return static_cast<int64_t>(e[0].at(0)) % 2 == 0;
+  };
+  EXPECT_EQ(must_collect(Dataset::range(7).filter(even)), (Rows{{0}, {2}, {4}, {6}}));
+  EXPECT_EQ(Dataset::range(7).filter(even).cardinality(), kUnknownCardinality);
+  EXPECT_EQ(Dataset::range(7).filter(even).element_spec(), kInt64Scalar);
+  EXPECT_EQ(Dataset::range(8).filter(even).batch(2).static_batch_size(), 2);
+  // The predicate's error and exception stop the stream, and stay.
+  auto failing = [](const Element& e) -> StatusOr<bool> {
+    if (e[0].at(0) == 2) return invalid_argument("bad element 2");
+    return true;
+  };
+  auto it = iter(Dataset::range(5).filter(failing));
+  EXPECT_EQ(str(next_element(it.get()), 0), "int64[]{0}");
+  next_element(it.get());
+  EXPECT_EQ(it->get_next().status(), invalid_argument("bad element 2"));
+  EXPECT_EQ(it->get_next().status(), invalid_argument("bad element 2"));
+  auto throwing = [](const Element&) -> StatusOr<bool> { throw std::runtime_error("boom"); };
+  Status thrown = first_error(Dataset::range(3).filter(throwing));
+  EXPECT_EQ(thrown.code(), StatusCode::kInternal);
+  EXPECT_NE(thrown.message().find("boom"), std::string::npos);
+  EXPECT_EQ(Dataset::range(3).filter(nullptr).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DatasetReshape, UnbatchIsBatchsInverse) {
+  Dataset ds = Dataset::range(7).batch(3).unbatch();
+  EXPECT_EQ(must_collect(ds), (Rows{{0}, {1}, {2}, {3}, {4}, {5}, {6}}));
+  EXPECT_EQ(ds.element_spec(), kInt64Scalar);
+  EXPECT_EQ(ds.cardinality(), kUnknownCardinality);  // the batch dimension is not static
+  EXPECT_EQ(Dataset::range(6).batch(3, true).unbatch().cardinality(), 6);
+  // Two components split together; their first dimensions must agree.
+  auto x = *Array::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  auto y = *Array::from_vector<int32_t>({7, 8, 9});
+  auto it = iter(Dataset::from_tensors({x, y}).unbatch());
+  Element first = next_element(it.get());
+  EXPECT_EQ(str(first, 0), "float32[2]{1, 2}");
+  EXPECT_EQ(str(first, 1), "int32[]{7}");
+  auto y4 = *Array::from_vector<int32_t>({7, 8, 9, 10});
+  EXPECT_EQ(first_error(Dataset::from_tensors({x, y4}).unbatch()),
+            invalid_argument("Input element must have the same batch size in each component. "
+                             "Component 0 had size 3 but component 1 had size 4."));
+  EXPECT_EQ(Dataset::range(3).unbatch().status(),
+            invalid_argument("Cannot unbatch an input with scalar components."));
+}
+
+TEST(DatasetReshape, PaddedBatchPadsToTheLongestOrToTheDeclaredShape) {
+  // Element i is [i] * i (TF's docstring example: range(1, 5).map(fill(x, x))).
+  auto fill = [](Element e) -> StatusOr<Element> {
+    const int64_t n = static_cast<int64_t>(e[0].at(0));
+    return Element{*Array::from_vector(std::vector<int64_t>(static_cast<size_t>(n), n))};
+  };
+  const ElementSpec vec = {TensorSpec{DType::kInt64, {-1}}};
+  Dataset ds = Dataset::range(1, 5).map(fill, vec);
+  auto it = iter(ds.padded_batch(2));
+  EXPECT_EQ(str(next_element(it.get()), 0), "int64[2, 2]{1, 0, 2, 2}");
+  EXPECT_EQ(str(next_element(it.get()), 0), "int64[2, 4]{3, 3, 3, 0, 4, 4, 4, 4}");
+  EXPECT_EQ(ds.padded_batch(2).element_spec(), (ElementSpec{TensorSpec{DType::kInt64, {-1, -1}}}));
+  // A declared shape and padding value.
+  auto it5 = iter(ds.padded_batch(2, std::vector<Shape>{{5}}, {-1}));
+  EXPECT_EQ(str(next_element(it5.get()), 0), "int64[2, 5]{1, -1, -1, -1, -1, 2, 2, -1, -1, -1}");
+  EXPECT_EQ(ds.padded_batch(2, std::vector<Shape>{{5}}, {}, true).element_spec(),
+            (ElementSpec{TensorSpec{DType::kInt64, {2, 5}}}));
+  EXPECT_EQ(ds.padded_batch(3).cardinality(), 2);
+  EXPECT_EQ(ds.padded_batch(3, std::nullopt, {}, true).cardinality(), 1);
+  EXPECT_EQ(ds.padded_batch(3).static_batch_size(), 3);
+  Status small = first_error(ds.padded_batch(2, std::vector<Shape>{{3}}));
+  EXPECT_EQ(small.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.message().find("Attempted to pad to a smaller size than the input element"),
+            std::string::npos);
+  // Rank-2 components pad in both dimensions, keeping each element in its corner.
+  auto square = [](Element e) -> StatusOr<Element> {
+    const int64_t n = static_cast<int64_t>(e[0].at(0));
+    std::vector<float> v(static_cast<size_t>(n * n));
+    std::iota(v.begin(), v.end(), 1.0f);
+    return Element{*Array::from_vector(v, {n, n})};
+  };
+  auto it2 = iter(
+      Dataset::range(1, 3).map(square, ElementSpec{{DType::kFloat32, {-1, -1}}}).padded_batch(2));
+  EXPECT_EQ(str(next_element(it2.get()), 0), "float32[2, 2, 2]{1, 0, 0, 0, 1, 2, 3, 4}");
+  // Bad arguments.
+  EXPECT_EQ(ds.padded_batch(0).status(), invalid_argument("Batch size must be greater than zero."));
+  EXPECT_EQ(ds.padded_batch(2, std::vector<Shape>{{5}, {5}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ds.padded_batch(2, std::vector<Shape>{{5, 5}}).status(),
+            invalid_argument("The padded shape [5,5] is not compatible with the corresponding "
+                             "input component shape [?]."));
+  EXPECT_EQ(ds.padded_batch(2, std::nullopt, {1, 2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dataset::range(3).map(fill).padded_batch(2).status().code(),
+            StatusCode::kInvalidArgument);  // unknown spec and no shapes
+}
+
+TEST(DatasetCombine, ZipEndsWithTheShortest) {
+  Dataset z = Dataset::zip({Dataset::range(3), Dataset::range(10, 20).batch(2)});
+  auto it = iter(z);
+  Element e = next_element(it.get());
+  EXPECT_EQ(str(e, 0), "int64[]{0}");
+  EXPECT_EQ(str(e, 1), "int64[2]{10, 11}");
+  EXPECT_EQ(must_collect(z).size(), 3u);
+  EXPECT_EQ(z.cardinality(), 3);
+  EXPECT_EQ(z.element_spec(),
+            (ElementSpec{TensorSpec{DType::kInt64, {}}, TensorSpec{DType::kInt64, {-1}}}));
+  EXPECT_EQ(Dataset::zip({Dataset::range(3).repeat(), Dataset::range(4)}).cardinality(), 4);
+  EXPECT_EQ(Dataset::zip({Dataset::range(3).repeat(), Dataset::range(4).repeat()}).cardinality(),
+            kInfiniteCardinality);
+  EXPECT_EQ(Dataset::zip({Dataset::range(3), Dataset::range(4).filter([](const Element&) {
+                            return StatusOr<bool>(true);
+                          })})
+                .cardinality(),
+            kUnknownCardinality);
+  EXPECT_EQ(Dataset::zip({}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dataset::zip({Dataset::range(3), Dataset()}).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST(DatasetCombine, ConcatenateAndItsSpec) {
+  Dataset c = Dataset::range(2).concatenate(Dataset::range(5, 7));
+  EXPECT_EQ(must_collect(c), (Rows{{0}, {1}, {5}, {6}}));
+  EXPECT_EQ(c.cardinality(), 4);
+  EXPECT_EQ(Dataset::range(2).concatenate(Dataset::range(1).repeat()).cardinality(),
+            kInfiniteCardinality);
+  // Batches of 2 and 3 rows: dimension 0 becomes unknown.
+  Dataset b = Dataset::range(2).batch(2, true).concatenate(Dataset::range(3).batch(3, true));
+  EXPECT_EQ(b.element_spec(), (ElementSpec{TensorSpec{DType::kInt64, {-1}}}));
+  EXPECT_EQ(must_collect(b), (Rows{{0, 1}, {0, 1, 2}}));
+  Status bad = Dataset::range(2).concatenate(Dataset::range(2).batch(2)).status();
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("Incompatible dataset elements"), std::string::npos);
+}
+
 // --- shuffle
 // ---------------------------------------------------------------------------------------
 
@@ -799,6 +942,19 @@ TEST_F(DatasetFiles, AutoShardDataAndOff) {
   const Rows all = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}};
   EXPECT_EQ(sharded(tutorial_pipeline(one, 0), 0, AutoShardPolicy::kOff), all);
   EXPECT_EQ(sharded(tutorial_pipeline(one, 1), 1, AutoShardPolicy::kOff), all);
+}
+
+TEST_F(DatasetFiles, AutoShardThroughZipAndConcatenate) {
+  const std::vector<std::string> a = {numbers_file("a1", 0, 1), numbers_file("a2", 2, 3)};
+  const std::vector<std::string> b = {numbers_file("b1", 10, 11), numbers_file("b2", 12, 13)};
+  Dataset both =
+      Dataset::tfrecord(a).concatenate(Dataset::tfrecord(b)).map(parse_record, kInt64Scalar);
+  // FILE sharding reaches both readers: worker 1 reads a2 and b2.
+  EXPECT_EQ(flat(sharded(both, 1, AutoShardPolicy::kFile)), (std::vector<int64_t>{2, 3, 12, 13}));
+  // A zip with a range cannot be sharded by file: AUTO falls back to DATA.
+  Dataset zipped =
+      Dataset::zip({Dataset::range(4), Dataset::tfrecord(a).map(parse_record, kInt64Scalar)});
+  EXPECT_EQ(flat(sharded(zipped, 1, AutoShardPolicy::kAuto)), (std::vector<int64_t>{1, 3}));
 }
 
 TEST(DatasetAutoShard, DataRewritesRebatchToLegacy) {

@@ -81,6 +81,7 @@ class DatasetIterator {
 };
 
 using MapFn = std::function<StatusOr<Element>(Element)>;
+using FilterFn = std::function<StatusOr<bool>(const Element&)>;
 
 class Dataset {
  public:
@@ -127,6 +128,29 @@ class Dataset {
   Dataset map(MapFn fn, std::optional<ElementSpec> output_spec = std::nullopt) const;
   // The first `count` elements (count < 0: all).
   Dataset take(int64_t count) const;
+  // Every element after the first `count` (count < 0: none, as TF's skip(-1)).
+  Dataset skip(int64_t count) const;
+  // The elements for which `predicate` returns true (it runs as map's function does; its errors
+  // and exceptions surface in get_next). The cardinality becomes unknown, as TF's.
+  Dataset filter(FilterFn predicate) const;
+  // One element per row of dimension 0 (TF's unbatch): every component must have rank >= 1 and
+  // the same size there ("Input element must have the same batch size in each component...").
+  Dataset unbatch() const;
+  // batch() for elements whose shapes differ (TF's padded_batch): component c of every element is
+  // padded at the end of each dimension to padded_shapes[c] (-1: the longest in the batch), with
+  // padding_values[c] (0 when empty). Without padded_shapes every dimension pads to the longest
+  // in the batch (TF's default; the element spec must then be known). An element larger than its
+  // padded shape is TF's "Attempted to pad to a smaller size than the input element".
+  Dataset padded_batch(int64_t batch_size,
+                       std::optional<std::vector<Shape>> padded_shapes = std::nullopt,
+                       std::vector<double> padding_values = {}, bool drop_remainder = false) const;
+  // This Dataset's elements, then `other`'s (opened when this one ends). The element specs must
+  // agree in components, dtypes and ranks (TF's "Incompatible dataset elements"); dimensions that
+  // differ become unknown.
+  Dataset concatenate(const Dataset& other) const;
+  // Element k of every input side by side (TF's zip; the components are flattened into one
+  // tuple, in order): it ends with the shortest input.
+  static Dataset zip(std::vector<Dataset> datasets);
   // A background thread keeps up to buffer_size elements ready (0: no thread; kAutotune: 2).
   Dataset prefetch(int64_t buffer_size) const;
   // TF's RebatchDatasetV2: output i takes the next batch_sizes[i % size] rows, spanning input
@@ -145,8 +169,9 @@ class Dataset {
   // is infinite, as TF's enumerate() relies on).
   int64_t cardinality() const;
   // TF's compute_batch_size: the common static dimension 0 of the element spec when every
-  // component has one, else the size of the first batch() reached from the end through
-  // map/prefetch/shuffle/repeat/take/shard; -1 when there is none or another op is in the way.
+  // component has one, else the size of the first batch() or padded_batch() reached from the end
+  // through map/filter/prefetch/shuffle/repeat/take/skip/shard; -1 when there is none or another op
+  // is in the way.
   int64_t static_batch_size() const;
   // The pipeline as text, sink first ("PrefetchDataset <- BatchDataset(4) <- RangeDataset").
   std::string debug_string() const;
