@@ -728,6 +728,51 @@ void bind_indexed_slices(py::module_& m) {
       "The dense NumPy array of an IndexedSlices (TF's convert_to_tensor): repeated rows sum.");
 }
 
+// The Variables of a Python sequence, for the checkpoint functions.
+std::vector<Variable> variables_from(py::handle variables) {
+  std::vector<Variable> out;
+  for (py::handle h : variables) {
+    if (!py::isinstance<PyVariable>(h)) {
+      throw_type("expected a sequence of tributary.Variable, got a " +
+                 std::string(py::str(h.get_type().attr("__name__"))));
+    }
+    out.push_back(h.cast<const PyVariable&>().variable);
+  }
+  return out;
+}
+
+void bind_checkpoints(py::module_& m) {
+  m.def(
+      "save_checkpoint",
+      [](const std::string& path, py::handle variables) {
+        std::vector<Variable> vars = variables_from(variables);
+        Status s;
+        {
+          py::gil_scoped_release release;  // ON_READ values are all-reduced across workers
+          s = save_checkpoint(path, vars);
+        }
+        check(s);
+      },
+      py::arg("path"), py::arg("variables"),
+      "Saves the variables (ON_READ ones aggregated; every worker must call it with the same "
+      "list); the chief alone writes `path`, atomically.");
+  m.def(
+      "restore_checkpoint",
+      [](const std::string& path, py::handle variables) {
+        std::vector<Variable> vars = variables_from(variables);
+        Status s;
+        {
+          py::gil_scoped_release release;  // the chief reads and broadcasts
+          s = restore_checkpoint(path, vars);
+        }
+        check(s);
+      },
+      py::arg("path"), py::arg("variables"),
+      "Restores the variables from `path`, read by the chief and broadcast to every worker "
+      "(ON_READ SUM values split evenly across the replicas, TF's rule). Any worker's error "
+      "fails every worker and changes no variable.");
+}
+
 void bind_per_replica(py::module_& m) {
   py::class_<PerReplicaValue>(m, "PerReplica", "One value per local replica (run()'s results).")
       .def(py::init([](py::iterable values) {
@@ -922,6 +967,7 @@ void bind_losses(py::module_& m) {
 void bind_strategy(py::module_& m) {
   bind_per_replica(m);
   bind_indexed_slices(m);
+  bind_checkpoints(m);
   bind_variables(m);
   bind_replica_context(m);
   bind_strategy_class(m);

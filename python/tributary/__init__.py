@@ -57,6 +57,8 @@ from ._tributary import (  # noqa: F401
     in_cross_replica_context,
     make_context,
     make_strategy,
+    restore_checkpoint,
+    save_checkpoint,
     scale_regularization_loss,
     shareable_array,
     to_dense,
@@ -96,12 +98,12 @@ class CommunicationOptions:
 
 
 __all__ = _errors_all + [
-    "CommunicationImplementation", "CommunicationOptions",
-    "Backend", "CentralStorageStrategy", "Context", "Dataset", "DistributedDataset",
-    "IndexedSlices", "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "PerReplica",
-    "ReduceOp", "Registration", "ReplicaContext", "Strategy", "Variable", "VariableAggregation",
-    "VariableSynchronization", "Work", "backend", "backends", "compute_average_loss",
-    "cuda_available", "get_replica_context", "get_strategy", "has_strategy",
-    "in_cross_replica_context", "make_context", "make_strategy", "scale_regularization_loss",
-    "shareable_array", "to_dense",
+    "CommunicationImplementation", "CommunicationOptions", "Backend", "CentralStorageStrategy",
+    "Context", "Dataset", "DistributedDataset", "IndexedSlices", "MirroredStrategy",
+    "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "PerReplica", "ReduceOp", "Registration",
+    "ReplicaContext", "Strategy", "Variable", "VariableAggregation", "VariableSynchronization",
+    "Work", "backend", "backends", "compute_average_loss", "cuda_available", "get_replica_context",
+    "get_strategy", "has_strategy", "in_cross_replica_context", "make_context", "make_strategy",
+    "restore_checkpoint", "save_checkpoint", "scale_regularization_loss", "shareable_array",
+    "to_dense",
 ]

@@ -233,3 +233,23 @@ def test_dataset_skip_unbatch_padded_batch_zip_concatenate():
         tributary.Dataset.range(2).concatenate(tributary.Dataset.zip(ds, ds))
     with pytest.raises(tributary.errors.InvalidArgumentError, match="scalar components"):
         tributary.Dataset.range(2).unbatch()
+
+
+def test_checkpoints_round_trip_with_tfs_on_read_sum_rule(tmp_path):
+    strategy = tributary.MirroredStrategy(devices=2)
+    with strategy.scope():
+        w = tributary.Variable(np.arange(4, dtype=np.float32), name="w")
+        count = tributary.Variable(3.0, name="count", synchronization="on_read", aggregation="sum")
+    path = str(tmp_path / "model.ckpt")
+    tributary.save_checkpoint(path, [w, count])
+    with strategy.scope():
+        w.assign(np.zeros(4, np.float32))
+        count.assign(0.0)
+    tributary.restore_checkpoint(path, [w, count])
+    assert w.values[1].tolist() == [0, 1, 2, 3]
+    # Saved aggregated (3 + 3 = 6), restored split evenly across the 2 replicas.
+    assert [float(c) for c in count.values] == [3.0, 3.0]
+    with pytest.raises(tributary.errors.NotFoundError):
+        tributary.restore_checkpoint(str(tmp_path / "missing.ckpt"), [w])
+    with pytest.raises(TypeError, match="tributary.Variable"):
+        tributary.save_checkpoint(path, [np.zeros(2)])
