@@ -4,17 +4,26 @@
 //
 // Elements are tuples of NumPy arrays (read-only views of the library's values); a dataset made
 // from one array (a Python list is one array, as in tf.data) yields arrays, as tf.data does. A
-// distributed dataset yields a PerReplica for one-array elements, else a tuple of PerReplica. map()
-// is not bound: its function would run on the dataset's prefetch thread; transform arrays with
-// NumPy before from_tensor_slices instead.
+// distributed dataset yields a PerReplica for one-array elements, else a tuple of PerReplica.
+// map() and filter() take Python functions: they run wherever the pipeline pulls an element (on
+// the caller's thread inside next(), or on a prefetch thread), each call holding the GIL, which
+// every blocking call of the pipeline releases.
+#include <atomic>
+
 #include "common.h"
 
 namespace tributary::python {
 namespace {
 
+// Whether elements are one array rather than tuples: fixed by the source, or set by the last
+// output of a map() function (a tuple return makes tuples), so shared by the datasets and
+// iterators downstream.
+using Single = std::shared_ptr<std::atomic<bool>>;
+Single make_single(bool single) { return std::make_shared<std::atomic<bool>>(single); }
+
 struct PyDataset {
   Dataset dataset;
-  bool single = false;  // made from one array: elements are arrays, not tuples
+  Single single = make_single(false);
 
   PyDataset then(Dataset d) const {
     check(d.status());
@@ -24,19 +33,49 @@ struct PyDataset {
 
 struct PyDatasetIterator {
   std::unique_ptr<DatasetIterator> it;
-  bool single = false;
+  Single single;
+  PyDatasetIterator(std::unique_ptr<DatasetIterator> i, Single s)
+      : it(std::move(i)), single(std::move(s)) {}
+  PyDatasetIterator(PyDatasetIterator&&) = default;
+  // Its prefetch threads may be waiting for the GIL to run a map() function: let them finish.
+  ~PyDatasetIterator() {
+    if (it && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      it.reset();
+    }
+  }
 };
 
 struct PyDistributedDataset {
   DistributedDataset dataset;
-  bool single = false;
+  Single single;
   py::object strategy;  // keeps the strategy alive
 };
 
 struct PyDistributedIterator {
   std::optional<DistributedIterator> it;
-  bool single = false;
+  Single single;
   py::object strategy;
+  PyDistributedIterator(std::optional<DistributedIterator> i, Single s, py::object st)
+      : it(std::move(i)), single(std::move(s)), strategy(std::move(st)) {}
+  PyDistributedIterator(PyDistributedIterator&&) = default;
+  ~PyDistributedIterator() {
+    if (it && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      it.reset();
+    }
+  }
+};
+
+// A Python function captured by a pipeline function: released with the GIL, by whichever thread
+// drops the last copy (a prefetch thread included).
+struct HeldFunction {
+  py::object fn;
+  explicit HeldFunction(py::object f) : fn(std::move(f)) {}
+  ~HeldFunction() {
+    py::gil_scoped_acquire gil;
+    fn = py::object();
+  }
 };
 
 py::object element_to_python(const Element& e, bool single) {
@@ -114,7 +153,7 @@ void bind_data(py::module_& m) {
           [](py::handle components) {
             bool single = false;
             std::vector<Array> c = components_from(components, single);
-            PyDataset d{Dataset::from_tensor_slices(std::move(c)), single};
+            PyDataset d{Dataset::from_tensor_slices(std::move(c)), make_single(single)};
             check(d.dataset.status());
             return d;
           },
@@ -126,7 +165,7 @@ void bind_data(py::module_& m) {
           [](py::handle components) {
             bool single = false;
             std::vector<Array> c = components_from(components, single);
-            PyDataset d{Dataset::from_tensors(std::move(c)), single};
+            PyDataset d{Dataset::from_tensors(std::move(c)), make_single(single)};
             check(d.dataset.status());
             return d;
           },
@@ -134,7 +173,7 @@ void bind_data(py::module_& m) {
       .def_static(
           "range",
           [](int64_t a, std::optional<int64_t> b, int64_t step) {
-            PyDataset d{b ? Dataset::range(a, *b, step) : Dataset::range(a), true};
+            PyDataset d{b ? Dataset::range(a, *b, step) : Dataset::range(a), make_single(true)};
             check(d.dataset.status());
             return d;
           },
@@ -163,6 +202,56 @@ void bind_data(py::module_& m) {
           "prefetch", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.prefetch(n)); },
           py::arg("buffer_size"))
       .def(
+          "map",
+          [](const PyDataset& d, py::function fn) {
+            // The function sees what iteration yields (one array, or a tuple's components as
+            // separate arguments, as tf.data calls it); a tuple return makes tuple elements.
+            auto held = std::make_shared<HeldFunction>(std::move(fn));
+            Single in = d.single, out = make_single(true);
+            MapFn map = [held, in, out](Element e) -> StatusOr<Element> {
+              py::gil_scoped_acquire gil;
+              try {
+                py::object args = element_to_python(e, *in);
+                py::object r = py::isinstance<py::tuple>(args) ? held->fn(*args) : held->fn(args);
+                bool single = true;
+                Element result = components_from(r, single);
+                out->store(single);
+                return result;
+              } catch (py::error_already_set& x) {
+                return internal_error(std::string("the map function raised ") + x.what());
+              } catch (const StatusError& x) {
+                return x.status().with_context("the map function's result");
+              }
+            };
+            PyDataset mapped{d.dataset.map(std::move(map)), out};
+            check(mapped.dataset.status());
+            return mapped;
+          },
+          py::arg("map_func"),
+          "Applies map_func to every element (tuple elements are passed as separate arguments); "
+          "it runs, holding the GIL, wherever the pipeline pulls elements (a prefetch thread "
+          "included). Its exceptions end the iteration with an InternalError naming them.")
+      .def(
+          "filter",
+          [](const PyDataset& d, py::function fn) {
+            auto held = std::make_shared<HeldFunction>(std::move(fn));
+            Single in = d.single;
+            FilterFn keep = [held, in](const Element& e) -> StatusOr<bool> {
+              py::gil_scoped_acquire gil;
+              try {
+                py::object args = element_to_python(e, *in);
+                py::object r = py::isinstance<py::tuple>(args) ? held->fn(*args) : held->fn(args);
+                return py::bool_(r).cast<bool>();
+              } catch (py::error_already_set& x) {
+                return internal_error(std::string("the filter predicate raised ") + x.what());
+              }
+            };
+            return d.then(d.dataset.filter(std::move(keep)));
+          },
+          py::arg("predicate"),
+          "The elements for which predicate(element) is true (tuple elements are passed as "
+          "separate arguments).")
+      .def(
           "skip", [](const PyDataset& d, int64_t n) { return d.then(d.dataset.skip(n)); },
           py::arg("count"))
       .def("unbatch", [](const PyDataset& d) { return d.then(d.dataset.unbatch()); })
@@ -172,7 +261,7 @@ void bind_data(py::module_& m) {
             std::optional<std::vector<Shape>> padded;
             if (!shapes.is_none()) {
               padded.emplace();
-              if (d.single) {
+              if (*d.single) {
                 padded->push_back(shape_from(shapes));
               } else {
                 for (py::handle one : shapes) padded->push_back(shape_from(one));
@@ -180,7 +269,7 @@ void bind_data(py::module_& m) {
             }
             std::vector<double> fill;
             if (!values.is_none()) {
-              if (d.single) {
+              if (*d.single) {
                 fill.push_back(values.cast<double>());
               } else {
                 for (py::handle v : values) fill.push_back(v.cast<double>());
@@ -196,7 +285,7 @@ void bind_data(py::module_& m) {
       .def(
           "concatenate",
           [](const PyDataset& d, const PyDataset& other) {
-            if (d.single != other.single) {
+            if (*d.single != *other.single) {
               throw_type("concatenate(): one dataset yields arrays and the other tuples");
             }
             return d.then(d.dataset.concatenate(other.dataset));
@@ -216,7 +305,7 @@ void bind_data(py::module_& m) {
               }
               parts.push_back(h.cast<const PyDataset&>().dataset);
             }
-            PyDataset z{Dataset::zip(std::move(parts)), false};
+            PyDataset z{Dataset::zip(std::move(parts)), make_single(false)};
             check(z.dataset.status());
             return z;
           },
@@ -247,7 +336,7 @@ void bind_data(py::module_& m) {
              }();
              std::optional<Element> v = value_or_throw(std::move(e));
              if (!v) throw py::stop_iteration();
-             return element_to_python(*v, it.single);
+             return element_to_python(*v, *it.single);
            });
 
   py::class_<PyDistributedDataset>(m, "DistributedDataset",
@@ -275,7 +364,7 @@ void bind_data(py::module_& m) {
               py::gil_scoped_release release;
               return it.it->get_next();
             }();
-            return distributed_element(value_or_throw(std::move(e)), it.single);
+            return distributed_element(value_or_throw(std::move(e)), *it.single);
           },
           "The next batch: a PerReplica, or a tuple of PerReplica (one per component) for "
           "tuple elements; OutOfRangeError at the end of data (TF's get_next).")
@@ -285,7 +374,7 @@ void bind_data(py::module_& m) {
           return it.it->get_next();
         }();
         if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) throw py::stop_iteration();
-        return distributed_element(value_or_throw(std::move(e)), it.single);
+        return distributed_element(value_or_throw(std::move(e)), *it.single);
       });
 
   // Strategy's input methods live here with the dataset types.

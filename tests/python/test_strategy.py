@@ -253,3 +253,35 @@ def test_checkpoints_round_trip_with_tfs_on_read_sum_rule(tmp_path):
         tributary.restore_checkpoint(str(tmp_path / "missing.ckpt"), [w])
     with pytest.raises(TypeError, match="tributary.Variable"):
         tributary.save_checkpoint(path, [np.zeros(2)])
+
+
+def test_dataset_map_and_filter_run_python_functions():
+    doubled = tributary.Dataset.range(5).map(lambda x: x * 2)
+    assert [int(x) for x in doubled] == [0, 2, 4, 6, 8]
+    x = np.arange(4, dtype=np.float32)
+    pairs = tributary.Dataset.from_tensor_slices((x, 10 * x)).map(lambda a, b: (a + b, b))
+    assert [(float(a), float(b)) for a, b in pairs] == [(0, 0), (11, 10), (22, 20), (33, 30)]
+    kept = tributary.Dataset.range(10).filter(lambda v: v % 3 == 0)
+    assert [int(v) for v in kept] == [0, 3, 6, 9]
+    # On a prefetch thread, batched; an iterator dropped mid-stream does not hang.
+    pipeline = tributary.Dataset.range(1000).map(lambda v: v + 1).batch(10).prefetch(4)
+    it = iter(pipeline)
+    assert next(it).tolist() == list(range(1, 11))
+    del it
+    assert sum(int(b.sum()) for b in pipeline) == sum(range(1, 1001))
+
+    def bad(v):
+        if v == 2:
+            raise KeyError("no such row")
+        return v
+
+    with pytest.raises(tributary.errors.InternalError, match="no such row"):
+        list(tributary.Dataset.range(5).map(bad).prefetch(2))
+    with pytest.raises(tributary.errors.InternalError, match="truth value"):
+        list(tributary.Dataset.range(4).batch(2).filter(lambda b: b > 0))
+    # Distributed, as the trainer would use it.
+    strategy = tributary.MirroredStrategy(devices=2)
+    dist = strategy.experimental_distribute_dataset(
+        tributary.Dataset.range(8).map(lambda v: v * v).batch(4))
+    firsts = [[int(v) for v in per.values[0]] for per in dist]
+    assert firsts == [[0, 1], [16, 25]]
