@@ -27,6 +27,13 @@ std::string op_text(ReduceOp op) {
   return "ReduceOp." + name;
 }
 
+// The dtype of TF's true division (`/`, math_ops._TRUEDIV_TABLE) of `dtype` by a count: floats
+// keep theirs, 8-bit integers give float32, wider ones float64.
+DType true_division_dtype(DType dtype) {
+  if (dtype_is_floating(dtype)) return dtype;
+  return dtype == DType::kInt8 || dtype == DType::kUInt8 ? DType::kFloat32 : DType::kFloat64;
+}
+
 // TF's reduce: an axis in [-rank, rank), a negative one counting from the end.
 StatusOr<int> normalize_axis(int axis, int rank) {
   if (axis < -rank || axis >= rank) {
@@ -210,7 +217,8 @@ StatusOr<std::vector<Array>> Strategy::all_reduce_local(ReduceOp op,
     TRIBUTARY_ASSIGN_OR_RETURN(Array sum, outputs[i].to_device(Device::cpu()));
     std::vector<double> q = sum.to_doubles();
     for (double& x : q) x /= count;
-    TRIBUTARY_ASSIGN_OR_RETURN(Array mean, Array::from_doubles(DType::kFloat64, q, sum.shape()));
+    TRIBUTARY_ASSIGN_OR_RETURN(
+        Array mean, Array::from_doubles(true_division_dtype(sum.dtype()), q, sum.shape()));
     TRIBUTARY_ASSIGN_OR_RETURN(outputs[i], mean.to_device(parts_.devices[i]));
   }
   return outputs;
@@ -394,7 +402,7 @@ StatusOr<std::vector<IndexedSlices>> Strategy::all_reduce_slices_local(
   }
   // 1. What every replica holds: dtypes, rows and dense_shape (rank <= 8), gathered so that a
   //    difference fails every replica alike, and rows may differ.
-  constexpr size_t kHead = 4, kWidth = kHead + kMaxGatherRank;
+  constexpr size_t kHead = 5, kWidth = kHead + kMaxGatherRank;
   std::vector<std::vector<int64_t>> descs;
   for (const IndexedSlices& v : per_replica) {
     std::vector<int64_t> d(kWidth, -1);
@@ -402,6 +410,7 @@ StatusOr<std::vector<IndexedSlices>> Strategy::all_reduce_slices_local(
     d[1] = static_cast<int64_t>(v.indices().dtype());
     d[2] = v.num_rows();
     d[3] = static_cast<int64_t>(v.dense_shape().size());
+    d[4] = static_cast<int64_t>(op);  // the workers' ops are compared too (the all-gathers are not)
     for (size_t k = 0; k < v.dense_shape().size() && k < kMaxGatherRank; ++k) {
       d[kHead + k] = v.dense_shape()[k];
     }
@@ -426,7 +435,14 @@ StatusOr<std::vector<IndexedSlices>> Strategy::all_reduce_slices_local(
           "all_reduce of IndexedSlices: replica {} has a dense_shape of rank {}; at most {}", r,
           d[3], kMaxGatherRank));
     }
-    if (d[0] != all[0] || d[1] != all[1] || !std::equal(d + 3, d + kWidth, all.data() + 3)) {
+    if (d[4] != all[4]) {
+      return invalid_argument(fmt::format(
+          "all_reduce: replica 0 passed {} but replica {} passed {}; every replica must "
+          "all_reduce with the same op",
+          op_text(static_cast<ReduceOp>(all[4])), r, op_text(static_cast<ReduceOp>(d[4]))));
+    }
+    if (d[0] != all[0] || d[1] != all[1] || !std::equal(d + 3, d + 4, all.data() + 3) ||
+        !std::equal(d + kHead, d + kWidth, all.data() + kHead)) {
       return invalid_argument(fmt::format(
           "all_reduce of IndexedSlices: replica {} has {} but replica 0 has {}; every replica must "
           "reduce slices of the same dtypes and dense_shape",
@@ -453,7 +469,7 @@ StatusOr<std::vector<IndexedSlices>> Strategy::all_reduce_slices_local(
     TRIBUTARY_ASSIGN_OR_RETURN(Array v, all_values[i].reshape(values_shape));
     if (op == ReduceOp::kMean) {
       // TF divides the values by the group size; an integer mean is TF's true division.
-      if (!dtype_is_floating(v.dtype())) v = cast(v, DType::kFloat64);
+      v = cast(v, true_division_dtype(v.dtype()));
       TRIBUTARY_ASSIGN_OR_RETURN(v, scale(v, 1.0 / n));
     }
     TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices made,
@@ -634,9 +650,7 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
     TRIBUTARY_ASSIGN_OR_RETURN(Array sum, total[0].to_device(Device::cpu()));
     std::vector<double> q = sum.to_doubles();
     for (double& x : q) x /= n.at(0);  // 0/0 is NaN, as TF's division of an empty batch
-    // TF's truediv: an integer mean is a float64.
-    const DType out = dtype_is_floating(sum.dtype()) ? sum.dtype() : DType::kFloat64;
-    return Array::from_doubles(out, q, sum.shape());
+    return Array::from_doubles(true_division_dtype(sum.dtype()), q, sum.shape());
   }());
 }
 
@@ -646,6 +660,25 @@ StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const PerReplica<IndexedSl
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<IndexedSlices> r,
                                all_reduce_slices_local(op, value.values()));
     return r[0].to_device(Device::cpu());
+  }());
+}
+
+StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const IndexedSlices& value) {
+  return told(*this, [&]() -> StatusOr<IndexedSlices> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+    if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+      return invalid_argument(
+          fmt::format("reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
+                      reduce_op_name(op)));
+    }
+    if (op == ReduceOp::kSum && num_replicas_in_sync() != 1) {
+      return invalid_argument(fmt::format(
+          "A non-DistributedValues value {} cannot be reduced with the given reduce op "
+          "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
+          "one per local replica.)",
+          value.to_string(), num_replicas_in_sync()));
+    }
+    return value;
   }());
 }
 
@@ -670,8 +703,7 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<
     if (op == ReduceOp::kSum) return total;
     std::vector<double> q = total.to_doubles();
     for (double& x : q) x /= static_cast<double>(value.shape()[a]);
-    const DType out = dtype_is_floating(total.dtype()) ? total.dtype() : DType::kFloat64;
-    return Array::from_doubles(out, q, total.shape());
+    return Array::from_doubles(true_division_dtype(total.dtype()), q, total.shape());
   }());
 }
 

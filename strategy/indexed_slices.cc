@@ -46,6 +46,13 @@ StatusOr<IndexedSlices> IndexedSlices::to_device(const Device& device) const {
   return IndexedSlices(std::move(v), std::move(i), dense_shape_);
 }
 
+StatusOr<std::vector<int64_t>> IndexedSlices::index_values() const {
+  TRIBUTARY_ASSIGN_OR_RETURN(Array host, indices_.to_device(Device::cpu()));
+  if (host.dtype() == DType::kInt64) return host.to_vector<int64_t>();
+  const std::vector<int32_t> narrow = host.to_vector<int32_t>();
+  return std::vector<int64_t>(narrow.begin(), narrow.end());
+}
+
 std::string IndexedSlices::to_string() const {
   return fmt::format("IndexedSlices(indices={}, values={}, dense_shape={})", indices_.to_string(),
                      values_.to_string(), shape_to_string(dense_shape_));
@@ -53,13 +60,13 @@ std::string IndexedSlices::to_string() const {
 
 StatusOr<Array> to_dense(const IndexedSlices& slices) {
   TRIBUTARY_ASSIGN_OR_RETURN(Array values, slices.values().to_device(Device::cpu()));
-  TRIBUTARY_ASSIGN_OR_RETURN(Array indices, slices.indices().to_device(Device::cpu()));
+  TRIBUTARY_ASSIGN_OR_RETURN(std::vector<int64_t> indices, slices.index_values());
   const int64_t rows = slices.dense_shape()[0];
   const int64_t n = values.dim0();
   const int64_t row_elems = n == 0 ? 0 : values.num_elements() / n;
   std::vector<double> sum(static_cast<size_t>(shape_num_elements(slices.dense_shape())), 0.0);
   for (int64_t k = 0; k < n; ++k) {
-    const auto row = static_cast<int64_t>(indices.at(k));
+    const int64_t row = indices[static_cast<size_t>(k)];
     if (row < 0 || row >= rows) {
       return invalid_argument(fmt::format("indices[{}] = {} is not in [0, {})", k, row, rows));
     }

@@ -284,6 +284,15 @@ Status Strategy::check_run_arguments(std::span<const char* const> kinds,
 Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn) {
   // A handle on the default strategy runs as the default strategy (its replica context).
   if (Strategy* s = identity(); s != this) return s->run_erased(fn);
+  // Multi-worker: a step that failed here (a replica's error, or its check of an update before
+  // the meeting) has left this worker's collectives out of step with its peers', which may be
+  // waiting in one it never reaches: they are told at once instead of at their timeout.
+  Status s = run_replicas(fn);
+  if (!s.ok()) tell_peers(s);
+  return s;
+}
+
+Status Strategy::run_replicas(const std::function<Status(ReplicaContext&)>& fn) {
   auto& t = thread_context();
   if (t.replica != nullptr || t.merge != nullptr) {
     return failed_precondition(

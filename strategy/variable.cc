@@ -286,9 +286,9 @@ struct VariableImpl {
           what, shape_to_string(u), shape_to_string(delta.indices().shape()),
           shape_to_string(v.shape)));
     }
-    TRIBUTARY_ASSIGN_OR_RETURN(Array indices, delta.indices().to_device(Device::cpu()));
-    for (int64_t i = 0; i < indices.num_elements(); ++i) {
-      const auto row = static_cast<int64_t>(indices.at(i));
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<int64_t> indices, delta.index_values());
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const int64_t row = indices[i];
       if (row < 0 || row >= v.shape[0]) {
         return invalid_argument(
             fmt::format("{}: indices[{}] = {} is not in [0, {})", what, i, row, v.shape[0]));
@@ -309,12 +309,12 @@ struct VariableImpl {
   static Status scatter_some(State& v, const std::vector<size_t>& which, ScatterKind k,
                              const IndexedSlices& delta) {
     TRIBUTARY_ASSIGN_OR_RETURN(Array values, delta.values().to_device(Device::cpu()));
-    TRIBUTARY_ASSIGN_OR_RETURN(Array indices, delta.indices().to_device(Device::cpu()));
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<int64_t> indices, delta.index_values());
     const int64_t n = values.dim0();
     const int64_t row_elems = n == 0 ? 0 : values.num_elements() / n;
     auto apply_to = [&](void* data) {
       for (int64_t r = 0; r < n; ++r) {
-        scatter_row(k, v.dtype, data, static_cast<int64_t>(indices.at(r)), values, r, row_elems);
+        scatter_row(k, v.dtype, data, indices[static_cast<size_t>(r)], values, r, row_elems);
       }
     };
     std::vector<std::pair<size_t, Array>> off_host;
@@ -355,8 +355,8 @@ struct VariableImpl {
           "(variable '{}')",
           scatter_name(k), variable_aggregation_name(v.aggregation), v.name));
     }
-    TRIBUTARY_RETURN_IF_ERROR(check_scatter(v, k, delta));
     if (v.plain) {
+      TRIBUTARY_RETURN_IF_ERROR(check_scatter(v, k, delta));
       std::lock_guard serial(v.update_mu);
       return scatter_all(v, k, delta);
     }
@@ -364,42 +364,75 @@ struct VariableImpl {
     if (ReplicaContext* ctx = replica_of(s)) return scatter_in_replica(v, *ctx, k, delta);
     TRIBUTARY_RETURN_IF_ERROR(
         s.require_cross_replica(fmt::format("{} on variable '{}'", scatter_name(k), v.name)));
+    TRIBUTARY_RETURN_IF_ERROR(check_scatter(v, k, delta));
     return scatter_all(v, k, delta);
+  }
+
+  // What a replica brings to an aggregated scatter: its slices with int64 indices and the
+  // variable's row count as dense_shape (which scatters ignore), so that replicas differing only
+  // there still line up.
+  static StatusOr<IndexedSlices> for_gathering(const State& v, const IndexedSlices& mine) {
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<int64_t> indices, mine.index_values());
+    TRIBUTARY_ASSIGN_OR_RETURN(Array index_array, Array::from_vector(indices));
+    Shape dense = mine.values().shape();
+    dense[0] = v.shape.empty() ? 0 : v.shape[0];
+    return IndexedSlices::make(mine.values(), std::move(index_array), std::move(dense));
   }
 
   static Status scatter_in_replica(State& v, ReplicaContext& ctx, ScatterKind k,
                                    const IndexedSlices& delta) {
     if (v.aggregation == VariableAggregation::kNone) {
       if (v.central) return central_needs_aggregation(v.name, v.strategy->name());
+      TRIBUTARY_RETURN_IF_ERROR(check_scatter(v, k, delta));
       std::lock_guard serial(v.update_mu);
       return scatter_some(v, {static_cast<size_t>(ctx.local_replica_id())}, k, delta);
     }
+    // Aggregated: the slices are checked once gathered (TF checks the aggregate as it applies
+    // it), so that every replica of every worker sees the same slices and fails alike, and
+    // ONLY_FIRST_REPLICA looks at replica 0's alone.
     Strategy& s = *v.strategy;
     State* state = &v;
     StatusOr<std::any> r = ctx.meet(
         fmt::format("{} on variable '{}'", scatter_name(k), v.name), std::any(delta),
         [&s, state, k](std::vector<std::any>& args) -> StatusOr<std::any> {
+          const State& var = *state;
+          const Shape slice(var.shape.empty() ? var.shape.begin() : var.shape.begin() + 1,
+                            var.shape.end());
           std::vector<IndexedSlices> values;
-          for (auto& a : args) values.push_back(std::any_cast<IndexedSlices>(std::move(a)));
           ReduceOp op = ReduceOp::kSum;
-          if (state->aggregation == VariableAggregation::kOnlyFirstReplica) {
-            // Global replica 0's slices: every other replica adds none to the concatenation.
-            for (size_t i = 0; i < values.size(); ++i) {
-              if (s.worker_index() == 0 && i == 0) continue;
-              const IndexedSlices& mine = values[i];
-              Shape none = mine.values().shape();
-              none[0] = 0;
-              TRIBUTARY_ASSIGN_OR_RETURN(Array no_values, Array::zeros(mine.dtype(), none));
-              TRIBUTARY_ASSIGN_OR_RETURN(Array no_indices,
-                                         Array::zeros(mine.indices().dtype(), Shape{0}));
-              TRIBUTARY_ASSIGN_OR_RETURN(
-                  values[i], IndexedSlices::make(no_values, no_indices, mine.dense_shape()));
+          if (var.aggregation == VariableAggregation::kOnlyFirstReplica) {
+            // Global replica 0's slices; every other replica adds none (of the variable's kind) to
+            // the concatenation.
+            for (size_t i = 0; i < args.size(); ++i) {
+              if (s.worker_index() == 0 && i == 0) {
+                TRIBUTARY_ASSIGN_OR_RETURN(
+                    IndexedSlices first,
+                    for_gathering(var, std::any_cast<const IndexedSlices&>(args[i])));
+                values.push_back(std::move(first));
+                continue;
+              }
+              Shape none = slice, dense = slice;
+              none.insert(none.begin(), 0);
+              dense.insert(dense.begin(), var.shape.empty() ? 0 : var.shape[0]);
+              TRIBUTARY_ASSIGN_OR_RETURN(Array no_values, Array::zeros(var.dtype, none));
+              TRIBUTARY_ASSIGN_OR_RETURN(Array no_indices, Array::zeros(DType::kInt64, Shape{0}));
+              TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices empty,
+                                         IndexedSlices::make(no_values, no_indices, dense));
+              values.push_back(std::move(empty));
             }
           } else {
-            TRIBUTARY_ASSIGN_OR_RETURN(op, reduce_op_of(state->aggregation));
+            TRIBUTARY_ASSIGN_OR_RETURN(op, reduce_op_of(var.aggregation));
+            for (const std::any& a : args) {
+              TRIBUTARY_ASSIGN_OR_RETURN(
+                  IndexedSlices mine, for_gathering(var, std::any_cast<const IndexedSlices&>(a)));
+              values.push_back(std::move(mine));
+            }
           }
           TRIBUTARY_ASSIGN_OR_RETURN(std::vector<IndexedSlices> agreed,
                                      s.all_reduce_slices_local(op, values));
+          TRIBUTARY_RETURN_IF_ERROR(
+              check_scatter(var, k, agreed[0])
+                  .with_context("the slices gathered from every replica, in replica order"));
           TRIBUTARY_RETURN_IF_ERROR(scatter_all(*state, k, agreed[0]));
           return std::any();
         });

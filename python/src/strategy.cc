@@ -354,6 +354,13 @@ bool contains_dict(py::handle h) {
 
 bool is_sparse(py::handle h) { return py::isinstance<IndexedSlices>(h); }
 
+// TF's NotImplementedError for gather/all_gather of IndexedSlices.
+Status sparse_gather_refused() {
+  return unimplemented(
+      "gather/all_gather does not support IndexedSlices; convert them with tributary.to_dense() "
+      "first");
+}
+
 bool contains_sparse(py::handle h) {
   bool found = false;
   map_nest(h, [&](py::handle leaf) {
@@ -385,6 +392,30 @@ py::object all_reduce_leaf(ReplicaContext& ctx, ReduceOp op, py::handle value,
 py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::handle value) {
   ReplicaContext& ctx = pc.active("all_reduce");
   const ReduceOp rop = reduce_op_from(op);
+  if (is_nest(value) && (contains_dict(value) || contains_sparse(value))) {
+    // Dicts pair their values by key, and sparse values meet one by one: replicas whose nests
+    // differ would add up different values. Their structures are compared first (one more
+    // meeting, for these nests only).
+    const std::string mine = structure_of(value);
+    Status same = [&] {
+      py::gil_scoped_release release;
+      return ctx.merge_call(
+          [](Strategy&, const PerReplica<std::string>& all) -> Status {
+            for (size_t r = 1; r < all.values().size(); ++r) {
+              if (all.values()[r] != all.values()[0]) {
+                return invalid_argument(
+                    "all_reduce: The two structures don't have the same nested structure: "
+                    "replica 0 passed " +
+                    all.values()[0].substr(0, 200) + " but replica " + std::to_string(r) + " " +
+                    all.values()[r].substr(0, 200) + " (. is a value)");
+              }
+            }
+            return Status();
+          },
+          mine);
+    }();
+    check(same);
+  }
   if (is_nest(value) && contains_sparse(value)) {
     // A nest with IndexedSlices: one meeting per value, in the nest's order (replicas whose
     // values differ in kind meet in different calls, and fail alike).
@@ -394,29 +425,6 @@ py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::
     });
   }
   if (is_nest(value)) {  // TF: the same structure back, in one meeting
-    if (contains_dict(value)) {
-      // Dicts pair their values by key: replicas with other keys would add up different values.
-      // Their structures are compared first (one more meeting, for nests with dicts only).
-      const std::string mine = structure_of(value);
-      Status same = [&] {
-        py::gil_scoped_release release;
-        return ctx.merge_call(
-            [](Strategy&, const PerReplica<std::string>& all) -> Status {
-              for (size_t r = 1; r < all.values().size(); ++r) {
-                if (all.values()[r] != all.values()[0]) {
-                  return invalid_argument(
-                      "all_reduce: The two structures don't have the same nested structure: "
-                      "replica 0 passed " +
-                      all.values()[0].substr(0, 200) + " but replica " + std::to_string(r) + " " +
-                      all.values()[r].substr(0, 200) + " (. is a value)");
-                }
-              }
-              return Status();
-            },
-            mine);
-      }();
-      check(same);
-    }
     std::vector<py::object> leaves;
     flatten_nest(value, leaves);
     std::vector<Array> values;
@@ -464,9 +472,22 @@ py::object reduce_value(Strategy& s, py::handle op, py::handle value, py::handle
   const std::optional<int> ax = axis_from(axis);
   return map_nest(map_nest(value, regroup), [&](py::handle leaf) -> py::object {
     StatusOr<Array> r = invalid_argument("unset");
-    if (py::isinstance<PerReplicaValue>(leaf) &&
-        !leaf.cast<const PerReplicaValue&>().values.empty() &&
-        is_sparse(leaf.cast<const PerReplicaValue&>().values[0])) {
+    if (is_sparse(leaf)) {  // not distributed: TF's reduce_non_distributed_value
+      if (ax) throw_invalid("reduce(): IndexedSlices are reduced without an axis");
+      IndexedSlices v = leaf.cast<IndexedSlices>();
+      StatusOr<IndexedSlices> same = [&] {
+        py::gil_scoped_release release;
+        return s.reduce(rop, v);
+      }();
+      return py::cast(value_or_throw(std::move(same)));
+    }
+    bool any_sparse = false;
+    if (py::isinstance<PerReplicaValue>(leaf)) {
+      for (const py::object& v : leaf.cast<const PerReplicaValue&>().values) {
+        any_sparse = any_sparse || is_sparse(v);
+      }
+    }
+    if (any_sparse) {
       std::vector<IndexedSlices> parts;
       for (const py::object& v : leaf.cast<const PerReplicaValue&>().values) {
         if (!is_sparse(v)) {
@@ -500,6 +521,9 @@ py::object gather_value(Strategy& s, py::handle value, int axis) {
     if (!py::isinstance<PerReplicaValue>(leaf)) {
       throw_type("gather(): expected a PerReplica (or a nest of them); got a " +
                  std::string(py::str(leaf.get_type().attr("__name__"))));
+    }
+    for (const py::object& part : leaf.cast<const PerReplicaValue&>().values) {
+      if (is_sparse(part)) throw StatusError(sparse_gather_refused());
     }
     PerReplica<Array> v = per_replica_arrays(leaf.cast<const PerReplicaValue&>(), "value");
     StatusOr<Array> r = [&] {
@@ -675,6 +699,7 @@ void bind_replica_context(py::module_& m) {
           [](const PyReplicaContext& pc, py::handle value, int axis) {
             ReplicaContext& c = pc.active("all_gather");
             return map_nest(value, [&](py::handle leaf) -> py::object {
+              if (is_sparse(leaf)) throw StatusError(sparse_gather_refused());
               Array a = array_from(leaf, "value");
               StatusOr<Array> r = [&] {
                 py::gil_scoped_release release;

@@ -96,3 +96,35 @@ def test_scatter_updates_follow_the_aggregation(mirrored):
     with pytest.raises(TypeError, match="IndexedSlices"):
         with mirrored.scope():
             table.scatter_add(np.ones((3, 2), np.float32))
+
+
+def test_nests_of_sparse_values_must_match_and_gather_refuses_them(mirrored):
+    def keys_differ():
+        ctx = tributary.get_replica_context()
+        key = "b" if ctx.local_replica_id == 0 else "c"
+        return ctx.all_reduce("sum", {"a": rows([0], [1, 1], 4), key: rows([1], [2, 2], 4)})
+
+    with pytest.raises(tributary.errors.InvalidArgumentError, match="same nested structure"):
+        mirrored.run(keys_differ)
+
+    def tuple_or_list():
+        ctx = tributary.get_replica_context()
+        parts = [rows([0], [1, 1], 4), rows([1], [2, 2], 4)]
+        return ctx.all_reduce("sum", tuple(parts) if ctx.local_replica_id == 0 else parts)
+
+    with pytest.raises(tributary.errors.InvalidArgumentError, match="same nested structure"):
+        mirrored.run(tuple_or_list)
+    with pytest.raises(NotImplementedError, match="does not support IndexedSlices"):
+        mirrored.run(lambda: tributary.get_replica_context().all_gather(rows([0], [1, 1], 4)))
+    with mirrored.scope():
+        per_replica = tributary.PerReplica([rows([0], [1, 1], 2), rows([1], [2, 2], 2)])
+        with pytest.raises(NotImplementedError, match="does not support IndexedSlices"):
+            mirrored.gather(per_replica, axis=0)
+        with pytest.raises(TypeError, match="mixes IndexedSlices"):
+            mirrored.reduce("sum", tributary.PerReplica([np.ones((1, 2), np.float32),
+                                                         rows([1], [2, 2], 2)]), axis=None)
+        # A value that is not distributed: MEAN gives it back, SUM is TF's error.
+        same = mirrored.reduce("mean", rows([1], [2, 2], 2), axis=None)
+        assert same.indices.tolist() == [1]
+        with pytest.raises(tributary.errors.InvalidArgumentError, match="non-DistributedValues"):
+            mirrored.reduce("sum", rows([1], [2, 2], 2), axis=None)

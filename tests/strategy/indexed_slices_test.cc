@@ -75,6 +75,17 @@ TEST(IndexedSlicesTest, MakeChecksEveryPart) {
   EXPECT_THAT(scalar_values.status().message(), HasSubstr("rank >= 1"));
 }
 
+TEST(IndexedSlicesTest, IndicesAreReadAsIntegers) {
+  auto huge = IndexedSlices::make(
+      matrix({1, 2}, 1), *Array::from_vector(std::vector<int64_t>{INT64_MAX}), Shape{4, 2});
+  ASSERT_TRUE(huge.ok());
+  EXPECT_EQ(*huge->index_values(), std::vector<int64_t>{INT64_MAX});
+  EXPECT_THAT(to_dense(*huge).status().message(),
+              HasSubstr("indices[0] = 9223372036854775807 is not in [0, 4)"));
+  auto v = *default_strategy().create_variable(matrix({0, 0}, 1), {"v"});
+  EXPECT_THAT(v.scatter_add(*huge).message(), HasSubstr("indices[0] = 9223372036854775807"));
+}
+
 TEST(IndexedSlicesTest, ToDenseSumsRepeatedRowsAndRefusesOutOfRange) {
   auto dense = to_dense(slices({2, 0, 2}, {1, 2, 3, 4, 10, 20}, 3));
   ASSERT_TRUE(dense.ok()) << dense.status().to_string();
@@ -143,6 +154,16 @@ TEST_P(SparseReduceTest, IntegerMeanIsFloat64AndOnlySumAndMeanAreAccepted) {
   EXPECT_EQ((*mean)[0].dtype(), DType::kFloat64);
   EXPECT_EQ((*mean)[0].indices().dtype(), DType::kInt32);
   EXPECT_EQ(values_of((*mean)[0]), (std::vector<double>{1.5, 1.5}));
+  // TF's true division of 8-bit integers is float32.
+  auto mean8 = s->run([&](ReplicaContext& ctx) {
+    return ctx.all_reduce(
+        ReduceOp::kMean,
+        *IndexedSlices::make(*Array::from_vector(std::vector<int8_t>{3}, Shape{1, 1}),
+                             *Array::from_vector(std::vector<int64_t>{ctx.local_replica_id()}),
+                             Shape{2, 1}));
+  });
+  ASSERT_TRUE(mean8.ok()) << mean8.status().to_string();
+  EXPECT_EQ((*mean8)[0].dtype(), DType::kFloat32);
   Status max = s->run([&](ReplicaContext& ctx) -> Status {
     return ctx.all_reduce(ReduceOp::kMax, make_int(0, 1)).status();
   });
@@ -286,6 +307,15 @@ TEST(ScatterTest, MirroredVariablesFollowTheirAggregationInReplicaContext) {
   Variable first = make(VA::kOnlyFirstReplica);
   ASSERT_TRUE(step(first, &Variable::scatter_update).ok());
   EXPECT_EQ(copies(first), (std::vector<std::vector<float>>(2, {1, 1, 0, 0, 2, 2})));
+  // Only replica 0's slices are applied, and looked at: replica 1's row 7, int32 indices and
+  // other dense_shape do not matter (TF applies replica 0's value alone).
+  Status discarded = s->run([&](ReplicaContext& ctx) {
+    if (ctx.local_replica_id() == 0) return first.scatter_update(slices({1}, {5, 5}, 3));
+    return first.scatter_update(*IndexedSlices::make(
+        matrix({9, 9}, 1), *Array::from_vector(std::vector<int32_t>{7}), Shape{8, 2}));
+  });
+  ASSERT_TRUE(discarded.ok()) << discarded.to_string();
+  EXPECT_EQ(copies(first), (std::vector<std::vector<float>>(2, {1, 1, 5, 5, 2, 2})));
 
   // scatter_min/max/update need NONE or ONLY_FIRST_REPLICA, in any context (TF's
   // NotImplementedError).
@@ -308,7 +338,8 @@ TEST(ScatterTest, MirroredVariablesFollowTheirAggregationInReplicaContext) {
   Status bad = s->run([&](ReplicaContext& ctx) {
     return sum.scatter_add(slices({ctx.local_replica_id() == 0 ? 0 : 9}, {1, 1}, 3));
   });
-  EXPECT_THAT(bad.message(), HasSubstr("indices[0] = 9 is not in [0, 3)"));
+  EXPECT_THAT(bad.message(), HasSubstr("the slices gathered from every replica, in replica order"));
+  EXPECT_THAT(bad.message(), HasSubstr("indices[1] = 9 is not in [0, 3)"));
   EXPECT_EQ(copies(sum), (std::vector<std::vector<float>>(2, {1, 1, 7, 8, 12, 12})));
 
   auto on_read = *s->create_variable(matrix({0, 0}, 1), {"acc", VS::kOnRead, VA::kSum});

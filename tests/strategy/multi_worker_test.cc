@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "tests/multiprocess/harness.h"
 #include "tributary/strategy/distributed_input.h"
@@ -175,18 +176,20 @@ TEST_P(MultiWorkerTest, SparseValuesConcatenateAcrossWorkers) {
     for (const Array& c : table->values()) {
       CHILD_CHECK((c.to_vector<float>() == std::vector<float>{60, 52, 32, 0}));
     }
-    // ONLY_FIRST_REPLICA: global replica 1 (worker 0's second) has rows; replica 0 has none, and
-    // its (empty) update is what every worker applies.
+    // ONLY_FIRST_REPLICA: global replica 0's rows (its row 0, 100) on every worker; the others'
+    // rows are neither applied nor checked (replica 3's row 9 is out of range).
     auto first = st.create_variable(
         *Array::zeros(DType::kFloat32, {4, 1}),
         {"first", VariableSynchronization::kOnWrite, VariableAggregation::kOnlyFirstReplica});
     CHILD_OK(first.status());
     CHILD_OK(st.run([&](ReplicaContext& ctx) -> Status {
-      TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices v, mine(ctx.replica_id_in_sync_group(), 4));
-      return first->scatter_update(v);
+      const int g = ctx.replica_id_in_sync_group();
+      return first->scatter_update(*IndexedSlices::make(
+          *Array::from_vector(std::vector<float>{static_cast<float>(100 + g)}, {1, 1}),
+          *Array::from_vector(std::vector<int64_t>{g == 3 ? 9 : g}), {4, 1}));
     }));
     for (const Array& c : first->values()) {
-      CHILD_CHECK((c.to_vector<float>() == std::vector<float>{0, 0, 0, 0}));
+      CHILD_CHECK((c.to_vector<float>() == std::vector<float>{100, 0, 0, 0}));
     }
     // Worker 1's replicas claim 5 dense rows: every worker fails, naming global replica 2.
     Status bad = st.run([&](ReplicaContext& ctx) -> Status {
@@ -440,6 +443,79 @@ TEST_P(MultiWorkerTest, UnevenDataWithAnUnknownElementSpec) {
         CHILD_CHECK(ended.message().find(rank == 1
                                              ? "pass the ElementSpec to map()"
                                              : "another worker has no data") != std::string::npos);
+      }
+    }
+    return kChildOk;
+  });
+}
+
+// Sparse all-reduces whose ops differ between workers: every worker fails, naming the op (the
+// all-gathers underneath would not notice).
+TEST_P(MultiWorkerTest, SparseOpsThatDifferAcrossWorkersFailEveryWorker) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Status other_op = (*s)->run([&](ReplicaContext& ctx) -> Status {
+      auto v = IndexedSlices::make(*Array::from_vector(std::vector<float>{1}, {1, 1}),
+                                   *Array::from_vector(std::vector<int64_t>{0}), {4, 1});
+      return ctx.all_reduce(rank == 0 ? ReduceOp::kSum : ReduceOp::kMean, *v).status();
+    });
+    CHILD_CHECK(other_op.message().find("replica 0 passed ReduceOp.SUM but replica 2 passed "
+                                        "ReduceOp.MEAN") != std::string::npos);
+    return kChildOk;
+  });
+}
+
+// A scatter whose slices are bad on one worker only (an index out of range): checked once
+// gathered, so every worker fails at once with the same message, and no copy changes.
+TEST_P(MultiWorkerTest, ABadSparseUpdateOnOneWorkerFailsEveryWorkerAlike) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    auto table =
+        st.create_variable(*Array::zeros(DType::kFloat32, {4, 1}),
+                           {"emb", VariableSynchronization::kOnWrite, VariableAggregation::kSum});
+    CHILD_OK(table.status());
+    const auto start = std::chrono::steady_clock::now();
+    Status bad = st.run([&](ReplicaContext& ctx) -> Status {
+      const bool odd = rank == 1 && ctx.local_replica_id() == 1;
+      return table->scatter_add(
+          *IndexedSlices::make(*Array::from_vector(std::vector<float>{1}, {1, 1}),
+                               *Array::from_vector(std::vector<int64_t>{odd ? 9 : 0}), {4, 1}));
+    });
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < kPromptly);
+    CHILD_CHECK(bad.code() == StatusCode::kInvalidArgument);
+    CHILD_CHECK(bad.message().find("indices[3] = 9 is not in [0, 4)") != std::string::npos);
+    for (const Array& c : table->values()) {
+      CHILD_CHECK((c.to_vector<float>() == std::vector<float>{0, 0, 0, 0}));
+    }
+    return kChildOk;
+  });
+}
+
+// A replica function that fails on one worker only, before a collective its peers wait in:
+// every worker fails at once (the failing worker tells its peers), not at the timeout.
+TEST_P(MultiWorkerTest, AStepThatFailsOnOneWorkerFailsEveryWorkerPromptly) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    const auto start = std::chrono::steady_clock::now();
+    Status st = (*s)->run([&](ReplicaContext& ctx) -> Status {
+      if (rank == 1) return invalid_argument("worker 1's input was bad");
+      return ctx.all_reduce(ReduceOp::kSum, Array::scalar(1.0f)).status();
+    });
+    CHILD_CHECK(!st.ok());
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < kPromptly);
+    std::fprintf(stderr, "rank %d got, as expected: %s\n", rank, st.to_string().c_str());
+    // Worker 1 stays alive until worker 0 has checked: its exit must not be what tells worker 0.
+    const std::string checked = dir_ + "/worker0_checked";
+    if (rank == 0) {
+      std::FILE* f = std::fopen(checked.c_str(), "w");
+      if (f) std::fclose(f);
+    } else {
+      for (int i = 0; i < 300 && !std::filesystem::exists(checked); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
     return kChildOk;

@@ -7,12 +7,12 @@
 // TF's CrossDeviceOps: the result is the concatenation of every replica's values and indices, in
 // global replica order (TF's aggregate_indexed_slices_gradients and its collective all-gather; rows
 // are not merged), which to_dense() or a variable's scatter_add turns into the sum. MEAN divides
-// the values by num_replicas_in_sync (an integer MEAN is float64, TF's true division). Only SUM and
-// MEAN (TF's "`reduce_op` must be Reduce.SUM or Reduce.MEAN"). Replicas may hold different numbers
-// of rows (each worker sends only its own rows: a padded all-gather, as TF's newest collective
-// path); values' dtype, indices' dtype and dense_shape must agree on every replica, else every
-// replica fails with kInvalidArgument naming the first that differs. With one replica in sync the
-// value comes back as it is (TF's shortcut).
+// the values by num_replicas_in_sync (an integer MEAN is TF's true division: float32 for int8 and
+// uint8, float64 for int32 and int64). Only SUM and MEAN (TF's "`reduce_op` must be Reduce.SUM or
+// Reduce.MEAN"). Replicas may hold different numbers of rows (each worker sends only its own rows:
+// a padded all-gather, as TF's newest collective path); values' dtype, indices' dtype and
+// dense_shape must agree on every replica, else every replica fails with kInvalidArgument naming
+// the first that differs. With one replica in sync the value comes back as it is (TF's shortcut).
 //
 // Where C++ differs from TF: an IndexedSlices is checked when made (make()), so a malformed one
 // cannot reach a collective; dense_shape is required (TF allows it unknown). Sparse values go
@@ -45,6 +45,8 @@ class IndexedSlices {
   DType dtype() const { return values_.dtype(); }
   int64_t num_rows() const { return values_.dim0(); }  // rows held (len(indices)), not dense rows
 
+  // The indices as int64 values, read on the host (exactly, whatever their dtype).
+  StatusOr<std::vector<int64_t>> index_values() const;
   // Values and indices copied to `device` (CPU devices share storage).
   StatusOr<IndexedSlices> to_device(const Device& device) const;
   // "IndexedSlices(indices=int64[2]{0, 3}, values=float32[2,2]{...}, dense_shape=[4,2])"

@@ -46,13 +46,15 @@
 //    reduce_to, batch_reduce_to and all_reduce accept them (an extension; with an axis only SUM and
 //    MEAN, as TF).
 //  - MEAN of integer values in reduce() and ReplicaContext::all_reduce() is TF's true division
-//    (`/`): the integer sum (through the backend) divided by the count, returned as float64. The
+//    (`/`): the integer sum (through the backend) divided by the count, returned as float32 for
+//    int8 and uint8 and float64 for int32 and int64 (TF's _TRUEDIV_TABLE). The
 //    default strategy and OneDeviceStrategy return the value itself when there is no axis (TF's
 //    _reduce_to there returns its input). reduce_to and batch_reduce_to write into buffers of the
 //    value's dtype and keep the backend's rule (integer MEAN truncates toward zero, dtype.h).
 //  - Multi-worker: an error on one worker before a collective its peers will wait in (bad input to
-//    reduce, a failing merge function, ...) aborts the backend so that every worker fails at once
-//    instead of at its timeout; the strategy is then unusable, as after any failed collective.
+//    reduce, a failing merge function, a run() that fails there, ...) aborts the backend so that
+//    every worker fails at once instead of at its timeout; the strategy is then unusable, as after
+//    any failed collective (a worker whose step failed is out of step with its peers).
 //  - merge_call's result is handed to every replica as is (no per-replica unwrapping).
 //  - StrategyExtended's operations (reduce_to, batch_reduce_to, broadcast_to, update) are methods
 //    of Strategy itself; update() takes a function returning each copy's new value instead of a
@@ -138,7 +140,7 @@ class ReplicaContext {
   // Reduces `value` across every replica in sync (all workers); every replica gets the result.
   // Every local replica must pass the same op, dtype and shape: a replica that passes another
   // (SUM on one, MAX on another) fails every replica with kInvalidArgument naming the difference.
-  // MEAN of an integer value is a float64 (TF's true division; see above).
+  // MEAN of an integer value is TF's true division (see above).
   StatusOr<Array> all_reduce(ReduceOp op, const Array& value);
   // Several values in one meeting (TF's nest), with the same rules per value: one collective per
   // value, in order (not fused into one; batch_reduce_to is the fused form).
@@ -279,13 +281,16 @@ class Strategy {
   // TF's Strategy.reduce. axis none: reduce across replicas. axis given: reduce each replica's
   // value along `axis` first; MEAN then divides by the global number of elements along `axis`, so
   // partial and empty batches give the exact global mean. A negative axis counts from the end
-  // (axis + rank, as TF); an axis outside [-rank, rank) is TF's error. MEAN of integer values is a
-  // float64 (TF's true division), with or without an axis.
+  // (axis + rank, as TF); an axis outside [-rank, rank) is TF's error. MEAN of integer values is
+  // TF's true division (float32 for int8/uint8, float64 for int32/int64), with or without an axis.
   StatusOr<Array> reduce(ReduceOp op, const PerReplica<Array>& value,
                          std::optional<int> axis = std::nullopt);
   // Sparse values (indexed_slices.h): the concatenation of every replica's slices in global
   // replica order, on the CPU; SUM or MEAN only (TF reduces IndexedSlices by gathering them).
   StatusOr<IndexedSlices> reduce(ReduceOp op, const PerReplica<IndexedSlices>& value);
+  // A sparse value that is not distributed: as the Array overload (MEAN returns it, SUM with one
+  // replica in sync returns it, else TF's error).
+  StatusOr<IndexedSlices> reduce(ReduceOp op, const IndexedSlices& value);
   // A value that is not distributed (TF's reduce_non_distributed_value): MEAN returns it, SUM
   // returns it with one replica in sync and is an error otherwise.
   StatusOr<Array> reduce(ReduceOp op, const Array& value, std::optional<int> axis = std::nullopt);
@@ -347,6 +352,7 @@ class Strategy {
   Status check_run_args(const Args&... args);
   Status check_run_arguments(std::span<const char* const> kinds, std::span<const size_t> sizes);
   Status run_erased(const std::function<Status(ReplicaContext&)>& fn);
+  Status run_replicas(const std::function<Status(ReplicaContext&)>& fn);
   StatusOr<std::vector<Array>> all_reduce_local(ReduceOp op, std::span<const Array> per_replica);
   StatusOr<std::vector<Array>> all_gather_local(std::span<const Array> per_replica, int axis);
   StatusOr<std::vector<IndexedSlices>> all_reduce_slices_local(

@@ -74,8 +74,9 @@ class Variable {
   // max, or replaced). A repeated index applies once per occurrence, in order (scatter_update: the
   // last one stays). dense_shape is not looked at (as TF); the values' dtype and the shape of one
   // slice must be the variable's, every index in [0, rows), and an integer divisor non-zero, else
-  // kInvalidArgument with TF's wording, checked before any row changes. The variable must have rank
-  // >= 1. Only the rows named are touched on the CPU.
+  // kInvalidArgument with TF's wording, checked before any row changes (for an aggregated update
+  // in replica context, on the slices gathered from every replica, so that every worker fails
+  // alike). The variable must have rank >= 1. Only the rows named are touched on the CPU.
   // Rules, as TF's values.py:
   //   plain variables: applied directly, in any context.
   //   ON_WRITE: in cross-replica context applied to every copy. In replica context, by
