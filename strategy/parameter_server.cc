@@ -7,6 +7,8 @@
 // worker, each taking the next function from one queue.
 #include "tributary/strategy/parameter_server.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -84,6 +86,8 @@ Status split_address(const std::string& address, std::string* host, int* port) {
   }
   try {
     *port = std::stoi(address.substr(colon + 1));
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
   } catch (...) {
     *port = 0;
   }

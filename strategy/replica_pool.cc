@@ -8,6 +8,8 @@
 // others wait) is detected here: every replica is either at the meeting or finished, so when all
 // are accounted for and some are missing, the waiting ones fail at once; a replica that is merely
 // slow fails them after the backend's timeout.
+#include <cxxabi.h>
+
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -27,6 +29,8 @@ std::string describe_exception(std::exception_ptr e) {
     std::rethrow_exception(e);
   } catch (const std::exception& ex) {
     return std::string("an exception: ") + ex.what();
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
   } catch (...) {
     return "an exception of unknown type";
   }
@@ -40,6 +44,8 @@ Status call_replica_fn(const std::function<Status(ReplicaContext&)>& fn, Replica
   Status s;
   try {
     s = fn(ctx);
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
   } catch (...) {
     s = aborted(fmt::format("replica {} threw {}", ctx.local_replica_id(),
                             describe_exception(std::current_exception())));
@@ -58,6 +64,8 @@ StatusOr<std::any> run_merge(Strategy& strategy, ReplicaContext::MergeFn& fn,
   StatusOr<std::any> r = internal_error("merge function did not run");
   try {
     r = fn(args);
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
   } catch (...) {
     r = aborted("a merge function threw " + describe_exception(std::current_exception()));
   }

@@ -9,6 +9,7 @@
 // the caller's thread inside next(), or on a prefetch thread), each call holding the GIL, which
 // every blocking call of the pipeline releases.
 #include <atomic>
+#include <mutex>
 
 #include "common.h"
 
@@ -17,9 +18,71 @@ namespace {
 
 // Whether elements are one array rather than tuples: fixed by the source, or set by the last
 // output of a map() function (a tuple return makes tuples), so shared by the datasets and
-// iterators downstream.
-using Single = std::shared_ptr<std::atomic<bool>>;
-Single make_single(bool single) { return std::make_shared<std::atomic<bool>>(single); }
+// iterators downstream. Unknown (-1) until such a function has run.
+using Single = std::shared_ptr<std::atomic<int>>;
+Single make_single(bool single) { return std::make_shared<std::atomic<int>>(single ? 1 : 0); }
+Single unknown_single() { return std::make_shared<std::atomic<int>>(-1); }
+bool is_single(const Single& s) { return s->load() == 1; }
+
+// The pipeline behind a Python iterator. Live ones are listed so that an atexit hook stops them
+// (their prefetch threads may be about to run Python functions) before the interpreter finalizes.
+struct IteratorCore {
+  std::mutex mu;  // one next() at a time: tf.data's iterators may be shared between threads
+  std::unique_ptr<DatasetIterator> dataset_it;
+  std::optional<DistributedIterator> distributed_it;
+  bool stopped = false;
+
+  // Stops the pipeline's threads, with the GIL released (they may be waiting for it).
+  void stop() {
+    std::optional<py::gil_scoped_release> release;
+    if (PyGILState_Check()) release.emplace();
+    std::lock_guard lock(mu);
+    stopped = true;
+    dataset_it.reset();
+    distributed_it.reset();
+  }
+};
+
+std::mutex& live_mu() {
+  static auto* mu = new std::mutex;  // never destroyed: used until the process ends
+  return *mu;
+}
+std::vector<std::weak_ptr<IteratorCore>>& live_iterators() {
+  static auto* live = new std::vector<std::weak_ptr<IteratorCore>>;
+  return *live;
+}
+
+std::shared_ptr<IteratorCore> new_core() {
+  auto core = std::make_shared<IteratorCore>();
+  std::lock_guard lock(live_mu());
+  auto& live = live_iterators();
+  std::erase_if(live, [](const std::weak_ptr<IteratorCore>& w) { return w.expired(); });
+  live.push_back(core);
+  return core;
+}
+
+void stop_live_iterators() {
+  std::vector<std::shared_ptr<IteratorCore>> cores;
+  {
+    std::lock_guard lock(live_mu());
+    for (const auto& w : live_iterators()) {
+      if (auto c = w.lock()) cores.push_back(std::move(c));
+    }
+  }
+  for (const auto& c : cores) c->stop();
+}
+
+Status stopped_iterator() {
+  return failed_precondition("this iterator was stopped: the interpreter is exiting");
+}
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
 
 struct PyDataset {
   Dataset dataset;
@@ -32,17 +95,16 @@ struct PyDataset {
 };
 
 struct PyDatasetIterator {
-  std::unique_ptr<DatasetIterator> it;
+  std::shared_ptr<IteratorCore> core;
   Single single;
   PyDatasetIterator(std::unique_ptr<DatasetIterator> i, Single s)
-      : it(std::move(i)), single(std::move(s)) {}
+      : core(new_core()), single(std::move(s)) {
+    core->dataset_it = std::move(i);
+  }
   PyDatasetIterator(PyDatasetIterator&&) = default;
   // Its prefetch threads may be waiting for the GIL to run a map() function: let them finish.
   ~PyDatasetIterator() {
-    if (it && PyGILState_Check()) {
-      py::gil_scoped_release release;
-      it.reset();
-    }
+    if (core) core->stop();
   }
 };
 
@@ -53,17 +115,16 @@ struct PyDistributedDataset {
 };
 
 struct PyDistributedIterator {
-  std::optional<DistributedIterator> it;
+  std::shared_ptr<IteratorCore> core;
   Single single;
   py::object strategy;
-  PyDistributedIterator(std::optional<DistributedIterator> i, Single s, py::object st)
-      : it(std::move(i)), single(std::move(s)), strategy(std::move(st)) {}
+  PyDistributedIterator(DistributedIterator i, Single s, py::object st)
+      : core(new_core()), single(std::move(s)), strategy(std::move(st)) {
+    core->distributed_it.emplace(std::move(i));
+  }
   PyDistributedIterator(PyDistributedIterator&&) = default;
   ~PyDistributedIterator() {
-    if (it && PyGILState_Check()) {
-      py::gil_scoped_release release;
-      it.reset();
-    }
+    if (core) core->stop();
   }
 };
 
@@ -137,6 +198,22 @@ PyDistributedDataset distribute(py::object strategy, const PyDataset& d) {
 }  // namespace
 
 namespace {
+StatusOr<PerReplica<Element>> next_distributed(PyDistributedIterator& it) {
+  py::gil_scoped_release release;
+  std::lock_guard lock(it.core->mu);
+  if (!it.core->distributed_it) return stopped_iterator();
+  return it.core->distributed_it->get_next();
+}
+
+// A sequence of ints and Nones (a padded shape), not a sequence of shapes.
+bool is_shape(py::handle h) {
+  if (!py::isinstance<py::tuple>(h) && !py::isinstance<py::list>(h)) return false;
+  for (py::handle d : h) {
+    if (!d.is_none() && !py::isinstance<py::int_>(d)) return false;
+  }
+  return true;
+}
+
 // A padded shape from Python: a sequence of ints, None (or -1) for "the longest in the batch".
 Shape shape_from(py::handle h) {
   Shape shape;
@@ -207,18 +284,27 @@ void bind_data(py::module_& m) {
             // The function sees what iteration yields (one array, or a tuple's components as
             // separate arguments, as tf.data calls it); a tuple return makes tuple elements.
             auto held = std::make_shared<HeldFunction>(std::move(fn));
-            Single in = d.single, out = make_single(true);
+            Single in = d.single, out = unknown_single();
             MapFn map = [held, in, out](Element e) -> StatusOr<Element> {
+              if (interpreter_finalizing()) return stopped_iterator();
               py::gil_scoped_acquire gil;
+              py::object r;
               try {
-                py::object args = element_to_python(e, *in);
-                py::object r = py::isinstance<py::tuple>(args) ? held->fn(*args) : held->fn(args);
-                bool single = true;
-                Element result = components_from(r, single);
-                out->store(single);
-                return result;
+                py::object args = element_to_python(e, is_single(in));
+                r = py::isinstance<py::tuple>(args) ? held->fn(*args) : held->fn(args);
               } catch (py::error_already_set& x) {
                 return internal_error(std::string("the map function raised ") + x.what());
+              }
+              try {
+                bool single = true;
+                Element result = components_from(r, single);
+                out->store(single ? 1 : 0);
+                return result;
+              } catch (py::error_already_set& x) {
+                return invalid_argument(
+                    std::string("the map function returned what is not an array or a tuple of "
+                                "arrays: ") +
+                    x.what());
               } catch (const StatusError& x) {
                 return x.status().with_context("the map function's result");
               }
@@ -237,9 +323,10 @@ void bind_data(py::module_& m) {
             auto held = std::make_shared<HeldFunction>(std::move(fn));
             Single in = d.single;
             FilterFn keep = [held, in](const Element& e) -> StatusOr<bool> {
+              if (interpreter_finalizing()) return stopped_iterator();
               py::gil_scoped_acquire gil;
               try {
-                py::object args = element_to_python(e, *in);
+                py::object args = element_to_python(e, is_single(in));
                 py::object r = py::isinstance<py::tuple>(args) ? held->fn(*args) : held->fn(args);
                 return py::bool_(r).cast<bool>();
               } catch (py::error_already_set& x) {
@@ -258,22 +345,32 @@ void bind_data(py::module_& m) {
       .def(
           "padded_batch",
           [](const PyDataset& d, int64_t n, py::handle shapes, py::handle values, bool drop) {
+            // The arguments' own form says the elements' (a map's may not have run yet): a shape
+            // is a sequence of ints and Nones, a tuple of shapes is for tuple elements.
             std::optional<std::vector<Shape>> padded;
             if (!shapes.is_none()) {
               padded.emplace();
-              if (*d.single) {
+              if (is_shape(shapes)) {
                 padded->push_back(shape_from(shapes));
               } else {
-                for (py::handle one : shapes) padded->push_back(shape_from(one));
+                for (py::handle one : shapes) {
+                  if (!is_shape(one)) {
+                    throw_type(
+                        "padded_shapes: expected a shape (a sequence of ints and Nones) "
+                        "or a tuple of shapes, got " +
+                        std::string(py::repr(shapes)));
+                  }
+                  padded->push_back(shape_from(one));
+                }
               }
             }
             std::vector<double> fill;
-            if (!values.is_none()) {
-              if (*d.single) {
-                fill.push_back(values.cast<double>());
-              } else {
-                for (py::handle v : values) fill.push_back(v.cast<double>());
-              }
+            if (py::isinstance<py::tuple>(values) || py::isinstance<py::list>(values)) {
+              for (py::handle v : values) fill.push_back(v.cast<double>());
+            } else if (!values.is_none()) {
+              // One value for every component.
+              size_t n_components = padded ? padded->size() : d.dataset.element_spec().size();
+              fill.assign(std::max<size_t>(n_components, 1), values.cast<double>());
             }
             return d.then(d.dataset.padded_batch(n, std::move(padded), std::move(fill), drop));
           },
@@ -285,7 +382,8 @@ void bind_data(py::module_& m) {
       .def(
           "concatenate",
           [](const PyDataset& d, const PyDataset& other) {
-            if (*d.single != *other.single) {
+            const int a = d.single->load(), b = other.single->load();
+            if (a >= 0 && b >= 0 && a != b) {
               throw_type("concatenate(): one dataset yields arrays and the other tuples");
             }
             return d.then(d.dataset.concatenate(other.dataset));
@@ -294,9 +392,12 @@ void bind_data(py::module_& m) {
       .def_static(
           "zip",
           [](py::args args) {
-            // TF's Dataset.zip((a, b)) and, since TF 2.13, Dataset.zip(a, b).
-            py::handle items =
-                args.size() == 1 && !py::isinstance<PyDataset>(args[0]) ? args[0] : args;
+            // TF's Dataset.zip((a, b)) and, since TF 2.13, Dataset.zip(a, b); zip(a) is a's own
+            // elements, as there.
+            if (args.size() == 1 && py::isinstance<PyDataset>(args[0])) {
+              return args[0].cast<PyDataset>();
+            }
+            py::handle items = args.size() == 1 ? args[0] : args;
             std::vector<Dataset> parts;
             for (py::handle h : items) {
               if (!py::isinstance<PyDataset>(h)) {
@@ -330,14 +431,16 @@ void bind_data(py::module_& m) {
   py::class_<PyDatasetIterator>(m, "DatasetIterator")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](PyDatasetIterator& it) {
-             StatusOr<std::optional<Element>> e = [&] {
-               py::gil_scoped_release release;
-               return it.it->get_next();
-             }();
-             std::optional<Element> v = value_or_throw(std::move(e));
-             if (!v) throw py::stop_iteration();
-             return element_to_python(*v, *it.single);
-           });
+        StatusOr<std::optional<Element>> e = [&]() -> StatusOr<std::optional<Element>> {
+          py::gil_scoped_release release;
+          std::lock_guard lock(it.core->mu);
+          if (!it.core->dataset_it) return stopped_iterator();
+          return it.core->dataset_it->get_next();
+        }();
+        std::optional<Element> v = value_or_throw(std::move(e));
+        if (!v) throw py::stop_iteration();
+        return element_to_python(*v, is_single(it.single));
+      });
 
   py::class_<PyDistributedDataset>(m, "DistributedDataset",
                                    "Strategy.experimental_distribute_dataset's result: iterate "
@@ -360,22 +463,21 @@ void bind_data(py::module_& m) {
       .def(
           "get_next",
           [](PyDistributedIterator& it) {
-            StatusOr<PerReplica<Element>> e = [&] {
-              py::gil_scoped_release release;
-              return it.it->get_next();
-            }();
-            return distributed_element(value_or_throw(std::move(e)), *it.single);
+            StatusOr<PerReplica<Element>> e = next_distributed(it);
+            return distributed_element(value_or_throw(std::move(e)), is_single(it.single));
           },
           "The next batch: a PerReplica, or a tuple of PerReplica (one per component) for "
           "tuple elements; OutOfRangeError at the end of data (TF's get_next).")
       .def("__next__", [](PyDistributedIterator& it) {
-        StatusOr<PerReplica<Element>> e = [&] {
-          py::gil_scoped_release release;
-          return it.it->get_next();
-        }();
+        StatusOr<PerReplica<Element>> e = next_distributed(it);
         if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) throw py::stop_iteration();
-        return distributed_element(value_or_throw(std::move(e)), *it.single);
+        return distributed_element(value_or_throw(std::move(e)), is_single(it.single));
       });
+
+  // Live iterators are stopped when the interpreter starts to exit, before it finalizes: their
+  // prefetch threads may be waiting to run a map() function, and a thread that takes the GIL
+  // during finalization is ended on the spot.
+  py::module_::import("atexit").attr("register")(py::cpp_function(&stop_live_iterators));
 
   // Strategy's input methods live here with the dataset types.
   auto strategy = py::reinterpret_borrow<py::object>(m.attr("Strategy"));

@@ -6,6 +6,11 @@ PYBIND11_MODULE(_tributary, m) {
   namespace tp = tributary::python;
   m.doc() = "tributary's C++ API (see the package tributary).";
   m.attr("__version__") = std::string(tributary::version());
+  // NumPy's C API is set up here, on the importing thread with the GIL held: set up lazily, on the
+  // first conversion, two pipeline threads could deadlock (one importing NumPy inside pybind11's
+  // guarded static, which gives up the GIL, the other holding the GIL at that guard).
+  pybind11::module_::import("numpy");
+  (void)pybind11::dtype::of<float>();
   tp::bind_errors(m);
   tp::bind_ops(m);
   tp::bind_strategy(m);

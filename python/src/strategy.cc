@@ -756,6 +756,14 @@ void bind_indexed_slices(py::module_& m) {
 // The Variables of a Python sequence, for the checkpoint functions.
 std::vector<Variable> variables_from(py::handle variables) {
   std::vector<Variable> out;
+  if (py::isinstance<PyVariable>(variables)) {  // one variable
+    out.push_back(variables.cast<const PyVariable&>().variable);
+    return out;
+  }
+  if (!py::isinstance<py::iterable>(variables)) {
+    throw_type("expected a tributary.Variable or a sequence of them, got a " +
+               std::string(py::str(variables.get_type().attr("__name__"))));
+  }
   for (py::handle h : variables) {
     if (!py::isinstance<PyVariable>(h)) {
       throw_type("expected a sequence of tributary.Variable, got a " +

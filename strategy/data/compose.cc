@@ -2,6 +2,8 @@
 // concatenate. Validation messages and cardinality rules are TF's (skip_dataset_op.cc,
 // filter_dataset_op.cc, unbatch_dataset_op.cc, padded_batch_dataset_op.cc, zip_dataset_op.cc,
 // concatenate_dataset_op.cc).
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -91,6 +93,8 @@ class FilterNode final : public Node {
             keep = fn_(*e);
           } catch (const std::exception& x) {
             return internal_error(std::string("the filter predicate threw: ") + x.what());
+          } catch (abi::__forced_unwind&) {
+            throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
           } catch (...) {
             return internal_error("the filter predicate threw a non-standard exception");
           }
@@ -128,14 +132,13 @@ class UnbatchNode final : public Node {
   int64_t cardinality() const override {
     const int64_t n = input()->cardinality();
     if (n < 0) return n;
-    // TF: n times the static batch size when every component has the same known one.
-    const ElementSpec spec = input()->element_spec();
-    if (spec.empty()) return kUnknownCardinality;
-    const int64_t b = spec[0].shape[0];
-    for (const TensorSpec& t : spec) {
-      if (t.shape[0] != b) return kUnknownCardinality;
+    // TF: n times the first known dimension 0 among the components, when it is positive.
+    for (const TensorSpec& t : input()->element_spec()) {
+      if (!t.shape.empty() && t.shape[0] >= 0) {
+        return t.shape[0] > 0 ? n * t.shape[0] : kUnknownCardinality;
+      }
     }
-    return b < 0 ? kUnknownCardinality : n * b;
+    return kUnknownCardinality;
   }
 
   StatusOr<std::unique_ptr<DatasetIterator>> make_iterator() const override {
@@ -346,6 +349,7 @@ class ZipNode final : public Node {
  public:
   explicit ZipNode(std::vector<NodePtr> inputs) : Node(std::move(inputs)) {}
   std::string name() const override { return "ZipDataset"; }
+  BatchRole batch_role() const override { return BatchRole::kEveryInput; }
   std::string args() const override { return std::to_string(inputs().size()) + " inputs"; }
   NodePtr with_inputs(std::vector<NodePtr> in) const override {
     return std::make_shared<ZipNode>(std::move(in));
@@ -399,7 +403,8 @@ class ZipNode final : public Node {
 // --- concatenate ---------------------------------------------------------------------------------
 
 // The spec both inputs fit (TF's most_specific_compatible_type): dimensions that differ become
-// unknown. Empty when either is unknown.
+// unknown. Empty when either is unknown, and when ranks differ (our specs cannot say "unknown
+// rank", which is what TF gives).
 ElementSpec common_spec(const ElementSpec& a, const ElementSpec& b) {
   if (a.empty() || b.empty() || a.size() != b.size()) return {};
   ElementSpec out = a;
@@ -416,6 +421,7 @@ class ConcatenateNode final : public Node {
  public:
   ConcatenateNode(NodePtr first, NodePtr second) : Node({std::move(first), std::move(second)}) {}
   std::string name() const override { return "ConcatenateDataset"; }
+  BatchRole batch_role() const override { return BatchRole::kEveryInput; }
   NodePtr with_inputs(std::vector<NodePtr> in) const override {
     return std::make_shared<ConcatenateNode>(std::move(in.at(0)), std::move(in.at(1)));
   }
@@ -530,11 +536,14 @@ NodePtr concatenate_node(NodePtr first, NodePtr second) {
   if (!first->status().ok()) return first;
   if (!second->status().ok()) return second;
   const ElementSpec a = first->element_spec(), b = second->element_spec();
-  if (!a.empty() && !b.empty() && common_spec(a, b).empty()) {
+  bool compatible = a.empty() || b.empty() || a.size() == b.size();
+  for (size_t c = 0; compatible && !a.empty() && !b.empty() && c < a.size(); ++c) {
+    compatible = a[c].dtype == b[c].dtype;
+  }
+  if (!compatible) {
     return invalid("Incompatible dataset elements: " + element_spec_to_string(a) + " vs. " +
                    element_spec_to_string(b) +
-                   " (concatenate needs the same number of "
-                   "components, dtypes and ranks).");
+                   " (concatenate needs the same number of components and the same dtypes).");
   }
   return std::make_shared<ConcatenateNode>(std::move(first), std::move(second));
 }

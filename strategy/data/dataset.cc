@@ -2,6 +2,8 @@
 // shared by every node (specs, error nodes, the sticky iterator base) and compute_batch_size.
 #include "tributary/strategy/dataset.h"
 
+#include <cxxabi.h>
+
 #include <exception>
 #include <string>
 #include <utility>
@@ -60,6 +62,8 @@ StatusOr<std::optional<Element>> IteratorBase::get_next() {
     r = next();
   } catch (const std::exception& e) {
     r = internal_error(std::string("the input pipeline threw: ") + e.what());
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
   } catch (...) {
     r = internal_error("the input pipeline threw a non-standard exception");
   }
@@ -218,7 +222,13 @@ int64_t Dataset::static_batch_size() const {
     return spec[0].shape[0];
   }
   // Otherwise TF's ComputeBatchSize walks the graph from the sink to the first batch.
-  for (const Node* n = node_.get(); n != nullptr;) {
+  return data_internal::batch_size_from(*node_);
+}
+
+namespace data_internal {
+
+int64_t batch_size_from(const Node& sink) {
+  for (const Node* n = &sink; n != nullptr;) {
     switch (n->batch_role()) {
       case Node::BatchRole::kBatch:
         return n->batch_size();
@@ -227,10 +237,22 @@ int64_t Dataset::static_batch_size() const {
       case Node::BatchRole::kPassThrough:
         n = n->inputs().size() == 1 ? n->input().get() : nullptr;
         break;
+      case Node::BatchRole::kEveryInput: {
+        // TF's multi-input ops (zip, concatenate): the batch size every input agrees on.
+        int64_t common = -1;
+        for (size_t i = 0; i < n->inputs().size(); ++i) {
+          const int64_t b = batch_size_from(*n->inputs()[i]);
+          if (b < 0 || (i > 0 && b != common)) return -1;
+          common = b;
+        }
+        return common;
+      }
     }
   }
   return -1;
 }
+
+}  // namespace data_internal
 
 std::string Dataset::debug_string() const {
   std::string s;

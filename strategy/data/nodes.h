@@ -50,6 +50,7 @@ class Node {
     kOpaque,       // stop: the batch size cannot be inferred through this op
     kPassThrough,  // keeps its input's batch size (map, prefetch, shuffle, repeat, take, shard)
     kBatch,        // sets it to batch_size()
+    kEveryInput,   // the batch size all of its inputs agree on (zip, concatenate)
   };
   virtual BatchRole batch_role() const { return BatchRole::kOpaque; }
   virtual int64_t batch_size() const { return -1; }
@@ -131,6 +132,9 @@ NodePtr padded_batch_node(NodePtr input, int64_t batch_size,
                           std::vector<double> padding_values, bool drop_remainder);
 NodePtr zip_node(std::vector<NodePtr> inputs);
 NodePtr concatenate_node(NodePtr first, NodePtr second);
+
+// TF's ComputeBatchSize from `sink` through the graph (Dataset::static_batch_size's walk).
+int64_t batch_size_from(const Node& sink);
 
 // Shared helpers.
 std::string shape_or_none(const Shape& shape);  // "(None, 3)"

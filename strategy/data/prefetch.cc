@@ -9,6 +9,8 @@
 // Ordering: results (elements, the end, an error) go through the queue in the order the input
 // produced them; the producer stops after the end or the first error, which IteratorBase then
 // repeats to the consumer.
+#include <cxxabi.h>
+
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -81,6 +83,8 @@ class PrefetchIterator final : public IteratorBase {
       return in_->get_next();
     } catch (const std::exception& e) {
       return internal_error(std::string("prefetch: the input pipeline threw: ") + e.what());
+    } catch (abi::__forced_unwind&) {
+      throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
     } catch (...) {
       return internal_error("prefetch: the input pipeline threw a non-standard exception");
     }

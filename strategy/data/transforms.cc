@@ -1,6 +1,8 @@
 // Element-wise and counting transformations: batch, repeat, shuffle, shard, map, take.
 // Validation messages and cardinality rules are TF's (batch_dataset_op.cc, repeat_dataset_op.cc,
 // shuffle_dataset_op.cc, shard_dataset_op.cc, take_dataset_op.cc).
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <atomic>
 #include <random>
@@ -314,6 +316,8 @@ class MapNode final : public Node {
           out = fn_(std::move(*e));
         } catch (const std::exception& x) {
           return internal_error(std::string("the map function threw: ") + x.what());
+        } catch (abi::__forced_unwind&) {
+          throw;  // a thread being ended (pthread_exit, Python finalizing) must unwind
         } catch (...) {
           return internal_error("the map function threw a non-standard exception");
         }

@@ -338,6 +338,10 @@ TEST(DatasetReshape, UnbatchIsBatchsInverse) {
   EXPECT_EQ(ds.element_spec(), kInt64Scalar);
   EXPECT_EQ(ds.cardinality(), kUnknownCardinality);  // the batch dimension is not static
   EXPECT_EQ(Dataset::range(6).batch(3, true).unbatch().cardinality(), 6);
+  EXPECT_EQ(Dataset::from_tensors({*Array::zeros(DType::kInt64, {3})}).unbatch().cardinality(), 3);
+  // TF: a known dimension 0 of 0 gives no batch size, so the cardinality is unknown.
+  EXPECT_EQ(Dataset::from_tensors({*Array::zeros(DType::kInt64, {0})}).unbatch().cardinality(),
+            kUnknownCardinality);
   // Two components split together; their first dimensions must agree.
   auto x = *Array::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
   auto y = *Array::from_vector<int32_t>({7, 8, 9});
@@ -417,6 +421,9 @@ TEST(DatasetCombine, ZipEndsWithTheShortest) {
                           })})
                 .cardinality(),
             kUnknownCardinality);
+  EXPECT_EQ(
+      Dataset::zip({Dataset::range(8).batch(4), Dataset::range(8).batch(4)}).static_batch_size(),
+      4);
   EXPECT_EQ(Dataset::zip({}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Dataset::zip({Dataset::range(3), Dataset()}).status().code(),
             StatusCode::kFailedPrecondition);
@@ -432,9 +439,24 @@ TEST(DatasetCombine, ConcatenateAndItsSpec) {
   Dataset b = Dataset::range(2).batch(2, true).concatenate(Dataset::range(3).batch(3, true));
   EXPECT_EQ(b.element_spec(), (ElementSpec{TensorSpec{DType::kInt64, {-1}}}));
   EXPECT_EQ(must_collect(b), (Rows{{0, 1}, {0, 1, 2}}));
-  Status bad = Dataset::range(2).concatenate(Dataset::range(2).batch(2)).status();
+  // Ranks that differ: accepted (TF's unknown rank), the spec unknown.
+  Dataset ranks = Dataset::range(2).concatenate(Dataset::range(2).batch(2));
+  ASSERT_TRUE(ranks.status().ok());
+  EXPECT_EQ(ranks.element_spec(), ElementSpec{});
+  EXPECT_EQ(must_collect(ranks), (Rows{{0}, {1}, {0, 1}}));
+  // Dtypes that differ: refused.
+  Status bad = Dataset::range(2)
+                   .concatenate(Dataset::from_tensor_slices({*Array::from_vector<float>({1})}))
+                   .status();
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("Incompatible dataset elements"), std::string::npos);
+  // A batch size that both inputs agree on goes through (distribute_dataset needs it).
+  EXPECT_EQ(
+      Dataset::range(8).batch(4).concatenate(Dataset::range(8, 16).batch(4)).static_batch_size(),
+      4);
+  EXPECT_EQ(
+      Dataset::range(8).batch(4).concatenate(Dataset::range(8, 16).batch(2)).static_batch_size(),
+      -1);
 }
 
 // --- shuffle

@@ -145,8 +145,8 @@ class Dataset {
                        std::optional<std::vector<Shape>> padded_shapes = std::nullopt,
                        std::vector<double> padding_values = {}, bool drop_remainder = false) const;
   // This Dataset's elements, then `other`'s (opened when this one ends). The element specs must
-  // agree in components, dtypes and ranks (TF's "Incompatible dataset elements"); dimensions that
-  // differ become unknown.
+  // agree in components and dtypes (TF's "Incompatible dataset elements"); dimensions that differ
+  // become unknown, and ranks that differ make the whole spec unknown (TF: an unknown rank).
   Dataset concatenate(const Dataset& other) const;
   // Element k of every input side by side (TF's zip; the components are flattened into one
   // tuple, in order): it ends with the shortest input.
@@ -170,8 +170,8 @@ class Dataset {
   int64_t cardinality() const;
   // TF's compute_batch_size: the common static dimension 0 of the element spec when every
   // component has one, else the size of the first batch() or padded_batch() reached from the end
-  // through map/filter/prefetch/shuffle/repeat/take/skip/shard; -1 when there is none or another op
-  // is in the way.
+  // through map/filter/prefetch/shuffle/repeat/take/skip/shard (through zip and concatenate, the
+  // size all of their inputs agree on); -1 when there is none or another op is in the way.
   int64_t static_batch_size() const;
   // The pipeline as text, sink first ("PrefetchDataset <- BatchDataset(4) <- RangeDataset").
   std::string debug_string() const;
