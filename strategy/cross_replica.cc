@@ -34,6 +34,23 @@ DType true_division_dtype(DType dtype) {
   return dtype == DType::kInt8 || dtype == DType::kUInt8 ? DType::kFloat32 : DType::kFloat64;
 }
 
+// TF's reduce_non_distributed_value: MEAN gives the value back, SUM only with one replica in sync.
+Status check_non_distributed_reduce(ReduceOp op, const std::string& value, int replicas) {
+  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+    return invalid_argument(
+        fmt::format("reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
+                    reduce_op_name(op)));
+  }
+  if (op == ReduceOp::kSum && replicas != 1) {
+    return invalid_argument(fmt::format(
+        "A non-DistributedValues value {} cannot be reduced with the given reduce op "
+        "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
+        "one per local replica.)",
+        value, replicas));
+  }
+  return ok_status();
+}
+
 // TF's reduce: an axis in [-rank, rank), a negative one counting from the end.
 StatusOr<int> normalize_axis(int axis, int rank) {
   if (axis < -rank || axis >= rank) {
@@ -666,18 +683,8 @@ StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const PerReplica<IndexedSl
 StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const IndexedSlices& value) {
   return told(*this, [&]() -> StatusOr<IndexedSlices> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
-    if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-      return invalid_argument(
-          fmt::format("reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
-                      reduce_op_name(op)));
-    }
-    if (op == ReduceOp::kSum && num_replicas_in_sync() != 1) {
-      return invalid_argument(fmt::format(
-          "A non-DistributedValues value {} cannot be reduced with the given reduce op "
-          "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
-          "one per local replica.)",
-          value.to_string(), num_replicas_in_sync()));
-    }
+    TRIBUTARY_RETURN_IF_ERROR(
+        check_non_distributed_reduce(op, value.to_string(), num_replicas_in_sync()));
     return value;
   }());
 }
@@ -685,18 +692,8 @@ StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const IndexedSlices& value
 StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<int> axis) {
   return told(*this, [&]() -> StatusOr<Array> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
-    if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-      return invalid_argument(
-          fmt::format("reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
-                      reduce_op_name(op)));
-    }
-    if (op == ReduceOp::kSum && num_replicas_in_sync() != 1) {
-      return invalid_argument(fmt::format(
-          "A non-DistributedValues value {} cannot be reduced with the given reduce op "
-          "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
-          "one per local replica.)",
-          value.to_string(), num_replicas_in_sync()));
-    }
+    TRIBUTARY_RETURN_IF_ERROR(
+        check_non_distributed_reduce(op, value.to_string(), num_replicas_in_sync()));
     if (!axis) return value;
     TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, value.rank()));
     TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, a));
