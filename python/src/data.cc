@@ -186,13 +186,68 @@ py::object distributed_element(const PerReplica<Element>& per_replica, bool sing
   return t;
 }
 
-PyDistributedDataset distribute(py::object strategy, const PyDataset& d) {
+InputOptions options_from(py::handle options) {
+  if (options.is_none()) return InputOptions{};
+  if (!py::isinstance<InputOptions>(options)) {
+    throw_type("options must be a tributary.InputOptions, got a " +
+               std::string(py::str(options.get_type().attr("__name__"))));
+  }
+  return options.cast<InputOptions>();
+}
+
+PyDistributedDataset distribute(py::object strategy, const PyDataset& d, py::handle options) {
   Strategy& s = strategy.cast<Strategy&>();
+  const InputOptions o = options_from(options);
   StatusOr<DistributedDataset> r = [&] {
     py::gil_scoped_release release;
-    return distribute_dataset(s, d.dataset);
+    return distribute_dataset(s, d.dataset, o);
   }();
   return PyDistributedDataset{value_or_throw(std::move(r)), d.single, std::move(strategy)};
+}
+
+// TF's distribute_datasets_from_function: dataset_fn(InputContext) -> a tributary.Dataset
+// batched by the per-replica batch size, called once per worker (or per replica).
+PyDistributedDataset distribute_from_function(py::object strategy, py::function dataset_fn,
+                                              py::handle options) {
+  Strategy& s = strategy.cast<Strategy&>();
+  const InputOptions o = options_from(options);
+  Single single = unknown_single();
+  std::optional<py::error_already_set> raised;
+  auto fn = [&](const InputContext& ctx) -> StatusOr<Dataset> {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object made = dataset_fn(ctx);
+      if (!py::isinstance<PyDataset>(made)) {
+        return invalid_argument("dataset_fn must return a tributary.Dataset, got a " +
+                                std::string(py::str(made.get_type().attr("__name__"))));
+      }
+      const auto& d = made.cast<const PyDataset&>();
+      single = d.single;
+      return d.dataset;
+    } catch (py::error_already_set& e) {
+      std::string what = e.what();
+      raised.emplace(std::move(e));
+      return aborted("dataset_fn raised " + what);
+    }
+  };
+  StatusOr<DistributedDataset> r = [&] {
+    py::gil_scoped_release release;
+    return distribute_datasets_from_function(s, fn, o);
+  }();
+  if (raised) throw std::move(*raised);  // the function's own exception, as TF
+  return PyDistributedDataset{value_or_throw(std::move(r)), std::move(single), std::move(strategy)};
+}
+
+// TF's experimental_distribute_values_from_function: value_fn(ValueContext) per local replica, a
+// PerReplica of whatever it returns.
+py::object values_from_function(Strategy& s, py::function value_fn) {
+  check(s.require_cross_replica("experimental_distribute_values_from_function"));
+  PerReplicaValue out;
+  for (int i = 0; i < s.num_local_replicas(); ++i) {
+    ValueContext ctx{s.worker_index() * s.num_local_replicas() + i, s.num_replicas_in_sync()};
+    out.values.push_back(value_fn(ctx));
+  }
+  return py::cast(std::move(out));
 }
 
 }  // namespace
@@ -480,11 +535,74 @@ void bind_data(py::module_& m) {
   py::module_::import("atexit").attr("register")(py::cpp_function(&stop_live_iterators));
 
   // Strategy's input methods live here with the dataset types.
+  py::enum_<InputReplicationMode>(m, "InputReplicationMode")
+      .value("PER_WORKER", InputReplicationMode::kPerWorker)
+      .value("PER_REPLICA", InputReplicationMode::kPerReplica);
+  py::enum_<AutoShardPolicy>(m, "AutoShardPolicy")
+      .value("OFF", AutoShardPolicy::kOff)
+      .value("AUTO", AutoShardPolicy::kAuto)
+      .value("FILE", AutoShardPolicy::kFile)
+      .value("DATA", AutoShardPolicy::kData);
+  py::class_<InputOptions>(m, "InputOptions",
+                           "TF's tf.distribute.InputOptions (its experimental_ names), plus the "
+                           "auto-shard policy TF sets through tf.data.Options.")
+      .def(py::init([](bool fetch_to_device, InputReplicationMode mode, bool place_on_device,
+                       int buffer, AutoShardPolicy policy) {
+             if (buffer < 0) throw_invalid("experimental_per_replica_buffer_size must be >= 0");
+             return InputOptions{fetch_to_device, mode, place_on_device, buffer, policy};
+           }),
+           py::kw_only(), py::arg("experimental_fetch_to_device") = true,
+           py::arg("experimental_replication_mode") = InputReplicationMode::kPerWorker,
+           py::arg("experimental_place_dataset_on_device") = false,
+           py::arg("experimental_per_replica_buffer_size") = 1,
+           py::arg("auto_shard_policy") = AutoShardPolicy::kAuto)
+      .def_readonly("experimental_fetch_to_device", &InputOptions::fetch_to_device)
+      .def_readonly("experimental_replication_mode", &InputOptions::replication_mode)
+      .def_readonly("experimental_place_dataset_on_device", &InputOptions::place_dataset_on_device)
+      .def_readonly("experimental_per_replica_buffer_size", &InputOptions::per_replica_buffer_size)
+      .def_readonly("auto_shard_policy", &InputOptions::auto_shard_policy);
+  py::class_<InputContext>(m, "InputContext", "TF's tf.distribute.InputContext.")
+      .def(py::init<int, int, int>(), py::arg("num_input_pipelines") = 1,
+           py::arg("input_pipeline_id") = 0, py::arg("num_replicas_in_sync") = 1)
+      .def_property_readonly("num_input_pipelines", &InputContext::num_input_pipelines)
+      .def_property_readonly("input_pipeline_id", &InputContext::input_pipeline_id)
+      .def_property_readonly("num_replicas_in_sync", &InputContext::num_replicas_in_sync)
+      .def(
+          "get_per_replica_batch_size",
+          [](const InputContext& c, int64_t global) {
+            return value_or_throw(c.get_per_replica_batch_size(global));
+          },
+          py::arg("global_batch_size"))
+      .def("__repr__", &InputContext::to_string);
+  py::class_<ValueContext>(m, "ValueContext", "TF's tf.distribute.experimental.ValueContext.")
+      .def(py::init([](int id, int n) {
+             return ValueContext{id, n};
+           }),
+           py::arg("replica_id_in_sync_group") = 0, py::arg("num_replicas_in_sync") = 1)
+      .def_readonly("replica_id_in_sync_group", &ValueContext::replica_id_in_sync_group)
+      .def_readonly("num_replicas_in_sync", &ValueContext::num_replicas_in_sync);
+
   auto strategy = py::reinterpret_borrow<py::object>(m.attr("Strategy"));
-  py::cpp_function distribute_fn(&distribute, py::arg("dataset"), py::is_method(strategy),
-                                 py::name("experimental_distribute_dataset"), py::sibling(py::none()),
-                                 "Splits each global batch of `dataset` across the replicas (and "
-                                 "shards it across workers): iterate for PerReplica batches.");
+  // is_method first: pybind11 then names the first parameter `self` and the args the others.
+  py::cpp_function from_fn(&distribute_from_function, py::is_method(strategy),
+                           py::arg("dataset_fn"), py::arg("options") = py::none(),
+                           py::name("distribute_datasets_from_function"), py::sibling(py::none()),
+                           "dataset_fn(InputContext) builds each worker's input pipeline (each "
+                           "replica's with InputReplicationMode.PER_REPLICA), batched by the "
+                           "per-replica batch size; iterate for PerReplica batches.");
+  strategy.attr("distribute_datasets_from_function") = from_fn;
+  strategy.attr("experimental_distribute_datasets_from_function") = from_fn;
+  py::cpp_function values_fn(&values_from_function, py::is_method(strategy), py::arg("value_fn"),
+                             py::name("experimental_distribute_values_from_function"),
+                             py::sibling(py::none()),
+                             "value_fn(ValueContext) once per local replica: a PerReplica of "
+                             "what it returns.");
+  strategy.attr("experimental_distribute_values_from_function") = values_fn;
+  py::cpp_function distribute_fn(
+      &distribute, py::is_method(strategy), py::arg("dataset"), py::arg("options") = py::none(),
+      py::name("experimental_distribute_dataset"), py::sibling(py::none()),
+      "Splits each global batch of `dataset` across the replicas (and "
+      "shards it across workers): iterate for PerReplica batches.");
   strategy.attr("experimental_distribute_dataset") = distribute_fn;
   strategy.attr("distribute_dataset") = distribute_fn;
 }

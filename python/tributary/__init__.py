@@ -26,6 +26,7 @@ from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from ._tributary import (  # noqa: F401
     __version__,
+    AutoShardPolicy,
     Backend,
     CentralStorageStrategy,
     Context,
@@ -34,6 +35,9 @@ from ._tributary import (  # noqa: F401
     DistributedDataset,
     DistributedIterator,
     IndexedSlices,
+    InputContext,
+    InputOptions,
+    InputReplicationMode,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
@@ -43,6 +47,7 @@ from ._tributary import (  # noqa: F401
     ReplicaContext,
     Strategy,
     StrategyScope,
+    ValueContext,
     Variable,
     VariableAggregation,
     VariableSynchronization,
@@ -99,7 +104,8 @@ class CommunicationOptions:
 
 __all__ = _errors_all + [
     "CommunicationImplementation", "CommunicationOptions", "Backend", "CentralStorageStrategy",
-    "Context", "Dataset", "DistributedDataset", "IndexedSlices", "MirroredStrategy",
+    "Context", "Dataset", "DistributedDataset", "IndexedSlices", "InputContext", "InputOptions",
+    "InputReplicationMode", "AutoShardPolicy", "ValueContext", "MirroredStrategy",
     "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "PerReplica", "ReduceOp", "Registration",
     "ReplicaContext", "Strategy", "Variable", "VariableAggregation", "VariableSynchronization",
     "Work", "backend", "backends", "compute_average_loss", "cuda_available", "get_replica_context",

@@ -352,3 +352,49 @@ def test_exiting_with_live_mapped_iterators_is_clean(numpy_first):
                               timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == "(1, 0)"
+
+
+def test_datasets_and_values_from_function():
+    strategy = tributary.MirroredStrategy(devices=2)
+    contexts = []
+
+    def dataset_fn(ctx):
+        contexts.append((ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync))
+        return tributary.Dataset.range(8).batch(ctx.get_per_replica_batch_size(4))
+
+    with strategy.scope():
+        batches = [[v.tolist() for v in b.values]
+                   for b in strategy.distribute_datasets_from_function(dataset_fn)]
+    assert contexts == [(1, 0, 2)]
+    assert batches == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    # One pipeline per replica.
+    per_replica = tributary.InputOptions(
+        experimental_replication_mode=tributary.InputReplicationMode.PER_REPLICA)
+    contexts.clear()
+    with strategy.scope():
+        first = next(iter(strategy.distribute_datasets_from_function(dataset_fn, per_replica)))
+    assert contexts == [(2, 0, 2), (2, 1, 2)]
+    assert [v.tolist() for v in first.values] == [[0, 1], [0, 1]]
+    # The function's own exception comes through; a wrong return is a clear error.
+
+    def broken(ctx):
+        raise KeyError("no such file")
+
+    with strategy.scope():
+        with pytest.raises(KeyError, match="no such file"):
+            strategy.distribute_datasets_from_function(broken)
+        with pytest.raises(tributary.errors.InvalidArgumentError, match="must return a"):
+            strategy.distribute_datasets_from_function(lambda ctx: [1, 2])
+        with pytest.raises(tributary.errors.InvalidArgumentError, match="does not divide|divis"):
+            tributary.InputContext(1, 0, 3).get_per_replica_batch_size(4)
+        values = strategy.experimental_distribute_values_from_function(
+            lambda ctx: ("replica", ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync))
+    assert values.values == (("replica", 0, 2), ("replica", 1, 2))
+    # InputOptions reach experimental_distribute_dataset too.
+    no_prefetch = tributary.InputOptions(experimental_per_replica_buffer_size=0)
+    with strategy.scope():
+        dist = strategy.experimental_distribute_dataset(tributary.Dataset.range(4).batch(4),
+                                                        options=no_prefetch)
+        assert [v.tolist() for v in next(iter(dist)).values] == [[0, 1], [2, 3]]
+    with pytest.raises(TypeError, match="InputOptions"):
+        strategy.experimental_distribute_dataset(tributary.Dataset.range(4).batch(4), options=3)

@@ -68,3 +68,32 @@ def test_distributed_dataset_covers_the_data_once(strategy):
         everything = strategy.gather(tributary.PerReplica(
             [np.array(seen if i == 0 else [], np.int64) for i in range(LOCAL)]), axis=0)
         assert sorted(everything.tolist()) == list(range(16))
+
+
+def test_datasets_from_function_one_pipeline_per_worker_and_sparse_values(strategy):
+    contexts = []
+
+    def dataset_fn(ctx):
+        contexts.append((ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync))
+        batch = ctx.get_per_replica_batch_size(4 * WORLD)
+        return tributary.Dataset.range(8 * WORLD).shard(ctx.num_input_pipelines,
+                                                        ctx.input_pipeline_id).batch(batch)
+
+    with strategy.scope():
+        dist = strategy.distribute_datasets_from_function(dataset_fn)
+        first = next(iter(dist))
+    assert contexts == [(WORLD, RANK, LOCAL * WORLD)]
+    assert [v.tolist() for v in first.values] == [[RANK, RANK + WORLD], [RANK + 2 * WORLD,
+                                                                         RANK + 3 * WORLD]]
+
+    # Sparse values across workers: every replica's rows, in global replica order.
+    def step():
+        ctx = tributary.get_replica_context()
+        g = ctx.replica_id_in_sync_group
+        mine = tributary.IndexedSlices(np.full((1, 2), g, np.float32), np.array([g], np.int64),
+                                       (LOCAL * WORLD, 2))
+        return ctx.all_reduce("sum", mine)
+
+    with strategy.scope():
+        out = strategy.run(step)
+    assert out.values[0].indices.tolist() == list(range(LOCAL * WORLD))
