@@ -6,11 +6,13 @@
 // noise. The model averages the tokens' rows of an embedding table [vocab, dim] and applies a
 // dense layer: yhat = mean_j(E[id_j]) . w + b, with mean squared error over the GLOBAL batch
 // (compute_average_loss). Each replica's gradient of the table touches only its batch's rows: an
-// IndexedSlices, applied with scatter_sub to a SUM-aggregated mirrored variable, which gathers the
-// slices of every replica (of every worker) and applies them to every copy, as TF's optimizers do
-// with IndexedSlices gradients. `--dense-gradients` turns each gradient into the full [vocab, dim]
-// tensor (to_dense) and applies it with assign_sub instead (an all-reduce of the whole table): the
-// loss curve is the same, which is what tests/cli/sparse_trainer_agrees.sh checks.
+// IndexedSlices (what TF's tape gives for a gather). SGD scales it by the learning rate and applies
+// it with scatter_sub, in replica context, to a SUM-aggregated mirrored variable, which gathers
+// the slices of every replica (of every worker) and applies them to every copy (TF's rule for a
+// replica-context scatter on such a variable; TF's optimizers reach the same sum through a merge
+// call). `--dense-gradients` turns each step into the full [vocab, dim] tensor (to_dense) and
+// applies it with assign_sub instead (an all-reduce of the whole table): the loss curve is the
+// same, which is what tests/cli/sparse_trainer_agrees.sh checks.
 //
 //   train_sparse [-s|--strategy default|one_device|mirrored|multi_worker_mirrored|central_storage]
 //                [-r|--replicas N] [-b|--backend SPEC] [--dense-gradients] [--global-batch G]
@@ -140,7 +142,7 @@ StatusOr<Array> train_step(const Element& batch, Model& m, const Flags& f) {
   double gb = 0;
   // The table's gradient: one row per token occurrence (repeats add up when applied).
   std::vector<int64_t> rows;
-  std::vector<float> row_grads;
+  std::vector<float> row_grads;  // dloss/dE[row], unscaled
   for (int64_t i = 0; i < n; ++i) {
     std::vector<double> h(static_cast<size_t>(d), 0.0);
     for (int64_t j = 0; j < k; ++j) {
@@ -157,7 +159,7 @@ StatusOr<Array> train_step(const Element& batch, Model& m, const Flags& f) {
     for (int64_t j = 0; j < k; ++j) {
       rows.push_back(ids.data<int64_t>()[i * k + j]);
       for (int64_t c = 0; c < d; ++c) {
-        row_grads.push_back(static_cast<float>(f.lr * g * w[c] / static_cast<double>(k)));
+        row_grads.push_back(static_cast<float>(g * w[c] / static_cast<double>(k)));
       }
     }
   }
@@ -168,8 +170,12 @@ StatusOr<Array> train_step(const Element& batch, Model& m, const Flags& f) {
   TRIBUTARY_ASSIGN_OR_RETURN(Array values,
                              Array::from_vector(row_grads, {static_cast<int64_t>(rows.size()), d}));
   TRIBUTARY_ASSIGN_OR_RETURN(Array indices, Array::from_vector(rows));
-  TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices step,
+  TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices grad,
                              IndexedSlices::make(values, indices, {f.vocab, d}));
+  // SGD on the sparse gradient: lr times its values, at its indices (TF's _resource_apply_sparse).
+  TRIBUTARY_ASSIGN_OR_RETURN(Array scaled, scale(grad.values(), f.lr));
+  TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices step,
+                             IndexedSlices::make(scaled, grad.indices(), grad.dense_shape()));
   if (f.dense_gradients) {
     TRIBUTARY_ASSIGN_OR_RETURN(Array dense, to_dense(step));
     TRIBUTARY_RETURN_IF_ERROR(m.table.assign_sub(dense));

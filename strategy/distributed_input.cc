@@ -328,6 +328,10 @@ StatusOr<DistributedDataset> distribute_datasets_from_function(
       StatusOr<Dataset> d = dataset_fn(InputContext(R, i, R));
       if (!d.ok()) return d.status().with_context(fmt::format("dataset_fn for replica {}", i));
       TRIBUTARY_RETURN_IF_ERROR(d->status());
+      // TF's per-device buffer (OwnedMultiDeviceIterator's max_buffer_size).
+      if (options.per_replica_buffer_size > 0 && R > 1) {
+        *d = d->prefetch(options.per_replica_buffer_size);
+      }
       datasets.push_back(std::move(*d));
     }
     return DistributedDataset(&strategy, finish(std::move(datasets), true, strategy, options));
@@ -337,6 +341,11 @@ StatusOr<DistributedDataset> distribute_datasets_from_function(
   StatusOr<Dataset> d = dataset_fn(context);
   if (!d.ok()) return d.status().with_context("dataset_fn");
   TRIBUTARY_RETURN_IF_ERROR(d->status());
+  // Each local replica's buffer, as distribute_dataset's (TF's per-device buffer).
+  const int R = strategy.num_local_replicas();
+  if (options.per_replica_buffer_size > 0 && strategy.num_replicas_in_sync() > 1) {
+    *d = d->prefetch(static_cast<int64_t>(R) * options.per_replica_buffer_size);
+  }
   datasets.push_back(std::move(*d));
   return DistributedDataset(&strategy, finish(std::move(datasets), false, strategy, options));
 }

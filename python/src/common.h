@@ -125,6 +125,10 @@ struct PerReplicaValue {
   std::vector<py::object> values;
 };
 
+// A PerReplica whose values are nests (tuples, lists, dicts) as the nest of PerReplica leaves (TF's
+// regroup); any other value as it is.
+py::object regroup(py::handle value);
+
 // --- module parts -------------------------------------------------------------------------------
 void bind_errors(py::module_& m);
 void bind_ops(py::module_& m);

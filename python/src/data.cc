@@ -18,11 +18,35 @@ namespace {
 
 // Whether elements are one array rather than tuples: fixed by the source, or set by the last
 // output of a map() function (a tuple return makes tuples), so shared by the datasets and
-// iterators downstream. Unknown (-1) until such a function has run.
-using Single = std::shared_ptr<std::atomic<int>>;
-Single make_single(bool single) { return std::make_shared<std::atomic<int>>(single ? 1 : 0); }
-Single unknown_single() { return std::make_shared<std::atomic<int>>(-1); }
-bool is_single(const Single& s) { return s->load() == 1; }
+// iterators downstream. Unknown (-1) until such a function has run; a dataset made of others
+// (concatenate, one pipeline per replica) takes the first of theirs that is known.
+struct Structure {
+  std::atomic<int> own{-1};
+  std::vector<std::shared_ptr<const Structure>> same_as;
+
+  int get() const {
+    if (const int v = own.load(); v >= 0) return v;
+    for (const auto& other : same_as) {
+      if (const int v = other->get(); v >= 0) return v;
+    }
+    return -1;
+  }
+};
+using Single = std::shared_ptr<Structure>;
+Single make_single(bool single) {
+  auto s = std::make_shared<Structure>();
+  s->own = single ? 1 : 0;
+  return s;
+}
+Single unknown_single() { return std::make_shared<Structure>(); }
+Single either(std::vector<std::shared_ptr<const Structure>> alternatives) {
+  auto s = std::make_shared<Structure>();
+  s->same_as = std::move(alternatives);
+  return s;
+}
+// Unknown counts as one array: a single-component element is an array unless a function said
+// tuple.
+bool is_single(const Single& s) { return s->get() != 0; }
 
 // The pipeline behind a Python iterator. Live ones are listed so that an atexit hook stops them
 // (their prefetch threads may be about to run Python functions) before the interpreter finalizes.
@@ -211,18 +235,18 @@ PyDistributedDataset distribute_from_function(py::object strategy, py::function 
                                               py::handle options) {
   Strategy& s = strategy.cast<Strategy&>();
   const InputOptions o = options_from(options);
-  Single single = unknown_single();
+  std::vector<std::shared_ptr<const Structure>> structures;  // one per pipeline made
   std::optional<py::error_already_set> raised;
   auto fn = [&](const InputContext& ctx) -> StatusOr<Dataset> {
     py::gil_scoped_acquire gil;
     try {
       py::object made = dataset_fn(ctx);
       if (!py::isinstance<PyDataset>(made)) {
-        return invalid_argument("dataset_fn must return a tributary.Dataset, got a " +
+        return invalid_argument("it must return a tributary.Dataset, got a " +
                                 std::string(py::str(made.get_type().attr("__name__"))));
       }
       const auto& d = made.cast<const PyDataset&>();
-      single = d.single;
+      structures.push_back(d.single);
       return d.dataset;
     } catch (py::error_already_set& e) {
       std::string what = e.what();
@@ -235,7 +259,8 @@ PyDistributedDataset distribute_from_function(py::object strategy, py::function 
     return distribute_datasets_from_function(s, fn, o);
   }();
   if (raised) throw std::move(*raised);  // the function's own exception, as TF
-  return PyDistributedDataset{value_or_throw(std::move(r)), std::move(single), std::move(strategy)};
+  return PyDistributedDataset{value_or_throw(std::move(r)), either(std::move(structures)),
+                              std::move(strategy)};
 }
 
 // TF's experimental_distribute_values_from_function: value_fn(ValueContext) per local replica, a
@@ -247,7 +272,9 @@ py::object values_from_function(Strategy& s, py::function value_fn) {
     ValueContext ctx{s.worker_index() * s.num_local_replicas() + i, s.num_replicas_in_sync()};
     out.values.push_back(value_fn(ctx));
   }
-  return py::cast(std::move(out));
+  // TF regroups the results: a value_fn returning (a, b) gives (PerReplica(a...),
+  // PerReplica(b...)).
+  return regroup(py::cast(std::move(out)));
 }
 
 }  // namespace
@@ -264,7 +291,7 @@ StatusOr<PerReplica<Element>> next_distributed(PyDistributedIterator& it) {
 bool is_shape(py::handle h) {
   if (!py::isinstance<py::tuple>(h) && !py::isinstance<py::list>(h)) return false;
   for (py::handle d : h) {
-    if (!d.is_none() && !py::isinstance<py::int_>(d)) return false;
+    if (!d.is_none() && !py::hasattr(d, "__index__")) return false;  // ints, NumPy's too
   }
   return true;
 }
@@ -272,7 +299,11 @@ bool is_shape(py::handle h) {
 // A padded shape from Python: a sequence of ints, None (or -1) for "the longest in the batch".
 Shape shape_from(py::handle h) {
   Shape shape;
-  for (py::handle d : h) shape.push_back(d.is_none() ? -1 : d.cast<int64_t>());
+  for (py::handle d : h) {
+    shape.push_back(d.is_none()
+                        ? -1
+                        : py::reinterpret_steal<py::int_>(PyNumber_Index(d.ptr())).cast<int64_t>());
+  }
   return shape;
 }
 }  // namespace
@@ -353,7 +384,7 @@ void bind_data(py::module_& m) {
               try {
                 bool single = true;
                 Element result = components_from(r, single);
-                out->store(single ? 1 : 0);
+                out->own.store(single ? 1 : 0);
                 return result;
               } catch (py::error_already_set& x) {
                 return invalid_argument(
@@ -437,11 +468,13 @@ void bind_data(py::module_& m) {
       .def(
           "concatenate",
           [](const PyDataset& d, const PyDataset& other) {
-            const int a = d.single->load(), b = other.single->load();
+            const int a = d.single->get(), b = other.single->get();
             if (a >= 0 && b >= 0 && a != b) {
               throw_type("concatenate(): one dataset yields arrays and the other tuples");
             }
-            return d.then(d.dataset.concatenate(other.dataset));
+            PyDataset both{d.dataset.concatenate(other.dataset), either({d.single, other.single})};
+            check(both.dataset.status());
+            return both;
           },
           py::arg("dataset"))
       .def_static(
@@ -546,12 +579,14 @@ void bind_data(py::module_& m) {
   py::class_<InputOptions>(m, "InputOptions",
                            "TF's tf.distribute.InputOptions (its experimental_ names), plus the "
                            "auto-shard policy TF sets through tf.data.Options.")
-      .def(py::init([](bool fetch_to_device, InputReplicationMode mode, bool place_on_device,
+      .def(py::init([](py::handle fetch_to_device, InputReplicationMode mode, bool place_on_device,
                        int buffer, AutoShardPolicy policy) {
              if (buffer < 0) throw_invalid("experimental_per_replica_buffer_size must be >= 0");
-             return InputOptions{fetch_to_device, mode, place_on_device, buffer, policy};
+             // TF's None means the default, True.
+             const bool fetch = fetch_to_device.is_none() || fetch_to_device.cast<bool>();
+             return InputOptions{fetch, mode, place_on_device, buffer, policy};
            }),
-           py::kw_only(), py::arg("experimental_fetch_to_device") = true,
+           py::arg("experimental_fetch_to_device") = py::none(),
            py::arg("experimental_replication_mode") = InputReplicationMode::kPerWorker,
            py::arg("experimental_place_dataset_on_device") = false,
            py::arg("experimental_per_replica_buffer_size") = 1,

@@ -442,6 +442,8 @@ py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::
   return all_reduce_leaf(ctx, rop, value, "value");
 }
 
+}  // namespace
+
 // A PerReplica whose values are nests (run() of a function returning a tuple or dict) as the nest
 // of PerReplica leaves (TF's regroup); any other value as it is.
 py::object regroup(py::handle value) {
@@ -466,6 +468,8 @@ py::object regroup(py::handle value) {
   }
   return pack_nest(v.values[0], leaves);
 }
+
+namespace {
 
 py::object reduce_value(Strategy& s, py::handle op, py::handle value, py::handle axis) {
   const ReduceOp rop = reduce_op_from(op);

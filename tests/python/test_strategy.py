@@ -388,8 +388,33 @@ def test_datasets_and_values_from_function():
         with pytest.raises(tributary.errors.InvalidArgumentError, match="does not divide|divis"):
             tributary.InputContext(1, 0, 3).get_per_replica_batch_size(4)
         values = strategy.experimental_distribute_values_from_function(
-            lambda ctx: ("replica", ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync))
-    assert values.values == (("replica", 0, 2), ("replica", 1, 2))
+            lambda ctx: np.float32(ctx.replica_id_in_sync_group + 10 * ctx.num_replicas_in_sync))
+        # A tuple per replica comes back as TF regroups it: a tuple of PerReplica.
+        x, y = strategy.experimental_distribute_values_from_function(
+            lambda ctx: (np.float32(ctx.replica_id_in_sync_group), np.float32(7)))
+        out = strategy.run(lambda a, b: a + b, args=(x, y))
+    assert [float(v) for v in values.values] == [20.0, 21.0]
+    assert isinstance(x, tributary.PerReplica) and [float(v) for v in x.values] == [0.0, 1.0]
+    assert [float(v) for v in out.values] == [7.0, 8.0]
+    # A replica's pipeline that never runs its map does not change what the batches are.
+    contexts.clear()
+
+    def uneven(ctx):
+        return tributary.Dataset.range(4 if ctx.input_pipeline_id == 0 else 0).map(
+            lambda v: v * 2).batch(2)
+
+    with strategy.scope():
+        first = next(iter(strategy.distribute_datasets_from_function(uneven, per_replica)))
+    assert isinstance(first, tributary.PerReplica)
+    assert [v.tolist() for v in first.values] == [[0, 2], []]
+    never_mapped = tributary.Dataset.range(0).map(lambda v: (v, v))
+    assert [int(v) for v in never_mapped.concatenate(tributary.Dataset.range(3))] == [0, 1, 2]
+    # InputOptions: TF's None is the default (True); positional arguments as TF's.
+    assert tributary.InputOptions(experimental_fetch_to_device=None).experimental_fetch_to_device
+    assert not tributary.InputOptions(False).experimental_fetch_to_device
+    padded = next(iter(tributary.Dataset.range(2).batch(2).padded_batch(
+        1, padded_shapes=(np.int64(4),))))
+    assert padded.tolist() == [[0, 1, 0, 0]]
     # InputOptions reach experimental_distribute_dataset too.
     no_prefetch = tributary.InputOptions(experimental_per_replica_buffer_size=0)
     with strategy.scope():

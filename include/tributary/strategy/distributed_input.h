@@ -27,8 +27,8 @@
 // batches take their shapes from a real batch of the same step, else the element spec, else (a
 // map() without its output ElementSpec) the last batch this worker saw; a worker with none of these
 // (no data from the start and a map() without its output ElementSpec) fails the step on every
-// worker with kFailedPrecondition, saying so. distribute_datasets_from_function adds no prefetch
-// (per_replica_buffer_size applies to distribute_dataset only), as TF: prefetch in your dataset_fn.
+// worker with kFailedPrecondition, saying so. Both APIs buffer per_replica_buffer_size elements per
+// local replica (TF's per-device buffer; 0: none) when more than one replica is in sync.
 // get_next() from inside run() is TF's error. An iterator is used by one thread at a time.
 #pragma once
 
