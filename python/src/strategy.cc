@@ -306,7 +306,9 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
     }
     throw StatusError(status);
   }
-  return py::cast(PerReplicaValue{std::move(results)});
+  // TF's regroup: a function returning (loss, acc) gives (PerReplica(loss...), PerReplica(acc...)),
+  // replicas that return other structures are TF's ValueError.
+  return regroup(py::cast(PerReplicaValue{std::move(results)}));
 }
 
 py::object merge_call(const PyReplicaContext& pc, py::function fn, py::handle args) {
@@ -938,7 +940,8 @@ void bind_strategy_class(py::module_& m) {
       .def("run", &run, py::arg("fn"), py::arg("args") = py::tuple(),
            py::arg("kwargs") = py::none(),
            "Calls fn(*args, **kwargs) once per local replica, concurrently (PerReplica arguments "
-           "are unwrapped per replica); returns a PerReplica of the results.")
+           "are unwrapped per replica); returns a PerReplica of the results, regrouped as TF: a "
+           "function returning (loss, acc) gives (PerReplica, PerReplica).")
       .def("reduce", &reduce_value, py::arg("reduce_op"), py::arg("value"),
            py::arg("axis") = py::none(),
            "TF's Strategy.reduce: across replicas (and workers); with an axis, along it first. "

@@ -43,8 +43,9 @@ def test_all_reduce_concatenates_the_replicas_rows(mirrored):
         pair = ctx.all_reduce("sum", (mine, np.float32(ctx.local_replica_id + 1)))
         return total, mean, pair
 
-    out = mirrored.run(step)
-    for total, mean, (sparse, dense) in out.values:
+    totals, means, (sparses, denses) = mirrored.run(step)  # regrouped, as TF
+    for total, mean, sparse, dense in zip(totals.values, means.values, sparses.values,
+                                          denses.values):
         assert isinstance(total, tributary.IndexedSlices)
         assert total.indices.tolist() == [1, 3, 1]
         assert total.values.tolist() == [[1, 2], [5, 6], [7, 8]]

@@ -75,8 +75,13 @@ def test_replica_context_collectives_and_merge_call(mirrored):
         return total, several, gathered, merged
 
     with mirrored.scope():
-        out = mirrored.run(step)
-    for total, several, gathered, merged in out.values:
+        out = mirrored.run(step)  # a tuple of PerReplica (TF's regroup), one per result
+    assert isinstance(out, tuple) and len(out) == 4
+    totals, severals, gathereds, mergeds = out
+    assert isinstance(totals, tributary.PerReplica) and isinstance(severals, list)
+    per_replica = zip(totals.values, zip(*(p.values for p in severals)), gathereds.values,
+                      mergeds.values)
+    for total, several, gathered, merged in per_replica:
         np.testing.assert_array_equal(total, [3])
         assert int(several[0]) == 1
         np.testing.assert_array_equal(several[1], [1, 0])

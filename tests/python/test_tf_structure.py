@@ -98,7 +98,8 @@ def test_merge_call_and_reduce_op_keyword(mirrored):
         b = ctx.all_reduce(value=np.float32(2), op="sum")  # the older keyword
         return float(a), float(b)
 
-    assert list(mirrored.run(step).values) == [(2.0, 4.0), (2.0, 4.0)]
+    a, b = mirrored.run(step)  # TF's regroup: a tuple of PerReplica
+    assert list(a.values) == [2.0, 2.0] and list(b.values) == [4.0, 4.0]
 
 
 # --- 3. nests ---------------------------------------------------------------------------------
@@ -114,15 +115,16 @@ def test_run_unwraps_per_replica_inside_nests(mirrored):
     out = mirrored.run(lambda *, k: float(k["x"][0]), kwargs={"k": {"x": (pr,)}})
     assert list(out.values) == [1.0, 2.0]
     Pair = collections.namedtuple("Pair", "a b")
-    out = mirrored.run(lambda p: (type(p).__name__, float(p.a)), args=(Pair(pr, 0),))
-    assert list(out.values) == [("Pair", 1.0), ("Pair", 2.0)]
+    names, values = mirrored.run(lambda p: (type(p).__name__, float(p.a)), args=(Pair(pr, 0),))
+    assert list(names.values) == ["Pair", "Pair"] and list(values.values) == [1.0, 2.0]
 
 
 def test_reduce_and_gather_map_over_nests(mirrored):
     def fn():
         return (np.array([1.0, 2.0], np.float32), np.array([100.0, 200.0], np.float32))
 
-    out = mirrored.run(fn)  # a PerReplica of tuples
+    out = mirrored.run(fn)  # a tuple of PerReplica (TF's regroup)
+    assert isinstance(out, tuple) and isinstance(out[0], tributary.PerReplica)
     loss, acc = mirrored.reduce("sum", out, axis=0)
     assert float(loss) == 6 and float(acc) == 600
     loss, acc = mirrored.reduce("sum", out, axis=None)
@@ -141,6 +143,19 @@ def test_reduce_and_gather_map_over_nests(mirrored):
     np.testing.assert_array_equal(g[1][0], [1, 2, 1, 2])
 
 
+def part_values(part):
+    """Each replica's value of one part of a regrouped result: a PerReplica's values, or per
+    replica, the same nest rebuilt from the PerReplica leaves inside it."""
+    if isinstance(part, tributary.PerReplica):
+        return list(part.values)
+    if isinstance(part, dict):
+        keys = list(part)
+        columns = [part_values(part[k]) for k in keys]
+        return [dict(zip(keys, row)) for row in zip(*columns)]
+    columns = [part_values(x) for x in part]
+    return [type(part)(row) for row in zip(*columns)]
+
+
 def test_replica_all_reduce_and_all_gather_keep_the_structure(mirrored):
     def f():
         ctx = tributary.get_replica_context()
@@ -149,7 +164,9 @@ def test_replica_all_reduce_and_all_gather_keep_the_structure(mirrored):
         r3 = ctx.all_gather({"x": np.full((1,), ctx.replica_id_in_sync_group, np.int64)})
         return r1, r2, r3
 
-    for r1, r2, r3 in mirrored.run(f).values:
+    regrouped = mirrored.run(f)
+    assert isinstance(regrouped, tuple) and len(regrouped) == 3
+    for r1, r2, r3 in zip(*(part_values(part) for part in regrouped)):
         assert isinstance(r1, tuple) and [float(v) for v in r1] == [2, 4]
         assert isinstance(r2, dict) and float(r2["a"]) == 2
         assert isinstance(r2["b"], list) and [float(v) for v in r2["b"]] == [4, 6]
@@ -167,11 +184,11 @@ def test_dicts_line_up_by_key_and_structures_must_match(mirrored):
             d = {"b": d["b"], "a": d["a"]}
         return d, ctx.all_reduce("sum", d)
 
-    out = mirrored.run(f)
-    reduced = mirrored.reduce("sum", tributary.PerReplica([v[0] for v in out.values]), axis=None)
+    mine, summed = mirrored.run(f)  # a dict of PerReplica each
+    reduced = mirrored.reduce("sum", mine, axis=None)
     assert float(reduced["a"]) == 3 and float(reduced["b"]) == 300
-    for _, r in out.values:
-        assert float(r["a"]) == 3 and float(r["b"]) == 300
+    assert [float(v) for v in summed["a"].values] == [3, 3]
+    assert [float(v) for v in summed["b"].values] == [300, 300]
     # Replicas whose dicts have other keys are refused in replica context too.
     def other_keys():
         ctx = tributary.get_replica_context()
@@ -181,9 +198,11 @@ def test_dicts_line_up_by_key_and_structures_must_match(mirrored):
     with pytest.raises(ValueError, match="same nested structure"):
         mirrored.run(other_keys)
     # A tuple on one replica and a list on the other are different structures (TF's error).
-    mixed = mirrored.run(lambda: (np.float32(1), np.float32(2))
-                         if tributary.get_replica_context().replica_id_in_sync_group == 0
-                         else [np.float32(3), np.float32(4)])
+    with pytest.raises(ValueError, match="same nested structure"):
+        mirrored.run(lambda: (np.float32(1), np.float32(2))
+                     if tributary.get_replica_context().replica_id_in_sync_group == 0
+                     else [np.float32(3), np.float32(4)])
+    mixed = tributary.PerReplica([(np.float32(1), np.float32(2)), [np.float32(3), np.float32(4)]])
     with pytest.raises(ValueError, match="same nested structure"):
         mirrored.reduce("sum", mixed, axis=None)
 
