@@ -334,6 +334,59 @@ void bind_data(py::module_& m) {
           },
           py::arg("components"))
       .def_static(
+          "from_generator",
+          [](py::function generator) {
+            // generator() gives an iterable (TF's contract); each iterator (epoch) calls it anew
+            // and pulls its elements holding the GIL, wherever the pipeline runs.
+            auto held = std::make_shared<HeldFunction>(std::move(generator));
+            Single out = unknown_single();
+            auto make = [held, out]() -> StatusOr<Generator> {
+              if (interpreter_finalizing()) return stopped_iterator();
+              py::gil_scoped_acquire gil;
+              std::shared_ptr<HeldFunction> items;
+              try {
+                items = std::make_shared<HeldFunction>(py::iter(held->fn()));
+              } catch (py::error_already_set& x) {
+                return internal_error(std::string("the generator raised ") + x.what());
+              }
+              return Generator([items, out]() -> StatusOr<std::optional<Element>> {
+                if (interpreter_finalizing()) return stopped_iterator();
+                py::gil_scoped_acquire gil;
+                py::object value;
+                try {
+                  PyObject* next = PyIter_Next(items->fn.ptr());
+                  if (next == nullptr) {
+                    if (PyErr_Occurred()) throw py::error_already_set();
+                    return std::optional<Element>();
+                  }
+                  value = py::reinterpret_steal<py::object>(next);
+                } catch (py::error_already_set& x) {
+                  return internal_error(std::string("the generator raised ") + x.what());
+                }
+                try {
+                  bool single = true;
+                  Element e = components_from(value, single);
+                  out->own.store(single ? 1 : 0);
+                  return std::optional<Element>(std::move(e));
+                } catch (py::error_already_set& x) {
+                  return invalid_argument(
+                      std::string("the generator yielded what is not an array or a tuple of "
+                                  "arrays: ") +
+                      x.what());
+                } catch (const StatusError& x) {
+                  return x.status().with_context("the generator's element");
+                }
+              });
+            };
+            PyDataset d{Dataset::from_generator(std::move(make)), out};
+            check(d.dataset.status());
+            return d;
+          },
+          py::arg("generator"),
+          "TF's from_generator: generator() returns an iterable of elements (arrays, or tuples of "
+          "arrays); each iteration of the dataset calls it anew. Its exceptions end the iteration "
+          "with an InternalError naming them.")
+      .def_static(
           "range",
           [](int64_t a, std::optional<int64_t> b, int64_t step) {
             PyDataset d{b ? Dataset::range(a, *b, step) : Dataset::range(a), make_single(true)};

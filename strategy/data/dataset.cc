@@ -138,6 +138,10 @@ Dataset::Dataset(NodePtr node) : node_(std::move(node)) {}
 Dataset Dataset::from_tensor_slices(std::vector<Array> components) {
   return Dataset(data_internal::tensor_slices_node(std::move(components)));
 }
+Dataset Dataset::from_generator(std::function<StatusOr<Generator>()> make,
+                                ElementSpec output_spec) {
+  return Dataset(data_internal::generator_node(std::move(make), std::move(output_spec)));
+}
 Dataset Dataset::from_tensors(std::vector<Array> components) {
   return Dataset(data_internal::tensors_node(std::move(components)));
 }
@@ -226,6 +230,36 @@ int64_t Dataset::static_batch_size() const {
 }
 
 namespace data_internal {
+
+Status check_against_spec(const Element& out, const ElementSpec& spec, std::string_view what,
+                          std::string_view spec_name) {
+  auto shape_text = [](const Shape& s) {
+    std::string t = "(";
+    for (size_t i = 0; i < s.size(); ++i) {
+      t += (i ? ", " : "") + (s[i] < 0 ? std::string("None") : std::to_string(s[i]));
+    }
+    return t + (s.size() == 1 ? ",)" : ")");
+  };
+  bool match = out.size() == spec.size();
+  for (size_t c = 0; match && c < out.size(); ++c) {
+    const Shape& want = spec[c].shape;
+    const Shape& got = out[c].shape();
+    match = out[c].dtype() == spec[c].dtype && got.size() == want.size();
+    for (size_t d = 0; match && d < want.size(); ++d) match = want[d] < 0 || want[d] == got[d];
+  }
+  if (match) return ok_status();
+  std::string got = "(", want = "(";
+  for (size_t c = 0; c < out.size(); ++c) {
+    got += (c ? ", " : "") + std::string(dtype_name(out[c].dtype())) + " " +
+           shape_text(out[c].shape());
+  }
+  for (size_t c = 0; c < spec.size(); ++c) {
+    want +=
+        (c ? ", " : "") + std::string(dtype_name(spec[c].dtype)) + " " + shape_text(spec[c].shape);
+  }
+  return invalid_argument(std::string(what) + " " + got + ") where its " + std::string(spec_name) +
+                          " declares " + want + "); fix the function or the spec");
+}
 
 int64_t batch_size_from(const Node& sink) {
   for (const Node* n = &sink; n != nullptr;) {

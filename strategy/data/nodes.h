@@ -9,9 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tributary/status.h"
@@ -113,6 +115,7 @@ NodePtr range_node(int64_t start, int64_t stop, int64_t step);
 NodePtr tfrecord_node(std::vector<std::string> files);
 NodePtr fixed_length_node(std::vector<std::string> files, int64_t record_bytes,
                           int64_t header_bytes, int64_t footer_bytes);
+NodePtr generator_node(std::function<StatusOr<Generator>()> make, ElementSpec output_spec);
 NodePtr csv_node(std::vector<std::string> files, std::vector<DType> column_types, bool header);
 
 NodePtr batch_node(NodePtr input, int64_t batch_size, bool drop_remainder);
@@ -132,6 +135,11 @@ NodePtr padded_batch_node(NodePtr input, int64_t batch_size,
                           std::vector<double> padding_values, bool drop_remainder);
 NodePtr zip_node(std::vector<NodePtr> inputs);
 NodePtr concatenate_node(NodePtr first, NodePtr second);
+
+// An element checked against a declared spec (map's output_spec, from_generator's): `what`
+// starts the message ("the map function returned"), `spec_name` names the declaration.
+Status check_against_spec(const Element& out, const ElementSpec& spec, std::string_view what,
+                          std::string_view spec_name);
 
 // TF's ComputeBatchSize from `sink` through the graph (Dataset::static_batch_size's walk).
 int64_t batch_size_from(const Node& sink);

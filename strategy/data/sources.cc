@@ -1,4 +1,5 @@
-// In-memory sources: from_tensor_slices, from_tensors, range. None of them can be sharded by file,
+// In-memory sources: from_tensor_slices, from_tensors, range, from_generator. None of them can be
+// sharded by file,
 // which FILE auto-sharding reports as "Found an unshardable source dataset" (they have no inputs
 // and are not FileReaderNodes).
 #include <utility>
@@ -140,7 +141,57 @@ class RangeNode final : public Node {
   int64_t start_, stop_, step_;
 };
 
+class GeneratorNode final : public Node {
+ public:
+  GeneratorNode(std::function<StatusOr<Generator>()> make, ElementSpec spec)
+      : make_(std::move(make)), spec_(std::move(spec)) {}
+  std::string name() const override { return "GeneratorDataset"; }
+  NodePtr with_inputs(std::vector<NodePtr>) const override {
+    return std::make_shared<GeneratorNode>(make_, spec_);
+  }
+  ElementSpec element_spec() const override { return spec_; }
+  int64_t cardinality() const override { return kUnknownCardinality; }
+
+  StatusOr<std::unique_ptr<DatasetIterator>> make_iterator() const override {
+    class It final : public IteratorBase {
+     public:
+      It(std::function<StatusOr<Generator>()> make, ElementSpec spec)
+          : make_(std::move(make)), spec_(std::move(spec)) {}
+      StatusOr<std::optional<Element>> next() override {
+        // The generator is made on the first get_next (where a prefetch thread would call it), so
+        // that making an iterator runs no user code.
+        if (!generator_) {
+          TRIBUTARY_ASSIGN_OR_RETURN(Generator g, make_());
+          if (!g) return invalid_argument("from_generator: the generator is empty");
+          generator_ = std::move(g);
+        }
+        TRIBUTARY_ASSIGN_OR_RETURN(std::optional<Element> e, generator_());
+        if (e && !spec_.empty()) {
+          TRIBUTARY_RETURN_IF_ERROR(
+              check_against_spec(*e, spec_, "the generator yielded", "output_spec"));
+        }
+        return e;
+      }
+
+     private:
+      std::function<StatusOr<Generator>()> make_;
+      ElementSpec spec_;
+      Generator generator_;
+    };
+    return std::unique_ptr<DatasetIterator>(std::make_unique<It>(make_, spec_));
+  }
+
+ private:
+  std::function<StatusOr<Generator>()> make_;
+  ElementSpec spec_;
+};
+
 }  // namespace
+
+NodePtr generator_node(std::function<StatusOr<Generator>()> make, ElementSpec output_spec) {
+  if (!make) return invalid("from_generator: the generator factory is empty.");
+  return std::make_shared<GeneratorNode>(std::move(make), std::move(output_spec));
+}
 
 NodePtr tensor_slices_node(std::vector<Array> components) {
   if (components.empty()) {

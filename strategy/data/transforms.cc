@@ -322,45 +322,16 @@ class MapNode final : public Node {
           return internal_error("the map function threw a non-standard exception");
         }
         if (!out.ok()) return out.status();
-        if (spec_) TRIBUTARY_RETURN_IF_ERROR(check_against_spec(*out, *spec_));
+        // TF traces fn, so its output always has the declared structure; here the declaration is
+        // checked on every element, since the spec drives batching and zero-size batches.
+        if (spec_) {
+          TRIBUTARY_RETURN_IF_ERROR(
+              check_against_spec(*out, *spec_, "the map function returned", "output_spec"));
+        }
         return std::optional<Element>(std::move(*out));
       }
 
      private:
-      // TF traces fn, so its output always has the declared structure; here the declaration is
-      // checked on every element, since the spec drives batching and zero-size batches downstream.
-      static Status check_against_spec(const Element& out, const ElementSpec& spec) {
-        auto shape_text = [](const Shape& s) {
-          std::string t = "(";
-          for (size_t i = 0; i < s.size(); ++i) {
-            t += (i ? ", " : "") + (s[i] < 0 ? std::string("None") : std::to_string(s[i]));
-          }
-          return t + (s.size() == 1 ? ",)" : ")");
-        };
-        bool match = out.size() == spec.size();
-        for (size_t c = 0; match && c < out.size(); ++c) {
-          const Shape& want = spec[c].shape;
-          const Shape& got = out[c].shape();
-          match = out[c].dtype() == spec[c].dtype && got.size() == want.size();
-          for (size_t d = 0; match && d < want.size(); ++d)
-            match = want[d] < 0 || want[d] == got[d];
-        }
-        if (match) return ok_status();
-        std::string got = "(", want = "(";
-        for (size_t c = 0; c < out.size(); ++c) {
-          got += (c ? ", " : "") + std::string(dtype_name(out[c].dtype())) + " " +
-                 shape_text(out[c].shape());
-        }
-        for (size_t c = 0; c < spec.size(); ++c) {
-          want += (c ? ", " : "") + std::string(dtype_name(spec[c].dtype)) + " " +
-                  shape_text(spec[c].shape);
-        }
-        return invalid_argument("the map function returned " + got +
-                                ") where its output_spec "
-                                "declares " +
-                                want + "); fix the function or the spec");
-      }
-
       std::unique_ptr<DatasetIterator> in_;
       MapFn fn_;
       std::optional<ElementSpec> spec_;

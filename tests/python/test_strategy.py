@@ -428,3 +428,28 @@ def test_datasets_and_values_from_function():
         assert [v.tolist() for v in next(iter(dist)).values] == [[0, 1], [2, 3]]
     with pytest.raises(TypeError, match="InputOptions"):
         strategy.experimental_distribute_dataset(tributary.Dataset.range(4).batch(4), options=3)
+
+
+def test_dataset_from_generator():
+    def rows():
+        for i in range(5):
+            yield np.full(2, i, np.float32), np.int64(i)
+
+    ds = tributary.Dataset.from_generator(rows)
+    assert [int(y) for _, y in ds] == [0, 1, 2, 3, 4]
+    assert [int(y) for _, y in ds] == [0, 1, 2, 3, 4]  # each iteration calls the generator anew
+    batches = list(tributary.Dataset.from_generator(lambda: range(7)).batch(3).prefetch(2))
+    assert [b.tolist() for b in batches] == [[0, 1, 2], [3, 4, 5], [6]]
+    strategy = tributary.MirroredStrategy(devices=2)
+    dist = strategy.experimental_distribute_dataset(
+        tributary.Dataset.from_generator(lambda: range(8)).batch(4))
+    assert [[v.tolist() for v in b.values] for b in dist] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+
+    def broken():
+        yield np.float32(1)
+        raise OSError("the file went away")
+
+    with pytest.raises(tributary.errors.InternalError, match="the file went away"):
+        list(tributary.Dataset.from_generator(broken))
+    with pytest.raises(tributary.errors.InvalidArgumentError, match="generator's element.*dtype object"):
+        list(tributary.Dataset.from_generator(lambda: iter([object()])))

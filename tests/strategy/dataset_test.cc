@@ -173,6 +173,43 @@ TEST(DatasetSources, FromTensorSlicesAndTensors) {
   EXPECT_EQ(must_collect(Dataset::from_tensors({*ints})), (Rows{{1, 2, 3}}));
 }
 
+// A counter from 0 to n - 1, one element per call; a fresh one per iterator.
+std::function<StatusOr<Generator>()> counting(int64_t n, int64_t fail_at = -1) {
+  return [n, fail_at]() -> StatusOr<Generator> {
+    auto next = std::make_shared<int64_t>(0);
+    return Generator([n, fail_at, next]() -> StatusOr<std::optional<Element>> {
+      if (*next == fail_at) return invalid_argument("the source broke at " + std::to_string(*next));
+      if (*next >= n) return std::optional<Element>();
+      return std::optional<Element>(Element{Array::scalar<int64_t>((*next)++)});
+    });
+  };
+}
+
+TEST(DatasetSources, FromGenerator) {
+  Dataset ds = Dataset::from_generator(counting(4), kInt64Scalar);
+  EXPECT_EQ(must_collect(ds), (Rows{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(must_collect(ds), (Rows{{0}, {1}, {2}, {3}}));  // every iterator starts over
+  EXPECT_EQ(ds.cardinality(), kUnknownCardinality);
+  EXPECT_EQ(ds.element_spec(), kInt64Scalar);
+  EXPECT_EQ(must_collect(ds.batch(3).prefetch(2)), (Rows{{0, 1, 2}, {3}}));
+  EXPECT_EQ(Dataset::from_generator(counting(2)).element_spec(), ElementSpec{});  // unknown
+  // Its errors and exceptions stay in the stream; the declared spec is checked.
+  auto it = iter(Dataset::from_generator(counting(5, 2), kInt64Scalar));
+  next_element(it.get());
+  next_element(it.get());
+  EXPECT_EQ(it->get_next().status(), invalid_argument("the source broke at 2"));
+  EXPECT_EQ(it->get_next().status(), invalid_argument("the source broke at 2"));
+  const ElementSpec floats = {TensorSpec{DType::kFloat32, {}}};
+  Status wrong = first_error(Dataset::from_generator(counting(2), floats));
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("the generator yielded (int64 ()) where its output_spec declares "
+                                 "(float32 ())"),
+            std::string::npos);
+  auto throwing = []() -> StatusOr<Generator> { throw std::runtime_error("no data today"); };
+  EXPECT_EQ(first_error(Dataset::from_generator(throwing)).code(), StatusCode::kInternal);
+  EXPECT_EQ(Dataset::from_generator(nullptr).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(DatasetSources, DefaultConstructedAndErrorPropagation) {
   EXPECT_EQ(Dataset().status().code(), StatusCode::kFailedPrecondition);
   Dataset bad = Dataset::range(10).batch(0).repeat(2).shuffle(4, 1).prefetch(1);
@@ -977,6 +1014,13 @@ TEST_F(DatasetFiles, AutoShardThroughZipAndConcatenate) {
   Dataset zipped =
       Dataset::zip({Dataset::range(4), Dataset::tfrecord(a).map(parse_record, kInt64Scalar)});
   EXPECT_EQ(flat(sharded(zipped, 1, AutoShardPolicy::kAuto)), (std::vector<int64_t>{1, 3}));
+}
+
+TEST(DatasetAutoShard, GeneratorsAreShardedByData) {
+  Dataset ds = Dataset::from_generator(counting(6), kInt64Scalar);
+  EXPECT_EQ(sharded(ds, 1, AutoShardPolicy::kAuto), (Rows{{1}, {3}, {5}}));
+  StatusOr<Dataset> by_file = auto_shard(ds, 2, 0, AutoShardPolicy::kFile);
+  EXPECT_EQ(by_file.status().code(), StatusCode::kNotFound);
 }
 
 TEST(DatasetAutoShard, DataRewritesRebatchToLegacy) {

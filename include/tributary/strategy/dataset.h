@@ -82,6 +82,8 @@ class DatasetIterator {
 
 using MapFn = std::function<StatusOr<Element>(Element)>;
 using FilterFn = std::function<StatusOr<bool>(const Element&)>;
+// One element per call, nullopt at the end (from_generator).
+using Generator = std::function<StatusOr<std::optional<Element>>()>;
 
 class Dataset {
  public:
@@ -96,6 +98,13 @@ class Dataset {
   // int64 scalars start, start+step, ... up to (excluding) stop; step must not be 0.
   static Dataset range(int64_t stop);
   static Dataset range(int64_t start, int64_t stop, int64_t step = 1);
+  // Elements from a generator (TF's from_generator): each iterator calls `make` for a fresh
+  // generator (so every epoch starts over), then calls that for each element until it returns
+  // nullopt. Its errors and exceptions surface in get_next, as map's. `output_spec` declares the
+  // elements (each one is checked against it; empty: unknown, nothing checked). The cardinality is
+  // unknown, and the source cannot be sharded by file (AUTO shards it by data).
+  static Dataset from_generator(std::function<StatusOr<Generator>()> make,
+                                ElementSpec output_spec = {});
   // One uint8 [n] element per TFRecord record; both CRCs of each record are checked (DataLoss on a
   // mismatch or a truncated record, naming the file and byte offset).
   static Dataset tfrecord(std::vector<std::string> files);
