@@ -680,9 +680,54 @@ StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const PerReplica<IndexedSl
   }());
 }
 
+// A value that is not distributed, on a strategy of several workers: TF's MultiWorkerMirrored
+// (_reduce_to) hands it to its collective as one component per worker, so SUM adds the workers'
+// values and MEAN divides by the number of workers. Here local replica 0 brings the value and the
+// other local replicas nothing (zeros; with an axis, an empty slice along it, so that a MEAN with
+// an axis divides by the global count along it).
+StatusOr<IndexedSlices> Strategy::reduce_across_workers(ReduceOp op, const IndexedSlices& value) {
+  TRIBUTARY_RETURN_IF_ERROR(check_non_distributed_reduce(op, value.to_string(), 1));
+  Shape no_rows = value.values().shape();
+  no_rows[0] = 0;
+  TRIBUTARY_ASSIGN_OR_RETURN(Array no_values, Array::zeros(value.dtype(), no_rows));
+  TRIBUTARY_ASSIGN_OR_RETURN(Array no_indices, Array::zeros(value.indices().dtype(), {0}));
+  TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices nothing,
+                             IndexedSlices::make(no_values, no_indices, value.dense_shape()));
+  std::vector<IndexedSlices> parts(static_cast<size_t>(num_local_replicas()), nothing);
+  parts[0] = value;
+  TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices all,
+                             reduce(ReduceOp::kSum, PerReplica<IndexedSlices>(std::move(parts))));
+  if (op == ReduceOp::kSum) return all;
+  TRIBUTARY_ASSIGN_OR_RETURN(
+      Array mean, scale(cast(all.values(), true_division_dtype(all.dtype())), 1.0 / num_workers()));
+  return IndexedSlices::make(std::move(mean), all.indices(), all.dense_shape());
+}
+
+StatusOr<Array> Strategy::reduce_across_workers(ReduceOp op, const Array& value,
+                                                std::optional<int> axis) {
+  if (axis) {
+    TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, value.rank()));
+    Shape empty = value.shape();
+    empty[a] = 0;
+    TRIBUTARY_ASSIGN_OR_RETURN(Array nothing, Array::zeros(value.dtype(), empty));
+    std::vector<Array> parts(static_cast<size_t>(num_local_replicas()), nothing);
+    parts[0] = value;
+    return reduce(op, PerReplica<Array>(std::move(parts)), a);
+  }
+  TRIBUTARY_RETURN_IF_ERROR(check_non_distributed_reduce(op, value.to_string(), 1));
+  TRIBUTARY_ASSIGN_OR_RETURN(Array zeros, Array::zeros(value.dtype(), value.shape()));
+  std::vector<Array> parts(static_cast<size_t>(num_local_replicas()), zeros);
+  parts[0] = value;
+  TRIBUTARY_ASSIGN_OR_RETURN(Array sum,
+                             reduce(ReduceOp::kSum, PerReplica<Array>(std::move(parts))));
+  if (op == ReduceOp::kSum) return sum;
+  return scale(cast(sum, true_division_dtype(sum.dtype())), 1.0 / num_workers());
+}
+
 StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const IndexedSlices& value) {
   return told(*this, [&]() -> StatusOr<IndexedSlices> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+    if (num_workers() > 1) return reduce_across_workers(op, value);
     TRIBUTARY_RETURN_IF_ERROR(
         check_non_distributed_reduce(op, value.to_string(), num_replicas_in_sync()));
     return value;
@@ -692,6 +737,7 @@ StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const IndexedSlices& value
 StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<int> axis) {
   return told(*this, [&]() -> StatusOr<Array> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
+    if (num_workers() > 1) return reduce_across_workers(op, value, axis);
     TRIBUTARY_RETURN_IF_ERROR(
         check_non_distributed_reduce(op, value.to_string(), num_replicas_in_sync()));
     if (!axis) return value;
@@ -708,6 +754,22 @@ StatusOr<Array> Strategy::gather(const PerReplica<Array>& value, int axis) {
   return told(*this, [&]() -> StatusOr<Array> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("gather"));
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_gather_local(value.values(), axis));
+    return r[0].to_device(Device::cpu());
+  }());
+}
+
+StatusOr<Array> Strategy::gather(const Array& value, int axis) {
+  return told(*this, [&]() -> StatusOr<Array> {
+    TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("gather"));
+    TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(axis, value.rank()));
+    if (num_workers() == 1) return value;
+    // This worker's part, local replica 0 bringing it and the others an empty slice.
+    Shape empty = value.shape();
+    empty[a] = 0;
+    TRIBUTARY_ASSIGN_OR_RETURN(Array nothing, Array::zeros(value.dtype(), empty));
+    std::vector<Array> parts(static_cast<size_t>(num_local_replicas()), nothing);
+    parts[0] = value;
+    TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, all_gather_local(parts, a));
     return r[0].to_device(Device::cpu());
   }());
 }

@@ -125,9 +125,10 @@ struct PerReplicaValue {
   std::vector<py::object> values;
 };
 
-// A PerReplica whose values are nests (tuples, lists, dicts) as the nest of PerReplica leaves (TF's
-// regroup); any other value as it is.
-py::object regroup(py::handle value);
+// TF's regroup of a PerReplica: values that are nests (tuples, lists, dicts) become the nest of
+// PerReplica leaves; unless `always_wrap`, a leaf that is the same object on every replica (so any
+// leaf of one replica) is that object, unwrapped. Any other value as it is.
+py::object regroup(py::handle value, bool always_wrap);
 
 // --- module parts -------------------------------------------------------------------------------
 void bind_errors(py::module_& m);

@@ -150,6 +150,11 @@ struct PyDistributedIterator {
   ~PyDistributedIterator() {
     if (core) core->stop();
   }
+  // Elements are PerReplica in multi-worker mode or with several local replicas (TF).
+  bool wrap() const {
+    const Strategy& s = strategy.cast<const Strategy&>();
+    return s.num_workers() > 1 || s.num_local_replicas() > 1;
+  }
 };
 
 // A Python function captured by a pipeline function: released with the GIL, by whichever thread
@@ -194,8 +199,16 @@ std::vector<Array> components_from(py::handle components, bool& single) {
 
 // A distributed element: a PerReplica of arrays for single-component elements, else TF's
 // structure: the tuple of components, each a PerReplica.
-py::object distributed_element(const PerReplica<Element>& per_replica, bool single) {
+// One local replica on one worker (TF's _create_per_replica, which wraps only in multi-worker
+// mode or with several local replicas): the element itself.
+py::object distributed_element(const PerReplica<Element>& per_replica, bool single, bool wrap) {
   const size_t ncomp = per_replica.size() ? per_replica[0].size() : 0;
+  if (!wrap && per_replica.size() == 1) {
+    if (single && ncomp == 1) return to_numpy(per_replica[0][0]);
+    py::tuple t(ncomp);
+    for (size_t j = 0; j < ncomp; ++j) t[j] = to_numpy(per_replica[0].at(j));
+    return t;
+  }
   if (single && ncomp == 1) {
     PerReplicaValue v;
     for (const Element& el : per_replica) v.values.push_back(to_numpy(el[0]));
@@ -267,14 +280,17 @@ PyDistributedDataset distribute_from_function(py::object strategy, py::function 
 // PerReplica of whatever it returns.
 py::object values_from_function(Strategy& s, py::function value_fn) {
   check(s.require_cross_replica("experimental_distribute_values_from_function"));
+  if (s.kind() == StrategyKind::kDefault || s.kind() == StrategyKind::kOneDevice) {
+    return value_fn(ValueContext{});  // TF's one-device strategies: the value itself
+  }
   PerReplicaValue out;
   for (int i = 0; i < s.num_local_replicas(); ++i) {
     ValueContext ctx{s.worker_index() * s.num_local_replicas() + i, s.num_replicas_in_sync()};
     out.values.push_back(value_fn(ctx));
   }
-  // TF regroups the results: a value_fn returning (a, b) gives (PerReplica(a...),
+  // TF regroups the results, always wrapped: a value_fn returning (a, b) gives (PerReplica(a...),
   // PerReplica(b...)).
-  return regroup(py::cast(std::move(out)));
+  return regroup(py::cast(std::move(out)), true);
 }
 
 }  // namespace
@@ -605,14 +621,16 @@ void bind_data(py::module_& m) {
           "get_next",
           [](PyDistributedIterator& it) {
             StatusOr<PerReplica<Element>> e = next_distributed(it);
-            return distributed_element(value_or_throw(std::move(e)), is_single(it.single));
+            return distributed_element(value_or_throw(std::move(e)), is_single(it.single),
+                                       it.wrap());
           },
           "The next batch: a PerReplica, or a tuple of PerReplica (one per component) for "
-          "tuple elements; OutOfRangeError at the end of data (TF's get_next).")
+          "tuple elements; with one replica on one worker, the batch itself (as TF); "
+          "OutOfRangeError at the end of data (TF's get_next).")
       .def("__next__", [](PyDistributedIterator& it) {
         StatusOr<PerReplica<Element>> e = next_distributed(it);
         if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) throw py::stop_iteration();
-        return distributed_element(value_or_throw(std::move(e)), is_single(it.single));
+        return distributed_element(value_or_throw(std::move(e)), is_single(it.single), it.wrap());
       });
 
   // Live iterators are stopped when the interpreter starts to exit, before it finalizes: their

@@ -307,8 +307,9 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
     throw StatusError(status);
   }
   // TF's regroup: a function returning (loss, acc) gives (PerReplica(loss...), PerReplica(acc...)),
-  // replicas that return other structures are TF's ValueError.
-  return regroup(py::cast(PerReplicaValue{std::move(results)}));
+  // replicas that return other structures are TF's ValueError; what is the same object on every
+  // replica (so whatever one replica returns) comes back unwrapped.
+  return regroup(py::cast(PerReplicaValue{std::move(results)}), false);
 }
 
 py::object merge_call(const PyReplicaContext& pc, py::function fn, py::handle args) {
@@ -319,15 +320,14 @@ py::object merge_call(const PyReplicaContext& pc, py::function fn, py::handle ar
       [&fn](Strategy& s, const PerReplica<HeldPtr>& per_replica) -> StatusOr<HeldPtr> {
     py::gil_scoped_acquire gil;
     try {
-      // merge_fn(strategy, *args), each argument a PerReplica of the replicas' values.
-      const size_t nargs = py::len(per_replica[0]->obj);
+      // merge_fn(strategy, *args), the replicas' args regrouped as TF: each argument (each leaf of
+      // a nested one) a PerReplica of the replicas' values, or the object itself where it is the
+      // same on every replica (so with one replica).
+      PerReplicaValue all;
+      for (const HeldPtr& h : per_replica) all.values.push_back(h->obj);
       py::list call_args;
       call_args.append(strategy_object(s));
-      for (size_t j = 0; j < nargs; ++j) {
-        PerReplicaValue v;
-        for (const HeldPtr& h : per_replica) v.values.push_back(h->obj.cast<py::tuple>()[j].cast<py::object>());
-        call_args.append(py::cast(std::move(v)));
-      }
+      for (py::handle a : regroup(py::cast(std::move(all)), false)) call_args.append(a);
       auto out = std::make_shared<Held>();
       out->obj = fn(*py::tuple(call_args));
       return out;
@@ -448,10 +448,15 @@ py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::
 
 // A PerReplica whose values are nests (run() of a function returning a tuple or dict) as the nest
 // of PerReplica leaves (TF's regroup); any other value as it is.
-py::object regroup(py::handle value) {
+py::object regroup(py::handle value, bool always_wrap) {
   if (!py::isinstance<PerReplicaValue>(value)) return py::reinterpret_borrow<py::object>(value);
   const auto& v = value.cast<const PerReplicaValue&>();
-  if (v.values.empty() || !is_nest(v.values[0])) return py::reinterpret_borrow<py::object>(value);
+  if (v.values.empty()) return py::reinterpret_borrow<py::object>(value);
+  if (!is_nest(v.values[0])) {
+    const bool same = std::all_of(v.values.begin(), v.values.end(),
+                                  [&](const py::object& x) { return x.is(v.values[0]); });
+    return same && !always_wrap ? v.values[0] : py::reinterpret_borrow<py::object>(value);
+  }
   std::vector<std::vector<py::object>> per(v.values.size());
   const std::string first = structure_of(v.values[0]);
   for (size_t r = 0; r < v.values.size(); ++r) {
@@ -466,17 +471,22 @@ py::object regroup(py::handle value) {
   for (size_t k = 0; k < per[0].size(); ++k) {
     PerReplicaValue leaf;
     for (size_t r = 0; r < per.size(); ++r) leaf.values.push_back(per[r][k]);
-    leaves.push_back(py::cast(std::move(leaf)));
+    leaves.push_back(regroup(py::cast(std::move(leaf)), always_wrap));
   }
   return pack_nest(v.values[0], leaves);
 }
 
 namespace {
 
+// A PerReplica of nests passed to reduce or gather, as the nest of its PerReplica leaves.
+py::object split_per_replica_nests(py::handle value) {
+  return map_nest(value, [](py::handle v) { return regroup(v, true); });
+}
+
 py::object reduce_value(Strategy& s, py::handle op, py::handle value, py::handle axis) {
   const ReduceOp rop = reduce_op_from(op);
   const std::optional<int> ax = axis_from(axis);
-  return map_nest(map_nest(value, regroup), [&](py::handle leaf) -> py::object {
+  return map_nest(split_per_replica_nests(value), [&](py::handle leaf) -> py::object {
     StatusOr<Array> r = invalid_argument("unset");
     if (is_sparse(leaf)) {  // not distributed: TF's reduce_non_distributed_value
       if (ax) throw_invalid("reduce(): IndexedSlices are reduced without an axis");
@@ -523,10 +533,15 @@ py::object reduce_value(Strategy& s, py::handle op, py::handle value, py::handle
 }
 
 py::object gather_value(Strategy& s, py::handle value, int axis) {
-  return map_nest(map_nest(value, regroup), [&](py::handle leaf) -> py::object {
-    if (!py::isinstance<PerReplicaValue>(leaf)) {
-      throw_type("gather(): expected a PerReplica (or a nest of them); got a " +
-                 std::string(py::str(leaf.get_type().attr("__name__"))));
+  return map_nest(split_per_replica_nests(value), [&](py::handle leaf) -> py::object {
+    if (is_sparse(leaf)) throw StatusError(sparse_gather_refused());
+    if (!py::isinstance<PerReplicaValue>(leaf)) {  // not distributed: this worker's part
+      Array a = array_from(leaf, "value");
+      StatusOr<Array> r = [&] {
+        py::gil_scoped_release release;
+        return s.gather(a, axis);
+      }();
+      return to_numpy(value_or_throw(std::move(r)));
     }
     for (const py::object& part : leaf.cast<const PerReplicaValue&>().values) {
       if (is_sparse(part)) throw StatusError(sparse_gather_refused());
@@ -941,7 +956,8 @@ void bind_strategy_class(py::module_& m) {
            py::arg("kwargs") = py::none(),
            "Calls fn(*args, **kwargs) once per local replica, concurrently (PerReplica arguments "
            "are unwrapped per replica); returns a PerReplica of the results, regrouped as TF: a "
-           "function returning (loss, acc) gives (PerReplica, PerReplica).")
+           "function returning (loss, acc) gives (PerReplica, PerReplica), and what is the same "
+           "object on every replica (whatever a single replica returns) comes back unwrapped.")
       .def("reduce", &reduce_value, py::arg("reduce_op"), py::arg("value"),
            py::arg("axis") = py::none(),
            "TF's Strategy.reduce: across replicas (and workers); with an axis, along it first. "
@@ -952,13 +968,27 @@ void bind_strategy_class(py::module_& m) {
            "`axis` across every replica.")
       .def(
           "experimental_local_results",
-          [](const Strategy&, py::handle value) {
+          [](const Strategy& s, py::handle value) -> py::tuple {
             if (py::isinstance<PerReplicaValue>(value)) {
               return py::tuple(py::cast(value.cast<const PerReplicaValue&>().values));
             }
-            return py::make_tuple(value);
+            if (!is_nest(value)) return py::make_tuple(value);
+            // A nest: one nest per local replica, each PerReplica leaf replaced by that replica's
+            // value (TF's StrategyExtended._local_results).
+            py::list out;
+            for (int i = 0; i < s.num_local_replicas(); ++i) {
+              out.append(map_nest(value, [i](py::handle leaf) -> py::object {
+                if (!py::isinstance<PerReplicaValue>(leaf)) {
+                  return py::reinterpret_borrow<py::object>(leaf);
+                }
+                return leaf.cast<const PerReplicaValue&>().values.at(static_cast<size_t>(i));
+              }));
+            }
+            return py::tuple(out);
           },
-          py::arg("value"))
+          py::arg("value"),
+          "TF's experimental_local_results: the local replicas' values of a PerReplica, of each "
+          "PerReplica in a nest (one nest per local replica), or (value,) for any other value.")
       .def(
           "create_variable",
           [](py::object self, py::handle initial_value, std::string name,

@@ -79,14 +79,14 @@ def test_replica_context_collectives_and_merge_call(mirrored):
     assert isinstance(out, tuple) and len(out) == 4
     totals, severals, gathereds, mergeds = out
     assert isinstance(totals, tributary.PerReplica) and isinstance(severals, list)
-    per_replica = zip(totals.values, zip(*(p.values for p in severals)), gathereds.values,
-                      mergeds.values)
-    for total, several, gathered, merged in per_replica:
+    # merge_call hands every replica the same object: TF's regroup gives it back unwrapped.
+    assert mergeds == 201
+    per_replica = zip(totals.values, zip(*(p.values for p in severals)), gathereds.values)
+    for total, several, gathered in per_replica:
         np.testing.assert_array_equal(total, [3])
         assert int(several[0]) == 1
         np.testing.assert_array_equal(several[1], [1, 0])
         np.testing.assert_array_equal(gathered, [0, 1, 1])
-        assert merged == 201
 
 
 def test_an_exception_in_a_replica_is_raised_by_run(mirrored):
@@ -357,6 +357,54 @@ def test_exiting_with_live_mapped_iterators_is_clean(numpy_first):
                               timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == "(1, 0)"
+
+
+def test_one_replica_values_come_back_unwrapped_as_tf():
+    # TF's regroup: what every replica returns as the same object, so whatever the one replica of a
+    # one-device strategy returns, comes back as it is; its iterators yield the batches themselves.
+    ds = tributary.Dataset.from_tensor_slices(np.arange(4, dtype=np.float32)).batch(2)
+    for s in (tributary.OneDeviceStrategy("CPU:0"), tributary.MirroredStrategy(["CPU:0"]),
+              tributary.make_strategy("default")):
+        with s.scope():
+            out = s.run(lambda x: x * 2, args=(np.float32(3),))
+            assert not isinstance(out, tributary.PerReplica) and float(out) == 6
+            loss, parts = s.run(lambda: (np.float32(1), [np.float32(2)]))
+            assert float(loss) == 1 and float(parts[0]) == 2
+            assert s.experimental_local_results(out) == (out,)
+            assert float(s.reduce("sum", out, axis=None)) == 6
+            assert s.gather(np.array([1, 2]), axis=0).tolist() == [1, 2]
+            batches = [b.tolist() for b in s.experimental_distribute_dataset(ds)]
+            assert batches == [[0, 1], [2, 3]]
+            v = s.experimental_distribute_values_from_function(
+                lambda ctx: np.float32(ctx.replica_id_in_sync_group))
+            # TF wraps values from a function always, except on its one-device strategies.
+            one_device = s.name in ("OneDeviceStrategy", "DefaultStrategy")
+            assert isinstance(v, tributary.PerReplica) != one_device
+
+
+def test_same_objects_unwrap_and_local_results_map_nests(mirrored):
+    with mirrored.scope():
+        w = tributary.Variable(np.float32(1), aggregation="sum")
+        assert mirrored.run(lambda: w) is w
+        assert mirrored.run(lambda: None) is None
+
+        def step():
+            i = tributary.get_replica_context().replica_id_in_sync_group
+
+            def merge(strategy, shared, own, nest):
+                # merge_fn's arguments are regrouped as run()'s results.
+                assert shared is w and isinstance(own, tributary.PerReplica)
+                assert nest[0] == "tag" and isinstance(nest[1], tributary.PerReplica)
+                return list(own.values)
+
+            return tributary.get_replica_context().merge_call(
+                merge, args=(w, np.float32(i), ("tag", np.float32(i))))
+
+        assert [float(x) for x in mirrored.run(step)] == [0.0, 1.0]
+        out = mirrored.run(lambda: (np.float32(tributary.get_replica_context().replica_id_in_sync_group),
+                                    "same"))
+        assert [(float(a), b) for a, b in mirrored.experimental_local_results(out)] == [
+            (0.0, "same"), (1.0, "same")]
 
 
 def test_datasets_and_values_from_function():

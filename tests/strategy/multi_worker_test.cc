@@ -136,6 +136,57 @@ TEST_P(MultiWorkerTest, ReduceAndGatherSpanWorkersWithPartialBatches) {
   });
 }
 
+// A value that is not distributed is this worker's part, as in TF's collective strategy: SUM adds
+// the workers' values (not once per local replica), MEAN divides by the workers, an axis counts
+// the global rows along it; gather and sparse values concatenate in worker order.
+TEST_P(MultiWorkerTest, NonDistributedValuesReduceAcrossWorkers) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 2);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    const float w = static_cast<float>(rank + 1);
+    Array mine = *Array::from_vector<float>({w, 10 * w});
+    auto sum = st.reduce(ReduceOp::kSum, mine);
+    CHILD_OK(sum.status());
+    CHILD_CHECK((sum->to_vector<float>() == std::vector<float>{3, 30}));
+    auto mean = st.reduce(ReduceOp::kMean, mine);
+    CHILD_OK(mean.status());
+    CHILD_CHECK((mean->to_vector<float>() == std::vector<float>{1.5f, 15}));
+    // Integers: TF's true division, float64.
+    auto int_mean = st.reduce(ReduceOp::kMean, *Array::from_vector<int32_t>({rank}));
+    CHILD_OK(int_mean.status());
+    CHILD_CHECK(int_mean->dtype() == DType::kFloat64 && int_mean->to_vector<double>()[0] == 0.5);
+    // Worker 0 holds 1 row, worker 1 holds 3: the sum along axis 0 of all 4, and their mean.
+    std::vector<float> rows(static_cast<size_t>(2 * rank + 1), w);
+    Array batch = *Array::from_vector(rows, {2 * rank + 1, 1});
+    auto axis_sum = st.reduce(ReduceOp::kSum, batch, 0);
+    CHILD_OK(axis_sum.status());
+    CHILD_CHECK(axis_sum->to_vector<float>() == std::vector<float>{7});
+    auto axis_mean = st.reduce(ReduceOp::kMean, batch, -2);
+    CHILD_OK(axis_mean.status());
+    CHILD_CHECK(axis_mean->to_vector<float>() == std::vector<float>{1.75f});
+    // Sparse: worker w's row w, value 10 * (w + 1).
+    auto slices = IndexedSlices::make(*Array::from_vector<float>({10 * w}, {1, 1}),
+                                      *Array::from_vector<int64_t>({rank}), {4, 1});
+    CHILD_OK(slices.status());
+    auto sparse_sum = st.reduce(ReduceOp::kSum, *slices);
+    CHILD_OK(sparse_sum.status());
+    CHILD_CHECK((sparse_sum->indices().to_vector<int64_t>() == std::vector<int64_t>{0, 1}));
+    CHILD_CHECK((sparse_sum->values().to_vector<float>() == std::vector<float>{10, 20}));
+    auto sparse_mean = st.reduce(ReduceOp::kMean, *slices);
+    CHILD_OK(sparse_mean.status());
+    CHILD_CHECK((sparse_mean->values().to_vector<float>() == std::vector<float>{5, 10}));
+    // Last: a failed step leaves a multi-worker strategy unusable.
+    auto gathered = st.gather(batch, 0);  // worker 0's row, then worker 1's three
+    CHILD_OK(gathered.status());
+    CHILD_CHECK((gathered->to_vector<float>() == std::vector<float>{1, 2, 2, 2}));
+    auto bad_op = st.reduce(ReduceOp::kMax, mine);
+    CHILD_CHECK(bad_op.status().code() == StatusCode::kInvalidArgument);
+    CHILD_CHECK(bad_op.status().message().find("SUM and MEAN, not max") != std::string::npos);
+    return kChildOk;
+  });
+}
+
 // Sparse gradients (IndexedSlices) across workers: every replica's rows, in global replica order,
 // whatever their number; scatter updates of an embedding table agree on every worker; replicas
 // that disagree on the dense shape fail every worker with the same message.

@@ -158,6 +158,9 @@ TEST_P(MirroredTest, ReduceOfANonDistributedValueFollowsTf) {
   EXPECT_THAT(sum.status().message(),
               HasSubstr("A non-DistributedValues value float32[2]{1, 2} cannot be reduced with the "
                         "given reduce op ReduceOp.SUM."));
+  // Gathered, it is the one component there is (TF wraps it as one); the axis is still checked.
+  EXPECT_TRUE(s->gather(x, 0)->equals(x));
+  EXPECT_EQ(s->gather(x, 1).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_P(MirroredTest, GatherConcatenatesInReplicaOrder) {

@@ -288,14 +288,21 @@ class Strategy {
   // Sparse values (indexed_slices.h): the concatenation of every replica's slices in global
   // replica order, on the CPU; SUM or MEAN only (TF reduces IndexedSlices by gathering them).
   StatusOr<IndexedSlices> reduce(ReduceOp op, const PerReplica<IndexedSlices>& value);
-  // A sparse value that is not distributed: as the Array overload (MEAN returns it, SUM with one
-  // replica in sync returns it, else TF's error).
-  StatusOr<IndexedSlices> reduce(ReduceOp op, const IndexedSlices& value);
-  // A value that is not distributed (TF's reduce_non_distributed_value): MEAN returns it, SUM
-  // returns it with one replica in sync and is an error otherwise.
+  // A value that is not distributed. On one worker, TF's reduce_non_distributed_value: MEAN returns
+  // it, SUM returns it with one replica in sync and is an error otherwise; an axis reduces the
+  // value along it. On several workers (MultiWorkerMirrored), as TF's collective strategy: the
+  // value is this worker's part, reduced across the workers as one value per worker (SUM adds the
+  // workers' values, MEAN divides by the number of workers, or with an axis by the global count
+  // along it), so every worker must call it, as any collective.
   StatusOr<Array> reduce(ReduceOp op, const Array& value, std::optional<int> axis = std::nullopt);
+  // A sparse value that is not distributed: as the Array overload (on several workers, the
+  // workers' slices concatenated in worker order; MEAN divides the values by the workers).
+  StatusOr<IndexedSlices> reduce(ReduceOp op, const IndexedSlices& value);
   // Concatenation of every replica's value along `axis`, in global replica order.
   StatusOr<Array> gather(const PerReplica<Array>& value, int axis);
+  // A value that is not distributed (TF wraps it as one component): on one worker the value
+  // itself; on several, this worker's part, concatenated with the others' in worker order.
+  StatusOr<Array> gather(const Array& value, int axis);
   // The local components (TF's experimental_local_results).
   std::vector<Array> local_results(const PerReplica<Array>& value) const { return value.values(); }
   // value_fn(ValueContext) per local replica, always a PerReplica.
@@ -357,6 +364,8 @@ class Strategy {
   StatusOr<std::vector<Array>> all_gather_local(std::span<const Array> per_replica, int axis);
   StatusOr<std::vector<IndexedSlices>> all_reduce_slices_local(
       ReduceOp op, std::span<const IndexedSlices> per_replica);
+  StatusOr<Array> reduce_across_workers(ReduceOp op, const Array& value, std::optional<int> axis);
+  StatusOr<IndexedSlices> reduce_across_workers(ReduceOp op, const IndexedSlices& value);
 
   StrategyParts parts_;
   int instance_ = 0;

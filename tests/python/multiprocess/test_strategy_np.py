@@ -42,6 +42,21 @@ def test_run_and_reduce(strategy):
             np.testing.assert_array_equal(r, [n, n * (n - 1) / 2])
 
 
+def test_values_that_are_not_distributed_are_each_workers_part(strategy):
+    # As TF's MultiWorkerMirrored: reduced and gathered across the workers, one part per worker.
+    with strategy.scope():
+        assert float(strategy.reduce("sum", np.float32(RANK + 1), axis=None)) == \
+            WORLD * (WORLD + 1) / 2
+        assert float(strategy.reduce("mean", np.float32(RANK + 1), axis=None)) == (WORLD + 1) / 2
+        rows = np.full((RANK + 1, 2), RANK, np.int64)
+        assert strategy.gather(rows, axis=0)[:, 0].tolist() == [w for w in range(WORLD)
+                                                                  for _ in range(w + 1)]
+        # Elements of a multi-worker strategy's datasets are always PerReplica (TF).
+        ds = tributary.Dataset.range(4 * WORLD).batch(2 * WORLD)
+        first = next(iter(strategy.experimental_distribute_dataset(ds)))
+        assert isinstance(first, tributary.PerReplica)
+
+
 def test_variables_start_from_the_chief_and_stay_mirrored(strategy):
     n = LOCAL * WORLD
     with strategy.scope():
