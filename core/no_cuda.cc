@@ -74,5 +74,11 @@ Status last_error(const std::string& what) { return no_cuda(what); }
 Allocator* cuda_allocator() { return nullptr; }
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
+StatusOr<Device> cuda_device_of(const void*, const Device&) {
+  return gpu::last_error("the device of a GPU pointer");  // "built without CUDA"
+}
+Status cuda_stream_synchronize(uintptr_t, const Device&) {
+  return gpu::last_error("cudaStreamSynchronize");
+}
 
 }  // namespace tributary

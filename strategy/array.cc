@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace tributary {
@@ -11,6 +13,24 @@ Status require_cpu(const Array& a, std::string_view what) {
   if (a.device().is_cpu()) return ok_status();
   return unimplemented(std::string(what) + ": needs a CPU array, got " + a.tensor().to_string() +
                        "; move it with to_device(Device::cpu())");
+}
+
+// For the helpers that return no Status (reduce_sum_all, reduce_mean_all, cast): a GPU array is
+// copied to the host, and the result back to its device; a copy that fails (out of memory on the
+// device, a CUDA error) ends the process with its error rather than reading device memory.
+Array moved_or_die(StatusOr<Array> moved, std::string_view what) {
+  if (!moved.ok()) {
+    std::fprintf(stderr, "tributary: %.*s: %s\n", static_cast<int>(what.size()), what.data(),
+                 moved.status().to_string().c_str());
+    std::abort();
+  }
+  return std::move(*moved);
+}
+Array host_of(const Array& a, std::string_view what) {
+  return a.device().is_cpu() ? a : moved_or_die(a.to_device(Device::cpu()), what);
+}
+Array back_on(const Array& out, const Device& device, std::string_view what) {
+  return device.is_cpu() ? out : moved_or_die(out.to_device(device), what);
 }
 
 Status check_axis(int axis, int rank, std::string_view what) {
@@ -170,12 +190,6 @@ std::vector<double> Array::to_doubles() const {
   return out;
 }
 
-Array Array::deep_copy() const {
-  StatusOr<Array> a = copy_of(view_);
-  assert(a.ok());
-  return *a;
-}
-
 StatusOr<Array> Array::to_device(const Device& device) const {
   if (device == this->device()) return *this;
   if (device.is_cpu() && this->device().is_cpu()) {
@@ -320,11 +334,12 @@ StatusOr<Array> reduce_mean(const Array& a, int axis) {
   return unary(sum, "reduce_mean", false, [count](double x) { return x / count; });
 }
 
-Array reduce_mean_all(const Array& a) {
+Array reduce_mean_all(const Array& in) {
+  const Array a = host_of(in, "reduce_mean_all");
   double total = 0;
   for (int64_t i = 0; i < a.num_elements(); ++i) total += a.at(i);
   double v[1] = {total / static_cast<double>(a.num_elements())};
-  return *Array::from_doubles(a.dtype(), v, Shape{});
+  return back_on(*Array::from_doubles(a.dtype(), v, Shape{}), in.device(), "reduce_mean_all");
 }
 
 StatusOr<Array> scale(const Array& a, double factor) {
@@ -352,11 +367,12 @@ StatusOr<Array> reduce_sum(const Array& a, int axis) {
   return Array::from_doubles(a.dtype(), acc, std::move(out_shape));
 }
 
-Array reduce_sum_all(const Array& a) {
+Array reduce_sum_all(const Array& in) {
+  const Array a = host_of(in, "reduce_sum_all");
   double total = 0;
   for (int64_t i = 0; i < a.num_elements(); ++i) total += a.at(i);
   double v[1] = {total};
-  return *Array::from_doubles(a.dtype(), v, Shape{});
+  return back_on(*Array::from_doubles(a.dtype(), v, Shape{}), in.device(), "reduce_sum_all");
 }
 
 StatusOr<Array> concat(std::span<const Array> parts, int axis) {
@@ -409,14 +425,14 @@ StatusOr<Array> stack(std::span<const Array> parts) {
   return concat(expanded, 0);
 }
 
-Array cast(const Array& a, DType dtype) {
-  if (a.dtype() == dtype) return a;
-  StatusOr<Array> out = Array::zeros(dtype, a.shape());
-  assert(out.ok());
+Array cast(const Array& in, DType dtype) {
+  if (in.dtype() == dtype) return in;
+  const Array a = host_of(in, "cast");
+  Array out = moved_or_die(Array::zeros(dtype, a.shape()), "cast");
   for (int64_t i = 0; i < a.num_elements(); ++i) {
-    dtype_store(dtype, out->mutable_data<void>(), i, a.at(i));
+    dtype_store(dtype, out.mutable_data<void>(), i, a.at(i));
   }
-  return *out;
+  return back_on(out, in.device(), "cast");
 }
 
 }  // namespace tributary

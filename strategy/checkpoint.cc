@@ -427,7 +427,12 @@ Status save_checkpoint(const std::string& path, std::span<const Variable> variab
       if (written.ok()) written = value.status();
       continue;  // the other reads still take part in their collectives
     }
-    entries.emplace_back(v.name(), std::move(*value));
+    StatusOr<Array> host = value->to_device(Device::cpu());  // a GPU copy too
+    if (!host.ok()) {
+      if (written.ok()) written = host.status();
+      continue;
+    }
+    entries.emplace_back(v.name(), std::move(*host));
   }
   if (written.ok() && s->should_checkpoint()) {
     written = checkpoint_internal::write_atomically(path, checkpoint_internal::encode(entries));
@@ -461,20 +466,20 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
   }
   // The broadcast buffers, made before the workers agree, so that a worker that cannot make them
   // says so there rather than leaving the others in a broadcast.
+  // On several workers they live on the first replica device, as a backend of that device (nccl:
+  // GPU memory only) takes them.
+  const Device on = s->num_workers() > 1 ? s->worker_devices()[0] : Device::cpu();
   std::vector<Array> values, outs;
   for (const Variable& v : variables) {
     if (!loaded.ok()) break;
-    if (s->is_chief()) {
-      values.push_back(saved.at(v.name()));
-    } else {
-      StatusOr<Array> placeholder = Array::zeros(v.dtype(), v.shape());  // not read
-      if (!placeholder.ok())
-        loaded = placeholder.status();
-      else
-        values.push_back(std::move(*placeholder));
-    }
+    StatusOr<Array> value = s->is_chief() ? saved.at(v.name()).to_device(on)
+                                          : Array::zeros(v.dtype(), v.shape(), on);  // not read
+    if (!value.ok())
+      loaded = value.status();
+    else
+      values.push_back(std::move(*value));
     if (s->num_workers() > 1 && loaded.ok()) {
-      StatusOr<Array> out = Array::zeros(v.dtype(), v.shape());
+      StatusOr<Array> out = Array::zeros(v.dtype(), v.shape(), on);
       if (!out.ok())
         loaded = out.status();
       else
@@ -491,7 +496,9 @@ Status restore_checkpoint(const std::string& path, std::span<const Variable> var
                          .broadcast(values[i].tensor(), Mirrored<Tensor>({outs[i].tensor()}), 0)
                          .wait();
       if (!moved.ok() && assigned.ok()) assigned = moved;
-      values[i] = outs[i];
+      StatusOr<Array> host = outs[i].to_device(Device::cpu());
+      if (!host.ok() && assigned.ok()) assigned = host.status();
+      if (host.ok()) values[i] = std::move(*host);
     }
   }
   for (size_t i = 0; i < variables.size() && assigned.ok(); ++i) {

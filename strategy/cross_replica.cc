@@ -127,6 +127,19 @@ R told(Strategy& s, R r) {
 
 using strategy_internal::thread_context;
 
+namespace strategy_internal {
+
+StatusOr<Array> broadcast_from_chief(Strategy& s, const Array& value) {
+  const Device& first = s.worker_devices()[0];
+  TRIBUTARY_ASSIGN_OR_RETURN(Array source, value.to_device(first));
+  TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value.dtype(), value.shape(), first));
+  TRIBUTARY_RETURN_IF_ERROR(
+      s.cross_device_ops().broadcast(source.tensor(), Mirrored<Tensor>({out.tensor()}), 0).wait());
+  return out.to_device(Device::cpu());
+}
+
+}  // namespace strategy_internal
+
 void Strategy::tell_peers(const Status& failure) {
   if (!failure.ok() && parts_.num_workers > 1) parts_.cross_device_ops->abort(failure);
 }
@@ -656,7 +669,8 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const PerReplica<Array>& value,
     std::vector<Array> numer, denom;
     for (const Array& v : value) {
       TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, v.rank()));
-      TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(v, a));
+      TRIBUTARY_ASSIGN_OR_RETURN(const Array host, v.to_device(Device::cpu()));  // GPU replicas
+      TRIBUTARY_ASSIGN_OR_RETURN(Array s, reduce_sum(host, a));
       numer.push_back(std::move(s));
       denom.push_back(Array::scalar(static_cast<double>(v.shape()[a])));
     }
@@ -742,7 +756,8 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<
         check_non_distributed_reduce(op, value.to_string(), num_replicas_in_sync()));
     if (!axis) return value;
     TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, value.rank()));
-    TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(value, a));
+    TRIBUTARY_ASSIGN_OR_RETURN(const Array host, value.to_device(Device::cpu()));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(host, a));
     if (op == ReduceOp::kSum) return total;
     std::vector<double> q = total.to_doubles();
     for (double& x : q) x /= static_cast<double>(value.shape()[a]);
@@ -807,8 +822,17 @@ StatusOr<Mirrored<Array>> Strategy::reduce_to(ReduceOp op, const PerReplica<Arra
     if (num_workers() == 1 && value.size() == 1 && value_devices == destinations) {
       return Mirrored<Array>({value[0]});
     }
+    // Destinations off the replica devices (the host, for GPU replicas) are reduced into the first
+    // replica device and copied there, as TF falls back to reducing to one device: a backend may
+    // only take its own devices (nccl: GPU memory).
+    const bool on_replicas = std::all_of(destinations.begin(), destinations.end(), [&](auto& d) {
+      return std::find(worker_devices().begin(), worker_devices().end(), d) !=
+             worker_devices().end();
+    });
+    const std::vector<Device> into =
+        on_replicas ? destinations : std::vector<Device>{worker_devices()[0]};
     std::vector<Array> outs;
-    for (const Device& d : destinations) {
+    for (const Device& d : into) {
       TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(value[0].dtype(), value[0].shape(), d));
       outs.push_back(std::move(out));
     }
@@ -817,7 +841,13 @@ StatusOr<Mirrored<Array>> Strategy::reduce_to(ReduceOp op, const PerReplica<Arra
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> placed, place(*this, value.values()));
     TRIBUTARY_RETURN_IF_ERROR(wait(
         parts_.cross_device_ops->reduce(op, tensors_of(placed), Mirrored<Tensor>(std::move(dst)))));
-    return Mirrored<Array>(std::move(outs));
+    if (on_replicas) return Mirrored<Array>(std::move(outs));
+    std::vector<Array> copies;
+    for (const Device& d : destinations) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array c, outs[0].to_device(d));
+      copies.push_back(std::move(c));
+    }
+    return Mirrored<Array>(std::move(copies));
   }());
 }
 
@@ -862,8 +892,10 @@ StatusOr<Mirrored<Array>> Strategy::broadcast_to(const Array& value, const Varia
       dst.push_back(out.tensor());
       outs.push_back(std::move(out));
     }
+    // The source where the first destination is, as a backend of that device takes it.
+    TRIBUTARY_ASSIGN_OR_RETURN(Array source, value.to_device(outs[0].device()));
     TRIBUTARY_RETURN_IF_ERROR(wait(
-        parts_.cross_device_ops->broadcast(value.tensor(), Mirrored<Tensor>(std::move(dst)), 0)));
+        parts_.cross_device_ops->broadcast(source.tensor(), Mirrored<Tensor>(std::move(dst)), 0)));
     return Mirrored<Array>(std::move(outs));
   }());
 }

@@ -243,13 +243,15 @@ StatusOr<std::optional<PerReplica<Element>>> DistributedIterator::get_next_as_op
       return agreed.with_context("agreeing across workers on whether the input has data");
     }
     if (!local_error.ok()) return local_error;
-    if (out[0].data<int64_t>()[1] > 0) {
+    TRIBUTARY_ASSIGN_OR_RETURN(const Array counts, out[0].to_device(Device::cpu()));  // GPU:i too
+    const int64_t* count = counts.data<int64_t>();
+    if (count[1] > 0) {
       return aborted(
           "the input pipeline failed on another worker (see its log); every worker "
           "stops at this step");
     }
-    global = out[0].data<int64_t>()[0];
-    if (global > 0 && fill_error.ok() && out[0].data<int64_t>()[2] > 0) {
+    global = count[0];
+    if (global > 0 && fill_error.ok() && count[2] > 0) {
       return failed_precondition(
           "another worker has no data for this step and cannot give its replicas zero-size "
           "batches (see its error); every worker stops at this step");

@@ -23,4 +23,9 @@ Strategy* current_strategy();
 // "Mixing different tf.distribute.Strategy objects: A is not B"
 Status mixing_error(const Strategy& used, const Strategy& current);
 
+// Global replica 0's `value` (the chief's; the others' `value` gives only dtype and shape), on
+// every worker, on the CPU. The broadcast runs on this worker's first replica device, so that a
+// backend of that device (nccl: GPU memory only) takes it. A collective: every worker calls it.
+StatusOr<Array> broadcast_from_chief(Strategy& s, const Array& value);
+
 }  // namespace tributary::strategy_internal

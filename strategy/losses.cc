@@ -55,7 +55,9 @@ StatusOr<Array> compute_average_loss(const Array& per_example_loss,
   if (!loss.device().is_cpu()) return unimplemented("compute_average_loss needs a CPU loss");
   std::vector<double> weights;
   if (sample_weight) {
-    TRIBUTARY_ASSIGN_OR_RETURN(weights, broadcast_weights(loss, *sample_weight));
+    // Weights from a distributed dataset may be on the replica's GPU.
+    TRIBUTARY_ASSIGN_OR_RETURN(const Array w, sample_weight->to_device(Device::cpu()));
+    TRIBUTARY_ASSIGN_OR_RETURN(weights, broadcast_weights(loss, w));
   }
   if (!global_batch_size) {
     TRIBUTARY_RETURN_IF_ERROR(require_replica_context("compute_average_loss"));

@@ -449,6 +449,7 @@ Status PSVariable::scatter(Kind kind, std::span<const int64_t> rows, const Array
                             std::string(dtype_name(updates.dtype())) +
                             shape_to_string(updates.shape()));
   }
+  if (!updates.device().is_cpu()) return invalid_argument("PSVariable: values must be on the CPU");
   TRIBUTARY_ASSIGN_OR_RETURN(const RowsByShard g, group_rows(name_, shape_, shards_, rows));
   const auto& local = g.local;
   const auto& which = g.from;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -162,9 +164,10 @@ struct VariableImpl {
     return internal_error("unknown update");
   }
 
-  static Array snapshot(const State& v, size_t i) {
+  // A copy of component i, on its device (a GPU's memory may run out: a Status, not a crash).
+  static StatusOr<Array> snapshot(const State& v, size_t i) {
     std::lock_guard lock(v.mu);
-    return v.components[i].deep_copy();
+    return Array::copy_of(v.components[i].tensor());
   }
 
   // Writes new values into the components whose index is in `which` (all when empty).
@@ -189,7 +192,8 @@ struct VariableImpl {
   static Status update_all(State& v, UpdateKind k, const Array& value) {
     std::vector<std::pair<size_t, Array>> updates;
     for (size_t i = 0; i < v.components.size(); ++i) {
-      TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, snapshot(v, i), value));
+      TRIBUTARY_ASSIGN_OR_RETURN(Array current, snapshot(v, i));
+      TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, current, value));
       updates.emplace_back(i, std::move(next));
     }
     return commit(v, updates);
@@ -197,7 +201,8 @@ struct VariableImpl {
 
   static Status update_one(State& v, size_t i, UpdateKind k, const Array& value) {
     std::lock_guard serial(v.update_mu);
-    TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, snapshot(v, i), value));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array current, snapshot(v, i));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, current, value));
     return commit(v, {{i, std::move(next)}});
   }
 
@@ -248,12 +253,8 @@ struct VariableImpl {
             agreed = values[0];
             if (s.num_workers() > 1) {
               // Global replica 0 (the chief's first) decides, on every worker.
-              TRIBUTARY_ASSIGN_OR_RETURN(Array out, Array::zeros(agreed.dtype(), agreed.shape()));
-              TRIBUTARY_RETURN_IF_ERROR(
-                  s.cross_device_ops()
-                      .broadcast(values[0].tensor(), Mirrored<Tensor>({out.tensor()}), 0)
-                      .wait());
-              agreed = out;
+              TRIBUTARY_ASSIGN_OR_RETURN(agreed,
+                                         strategy_internal::broadcast_from_chief(s, values[0]));
             }
           } else {
             TRIBUTARY_ASSIGN_OR_RETURN(ReduceOp op, reduce_op_of(state->aggregation));
@@ -320,8 +321,8 @@ struct VariableImpl {
     std::vector<std::pair<size_t, Array>> off_host;
     for (size_t i : which) {
       if (v.components[i].device().is_cpu()) continue;
-      TRIBUTARY_ASSIGN_OR_RETURN(Array copy, snapshot(v, i).to_device(Device::cpu()));
-      copy = copy.deep_copy();
+      TRIBUTARY_ASSIGN_OR_RETURN(Array current, snapshot(v, i));
+      TRIBUTARY_ASSIGN_OR_RETURN(Array copy, current.to_device(Device::cpu()));
       apply_to(copy.mutable_data<void>());
       off_host.emplace_back(i, std::move(copy));
     }
@@ -443,7 +444,8 @@ struct VariableImpl {
     if (v.plain) return snapshot(v, 0);  // one copy, nothing to aggregate, in any context
     Strategy& s = *v.strategy;
     if (ReplicaContext* ctx = replica_of(s)) {
-      Array local = snapshot(v, v.central ? 0 : static_cast<size_t>(ctx->local_replica_id()));
+      TRIBUTARY_ASSIGN_OR_RETURN(
+          Array local, snapshot(v, v.central ? 0 : static_cast<size_t>(ctx->local_replica_id())));
       if (v.sync != VariableSynchronization::kOnRead || sync_on_read_depth == 0) return local;
       // Inside variable_sync_on_read_context(): the aggregated value, read by every replica
       // together (a collective across workers, as the cross-replica read is).
@@ -476,7 +478,10 @@ struct VariableImpl {
           "reading SyncOnReadVariable '{}' in cross-replica context needs an aggregation", v.name));
     }
     std::vector<Array> copies;
-    for (size_t i = 0; i < v.components.size(); ++i) copies.push_back(snapshot(v, i));
+    for (size_t i = 0; i < v.components.size(); ++i) {
+      TRIBUTARY_ASSIGN_OR_RETURN(Array copy, snapshot(v, i));
+      copies.push_back(std::move(copy));
+    }
     TRIBUTARY_ASSIGN_OR_RETURN(std::vector<Array> r, s.all_reduce_local(*op, copies));
     return r[0].to_device(Device::cpu());
   }
@@ -527,10 +532,12 @@ StatusOr<Variable> Strategy::create_variable(const Array& initial_value, Variabl
     }
     if (num_workers() > 1) {
       // Every replica starts from the chief's value (TF: broadcast from the chief).
+      // The source on the first component's device, as a backend of that device takes it.
+      TRIBUTARY_ASSIGN_OR_RETURN(Array source, initial.to_device(state->components[0].device()));
       std::vector<Tensor> dst;
       for (const Array& c : state->components) dst.push_back(c.tensor());
       TRIBUTARY_RETURN_IF_ERROR(
-          parts_.cross_device_ops->broadcast(initial.tensor(), Mirrored<Tensor>(std::move(dst)), 0)
+          parts_.cross_device_ops->broadcast(source.tensor(), Mirrored<Tensor>(std::move(dst)), 0)
               .wait()
               .with_context(
                   fmt::format("broadcasting the initial value of variable '{}'", options.name)));
@@ -598,7 +605,8 @@ Status Strategy::update(Variable& variable, const UpdateFn& fn) {
   }
   std::vector<std::pair<size_t, Array>> updates;
   for (size_t i = 0; i < v.components.size(); ++i) {
-    StatusOr<Array> next = fn(static_cast<int>(i), VariableImpl::snapshot(v, i));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array current, VariableImpl::snapshot(v, i));
+    StatusOr<Array> next = fn(static_cast<int>(i), std::move(current));
     if (!next.ok()) return next.status().with_context(fmt::format("update of component {}", i));
     TRIBUTARY_RETURN_IF_ERROR(VariableImpl::check_value(v, *next, "update"));
     updates.emplace_back(i, std::move(*next));
@@ -669,7 +677,13 @@ TRIBUTARY_SCATTER(scatter_update, kUpdate)
 std::vector<Array> Variable::values() const {
   std::vector<Array> out;
   for (size_t i = 0; i < must(state_).components.size(); ++i) {
-    out.push_back(VariableImpl::snapshot(*state_, i));
+    StatusOr<Array> copy = VariableImpl::snapshot(*state_, i);
+    if (!copy.ok()) {  // out of memory on the component's device: there is no Status to return
+      std::fprintf(stderr, "tributary: Variable::values() of '%s': %s\n", state_->name.c_str(),
+                   copy.status().to_string().c_str());
+      std::abort();
+    }
+    out.push_back(std::move(*copy));
   }
   return out;
 }

@@ -329,6 +329,9 @@ Status Event::record(void* stream) const {
 }
 
 StatusOr<bool> Event::query() const {
+  // On the event's device, as the destructor: a waiting thread may have no device of its own.
+  CurrentDeviceGuard keep_callers_device;
+  TRIBUTARY_RETURN_IF_ERROR(set_device(device_));
   cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event_));
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) return false;
@@ -474,8 +477,16 @@ class CudaAllocator final : public Allocator {
     // so that it follows the work queued on that GPU's ordinary streams, tributary's included:
     // unified addressing picks the direction.
     gpu::CurrentDeviceGuard keep_callers_device;
+    gpu::Event source_done;
+    if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index() != src_device.index()) {
+      // A peer copy on the destination's stream does not wait for the source GPU's work: it
+      // waits for an event recorded after what is queued on the source's legacy default stream.
+      TRIBUTARY_ASSIGN_OR_RETURN(source_done, gpu::Event::create(src_device.index()));
+      TRIBUTARY_RETURN_IF_ERROR(source_done.record(nullptr));  // create() made it current
+    }
     TRIBUTARY_RETURN_IF_ERROR(
         gpu::set_device(dst_device.is_cuda() ? dst_device.index() : src_device.index()));
+    if (source_done.get() != nullptr) TRIBUTARY_RETURN_IF_ERROR(source_done.block_stream(nullptr));
     TRIBUTARY_RETURN_IF_ERROR(gpu::copy_async(dst, dst_device, src, src_device, bytes, nullptr));
     return gpu::cuda_status(cudaStreamSynchronize(nullptr),
                             "cudaMemcpy " + src_device.to_string() + " -> " +
@@ -493,5 +504,29 @@ Allocator* cuda_allocator() {
 int cuda_device_count() { return gpu::device_count(); }
 
 bool cuda_available() { return gpu::device_count() > 0; }
+
+StatusOr<Device> cuda_device_of(const void* ptr, const Device& hint) {
+  cudaPointerAttributes attr{};
+  TRIBUTARY_RETURN_IF_ERROR(
+      gpu::cuda_status(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes"));
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    return invalid_argument(fmt::format(
+        "memory at {} is not GPU memory (CUDA reports it as {}); pass it as a host array", ptr,
+        attr.type == cudaMemoryTypeHost ? "pinned host memory" : "unregistered host memory"));
+  }
+  if (hint.is_cuda() && gpu::physical_device(hint.index()) == attr.device) return hint;
+  return Device::cuda(attr.device * gpu::virtual_per_physical());
+}
+
+Status cuda_stream_synchronize(uintptr_t stream, const Device& device) {
+  gpu::CurrentDeviceGuard keep_callers_device;
+  if (device.is_cuda()) TRIBUTARY_RETURN_IF_ERROR(gpu::set_device(device.index()));
+  cudaStream_t s = stream == 1   ? cudaStreamLegacy
+                   : stream == 2 ? cudaStreamPerThread
+                                 : reinterpret_cast<cudaStream_t>(stream);
+  return gpu::cuda_status(
+      cudaStreamSynchronize(s),
+      fmt::format("cudaStreamSynchronize of the producer's stream {:#x}", stream));
+}
 
 }  // namespace tributary

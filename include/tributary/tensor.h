@@ -86,6 +86,15 @@ class Allocator {
 StatusOr<Allocator*> allocator_for(const Device& device);
 bool cuda_available();    // built with CUDA and at least one device visible
 int cuda_device_count();  // visible CUDA devices; 0 without CUDA
+// For memory handed in by other libraries (__cuda_array_interface__): the GPU whose memory `ptr`
+// is. `hint` is returned when it is that GPU (a virtual GPU of it included), else the first
+// (virtual) GPU of that physical device. kInvalidArgument for host memory; kUnimplemented without
+// CUDA.
+StatusOr<Device> cuda_device_of(const void* ptr, const Device& hint);
+// The consumer's side of a foreign CUDA stream (__cuda_array_interface__'s `stream`): waits from
+// the host until the work queued on it is done. 1 is the legacy default stream of `device`, 2 its
+// per-thread default stream, anything else a cudaStream_t.
+Status cuda_stream_synchronize(uintptr_t stream, const Device& device);
 
 // An owning, move-only buffer. Memory is 64-byte aligned on CPU; from 4 MiB it is aligned to 2 MiB
 // and advised for transparent huge pages (madvise MADV_HUGEPAGE, which Debian's default THP mode

@@ -133,9 +133,24 @@ HeldTensor from_interface(py::handle obj, const py::dict& iface, const Device& d
     }
   }
   if (access == Access::kWrite && ro) read_only(what);
+  Device on = label(device, gpu ? DeviceType::kCuda : DeviceType::kCpu);
+  if (gpu && ptr != 0) {
+    // The GPU the memory is really on (a CuPy or torch array on another GPU than the replica's is
+    // then refused by the backend, not handed to it as the replica's).
+    on = value_or_throw(cuda_device_of(reinterpret_cast<const void*>(ptr), on));
+  }
+  if (gpu && iface.contains("stream") && !iface["stream"].is_none()) {
+    // Version 3 of the interface: the producer's stream, to synchronize with before use.
+    const auto stream = iface["stream"].cast<uintptr_t>();
+    if (stream == 0) {
+      throw_invalid(what +
+                    "'s __cuda_array_interface__ stream is 0, which the interface "
+                    "disallows (ambiguous); the producer should give 1, 2 or a stream");
+    }
+    check(cuda_stream_synchronize(stream, on));
+  }
   HeldTensor h;
-  h.tensor = Tensor(reinterpret_cast<void*>(ptr), dtype, std::move(shape),
-                    label(device, gpu ? DeviceType::kCuda : DeviceType::kCpu));
+  h.tensor = Tensor(reinterpret_cast<void*>(ptr), dtype, std::move(shape), on);
   h.owner = py::reinterpret_borrow<py::object>(obj);
   h.on_gpu = gpu;
   return h;

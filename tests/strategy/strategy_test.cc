@@ -380,6 +380,14 @@ TEST_P(MirroredTest, BatchReduceToAndReduceToDevices) {
   ASSERT_TRUE(to_host.ok()) << to_host.status().to_string();
   ASSERT_EQ(to_host->size(), 1u);
   EXPECT_EQ((*to_host)[0].to_vector<float>(), std::vector<float>{1.5});
+  // Destinations off the replica devices: reduced on the first replica's, then copied there.
+  auto off =
+      s->reduce_to(ReduceOp::kSum, values[1], std::vector<Device>{Device::cpu(5), Device::cpu(1)});
+  ASSERT_TRUE(off.ok()) << off.status().to_string();
+  ASSERT_EQ(off->size(), 2u);
+  EXPECT_EQ((*off)[0].device(), Device::cpu(5));
+  EXPECT_EQ((*off)[1].device(), Device::cpu(1));
+  EXPECT_EQ((*off)[1].to_vector<int64_t>(), (std::vector<int64_t>{4, 6}));
   auto none = s->reduce_to(ReduceOp::kSum, values[0], std::vector<Device>{});
   EXPECT_THAT(none.status().message(), HasSubstr("destinations can not be empty"));
 }

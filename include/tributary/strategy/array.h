@@ -88,7 +88,6 @@ class Array {
   template <typename T>
   std::vector<T> to_vector() const;  // dtype must be dtype_of<T>()
 
-  Array deep_copy() const;  // new storage on the same device (CPU copies cannot fail)
   // A copy on `device`; between CPU devices (replicas of one address space) the storage is shared.
   StatusOr<Array> to_device(const Device& device) const;
   // Same storage, another shape with as many elements.
@@ -108,7 +107,10 @@ class Array {
 };
 
 // Element-wise math and shape helpers for replica functions (losses, gradients) and the strategy
-// layer. CPU arrays; a GPU array is kUnimplemented (move it with to_device(Device::cpu())).
+// layer. CPU arrays; a GPU array is kUnimplemented (move it with to_device(Device::cpu())), except
+// for reduce_sum_all, reduce_mean_all and cast, which return no Status: they copy a GPU array to
+// the host and their result back to its device, and a copy that fails there (out of memory on the
+// device) ends the process with its error.
 // Computed in double and rounded to the dtype once (float16/bfloat16 therefore accumulate wider,
 // as the reductions do). These are for the small tensors of a model's step, not hot loops.
 //
