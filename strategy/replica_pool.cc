@@ -340,7 +340,23 @@ Status Strategy::run_replicas(const std::function<Status(ReplicaContext&)>& fn) 
   p.fn = &fn;
   ++p.run_generation;
   p.cv.notify_all();
-  p.cv.wait(lock, [&] { return p.running == 0; });
+  Status interrupted;
+  if (!interrupt_check_) {
+    p.cv.wait(lock, [&] { return p.running == 0; });
+  } else {
+    constexpr auto kPoll = std::chrono::milliseconds(50);
+    while (!p.cv.wait_for(lock, kPoll, [&] { return p.running == 0; })) {
+      if (!interrupted.ok()) continue;
+      lock.unlock();  // the check may take the binding's own lock (Python's GIL)
+      Status check = interrupt_check_();
+      lock.lock();
+      if (check.ok()) continue;
+      interrupted = std::move(check);
+      if (p.failure.ok()) p.failure = interrupted;  // replicas in or reaching a meeting fail
+      p.cv.notify_all();
+    }
+  }
+  if (!interrupted.ok()) return interrupted;
   if (!p.first_error.ok()) {
     return p.first_error.with_context(fmt::format("replica {}", p.first_error_replica));
   }

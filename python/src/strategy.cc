@@ -257,12 +257,40 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
   }
   std::vector<py::object> results(static_cast<size_t>(n));
   std::vector<ReplicaFailure> failures(static_cast<size_t>(n));
+  // Ctrl-C while several replicas run on their threads: the signal's handler runs here, on the
+  // waiting thread; its KeyboardInterrupt is then raised in each replica thread still running
+  // Python code (as an asynchronous exception), and run() raises it once every replica returned.
+  std::vector<unsigned long> replica_threads(static_cast<size_t>(n), 0);  // under the GIL
+  std::optional<py::error_already_set> interrupt;
+  s.set_interrupt_check([&]() -> Status {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return ok_status();
+    interrupt.emplace();  // the handler's exception (KeyboardInterrupt), fetched
+    for (unsigned long t : replica_threads) {
+      if (t != 0) PyThreadState_SetAsyncExc(t, interrupt->type().ptr());
+    }
+    return aborted(std::string("Strategy.run() was interrupted (") + interrupt->what() + ")");
+  });
+  struct ClearCheck {
+    Strategy& s;
+    ~ClearCheck() { s.set_interrupt_check(nullptr); }
+  } clear_check{s};
   Status status;
   {
     py::gil_scoped_release release;
     status = s.run([&](ReplicaContext& ctx) -> Status {
       const auto i = static_cast<size_t>(ctx.local_replica_id());
       py::gil_scoped_acquire gil;
+      const unsigned long me = PyThread_get_thread_ident();
+      replica_threads[i] = me;
+      struct Leave {
+        unsigned long me;
+        unsigned long& slot;
+        ~Leave() {
+          slot = 0;
+          PyThreadState_SetAsyncExc(me, nullptr);  // one set too late must not fire later
+        }
+      } leave{me, replica_threads[i]};
       try {
         results[i] = fn(*per_args[i], **per_kwargs[i]);
         return ok_status();
@@ -278,6 +306,7 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
       }
     });
   }
+  if (interrupt) throw std::move(*interrupt);
   if (!status.ok()) {
     // The cause first: a replica's own (non-tributary) exception rather than the errors of the
     // replicas that were waiting for it; else the lowest failing replica's.

@@ -359,6 +359,38 @@ def test_exiting_with_live_mapped_iterators_is_clean(numpy_first):
         assert done.stdout.strip() == "(1, 0)"
 
 
+def test_ctrl_c_interrupts_a_run_of_several_replicas():
+    # Ctrl-C (here _thread.interrupt_main, as a SIGINT does) while replicas run Python code or
+    # wait for each other: run() raises KeyboardInterrupt promptly, and the strategy stays usable.
+    import subprocess
+    import sys
+    script = (
+        "import _thread, sys, threading, time\n"
+        "import numpy as np\n"
+        "import tributary as tb\n"
+        "s = tb.MirroredStrategy(devices=2)\n"
+        "def spin():\n"
+        "    while True:\n"
+        "        time.sleep(0.01)\n"
+        "def step(mode):\n"
+        "    ctx = tb.get_replica_context()\n"
+        "    if mode == 'spin' or ctx.replica_id_in_sync_group == 0:\n"
+        "        spin()\n"
+        "    return ctx.all_reduce('sum', np.ones(2, np.float32))\n"
+        "for mode in ('spin', 'one_waits'):\n"
+        "    threading.Timer(0.3, _thread.interrupt_main).start()\n"
+        "    try:\n"
+        "        s.run(step, args=(mode,))\n"
+        "        print('no interrupt')\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('interrupted')\n"
+        "    print(float(s.reduce('sum', s.run(lambda: np.float32(1)), axis=None)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["interrupted", "2.0", "interrupted", "2.0"]
+
+
 def test_one_replica_values_come_back_unwrapped_as_tf():
     # TF's regroup: what every replica returns as the same object, so whatever the one replica of a
     # one-device strategy returns, comes back as it is; its iterators yield the batches themselves.

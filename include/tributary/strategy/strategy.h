@@ -270,6 +270,15 @@ class Strategy {
   // default replica context stays current); it is refused inside another strategy's scope or run.
   StatusOr<StrategyScope> scope();
 
+  // For bindings whose language handles signals on the thread that called run() (Python's
+  // Ctrl-C): while run() waits for several local replicas, `check` is called every 50 ms on that
+  // thread, holding no lock of ours. Its first error ends the step as a replica's failure would:
+  // replicas waiting for each other, or reaching a meeting, fail at once (the binding stops its
+  // own code running in replicas); one blocked in a backend's collective returns when it ends, at
+  // the latest at the backend's timeout. run() returns the error once every replica has returned
+  // (multi-worker: its peers are then told, as after any failed step). Empty: none (the default).
+  void set_interrupt_check(std::function<Status()> check) { interrupt_check_ = std::move(check); }
+
   // --- replica context ---------------------------------------------------------------------------
   Status run(const std::function<Status(ReplicaContext&)>& fn);
   // fn(ReplicaContext&, select_replica(i, args)...) returning StatusOr<R>, R or Status; the results
@@ -369,6 +378,7 @@ class Strategy {
 
   StrategyParts parts_;
   int instance_ = 0;
+  std::function<Status()> interrupt_check_;
   std::vector<std::unique_ptr<ReplicaContext>> contexts_;
   std::unique_ptr<Pool> pool_;
 };
