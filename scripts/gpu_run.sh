@@ -119,7 +119,7 @@ if [[ $what == all || $what == tests ]]; then
     echo "rc=$?" >> "$logs/$name.txt"
   }
   gt device_kernels_test 60 $bin/device_kernels_test --gtest_brief=1 &
-  gt gpu_test 120 $bin/gpu_test --gtest_filter='-*MultiProcessConformance*' &
+  gt gpu_test 120 $bin/gpu_test --gtest_filter='-*MultiProcessConformance*:*Staged*:*GpuMultiWorker*' &
   TRIBUTARY_VIRTUAL_GPUS=2 gt gpu_test_virtual 60 $bin/gpu_test --gtest_filter='*Virtual*' &
   gt conformance_nccl 240 $bin/gpu_conformance_test --gtest_brief=1 --gtest_filter='Nccl*Gpu/*_r1' &
   for s in 0 1 2 3; do
@@ -133,7 +133,8 @@ if [[ $what == all || $what == tests ]]; then
   (gt nccl_multiprocess 120 $bin/gpu_test --gtest_brief=1 \
      --gtest_filter='Nccl*/*MultiProcessConformance*'
    TRIBUTARY_VIRTUAL_GPUS=2 gt staged_multiprocess 200 $bin/gpu_test --gtest_brief=1 \
-     --gtest_filter='*Staged*') &
+     --gtest_filter='*Staged*'
+   gt strategy_multiprocess 120 $bin/gpu_test --gtest_filter='*GpuMultiWorker*') &
   while [[ -n $(jobs -r) ]]; do sleep 10; snap; done
   wait
   snap

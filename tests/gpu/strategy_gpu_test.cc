@@ -98,9 +98,11 @@ TEST(GpuStrategyValues, VariablesCheckpointsAndReductionsOnAGpu) {
 // the chief, ONLY_FIRST_REPLICA updates, checkpoints, values that are not distributed.
 class GpuMultiWorker : public ::testing::TestWithParam<std::string> {};
 
+// CUDA must not be initialised in the parent before the fork: the children look for the GPUs
+// (run it alone, as scripts/gpu_run.sh does).
 TEST_P(GpuMultiWorker, DataVariablesAndCheckpointsAcrossGpuWorkers) {
   const bool nccl = GetParam() == "nccl";
-  SKIP_WITHOUT_GPUS(nccl ? 2 : 1);
+  const int gpus = nccl ? 2 : 1;
   if (!builtin_backends().find(GetParam())) GTEST_SKIP() << GetParam() << " is not built in";
   const std::string dir = testing::make_temp_dir("gpu_multi_worker");
   const std::string path = dir + "/ckpt";
@@ -109,6 +111,7 @@ TEST_P(GpuMultiWorker, DataVariablesAndCheckpointsAcrossGpuWorkers) {
       std::fprintf(stderr, "rank %d: line %d: %s\n", rank, line, st.to_string().c_str());
       return testing::kChildFailed;
     };
+    if (cuda_device_count() < gpus) return testing::kChildSkip;
     auto ctx = testing::group_context(rank, 2, 1, dir);
     if (!ctx.ok()) return fail(__LINE__, ctx.status());
     ctx->devices = {Device::cuda(nccl ? rank : 0)};
@@ -168,7 +171,10 @@ TEST_P(GpuMultiWorker, DataVariablesAndCheckpointsAcrossGpuWorkers) {
   });
   EXPECT_FALSE(result.watchdog_fired) << result.describe();
   for (const auto& c : result.children) {
-    if (c.exit_code == testing::kChildSkip) GTEST_SKIP() << "skipped in a child";
+    if (c.exit_code == testing::kChildSkip) {
+      GTEST_SKIP() << "needs " << gpus << " CUDA device(s) in each worker; fewer visible ("
+                   << gpu::visible_devices_text() << ")";
+    }
     EXPECT_EQ(c.exit_code, testing::kChildOk) << result.describe();
   }
 }
