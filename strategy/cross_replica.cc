@@ -34,21 +34,36 @@ DType true_division_dtype(DType dtype) {
   return dtype == DType::kInt8 || dtype == DType::kUInt8 ? DType::kFloat32 : DType::kFloat64;
 }
 
-// TF's reduce_non_distributed_value: MEAN gives the value back, SUM only with one replica in sync.
+// TF's reduce_non_distributed_value: the value stands for the same value on every replica, so MEAN
+// gives it back and SUM only with one replica in sync (MIN and MAX, which TF lacks, give it back
+// too; PROD is SUM's case).
 Status check_non_distributed_reduce(ReduceOp op, const std::string& value, int replicas) {
-  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-    return invalid_argument(
-        fmt::format("reduce of a non-distributed value supports ReduceOp SUM and MEAN, not {}",
-                    reduce_op_name(op)));
-  }
-  if (op == ReduceOp::kSum && replicas != 1) {
+  if ((op == ReduceOp::kSum || op == ReduceOp::kProd) && replicas != 1) {
     return invalid_argument(fmt::format(
         "A non-DistributedValues value {} cannot be reduced with the given reduce op "
-        "ReduceOp.SUM. (It is the same on every one of the {} replicas; pass a PerReplica value, "
+        "ReduceOp.{}. (It is the same on every one of the {} replicas; pass a PerReplica value, "
         "one per local replica.)",
-        value, replicas));
+        value, op == ReduceOp::kSum ? "SUM" : "PROD", replicas));
   }
   return ok_status();
+}
+
+// IndexedSlices reduce by concatenation: SUM and MEAN only (TF's).
+Status check_sparse_reduce_op(ReduceOp op) {
+  if (op == ReduceOp::kSum || op == ReduceOp::kMean) return ok_status();
+  return invalid_argument(fmt::format(
+      "`reduce_op` must be Reduce.SUM or Reduce.MEAN, not {}: IndexedSlices are reduced by "
+      "concatenating every replica's slices",
+      op_text(op)));
+}
+
+// TF's shortcut for a value that is not distributed and is zero (a Python 0 in TF): itself.
+bool all_zero(const Array& a) {
+  if (!a.device().is_cpu()) return false;
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    if (a.at(i) != 0) return false;
+  }
+  return true;
 }
 
 // TF's reduce: an axis in [-rank, rank), a negative one counting from the end.
@@ -418,12 +433,7 @@ StatusOr<std::vector<IndexedSlices>> Strategy::all_reduce_slices_local(
         "all_reduce of IndexedSlices: expected one value per local replica ({}), got {}",
         num_local_replicas(), per_replica.size()));
   }
-  if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-    return invalid_argument(fmt::format(
-        "`reduce_op` must be Reduce.SUM or Reduce.MEAN, not {}: IndexedSlices are reduced by "
-        "concatenating every replica's slices",
-        op_text(op)));
-  }
+  TRIBUTARY_RETURN_IF_ERROR(check_sparse_reduce_op(op));
   std::vector<IndexedSlices> results;
   if (num_replicas_in_sync() == 1) {  // TF's shortcut: the value itself
     TRIBUTARY_ASSIGN_OR_RETURN(IndexedSlices placed, per_replica[0].to_device(parts_.devices[0]));
@@ -696,11 +706,11 @@ StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const PerReplica<IndexedSl
 
 // A value that is not distributed, on a strategy of several workers: TF's MultiWorkerMirrored
 // (_reduce_to) hands it to its collective as one component per worker, so SUM adds the workers'
-// values and MEAN divides by the number of workers. Here local replica 0 brings the value and the
-// other local replicas nothing (zeros; with an axis, an empty slice along it, so that a MEAN with
-// an axis divides by the global count along it).
+// values and MEAN divides by the number of workers. Here each local replica brings the value (MEAN,
+// MIN, MAX: the same collective as a PerReplica's), or replica 0 the value and the others the op's
+// identity (SUM, PROD; with an axis, an empty slice along it, so that a MEAN with an axis divides
+// by the global count along it).
 StatusOr<IndexedSlices> Strategy::reduce_across_workers(ReduceOp op, const IndexedSlices& value) {
-  TRIBUTARY_RETURN_IF_ERROR(check_non_distributed_reduce(op, value.to_string(), 1));
   Shape no_rows = value.values().shape();
   no_rows[0] = 0;
   TRIBUTARY_ASSIGN_OR_RETURN(Array no_values, Array::zeros(value.dtype(), no_rows));
@@ -719,26 +729,30 @@ StatusOr<IndexedSlices> Strategy::reduce_across_workers(ReduceOp op, const Index
 
 StatusOr<Array> Strategy::reduce_across_workers(ReduceOp op, const Array& value,
                                                 std::optional<int> axis) {
+  const auto n = static_cast<size_t>(num_local_replicas());
   if (axis) {
     TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, value.rank()));
     Shape empty = value.shape();
     empty[a] = 0;
     TRIBUTARY_ASSIGN_OR_RETURN(Array nothing, Array::zeros(value.dtype(), empty));
-    std::vector<Array> parts(static_cast<size_t>(num_local_replicas()), nothing);
+    std::vector<Array> parts(n, nothing);
     parts[0] = value;
     return reduce(op, PerReplica<Array>(std::move(parts)), a);
   }
-  TRIBUTARY_RETURN_IF_ERROR(check_non_distributed_reduce(op, value.to_string(), 1));
-  TRIBUTARY_ASSIGN_OR_RETURN(Array zeros, Array::zeros(value.dtype(), value.shape()));
-  std::vector<Array> parts(static_cast<size_t>(num_local_replicas()), zeros);
-  parts[0] = value;
-  TRIBUTARY_ASSIGN_OR_RETURN(Array sum,
-                             reduce(ReduceOp::kSum, PerReplica<Array>(std::move(parts))));
-  if (op == ReduceOp::kSum) return sum;
-  return scale(cast(sum, true_division_dtype(sum.dtype())), 1.0 / num_workers());
+  std::vector<Array> parts(n, value);
+  if (op == ReduceOp::kSum || op == ReduceOp::kProd) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array identity, Array::zeros(value.dtype(), value.shape()));
+    if (op == ReduceOp::kProd) {
+      std::vector<double> ones(static_cast<size_t>(value.num_elements()), 1.0);
+      TRIBUTARY_ASSIGN_OR_RETURN(identity, Array::from_doubles(value.dtype(), ones, value.shape()));
+    }
+    for (size_t i = 1; i < n; ++i) parts[i] = identity;
+  }
+  return reduce(op, PerReplica<Array>(std::move(parts)));
 }
 
 StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const IndexedSlices& value) {
+  TRIBUTARY_RETURN_IF_ERROR(check_sparse_reduce_op(op));  // alike on every worker: not told
   return told(*this, [&]() -> StatusOr<IndexedSlices> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
     if (num_workers() > 1) return reduce_across_workers(op, value);
@@ -752,9 +766,15 @@ StatusOr<Array> Strategy::reduce(ReduceOp op, const Array& value, std::optional<
   return told(*this, [&]() -> StatusOr<Array> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("reduce"));
     if (num_workers() > 1) return reduce_across_workers(op, value, axis);
+    if (!axis && all_zero(value)) return value;
     TRIBUTARY_RETURN_IF_ERROR(
         check_non_distributed_reduce(op, value.to_string(), num_replicas_in_sync()));
     if (!axis) return value;
+    if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+      return invalid_argument(fmt::format(
+          "reduce with an axis supports ReduceOp SUM and MEAN (as tf.distribute), not {}",
+          reduce_op_name(op)));
+    }
     TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(*axis, value.rank()));
     TRIBUTARY_ASSIGN_OR_RETURN(const Array host, value.to_device(Device::cpu()));
     TRIBUTARY_ASSIGN_OR_RETURN(Array total, reduce_sum(host, a));
@@ -776,8 +796,8 @@ StatusOr<Array> Strategy::gather(const PerReplica<Array>& value, int axis) {
 StatusOr<Array> Strategy::gather(const Array& value, int axis) {
   return told(*this, [&]() -> StatusOr<Array> {
     TRIBUTARY_RETURN_IF_ERROR(require_cross_replica("gather"));
+    if (num_workers() == 1) return value;  // TF: the one component there is, as it is
     TRIBUTARY_ASSIGN_OR_RETURN(const int a, normalize_axis(axis, value.rank()));
-    if (num_workers() == 1) return value;
     // This worker's part, local replica 0 bringing it and the others an empty slice.
     Shape empty = value.shape();
     empty[a] = 0;

@@ -170,6 +170,13 @@ struct VariableImpl {
     return Array::copy_of(v.components[i].tensor());
   }
 
+  // A copy of component i in host memory, for host math and bindings (one copy from a GPU).
+  static StatusOr<Array> host_copy(const State& v, size_t i) {
+    std::lock_guard lock(v.mu);
+    const Array& c = v.components[i];
+    return c.device().is_cpu() ? Array::copy_of(c.tensor()) : c.to_device(Device::cpu());
+  }
+
   // Writes new values into the components whose index is in `which` (all when empty).
   static Status commit(State& v, const std::vector<std::pair<size_t, Array>>& updates) {
     std::lock_guard lock(v.mu);
@@ -192,7 +199,7 @@ struct VariableImpl {
   static Status update_all(State& v, UpdateKind k, const Array& value) {
     std::vector<std::pair<size_t, Array>> updates;
     for (size_t i = 0; i < v.components.size(); ++i) {
-      TRIBUTARY_ASSIGN_OR_RETURN(Array current, snapshot(v, i));
+      TRIBUTARY_ASSIGN_OR_RETURN(Array current, host_copy(v, i));
       TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, current, value));
       updates.emplace_back(i, std::move(next));
     }
@@ -201,7 +208,7 @@ struct VariableImpl {
 
   static Status update_one(State& v, size_t i, UpdateKind k, const Array& value) {
     std::lock_guard serial(v.update_mu);
-    TRIBUTARY_ASSIGN_OR_RETURN(Array current, snapshot(v, i));
+    TRIBUTARY_ASSIGN_OR_RETURN(Array current, host_copy(v, i));
     TRIBUTARY_ASSIGN_OR_RETURN(Array next, apply(k, current, value));
     return commit(v, {{i, std::move(next)}});
   }
@@ -321,8 +328,7 @@ struct VariableImpl {
     std::vector<std::pair<size_t, Array>> off_host;
     for (size_t i : which) {
       if (v.components[i].device().is_cpu()) continue;
-      TRIBUTARY_ASSIGN_OR_RETURN(Array current, snapshot(v, i));
-      TRIBUTARY_ASSIGN_OR_RETURN(Array copy, current.to_device(Device::cpu()));
+      TRIBUTARY_ASSIGN_OR_RETURN(Array copy, host_copy(v, i));
       apply_to(copy.mutable_data<void>());
       off_host.emplace_back(i, std::move(copy));
     }
@@ -673,6 +679,15 @@ TRIBUTARY_SCATTER(scatter_min, kMin)
 TRIBUTARY_SCATTER(scatter_max, kMax)
 TRIBUTARY_SCATTER(scatter_update, kUpdate)
 #undef TRIBUTARY_SCATTER
+
+StatusOr<std::vector<Array>> Variable::values_on_host() const {
+  std::vector<Array> out;
+  for (size_t i = 0; i < must(state_).components.size(); ++i) {
+    TRIBUTARY_ASSIGN_OR_RETURN(Array copy, VariableImpl::host_copy(*state_, i));
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
 
 std::vector<Array> Variable::values() const {
   std::vector<Array> out;

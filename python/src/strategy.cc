@@ -477,14 +477,28 @@ py::object all_reduce_in_replica(const PyReplicaContext& pc, py::handle op, py::
 
 // A PerReplica whose values are nests (run() of a function returning a tuple or dict) as the nest
 // of PerReplica leaves (TF's regroup); any other value as it is.
+// Python shares the objects of small ints (and True and False) and NumPy its booleans, so two
+// replicas that counted the same rows return the same object by accident, where TF's replicas
+// return two tensors. Unwrapped, the count would reduce as a value that is not distributed (an
+// error for SUM on one worker, counted once per worker on several): such values stay per replica.
+bool shared_by_accident(py::handle h) {
+  static py::object* const numpy_bool =
+      new py::object(py::module_::import("numpy").attr("bool_"));  // never freed: no GIL at exit
+  return PyLong_Check(h.ptr()) || py::isinstance(h, *numpy_bool);
+}
+
 py::object regroup(py::handle value, bool always_wrap) {
   if (!py::isinstance<PerReplicaValue>(value)) return py::reinterpret_borrow<py::object>(value);
   const auto& v = value.cast<const PerReplicaValue&>();
   if (v.values.empty()) return py::reinterpret_borrow<py::object>(value);
   if (!is_nest(v.values[0])) {
+    // TF unwraps the same object on every replica, so any value of one replica. With several,
+    // ints and booleans stay wrapped (see above).
     const bool same = std::all_of(v.values.begin(), v.values.end(),
                                   [&](const py::object& x) { return x.is(v.values[0]); });
-    return same && !always_wrap ? v.values[0] : py::reinterpret_borrow<py::object>(value);
+    const bool unwrap =
+        !always_wrap && same && (v.values.size() == 1 || !shared_by_accident(v.values[0]));
+    return unwrap ? v.values[0] : py::reinterpret_borrow<py::object>(value);
   }
   std::vector<std::vector<py::object>> per(v.values.size());
   const std::string first = structure_of(v.values[0]);
@@ -689,7 +703,11 @@ void bind_variables(py::module_& m) {
           "values",
           [](const PyVariable& v) {
             py::list out;
-            for (const Array& a : v.variable.values()) out.append(to_numpy(a));
+            StatusOr<std::vector<Array>> copies = [&] {
+              py::gil_scoped_release release;
+              return v.variable.values_on_host();
+            }();
+            for (const Array& a : value_or_throw(std::move(copies))) out.append(to_numpy(a));
             return py::tuple(out);
           },
           "Snapshots of the local copies, in replica order (a tuple, TF's Variable.values).")
@@ -991,7 +1009,9 @@ void bind_strategy_class(py::module_& m) {
            py::arg("axis") = py::none(),
            "TF's Strategy.reduce: across replicas (and workers); with an axis, along it first. "
            "`value` may be a nest (tuple, list, dict) of values or PerReplica, or a PerReplica of "
-           "nests: the result has the nest's structure.")
+           "nests: the result has the nest's structure. A value that is not a PerReplica is, on "
+           "a multi-worker strategy, this worker's part, reduced across the workers: a "
+           "collective, which every worker must call.")
       .def("gather", &gather_value, py::arg("value"), py::arg("axis") = 0,
            "TF's Strategy.gather: each PerReplica of `value` (a nest too) concatenated along "
            "`axis` across every replica.")

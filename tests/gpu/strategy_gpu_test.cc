@@ -18,6 +18,10 @@
 #include "tributary/strategy/strategies.h"
 #include "tributary/strategy/variable.h"
 
+#if defined(TRIBUTARY_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 namespace tributary {
 namespace {
 
@@ -91,6 +95,30 @@ TEST(GpuStrategyValues, VariablesCheckpointsAndReductionsOnAGpu) {
   ASSERT_TRUE(loss.ok()) << loss.status().message();
   EXPECT_EQ(host_floats((*loss)[0]), (std::vector<float>{2}));
 }
+
+#if defined(TRIBUTARY_HAVE_CUDA)
+// A copy from GPU:0 to GPU:1 right after work queued on GPU:0's default stream sees that work's
+// result (the copy waits for an event recorded after it, on the source GPU).
+TEST(GpuCopies, APeerCopyWaitsForTheSourceGpusWork) {
+  SKIP_WITHOUT_GPUS(2);
+  constexpr int64_t kBytes = int64_t{256} << 20;
+  auto a = Array::zeros(DType::kUInt8, {kBytes}, Device::cuda(0));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  for (int k = 1; k <= 8; ++k) {  // long enough to be still running when the copy is asked for
+    ASSERT_EQ(cudaMemsetAsync(a->tensor().data(), k, static_cast<size_t>(kBytes), nullptr),
+              cudaSuccess);
+  }
+  auto b = a->to_device(Device::cuda(1));
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  auto host = b->to_device(Device::cpu());
+  ASSERT_TRUE(host.ok()) << host.status().message();
+  const auto* bytes = host->data<uint8_t>();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < kBytes; ++i) wrong += bytes[i] != 8;
+  EXPECT_EQ(wrong, 0) << "bytes copied before GPU:0's memsets had finished";
+}
+#endif
 
 // MultiWorkerMirrored over 2 processes whose replica is a GPU: `ring` with both sharing GPU:0
 // (staged through host memory), `nccl` with GPU:rank (two GPUs). A finite dataset with a partial

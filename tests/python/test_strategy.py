@@ -79,14 +79,16 @@ def test_replica_context_collectives_and_merge_call(mirrored):
     assert isinstance(out, tuple) and len(out) == 4
     totals, severals, gathereds, mergeds = out
     assert isinstance(totals, tributary.PerReplica) and isinstance(severals, list)
-    # merge_call hands every replica the same object: TF's regroup gives it back unwrapped.
-    assert mergeds == 201
-    per_replica = zip(totals.values, zip(*(p.values for p in severals)), gathereds.values)
-    for total, several, gathered in per_replica:
+    # merge_call hands every replica the same int, which stays per replica: Python shares small
+    # ints by accident, where TF's replicas would hold two tensors.
+    per_replica = zip(totals.values, zip(*(p.values for p in severals)), gathereds.values,
+                      mergeds.values)
+    for total, several, gathered, merged in per_replica:
         np.testing.assert_array_equal(total, [3])
         assert int(several[0]) == 1
         np.testing.assert_array_equal(several[1], [1, 0])
         np.testing.assert_array_equal(gathered, [0, 1, 1])
+        assert merged == 201
 
 
 def test_an_exception_in_a_replica_is_raised_by_run(mirrored):
@@ -419,6 +421,13 @@ def test_same_objects_unwrap_and_local_results_map_nests(mirrored):
         w = tributary.Variable(np.float32(1), aggregation="sum")
         assert mirrored.run(lambda: w) is w
         assert mirrored.run(lambda: None) is None
+        # Ints and booleans stay per replica even when Python shares the object (small ints,
+        # NumPy's booleans): counts from replicas reduce as counts.
+        x = tributary.PerReplica([np.zeros((2, 1)), np.zeros((2, 1))])
+        rows = mirrored.run(lambda b: b.shape[0], args=(x,))
+        assert isinstance(rows, tributary.PerReplica) and float(mirrored.reduce("sum", rows)) == 4
+        flags = mirrored.run(lambda b: (b == 0).all(), args=(x,))
+        assert isinstance(flags, tributary.PerReplica)
 
         def step():
             i = tributary.get_replica_context().replica_id_in_sync_group

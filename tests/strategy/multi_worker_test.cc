@@ -176,13 +176,39 @@ TEST_P(MultiWorkerTest, NonDistributedValuesReduceAcrossWorkers) {
     auto sparse_mean = st.reduce(ReduceOp::kMean, *slices);
     CHILD_OK(sparse_mean.status());
     CHILD_CHECK((sparse_mean->values().to_vector<float>() == std::vector<float>{5, 10}));
-    // Last: a failed step leaves a multi-worker strategy unusable.
     auto gathered = st.gather(batch, 0);  // worker 0's row, then worker 1's three
     CHILD_OK(gathered.status());
     CHILD_CHECK((gathered->to_vector<float>() == std::vector<float>{1, 2, 2, 2}));
-    auto bad_op = st.reduce(ReduceOp::kMax, mine);
-    CHILD_CHECK(bad_op.status().code() == StatusCode::kInvalidArgument);
-    CHILD_CHECK(bad_op.status().message().find("SUM and MEAN, not max") != std::string::npos);
+    // MAX and PROD, which TF lacks, across the workers too; sparse values are SUM and MEAN only,
+    // refused alike on every worker before any collective (the strategy stays usable).
+    auto max = st.reduce(ReduceOp::kMax, mine);
+    CHILD_OK(max.status());
+    CHILD_CHECK((max->to_vector<float>() == std::vector<float>{2, 20}));
+    auto prod = st.reduce(ReduceOp::kProd, mine);
+    CHILD_OK(prod.status());
+    CHILD_CHECK((prod->to_vector<float>() == std::vector<float>{2, 200}));
+    auto sparse_max = st.reduce(ReduceOp::kMax, *slices);
+    CHILD_CHECK(sparse_max.status().code() == StatusCode::kInvalidArgument);
+    CHILD_OK(st.reduce(ReduceOp::kSum, mine).status());
+    return kChildOk;
+  });
+}
+
+// One replica per worker, the common layout: what run() returns, reduced as a PerReplica or as
+// each worker's part, gives the same answer for every op.
+TEST_P(MultiWorkerTest, OneReplicaPerWorkerReducesRunResultsAlikeEitherWay) {
+  expect_all_ok(2, [&](int rank) {
+    auto s = make(rank, 2, 1);
+    CHILD_OK(s.status());
+    Strategy& st = **s;
+    Array mine = *Array::from_vector<float>({static_cast<float>(rank + 2)});
+    for (ReduceOp op : all_reduce_ops()) {
+      auto as_part = st.reduce(op, mine);
+      auto as_per_replica = st.reduce(op, PerReplica<Array>({mine}));
+      CHILD_OK(as_part.status());
+      CHILD_OK(as_per_replica.status());
+      CHILD_CHECK(as_part->to_vector<float>() == as_per_replica->to_vector<float>());
+    }
     return kChildOk;
   });
 }

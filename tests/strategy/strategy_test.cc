@@ -158,9 +158,14 @@ TEST_P(MirroredTest, ReduceOfANonDistributedValueFollowsTf) {
   EXPECT_THAT(sum.status().message(),
               HasSubstr("A non-DistributedValues value float32[2]{1, 2} cannot be reduced with the "
                         "given reduce op ReduceOp.SUM."));
-  // Gathered, it is the one component there is (TF wraps it as one); the axis is still checked.
+  // TF's shortcut for zero; MIN and MAX of the same value on every replica are that value.
+  Array zero = *Array::from_vector<float>({0, 0});
+  EXPECT_TRUE(s->reduce(ReduceOp::kSum, zero)->equals(zero));
+  EXPECT_TRUE(s->reduce(ReduceOp::kMax, x)->equals(x));
+  EXPECT_EQ(s->reduce(ReduceOp::kProd, x).status().code(), StatusCode::kInvalidArgument);
+  // Gathered, it is the one component there is, as it is (TF wraps it as one).
   EXPECT_TRUE(s->gather(x, 0)->equals(x));
-  EXPECT_EQ(s->gather(x, 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(s->gather(Array::scalar(5.0f), 0)->equals(Array::scalar(5.0f)));
 }
 
 TEST_P(MirroredTest, GatherConcatenatesInReplicaOrder) {

@@ -99,8 +99,12 @@ class Variable {
   Status scatter_max(const IndexedSlices& delta);
   Status scatter_update(const IndexedSlices& delta);
 
-  // Snapshots of the local copies, in replica order (TF's experimental_local_results).
+  // Snapshots of the local copies, in replica order (TF's experimental_local_results), each on its
+  // device. A copy that cannot be made (out of memory on a GPU) ends the process with its error:
+  // use values_on_host() where a Status is wanted.
   std::vector<Array> values() const;
+  // Copies of the local copies in host memory, in replica order (what bindings read).
+  StatusOr<std::vector<Array>> values_on_host() const;
 
   struct State;
   friend struct VariableImpl;

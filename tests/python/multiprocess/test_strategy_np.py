@@ -51,10 +51,6 @@ def test_values_that_are_not_distributed_are_each_workers_part(strategy):
         rows = np.full((RANK + 1, 2), RANK, np.int64)
         assert strategy.gather(rows, axis=0)[:, 0].tolist() == [w for w in range(WORLD)
                                                                   for _ in range(w + 1)]
-        # Elements of a multi-worker strategy's datasets are always PerReplica (TF).
-        ds = tributary.Dataset.range(4 * WORLD).batch(2 * WORLD)
-        first = next(iter(strategy.experimental_distribute_dataset(ds)))
-        assert isinstance(first, tributary.PerReplica)
 
 
 def test_variables_start_from_the_chief_and_stay_mirrored(strategy):
