@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
+
+#include "strategy/internal.h"
 
 namespace tributary {
 namespace {
@@ -97,9 +100,20 @@ StatusOr<Array> broadcast_binary(const Array& a, const Array& b, std::string_vie
   std::vector<int64_t> index(rank, 0);
   int64_t ia = 0, ib = 0;
   const bool integral = !dtype_is_floating(a.dtype());
+  const DType dtype = a.dtype();
   for (int64_t i = 0; i < n; ++i) {
-    TRIBUTARY_ASSIGN_OR_RETURN(double v, op(a.at(ia), b.at(ib), integral));
-    dtype_store(a.dtype(), out.mutable_data<void>(), i, v);
+    // Integers exactly in int64 (wrapping as TF's kernels), floats in double.
+    if (integral) {
+      using strategy_internal::load_integer;
+      const StatusOr<int64_t> v =
+          op(load_integer(dtype, a.data<void>(), ia), load_integer(dtype, b.data<void>(), ib));
+      if (!v.ok()) return v.status();
+      strategy_internal::store_integer(dtype, out.mutable_data<void>(), i, *v);
+    } else {
+      const StatusOr<double> v = op(a.at(ia), b.at(ib));
+      if (!v.ok()) return v.status();
+      dtype_store(dtype, out.mutable_data<void>(), i, *v);
+    }
     // Advance the multi-index (last dimension fastest) and both operands' offsets.
     for (int64_t d = static_cast<int64_t>(rank) - 1; d >= 0; --d) {
       ia += sa[d];
@@ -126,8 +140,6 @@ StatusOr<Array> unary(const Array& a, std::string_view what, bool floating_only,
   }
   return out;
 }
-
-StatusOr<double> plain(double v) { return v; }
 
 }  // namespace
 
@@ -251,33 +263,55 @@ std::string Array::to_string(int64_t max_elements) const {
   return s + "}";
 }
 
+// The element operations take (double, double) for floating dtypes and (int64_t, int64_t) for
+// integer ones, returning the same type or a Status.
 StatusOr<Array> add(const Array& a, const Array& b) {
-  return broadcast_binary(a, b, "add", [](double x, double y, bool) { return plain(x + y); });
+  return broadcast_binary(a, b, "add", [](auto x, auto y) -> decltype(x) {
+    if constexpr (std::is_integral_v<decltype(x)>) return strategy_internal::wrapping_add(x, y);
+    return x + y;
+  });
 }
 StatusOr<Array> subtract(const Array& a, const Array& b) {
-  return broadcast_binary(a, b, "subtract", [](double x, double y, bool) { return plain(x - y); });
+  return broadcast_binary(a, b, "subtract", [](auto x, auto y) -> decltype(x) {
+    if constexpr (std::is_integral_v<decltype(x)>) return strategy_internal::wrapping_sub(x, y);
+    return x - y;
+  });
 }
 StatusOr<Array> multiply(const Array& a, const Array& b) {
-  return broadcast_binary(a, b, "multiply", [](double x, double y, bool) { return plain(x * y); });
+  return broadcast_binary(a, b, "multiply", [](auto x, auto y) -> decltype(x) {
+    if constexpr (std::is_integral_v<decltype(x)>) return strategy_internal::wrapping_mul(x, y);
+    return x * y;
+  });
 }
 StatusOr<Array> divide(const Array& a, const Array& b) {
-  return broadcast_binary(a, b, "divide", [](double x, double y, bool integral) -> StatusOr<double> {
-    if (!integral) return x / y;
-    if (y == 0) return invalid_argument("divide: Integer division by zero");
-    return std::trunc(x / y);
+  return broadcast_binary(a, b, "divide", [](auto x, auto y) -> StatusOr<decltype(x)> {
+    if constexpr (std::is_integral_v<decltype(x)>) {
+      if (y == 0) return invalid_argument("divide: Integer division by zero");
+      return strategy_internal::truncating_div(x, y);
+    }
+    return x / y;
   });
 }
 StatusOr<Array> maximum(const Array& a, const Array& b) {
-  return broadcast_binary(a, b, "maximum",
-                          [](double x, double y, bool) { return plain(std::isnan(x) || x > y ? x : y); });
+  return broadcast_binary(a, b, "maximum", [](auto x, auto y) -> decltype(x) {
+    if constexpr (std::is_integral_v<decltype(x)>) return std::max(x, y);
+    return std::isnan(x) || x > y ? x : y;
+  });
 }
 StatusOr<Array> minimum(const Array& a, const Array& b) {
-  return broadcast_binary(a, b, "minimum",
-                          [](double x, double y, bool) { return plain(std::isnan(x) || x < y ? x : y); });
+  return broadcast_binary(a, b, "minimum", [](auto x, auto y) -> decltype(x) {
+    if constexpr (std::is_integral_v<decltype(x)>) return std::min(x, y);
+    return std::isnan(x) || x < y ? x : y;
+  });
 }
 StatusOr<Array> squared_difference(const Array& a, const Array& b) {
-  return broadcast_binary(a, b, "squared_difference",
-                          [](double x, double y, bool) { return plain((x - y) * (x - y)); });
+  return broadcast_binary(a, b, "squared_difference", [](auto x, auto y) -> decltype(x) {
+    if constexpr (std::is_integral_v<decltype(x)>) {
+      const int64_t d = strategy_internal::wrapping_sub(x, y);
+      return strategy_internal::wrapping_mul(d, d);
+    }
+    return (x - y) * (x - y);
+  });
 }
 
 StatusOr<Array> negative(const Array& a) {

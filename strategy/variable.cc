@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 
 #include "fmt/format.h"
 #include "strategy/internal.h"
@@ -71,37 +72,48 @@ std::string_view scatter_name(ScatterKind k) {
 }
 
 // Row `row` of the variable's data combined with slice `k` of `values` (both CPU, same dtype).
+// Integers exactly, with TF's wrap-around (strategy_internal's helpers); floats in double.
+template <typename T>
+T scatter_op(ScatterKind kind, T x, T y) {
+  using namespace strategy_internal;
+  constexpr bool kInt = std::is_integral_v<T>;
+  switch (kind) {
+    case ScatterKind::kAdd:
+      if constexpr (kInt) return wrapping_add(x, y);
+      return x + y;
+    case ScatterKind::kSub:
+      if constexpr (kInt) return wrapping_sub(x, y);
+      return x - y;
+    case ScatterKind::kMul:
+      if constexpr (kInt) return wrapping_mul(x, y);
+      return x * y;
+    case ScatterKind::kDiv:  // integer division truncates (a zero divisor was refused before)
+      if constexpr (kInt) return truncating_div(x, y);
+      return x / y;
+    case ScatterKind::kMin:
+      return std::min(x, y);
+    case ScatterKind::kMax:
+      return std::max(x, y);
+    case ScatterKind::kUpdate:
+      break;
+  }
+  return y;
+}
+
 void scatter_row(ScatterKind kind, DType dtype, void* data, int64_t row, const Array& values,
                  int64_t k, int64_t row_elems) {
   const bool integral = !dtype_is_floating(dtype);
   for (int64_t e = 0; e < row_elems; ++e) {
     const int64_t at = row * row_elems + e;
-    const double x = dtype_load(dtype, data, at);
-    const double y = values.at(k * row_elems + e);
-    double r = y;
-    switch (kind) {
-      case ScatterKind::kAdd:
-        r = x + y;
-        break;
-      case ScatterKind::kSub:
-        r = x - y;
-        break;
-      case ScatterKind::kMul:
-        r = x * y;
-        break;
-      case ScatterKind::kDiv:
-        r = integral ? std::trunc(x / y) : x / y;
-        break;
-      case ScatterKind::kMin:
-        r = std::min(x, y);
-        break;
-      case ScatterKind::kMax:
-        r = std::max(x, y);
-        break;
-      case ScatterKind::kUpdate:
-        break;
+    const int64_t from = k * row_elems + e;
+    if (integral) {
+      const int64_t x = strategy_internal::load_integer(dtype, data, at);
+      const int64_t y = strategy_internal::load_integer(dtype, values.data<void>(), from);
+      strategy_internal::store_integer(dtype, data, at, scatter_op<int64_t>(kind, x, y));
+    } else {
+      const double x = dtype_load(dtype, data, at);
+      dtype_store(dtype, data, at, scatter_op<double>(kind, x, values.at(from)));
     }
-    dtype_store(dtype, data, at, r);
   }
 }
 

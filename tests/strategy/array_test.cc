@@ -6,6 +6,9 @@
 #include <cmath>
 #include <vector>
 
+#include "tributary/strategy/strategy.h"
+#include "tributary/strategy/variable.h"
+
 namespace tributary {
 namespace {
 
@@ -59,6 +62,28 @@ TEST(ArrayMath, IntegerDivisionTruncatesAndRefusesZero) {
   const std::vector<double> inf = values(divide(Array::scalar(1.f), Array::scalar(0.f)));
   ASSERT_EQ(inf.size(), 1u);
   EXPECT_TRUE(std::isinf(inf[0]));
+}
+
+// Integers are computed exactly, as TF's integer kernels: int64 beyond 2^53 (a double would drop
+// the last bits), and narrow types wrap around.
+TEST(ArrayMath, IntegerOpsAreExactAndWrapAsTf) {
+  const int64_t big = (int64_t{1} << 53) + 1;
+  auto sum = add(*Array::from_vector<int64_t>({big}), Array::scalar<int64_t>(1));
+  ASSERT_TRUE(sum.ok());
+  EXPECT_EQ(sum->to_vector<int64_t>(), std::vector<int64_t>{big + 1});
+  auto product = multiply(*Array::from_vector<int64_t>({big}), Array::scalar<int64_t>(3));
+  ASSERT_TRUE(product.ok());
+  EXPECT_EQ(product->to_vector<int64_t>(), std::vector<int64_t>{3 * big});
+  auto wrapped = add(*Array::from_vector<int8_t>({127, -128}), Array::scalar<int8_t>(1));
+  ASSERT_TRUE(wrapped.ok());
+  EXPECT_EQ(wrapped->to_vector<int8_t>(), (std::vector<int8_t>{-128, -127}));
+  auto under = subtract(*Array::from_vector<uint8_t>({3}), Array::scalar<uint8_t>(5));
+  ASSERT_TRUE(under.ok());
+  EXPECT_EQ(under->to_vector<uint8_t>(), std::vector<uint8_t>{254});
+  auto v = default_strategy().create_variable(Array::scalar<int64_t>(big));
+  ASSERT_TRUE(v.ok());
+  ASSERT_TRUE(v->assign_add(Array::scalar<int64_t>(1)).ok());
+  EXPECT_EQ(v->values()[0].to_vector<int64_t>(), std::vector<int64_t>{big + 1});
 }
 
 TEST(ArrayMath, UnaryOps) {

@@ -244,6 +244,34 @@ TEST(ScatterTest, EveryKindOnAPlainVariable) {
   }
 }
 
+// Integer variables update exactly, as TF's integer kernels: int64 beyond 2^53 (where a double
+// loses the last bits), truncating division, and wrap-around of narrow types.
+TEST(ScatterTest, IntegerVariablesUpdateExactly) {
+  const int64_t big = (int64_t{1} << 53) + 1;
+  auto v = default_strategy().create_variable(*Array::from_vector<int64_t>({big, -7}, {2, 1}));
+  ASSERT_TRUE(v.ok());
+  auto rows = [](std::vector<int64_t> at, std::vector<int64_t> values) {
+    return *IndexedSlices::make(
+        *Array::from_vector(values, {static_cast<int64_t>(values.size()), 1}),
+        *Array::from_vector(at), {2, 1});
+  };
+  ASSERT_TRUE(v->scatter_add(rows({0}, {1})).ok());
+  ASSERT_TRUE(v->scatter_div(rows({1}, {2})).ok());
+  EXPECT_EQ(v->values()[0].to_vector<int64_t>(), (std::vector<int64_t>{big + 1, -3}));
+  ASSERT_TRUE(v->scatter_mul(rows({0}, {3})).ok());
+  EXPECT_EQ(v->values()[0].to_vector<int64_t>()[0], 3 * (big + 1));
+  auto u = default_strategy().create_variable(*Array::from_vector<uint8_t>({250, 3}, {2, 1}));
+  ASSERT_TRUE(u.ok());
+  auto narrow = [](std::vector<int64_t> at, std::vector<uint8_t> values) {
+    return *IndexedSlices::make(
+        *Array::from_vector(values, {static_cast<int64_t>(values.size()), 1}),
+        *Array::from_vector(at), {2, 1});
+  };
+  ASSERT_TRUE(u->scatter_add(narrow({0}, {10})).ok());
+  ASSERT_TRUE(u->scatter_sub(narrow({1}, {5})).ok());
+  EXPECT_EQ(u->values()[0].to_vector<uint8_t>(), (std::vector<uint8_t>{4, 254}));
+}
+
 TEST(ScatterTest, BadUpdatesChangeNothingAndSayWhy) {
   auto v = *default_strategy().create_variable(matrix({1, 2, 3, 4, 5, 6}, 3), {"table"});
   Status range = v.scatter_add(slices({0, 3}, {1, 1, 1, 1}, 3));

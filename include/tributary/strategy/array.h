@@ -111,8 +111,11 @@ class Array {
 // for reduce_sum_all, reduce_mean_all and cast, which return no Status: they copy a GPU array to
 // the host and their result back to its device, and a copy that fails there (out of memory on the
 // device) ends the process with its error.
-// Computed in double and rounded to the dtype once (float16/bfloat16 therefore accumulate wider,
-// as the reductions do). These are for the small tensors of a model's step, not hot loops.
+// Floating values are computed in double and rounded to the dtype once (float16/bfloat16
+// therefore accumulate wider, as the reductions do); the binary ops compute integers exactly in
+// int64 and wrap around in narrow dtypes, as TF's integer kernels (Variable updates and scatters
+// too; reductions along an axis and the unary ops still go through double, exact to 2^53). These
+// are for the small tensors of a model's step, not hot loops.
 //
 // Binary ops need equal dtypes (no implicit casts, as in TF: cast() first) and broadcast shapes as
 // TF and NumPy do: shapes are aligned at their last dimension and each pair of dimensions must be
