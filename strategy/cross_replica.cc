@@ -706,10 +706,9 @@ StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const PerReplica<IndexedSl
 
 // A value that is not distributed, on a strategy of several workers: TF's MultiWorkerMirrored
 // (_reduce_to) hands it to its collective as one component per worker, so SUM adds the workers'
-// values and MEAN divides by the number of workers. Here each local replica brings the value (MEAN,
-// MIN, MAX: the same collective as a PerReplica's), or replica 0 the value and the others the op's
-// identity (SUM, PROD; with an axis, an empty slice along it, so that a MEAN with an axis divides
-// by the global count along it).
+// values and MEAN divides by the number of workers. Here each local replica brings the value (MIN,
+// MAX), or replica 0 the value and the others the op's identity (SUM, PROD, MEAN; with an axis, an
+// empty slice along it, so that a MEAN with an axis divides by the global count along it).
 StatusOr<IndexedSlices> Strategy::reduce_across_workers(ReduceOp op, const IndexedSlices& value) {
   Shape no_rows = value.values().shape();
   no_rows[0] = 0;
@@ -740,15 +739,19 @@ StatusOr<Array> Strategy::reduce_across_workers(ReduceOp op, const Array& value,
     return reduce(op, PerReplica<Array>(std::move(parts)), a);
   }
   std::vector<Array> parts(n, value);
-  if (op == ReduceOp::kSum || op == ReduceOp::kProd) {
-    TRIBUTARY_ASSIGN_OR_RETURN(Array identity, Array::zeros(value.dtype(), value.shape()));
-    if (op == ReduceOp::kProd) {
-      std::vector<double> ones(static_cast<size_t>(value.num_elements()), 1.0);
-      TRIBUTARY_ASSIGN_OR_RETURN(identity, Array::from_doubles(value.dtype(), ones, value.shape()));
-    }
-    for (size_t i = 1; i < n; ++i) parts[i] = identity;
+  if (op == ReduceOp::kMin || op == ReduceOp::kMax) return reduce(op, PerReplica<Array>(parts));
+  // SUM, PROD, MEAN: the op's identity on the other local replicas; MEAN is the workers' SUM
+  // divided by their number (not n copies of each value summed: an integer sum could overflow).
+  TRIBUTARY_ASSIGN_OR_RETURN(Array identity, Array::zeros(value.dtype(), value.shape()));
+  if (op == ReduceOp::kProd) {
+    std::vector<double> ones(static_cast<size_t>(value.num_elements()), 1.0);
+    TRIBUTARY_ASSIGN_OR_RETURN(identity, Array::from_doubles(value.dtype(), ones, value.shape()));
   }
-  return reduce(op, PerReplica<Array>(std::move(parts)));
+  for (size_t i = 1; i < n; ++i) parts[i] = identity;
+  const ReduceOp across = op == ReduceOp::kMean ? ReduceOp::kSum : op;
+  TRIBUTARY_ASSIGN_OR_RETURN(Array r, reduce(across, PerReplica<Array>(std::move(parts))));
+  if (op != ReduceOp::kMean) return r;
+  return scale(cast(r, true_division_dtype(r.dtype())), 1.0 / num_workers());
 }
 
 StatusOr<IndexedSlices> Strategy::reduce(ReduceOp op, const IndexedSlices& value) {

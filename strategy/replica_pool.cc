@@ -289,18 +289,25 @@ Status Strategy::check_run_arguments(std::span<const char* const> kinds,
   return ok_status();
 }
 
-Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn) {
+Status Strategy::run_interruptible(const std::function<Status(ReplicaContext&)>& fn,
+                                   const std::function<Status()>& interrupt_check) {
+  return run_erased(fn, &interrupt_check);
+}
+
+Status Strategy::run_erased(const std::function<Status(ReplicaContext&)>& fn,
+                            const std::function<Status()>* interrupt_check) {
   // A handle on the default strategy runs as the default strategy (its replica context).
-  if (Strategy* s = identity(); s != this) return s->run_erased(fn);
+  if (Strategy* s = identity(); s != this) return s->run_erased(fn, interrupt_check);
   // Multi-worker: a step that failed here (a replica's error, or its check of an update before
   // the meeting) has left this worker's collectives out of step with its peers', which may be
   // waiting in one it never reaches: they are told at once instead of at their timeout.
-  Status s = run_replicas(fn);
+  Status s = run_replicas(fn, interrupt_check);
   if (!s.ok()) tell_peers(s);
   return s;
 }
 
-Status Strategy::run_replicas(const std::function<Status(ReplicaContext&)>& fn) {
+Status Strategy::run_replicas(const std::function<Status(ReplicaContext&)>& fn,
+                              const std::function<Status()>* interrupt_check) {
   auto& t = thread_context();
   if (t.replica != nullptr || t.merge != nullptr) {
     return failed_precondition(
@@ -341,16 +348,26 @@ Status Strategy::run_replicas(const std::function<Status(ReplicaContext&)>& fn) 
   ++p.run_generation;
   p.cv.notify_all();
   Status interrupted;
-  if (!interrupt_check_) {
+  if (interrupt_check == nullptr || !*interrupt_check) {
     p.cv.wait(lock, [&] { return p.running == 0; });
   } else {
+    // Called until every replica has returned, after a first error too (the binding may have
+    // replicas to stop that started late). Nothing leaves here while replicas run.
     constexpr auto kPoll = std::chrono::milliseconds(50);
     while (!p.cv.wait_for(lock, kPoll, [&] { return p.running == 0; })) {
-      if (!interrupted.ok()) continue;
       lock.unlock();  // the check may take the binding's own lock (Python's GIL)
-      Status check = interrupt_check_();
+      Status check;
+      try {
+        check = (*interrupt_check)();
+      } catch (abi::__forced_unwind&) {
+        throw;  // a thread being ended must unwind
+      } catch (const std::exception& e) {
+        check = internal_error(std::string("the interrupt check threw ") + e.what());
+      } catch (...) {
+        check = internal_error("the interrupt check threw");
+      }
       lock.lock();
-      if (check.ok()) continue;
+      if (check.ok() || !interrupted.ok()) continue;
       interrupted = std::move(check);
       if (p.failure.ok()) p.failure = interrupted;  // replicas in or reaching a meeting fail
       p.cv.notify_all();

@@ -125,10 +125,18 @@ struct PerReplicaValue {
   std::vector<py::object> values;
 };
 
+// What regroup does with a leaf that is the same object on every replica (so any leaf of one).
+enum class Unwrap {
+  kNever,       // TF's always_wrap (values from a function)
+  kSameObject,  // TF's rule: that object, unwrapped (merge_call's arguments)
+  // run()'s results: as kSameObject, except ints and NumPy booleans from several replicas, which
+  // Python shares by accident (small ints) where TF's replicas return two tensors.
+  kSameObjectExceptCounts,
+};
+
 // TF's regroup of a PerReplica: values that are nests (tuples, lists, dicts) become the nest of
-// PerReplica leaves; unless `always_wrap`, a leaf that is the same object on every replica (so any
-// leaf of one replica) is that object, unwrapped. Any other value as it is.
-py::object regroup(py::handle value, bool always_wrap);
+// PerReplica leaves, each unwrapped as `unwrap` says. Any other value as it is.
+py::object regroup(py::handle value, Unwrap unwrap);
 
 // --- module parts -------------------------------------------------------------------------------
 void bind_errors(py::module_& m);

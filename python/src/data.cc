@@ -290,7 +290,7 @@ py::object values_from_function(Strategy& s, py::function value_fn) {
   }
   // TF regroups the results, always wrapped: a value_fn returning (a, b) gives (PerReplica(a...),
   // PerReplica(b...)).
-  return regroup(py::cast(std::move(out)), true);
+  return regroup(py::cast(std::move(out)), Unwrap::kNever);
 }
 
 }  // namespace

@@ -258,53 +258,64 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
   std::vector<py::object> results(static_cast<size_t>(n));
   std::vector<ReplicaFailure> failures(static_cast<size_t>(n));
   // Ctrl-C while several replicas run on their threads: the signal's handler runs here, on the
-  // waiting thread; its KeyboardInterrupt is then raised in each replica thread still running
-  // Python code (as an asynchronous exception), and run() raises it once every replica returned.
-  std::vector<unsigned long> replica_threads(static_cast<size_t>(n), 0);  // under the GIL
+  // waiting thread; its KeyboardInterrupt is then raised in each replica thread running Python
+  // code (an asynchronous exception), a replica that starts later does not call fn, and run()
+  // raises it once every replica has returned. Replica threads are listed under the GIL.
+  std::vector<unsigned long> replica_threads(static_cast<size_t>(n), 0);
+  std::vector<bool> told(static_cast<size_t>(n), false);
   std::optional<py::error_already_set> interrupt;
-  s.set_interrupt_check([&]() -> Status {
+  const std::function<Status()> check = [&]() -> Status {
     py::gil_scoped_acquire gil;
-    if (PyErr_CheckSignals() == 0) return ok_status();
-    interrupt.emplace();  // the handler's exception (KeyboardInterrupt), fetched
-    for (unsigned long t : replica_threads) {
-      if (t != 0) PyThreadState_SetAsyncExc(t, interrupt->type().ptr());
+    if (PyErr_CheckSignals() != 0) {
+      if (!interrupt) {
+        interrupt.emplace();  // the handler's exception (KeyboardInterrupt), fetched
+      } else {
+        PyErr_Clear();  // another Ctrl-C: the first is raised once the replicas returned
+      }
+    }
+    if (!interrupt) return ok_status();
+    for (size_t i = 0; i < replica_threads.size(); ++i) {
+      if (replica_threads[i] != 0 && !told[i]) {
+        PyThreadState_SetAsyncExc(replica_threads[i], interrupt->type().ptr());
+        told[i] = true;
+      }
     }
     return aborted(std::string("Strategy.run() was interrupted (") + interrupt->what() + ")");
-  });
-  struct ClearCheck {
-    Strategy& s;
-    ~ClearCheck() { s.set_interrupt_check(nullptr); }
-  } clear_check{s};
+  };
   Status status;
   {
     py::gil_scoped_release release;
-    status = s.run([&](ReplicaContext& ctx) -> Status {
-      const auto i = static_cast<size_t>(ctx.local_replica_id());
-      py::gil_scoped_acquire gil;
-      const unsigned long me = PyThread_get_thread_ident();
-      replica_threads[i] = me;
-      struct Leave {
-        unsigned long me;
-        unsigned long& slot;
-        ~Leave() {
-          slot = 0;
-          PyThreadState_SetAsyncExc(me, nullptr);  // one set too late must not fire later
-        }
-      } leave{me, replica_threads[i]};
-      try {
-        results[i] = fn(*per_args[i], **per_kwargs[i]);
-        return ok_status();
-      } catch (py::error_already_set& e) {
-        std::string what = e.what();
-        failures[i].from_tributary = is_tributary_error(e);
-        failures[i].error.emplace(std::move(e));
-        return aborted("the function raised " + what);
-      } catch (const StatusError& e) {
-        return e.status();
-      } catch (const std::exception& e) {
-        return internal_error(std::string("the function threw ") + e.what());
-      }
-    });
+    status = s.run_interruptible(
+        [&](ReplicaContext& ctx) -> Status {
+          const auto i = static_cast<size_t>(ctx.local_replica_id());
+          py::gil_scoped_acquire gil;
+          if (interrupt) return aborted("Strategy.run() was interrupted before this replica ran");
+          const unsigned long me = PyThread_get_thread_ident();
+          replica_threads[i] = me;
+          told[i] = false;
+          struct Leave {
+            unsigned long me;
+            unsigned long& slot;
+            ~Leave() {
+              slot = 0;
+              PyThreadState_SetAsyncExc(me, nullptr);  // one set too late must not fire later
+            }
+          } leave{me, replica_threads[i]};
+          try {
+            results[i] = fn(*per_args[i], **per_kwargs[i]);
+            return ok_status();
+          } catch (py::error_already_set& e) {
+            std::string what = e.what();
+            failures[i].from_tributary = is_tributary_error(e);
+            failures[i].error.emplace(std::move(e));
+            return aborted("the function raised " + what);
+          } catch (const StatusError& e) {
+            return e.status();
+          } catch (const std::exception& e) {
+            return internal_error(std::string("the function threw ") + e.what());
+          }
+        },
+        check);
   }
   if (interrupt) throw std::move(*interrupt);
   if (!status.ok()) {
@@ -338,7 +349,7 @@ py::object run(Strategy& s, py::function fn, py::handle args, py::handle kwargs)
   // TF's regroup: a function returning (loss, acc) gives (PerReplica(loss...), PerReplica(acc...)),
   // replicas that return other structures are TF's ValueError; what is the same object on every
   // replica (so whatever one replica returns) comes back unwrapped.
-  return regroup(py::cast(PerReplicaValue{std::move(results)}), false);
+  return regroup(py::cast(PerReplicaValue{std::move(results)}), Unwrap::kSameObjectExceptCounts);
 }
 
 py::object merge_call(const PyReplicaContext& pc, py::function fn, py::handle args) {
@@ -356,7 +367,9 @@ py::object merge_call(const PyReplicaContext& pc, py::function fn, py::handle ar
       for (const HeldPtr& h : per_replica) all.values.push_back(h->obj);
       py::list call_args;
       call_args.append(strategy_object(s));
-      for (py::handle a : regroup(py::cast(std::move(all)), false)) call_args.append(a);
+      for (py::handle a : regroup(py::cast(std::move(all)), Unwrap::kSameObject)) {
+        call_args.append(a);
+      }
       auto out = std::make_shared<Held>();
       out->obj = fn(*py::tuple(call_args));
       return out;
@@ -487,18 +500,19 @@ bool shared_by_accident(py::handle h) {
   return PyLong_Check(h.ptr()) || py::isinstance(h, *numpy_bool);
 }
 
-py::object regroup(py::handle value, bool always_wrap) {
+py::object regroup(py::handle value, Unwrap unwrap) {
   if (!py::isinstance<PerReplicaValue>(value)) return py::reinterpret_borrow<py::object>(value);
   const auto& v = value.cast<const PerReplicaValue&>();
   if (v.values.empty()) return py::reinterpret_borrow<py::object>(value);
   if (!is_nest(v.values[0])) {
-    // TF unwraps the same object on every replica, so any value of one replica. With several,
-    // ints and booleans stay wrapped (see above).
+    // TF unwraps the same object on every replica, so any value of one replica; run()'s ints and
+    // booleans from several stay wrapped (see above).
     const bool same = std::all_of(v.values.begin(), v.values.end(),
                                   [&](const py::object& x) { return x.is(v.values[0]); });
-    const bool unwrap =
-        !always_wrap && same && (v.values.size() == 1 || !shared_by_accident(v.values[0]));
-    return unwrap ? v.values[0] : py::reinterpret_borrow<py::object>(value);
+    const bool counts = unwrap == Unwrap::kSameObjectExceptCounts && v.values.size() > 1 &&
+                        shared_by_accident(v.values[0]);
+    return unwrap != Unwrap::kNever && same && !counts ? v.values[0]
+                                                       : py::reinterpret_borrow<py::object>(value);
   }
   std::vector<std::vector<py::object>> per(v.values.size());
   const std::string first = structure_of(v.values[0]);
@@ -514,7 +528,7 @@ py::object regroup(py::handle value, bool always_wrap) {
   for (size_t k = 0; k < per[0].size(); ++k) {
     PerReplicaValue leaf;
     for (size_t r = 0; r < per.size(); ++r) leaf.values.push_back(per[r][k]);
-    leaves.push_back(regroup(py::cast(std::move(leaf)), always_wrap));
+    leaves.push_back(regroup(py::cast(std::move(leaf)), unwrap));
   }
   return pack_nest(v.values[0], leaves);
 }
@@ -523,7 +537,7 @@ namespace {
 
 // A PerReplica of nests passed to reduce or gather, as the nest of its PerReplica leaves.
 py::object split_per_replica_nests(py::handle value) {
-  return map_nest(value, [](py::handle v) { return regroup(v, true); });
+  return map_nest(value, [](py::handle v) { return regroup(v, Unwrap::kNever); });
 }
 
 py::object reduce_value(Strategy& s, py::handle op, py::handle value, py::handle axis) {

@@ -79,8 +79,8 @@ def test_replica_context_collectives_and_merge_call(mirrored):
     assert isinstance(out, tuple) and len(out) == 4
     totals, severals, gathereds, mergeds = out
     assert isinstance(totals, tributary.PerReplica) and isinstance(severals, list)
-    # merge_call hands every replica the same int, which stays per replica: Python shares small
-    # ints by accident, where TF's replicas would hold two tensors.
+    # merge_call hands every replica the same int, which run() keeps per replica: Python shares
+    # small ints by accident, where TF's replicas would hold two tensors.
     per_replica = zip(totals.values, zip(*(p.values for p in severals)), gathereds.values,
                       mergeds.values)
     for total, several, gathered, merged in per_replica:
@@ -393,6 +393,35 @@ def test_ctrl_c_interrupts_a_run_of_several_replicas():
     assert done.stdout.split() == ["interrupted", "2.0", "interrupted", "2.0"]
 
 
+def test_a_nested_or_concurrent_run_is_refused_and_the_outer_run_completes():
+    import threading
+    import time
+    s = tributary.MirroredStrategy(devices=2)
+    refused = []
+
+    def step():
+        if tributary.get_replica_context().replica_id_in_sync_group == 0:
+            with pytest.raises(tributary.errors.FailedPreconditionError):
+                s.run(lambda: 1)
+            refused.append("nested")
+        time.sleep(0.3)  # the outer run() waits (and polls for Ctrl-C) meanwhile
+        return 1
+
+    assert list(s.run(step).values) == [1, 1]
+
+    def concurrent():
+        try:
+            s.run(lambda: 1)
+        except tributary.errors.FailedPreconditionError:
+            refused.append("concurrent")
+
+    t = threading.Timer(0.1, concurrent)
+    t.start()
+    assert list(s.run(lambda: time.sleep(0.4) or 2).values) == [2, 2]
+    t.join()
+    assert refused == ["nested", "concurrent"]
+
+
 def test_one_replica_values_come_back_unwrapped_as_tf():
     # TF's regroup: what every replica returns as the same object, so whatever the one replica of a
     # one-device strategy returns, comes back as it is; its iterators yield the batches themselves.
@@ -432,14 +461,16 @@ def test_same_objects_unwrap_and_local_results_map_nests(mirrored):
         def step():
             i = tributary.get_replica_context().replica_id_in_sync_group
 
-            def merge(strategy, shared, own, nest):
-                # merge_fn's arguments are regrouped as run()'s results.
+            def merge(strategy, shared, own, nest, count, flag):
+                # merge_fn's arguments are regrouped as TF: the same object, an int or a bool
+                # too, unwrapped.
                 assert shared is w and isinstance(own, tributary.PerReplica)
                 assert nest[0] == "tag" and isinstance(nest[1], tributary.PerReplica)
+                assert count == 3 and flag is False
                 return list(own.values)
 
             return tributary.get_replica_context().merge_call(
-                merge, args=(w, np.float32(i), ("tag", np.float32(i))))
+                merge, args=(w, np.float32(i), ("tag", np.float32(i)), 3, False))
 
         assert [float(x) for x in mirrored.run(step)] == [0.0, 1.0]
         out = mirrored.run(lambda: (np.float32(tributary.get_replica_context().replica_id_in_sync_group),

@@ -194,23 +194,32 @@ TEST_P(MultiWorkerTest, NonDistributedValuesReduceAcrossWorkers) {
   });
 }
 
-// One replica per worker, the common layout: what run() returns, reduced as a PerReplica or as
-// each worker's part, gives the same answer for every op.
-TEST_P(MultiWorkerTest, OneReplicaPerWorkerReducesRunResultsAlikeEitherWay) {
-  expect_all_ok(2, [&](int rank) {
-    auto s = make(rank, 2, 1);
-    CHILD_OK(s.status());
-    Strategy& st = **s;
-    Array mine = *Array::from_vector<float>({static_cast<float>(rank + 2)});
-    for (ReduceOp op : all_reduce_ops()) {
-      auto as_part = st.reduce(op, mine);
-      auto as_per_replica = st.reduce(op, PerReplica<Array>({mine}));
-      CHILD_OK(as_part.status());
-      CHILD_OK(as_per_replica.status());
-      CHILD_CHECK(as_part->to_vector<float>() == as_per_replica->to_vector<float>());
-    }
-    return kChildOk;
-  });
+// Each worker's part reduced across the workers for every op, with one local replica (the common
+// layout, where Python's run() gives the value itself) and with three; an int32 MEAN does not
+// overflow on the way (each worker's value is summed once, not once per local replica).
+TEST_P(MultiWorkerTest, WorkerPartsReduceForEveryOpWithOneOrSeveralLocalReplicas) {
+  for (int local : {1, 3}) {
+    expect_all_ok(2, [&](int rank) {
+      auto s = make(rank, 2, local);
+      CHILD_OK(s.status());
+      Strategy& st = **s;
+      Array mine = *Array::from_vector<float>({static_cast<float>(rank + 2)});  // 2 and 3
+      const std::vector<std::pair<ReduceOp, float>> want = {{ReduceOp::kSum, 5},
+                                                            {ReduceOp::kMean, 2.5f},
+                                                            {ReduceOp::kMax, 3},
+                                                            {ReduceOp::kMin, 2},
+                                                            {ReduceOp::kProd, 6}};
+      for (const auto& [op, value] : want) {
+        auto r = st.reduce(op, mine);
+        CHILD_OK(r.status());
+        CHILD_CHECK(r->to_vector<float>() == std::vector<float>{value});
+      }
+      auto mean = st.reduce(ReduceOp::kMean, *Array::from_vector<int32_t>({1000000000}));
+      CHILD_OK(mean.status());
+      CHILD_CHECK(mean->to_vector<double>() == std::vector<double>{1000000000});
+      return kChildOk;
+    });
+  }
 }
 
 // Sparse gradients (IndexedSlices) across workers: every replica's rows, in global replica order,

@@ -270,21 +270,21 @@ class Strategy {
   // default replica context stays current); it is refused inside another strategy's scope or run.
   StatusOr<StrategyScope> scope();
 
-  // For bindings whose language handles signals on the thread that called run() (Python's
-  // Ctrl-C): while run() waits for several local replicas, `check` is called every 50 ms on that
-  // thread, holding no lock of ours. Its first error ends the step as a replica's failure would:
-  // replicas waiting for each other, or reaching a meeting, fail at once (the binding stops its
-  // own code running in replicas); one blocked in a backend's collective returns when it ends, at
-  // the latest at the backend's timeout. run() returns the error once every replica has returned
-  // (multi-worker: its peers are then told, as after any failed step). Empty: none (the default).
-  void set_interrupt_check(std::function<Status()> check) { interrupt_check_ = std::move(check); }
-
   // --- replica context ---------------------------------------------------------------------------
   Status run(const std::function<Status(ReplicaContext&)>& fn);
   // fn(ReplicaContext&, select_replica(i, args)...) returning StatusOr<R>, R or Status; the results
   // come back per replica.
   template <typename Fn, typename... Args>
   auto run(Fn&& fn, const Args&... args);
+  // run() for bindings whose language handles signals on the calling thread (Python's Ctrl-C):
+  // while it waits for several local replicas, `interrupt_check` is called every 50 ms on the
+  // calling thread, holding no lock of ours, until every replica has returned. Its first error ends
+  // the step as a replica's failure would: replicas waiting for each other, or reaching a meeting,
+  // fail at once (the binding stops its own code running in replicas); one blocked in a backend's
+  // collective returns when that ends, at the latest at the backend's timeout. The step then
+  // returns that error (multi-worker: its peers are told, as after any failed step).
+  Status run_interruptible(const std::function<Status(ReplicaContext&)>& fn,
+                           const std::function<Status()>& interrupt_check);
 
   // --- cross-replica context ---------------------------------------------------------------------
   // TF's Strategy.reduce. axis none: reduce across replicas. axis given: reduce each replica's
@@ -367,8 +367,10 @@ class Strategy {
   template <typename... Args>
   Status check_run_args(const Args&... args);
   Status check_run_arguments(std::span<const char* const> kinds, std::span<const size_t> sizes);
-  Status run_erased(const std::function<Status(ReplicaContext&)>& fn);
-  Status run_replicas(const std::function<Status(ReplicaContext&)>& fn);
+  Status run_erased(const std::function<Status(ReplicaContext&)>& fn,
+                    const std::function<Status()>* interrupt_check = nullptr);
+  Status run_replicas(const std::function<Status(ReplicaContext&)>& fn,
+                      const std::function<Status()>* interrupt_check);
   StatusOr<std::vector<Array>> all_reduce_local(ReduceOp op, std::span<const Array> per_replica);
   StatusOr<std::vector<Array>> all_gather_local(std::span<const Array> per_replica, int axis);
   StatusOr<std::vector<IndexedSlices>> all_reduce_slices_local(
@@ -378,7 +380,6 @@ class Strategy {
 
   StrategyParts parts_;
   int instance_ = 0;
-  std::function<Status()> interrupt_check_;
   std::vector<std::unique_ptr<ReplicaContext>> contexts_;
   std::unique_ptr<Pool> pool_;
 };
