@@ -13,6 +13,7 @@
 
 #include "backends/hierarchical_copy/hierarchical_copy_ops.h"
 #include "core/gpu.h"
+#include "tests/gpu/skip.h"
 #include "tests/multiprocess/conformance.h"
 #include "tributary/registry.h"
 #include "tributary/store.h"
@@ -25,13 +26,6 @@
 
 namespace tributary {
 namespace {
-
-#define SKIP_WITHOUT_GPUS(n)                                                                  \
-  if (cuda_device_count() < (n)) {                                                            \
-    GTEST_SKIP() << "needs " << (n) << " CUDA device(s); " << cuda_device_count()             \
-                 << " visible (" << gpu::visible_devices_text() << "; "                        \
-                 << gpu::runtime_info().error << ")";                                          \
-  }
 
 #define SKIP_WITHOUT_NCCL(r)                                                                  \
   if ((r).find("nccl") == nullptr) {                                                          \

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/gpu.h"
+#include "tests/gpu/skip.h"
 #include "tests/multiprocess/harness.h"
 #include "tributary/registry.h"
 #include "tributary/strategy/distributed_input.h"
@@ -24,12 +25,6 @@
 
 namespace tributary {
 namespace {
-
-#define SKIP_WITHOUT_GPUS(n)                                                                      \
-  if (cuda_device_count() < (n)) {                                                                \
-    GTEST_SKIP() << "needs " << (n) << " CUDA device(s); " << cuda_device_count() << " visible (" \
-                 << gpu::visible_devices_text() << "; " << gpu::runtime_info().error << ")";      \
-  }
 
 std::vector<float> host_floats(const Array& a) {
   auto host = a.to_device(Device::cpu());
