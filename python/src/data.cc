@@ -138,6 +138,11 @@ struct PyDistributedDataset {
   py::object strategy;  // keeps the strategy alive
 };
 
+// TF's tf.experimental.Optional of a distributed element.
+struct PyOptional {
+  std::optional<py::object> value;
+};
+
 struct PyDistributedIterator {
   std::shared_ptr<IteratorCore> core;
   Single single;
@@ -615,6 +620,20 @@ void bind_data(py::module_& m) {
         return element_spec_to_string(d.dataset.element_spec());
       });
 
+  // TF's tf.experimental.Optional, as get_next_as_optional() returns it.
+  py::class_<PyOptional>(m, "Optional")
+      .def("has_value", [](const PyOptional& o) { return o.value.has_value(); })
+      .def(
+          "get_value",
+          [](const PyOptional& o) -> py::object {
+            if (!o.value) throw_invalid("The optional variant does not have a value.");
+            return *o.value;
+          },
+          "The value; TF's InvalidArgumentError when there is none.")
+      .def("__repr__", [](const PyOptional& o) {
+        return o.value ? "Optional(has_value=True)" : std::string("Optional(has_value=False)");
+      });
+
   py::class_<PyDistributedIterator>(m, "DistributedIterator")
       .def("__iter__", [](py::object self) { return self; })
       .def(
@@ -627,6 +646,20 @@ void bind_data(py::module_& m) {
           "The next batch: a PerReplica, or a tuple of PerReplica (one per component) for "
           "tuple elements; with one replica on one worker, the batch itself (as TF); "
           "OutOfRangeError at the end of data (TF's get_next).")
+      .def(
+          "get_next_as_optional",
+          [](PyDistributedIterator& it) {
+            StatusOr<PerReplica<Element>> e = next_distributed(it);
+            PyOptional out;
+            if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) return out;
+            out.value =
+                distributed_element(value_or_throw(std::move(e)), is_single(it.single), it.wrap());
+            return out;
+          },
+          "TF's get_next_as_optional: an Optional holding the next batch, empty at the end of "
+          "data (on several workers, when no worker has data left), e.g. "
+          "`while (o := it.get_next_as_optional()).has_value(): strategy.run(step, "
+          "args=(o.get_value(),))`.")
       .def("__next__", [](PyDistributedIterator& it) {
         StatusOr<PerReplica<Element>> e = next_distributed(it);
         if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) throw py::stop_iteration();

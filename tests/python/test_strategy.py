@@ -393,6 +393,19 @@ def test_ctrl_c_interrupts_a_run_of_several_replicas():
     assert done.stdout.split() == ["interrupted", "2.0", "interrupted", "2.0"]
 
 
+def test_get_next_as_optional_ends_with_an_empty_optional(mirrored):
+    # TF's custom-loop idiom for uneven data: loop while the Optional has a value.
+    ds = tributary.Dataset.range(6).batch(4)
+    it = iter(mirrored.experimental_distribute_dataset(ds))
+    batches = []
+    while (o := it.get_next_as_optional()).has_value():
+        batches.append([v.tolist() for v in o.get_value().values])
+    assert batches == [[[0, 1], [2, 3]], [[4, 5], []]]  # TF's rebatching of the partial batch
+    assert not o.has_value() and "has_value=False" in repr(o)
+    with pytest.raises(tributary.errors.InvalidArgumentError, match="does not have a value"):
+        o.get_value()
+
+
 def test_a_nested_or_concurrent_run_is_refused_and_the_outer_run_completes():
     import threading
     import time
@@ -473,8 +486,8 @@ def test_same_objects_unwrap_and_local_results_map_nests(mirrored):
                 merge, args=(w, np.float32(i), ("tag", np.float32(i)), 3, False))
 
         assert [float(x) for x in mirrored.run(step)] == [0.0, 1.0]
-        out = mirrored.run(lambda: (np.float32(tributary.get_replica_context().replica_id_in_sync_group),
-                                    "same"))
+        out = mirrored.run(lambda: (
+            np.float32(tributary.get_replica_context().replica_id_in_sync_group), "same"))
         assert [(float(a), b) for a, b in mirrored.experimental_local_results(out)] == [
             (0.0, "same"), (1.0, "same")]
 
