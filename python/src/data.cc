@@ -202,6 +202,24 @@ std::vector<Array> components_from(py::handle components, bool& single) {
   return out;
 }
 
+// What a Python function (map, from_generator) gave as an element, its structure recorded in
+// `structure`. `gave` ("the map function returned") and `part` ("the map function's result") name
+// it in errors: InvalidArgument for what is not an array or a tuple of arrays.
+StatusOr<Element> element_from_python(py::handle value, Structure& structure, const char* gave,
+                                      const char* part) {
+  try {
+    bool single = true;
+    Element e = components_from(value, single);
+    structure.own.store(single ? 1 : 0);
+    return e;
+  } catch (py::error_already_set& x) {
+    return invalid_argument(std::string(gave) +
+                            " what is not an array or a tuple of arrays: " + x.what());
+  } catch (const StatusError& x) {
+    return x.status().with_context(part);
+  }
+}
+
 // A distributed element: a PerReplica of arrays for single-component elements, else TF's
 // structure: the tuple of components, each a PerReplica.
 // One local replica on one worker (TF's _create_per_replica, which wraps only in multi-worker
@@ -384,19 +402,10 @@ void bind_data(py::module_& m) {
                 } catch (py::error_already_set& x) {
                   return internal_error(std::string("the generator raised ") + x.what());
                 }
-                try {
-                  bool single = true;
-                  Element e = components_from(value, single);
-                  out->own.store(single ? 1 : 0);
-                  return std::optional<Element>(std::move(e));
-                } catch (py::error_already_set& x) {
-                  return invalid_argument(
-                      std::string("the generator yielded what is not an array or a tuple of "
-                                  "arrays: ") +
-                      x.what());
-                } catch (const StatusError& x) {
-                  return x.status().with_context("the generator's element");
-                }
+                TRIBUTARY_ASSIGN_OR_RETURN(Element e,
+                                           element_from_python(value, *out, "the generator yielded",
+                                                               "the generator's element"));
+                return std::optional<Element>(std::move(e));
               });
             };
             PyDataset d{Dataset::from_generator(std::move(make)), out};
@@ -455,19 +464,8 @@ void bind_data(py::module_& m) {
               } catch (py::error_already_set& x) {
                 return internal_error(std::string("the map function raised ") + x.what());
               }
-              try {
-                bool single = true;
-                Element result = components_from(r, single);
-                out->own.store(single ? 1 : 0);
-                return result;
-              } catch (py::error_already_set& x) {
-                return invalid_argument(
-                    std::string("the map function returned what is not an array or a tuple of "
-                                "arrays: ") +
-                    x.what());
-              } catch (const StatusError& x) {
-                return x.status().with_context("the map function's result");
-              }
+              return element_from_python(r, *out, "the map function returned",
+                                         "the map function's result");
             };
             PyDataset mapped{d.dataset.map(std::move(map)), out};
             check(mapped.dataset.status());
