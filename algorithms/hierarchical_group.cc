@@ -41,6 +41,11 @@ void HierarchicalGroup::abort(const Status& why) {
   if (cross_group_) cross_group_->abort(why);
 }
 
+void HierarchicalGroup::interrupt(const Status& why) {
+  if (local_group_) local_group_->interrupt(why);
+  if (cross_group_) cross_group_->interrupt(why);
+}
+
 Status HierarchicalGroup::error() const {
   if (local_group_) TRIBUTARY_RETURN_IF_ERROR(in_local(local_group_->error()));
   if (cross_group_) TRIBUTARY_RETURN_IF_ERROR(in_cross(cross_group_->error()));

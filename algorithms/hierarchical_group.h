@@ -45,6 +45,7 @@ class HierarchicalGroup final : public ProcessGroup {
   Status reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count, DType dtype,
                         ReduceOp op, int64_t mean_divisor) override;
   void abort(const Status& why) override;
+  void interrupt(const Status& why) override;  // both groups
   Status error() const override;
 
  private:

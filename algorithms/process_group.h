@@ -89,6 +89,11 @@ class ProcessGroup {
 
   // Breaks the group with `why` (if not broken already) and tells the peers.
   virtual void abort(const Status& why) = 0;
+  // The one method that may be called from another thread, while a call is in flight (or not):
+  // that call's waits end within milliseconds with `why`, and its thread breaks the group as for
+  // any failure (telling the peers); with no call in flight, the next wait fails so. Must not block.
+  // Default: nothing (the call ends at its deadline).
+  virtual void interrupt(const Status& why) { (void)why; }
   // The first error, or OK.
   virtual Status error() const = 0;
 
@@ -128,6 +133,7 @@ class TransportGroup final : public ProcessGroup {
   Status reduce_scatter(const GroupCall& call, void* data, void* out, int64_t count, DType dtype,
                         ReduceOp op, int64_t mean_divisor) override;
   void abort(const Status& why) override { transport_->abort(why); }
+  void interrupt(const Status& why) override { transport_->interrupt(why); }
   Status error() const override { return transport_->error(); }
 
   Transport& transport() { return *transport_; }

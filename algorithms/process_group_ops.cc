@@ -125,11 +125,18 @@ GroupCall ProcessGroupOps::group_call(const CallInfo& call) const {
   return GroupCall{MessageTag::of(call), std::chrono::steady_clock::now() + timeout};
 }
 
+namespace {
+Status refused(int rank, const Status& why) {
+  return aborted("rank " + std::to_string(rank) + " refused its part: " + why.message());
+}
+}  // namespace
+
 void ProcessGroupOps::abandon(const Status& why) {
-  if (group_) {
-    group_->abort(
-        aborted("rank " + std::to_string(rank()) + " refused its part: " + why.message()));
-  }
+  if (group_) group_->abort(refused(rank(), why));
+}
+
+void ProcessGroupOps::interrupt(const Status& why) {
+  if (group_) group_->interrupt(refused(rank(), why));
 }
 
 std::byte* ProcessGroupOps::staging(size_t bytes) {

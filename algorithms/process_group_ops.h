@@ -65,6 +65,7 @@ class ProcessGroupOps final : public CrossDeviceOps {
   Work reduce_scatter_impl(const CallInfo& call, ReduceOp op, const PerReplica<Tensor>& inputs,
                            const PerReplica<Tensor>& outputs) override;
   void abandon(const Status& why) override;
+  void interrupt(const Status& why) override;
   // The group's register_buffer on the first buffer (the one every all-reduce's result lands in
   // before it crosses processes).
   Status register_buffers_impl(const CallInfo& call, uint64_t id,

@@ -91,6 +91,10 @@ class Transport {
   }
   // Fails the transport with `why` (if not failed already) and closes its connections.
   virtual void abort(const Status& why) = 0;
+  // ProcessGroup::interrupt's contract: safe from any thread at any time; the wait in progress (or
+  // the next one) fails within milliseconds with `why`, on the waiting thread, which then fails the
+  // transport as abort() does. Default: nothing (waits end at their deadline).
+  virtual void interrupt(const Status& why) { (void)why; }
   // The first error, or OK.
   virtual Status error() const = 0;
 

@@ -315,19 +315,62 @@ struct CrossDeviceOps::Health final : Work::Observer {
   void ended(uint64_t sequence, const Status& s) override {
     if (recorder) recorder->report_end(sequence, s);
   }
-  void record(const Status& s) {
+  // Keeps the first failure; true when `s` is it.
+  bool record(const Status& s) {
     std::lock_guard lock(mu);
-    if (first_failure.ok()) {
-      first_failure = s;
-      failed.store(!s.ok(), std::memory_order_release);
-    }
+    if (!first_failure.ok() || s.ok()) return false;
+    first_failure = s;
+    failed.store(true, std::memory_order_release);
+    return true;
   }
   Status get() const {
     if (!failed.load(std::memory_order_acquire)) return Status();
     std::lock_guard lock(mu);
     return first_failure;
   }
+
+  // abort() from another thread (CallScope): `calling` is held by the thread inside a public
+  // call; an abort that finds it held leaves its reason here, and whichever of the two threads
+  // holds `calling` next tells the peers (abandon()).
+  std::mutex calling;
+  std::mutex pending_mu;
+  Status pending_abandon;
+  std::atomic<bool> abandon_pending{false};
 };
+
+// Held by a public call from its start to its return, so that abort() on another thread knows
+// whether it may break the group itself or must wake the call (interrupt()) and leave that to it.
+class CrossDeviceOps::CallScope {
+ public:
+  explicit CallScope(CrossDeviceOps& ops) : ops_(ops) { ops_.health_->calling.lock(); }
+  ~CallScope() {
+    ops_.health_->calling.unlock();
+    // After the unlock: an abort that set its reason before it is seen here, and one that sets it
+    // after finds `calling` free (see abort()).
+    if (ops_.health_->abandon_pending.load()) ops_.abandon_pending_if_idle();
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  CrossDeviceOps& ops_;
+};
+
+void CrossDeviceOps::abandon_pending_if_idle() {
+  std::unique_lock call(health_->calling, std::try_to_lock);
+  if (call.owns_lock()) abandon_pending();  // else the thread that holds it does so as it leaves
+}
+
+void CrossDeviceOps::abandon_pending() {
+  Status why;
+  {
+    std::lock_guard lock(health_->pending_mu);
+    if (!health_->abandon_pending.load()) return;
+    why = std::move(health_->pending_abandon);
+    health_->abandon_pending.store(false);
+  }
+  abandon(why);
+}
 
 namespace internal {
 // The live registrations of one instance, shared with their handles. `ops` is cleared when the
@@ -429,12 +472,21 @@ Work CrossDeviceOps::screened(Work work) {
 }
 
 void CrossDeviceOps::abort(const Status& why) {
-  if (why.ok() || !broken().ok()) return;
-  health_->record(why);
-  if (world_size() > 1) {
-    publish_refusal(why);
-    abandon(why);
+  if (!health_->record(why) || world_size() <= 1) return;
+  publish_refusal(why);
+  {
+    std::lock_guard lock(health_->pending_mu);
+    health_->pending_abandon = why;
+    health_->abandon_pending.store(true);
   }
+  std::unique_lock call(health_->calling, std::try_to_lock);
+  if (!call.owns_lock()) {
+    // A call in flight on another thread: its waits end now, it fails with `why`, and it (or this
+    // thread, if it has left by then) tells the peers.
+    interrupt(why);
+    if (!call.try_lock()) return;
+  }
+  abandon_pending();
 }
 
 namespace {
@@ -780,6 +832,7 @@ Work CrossDeviceOps::finish(const CallInfo& call, Work work) {
 
 Work CrossDeviceOps::all_reduce(ReduceOp op, const PerReplica<Tensor>& inputs,
                                 const PerReplica<Tensor>& outputs) {
+  CallScope scope(*this);
   validating_ = true;
   return screened(all_reduce_front(op, inputs, outputs));
 }
@@ -809,6 +862,7 @@ Work CrossDeviceOps::all_reduce_front(ReduceOp op, const PerReplica<Tensor>& inp
 }
 
 StatusOr<BufferRegistration> CrossDeviceOps::register_buffers(const PerReplica<Tensor>& buffers) {
+  CallScope scope(*this);
   validating_ = true;
   uint64_t id = 0;
   TRIBUTARY_RETURN_IF_ERROR(screened(register_front(buffers, &id)).wait());
@@ -859,6 +913,7 @@ Status CrossDeviceOps::register_buffers_impl(const CallInfo& call, uint64_t id,
 
 Work CrossDeviceOps::reduce(ReduceOp op, const PerReplica<Tensor>& value,
                             const Mirrored<Tensor>& destinations) {
+  CallScope scope(*this);
   validating_ = true;
   return screened(reduce_front(op, value, destinations));
 }
@@ -892,6 +947,7 @@ Work CrossDeviceOps::reduce_front(ReduceOp op, const PerReplica<Tensor>& value,
 }
 
 Work CrossDeviceOps::batch_reduce(ReduceOp op, std::span<const ReducePair> pairs) {
+  CallScope scope(*this);
   validating_ = true;
   return screened(batch_reduce_front(op, pairs));
 }
@@ -958,6 +1014,7 @@ Work CrossDeviceOps::batch_reduce_impl(const CallInfo& call, ReduceOp op,
 
 Work CrossDeviceOps::broadcast(const Tensor& source, const Mirrored<Tensor>& destinations,
                                int root) {
+  CallScope scope(*this);
   validating_ = true;
   return screened(broadcast_front(source, destinations, root));
 }
@@ -1003,6 +1060,7 @@ Work CrossDeviceOps::broadcast_front(const Tensor& source, const Mirrored<Tensor
 
 Work CrossDeviceOps::all_gather(const PerReplica<Tensor>& inputs,
                                 const PerReplica<Tensor>& outputs) {
+  CallScope scope(*this);
   validating_ = true;
   return screened(all_gather_front(inputs, outputs));
 }
@@ -1056,6 +1114,7 @@ Work CrossDeviceOps::all_gather_front(const PerReplica<Tensor>& inputs,
 
 Work CrossDeviceOps::reduce_scatter(ReduceOp op, const PerReplica<Tensor>& inputs,
                                     const PerReplica<Tensor>& outputs) {
+  CallScope scope(*this);
   validating_ = true;
   return screened(reduce_scatter_front(op, inputs, outputs));
 }

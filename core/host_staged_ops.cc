@@ -422,6 +422,8 @@ class HostStagedOps final : public CrossDeviceOps {
   void release_buffers_impl(uint64_t id) override { registered_.erase(id); }
 
   void abandon(const Status& why) override { inner_->abort(why); }
+  // abort() from another thread: the inner backend's abort() wakes its call in flight.
+  void interrupt(const Status& why) override { inner_->abort(why); }
 
  private:
   struct Registered {

@@ -78,6 +78,8 @@ class TunedOps final : public CrossDeviceOps {
     // Every member: peers may wait in any of them.
     for (auto& m : members_) m->abort(why);
   }
+  // abort() from another thread: each member's abort() wakes its own call in flight.
+  void interrupt(const Status& why) override { abandon(why); }
 
  private:
   CrossDeviceOps& member_for(uint64_t bytes) {

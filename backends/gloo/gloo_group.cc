@@ -202,6 +202,10 @@ void GlooGroup::abort(const Status& why) {
   }
 }
 
+void GlooGroup::interrupt(const Status& why) {
+  if (control_) control_->interrupt(why);
+}
+
 template <typename Body>
 Status GlooGroup::guarded(const GroupCall& call, Body&& body) {
   TRIBUTARY_RETURN_IF_ERROR(error());

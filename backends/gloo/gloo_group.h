@@ -126,6 +126,11 @@ class GlooGroup final : public algorithms::ProcessGroup {
   // Closes the connections (peers waiting for this rank fail at once) and the control channel,
   // which tells the peers why.
   void abort(const Status& why) override;
+  // Wakes the control channel's wait (the fingerprint exchange, where a rank waits for a peer that
+  // has not issued the collective): it fails with `why`. Gloo's own waits cannot be woken from
+  // another thread (closing a pair does not wake them); a call already inside Gloo's algorithm
+  // ends when its exchange does, or at the timeout. With verify=false there is no exchange to wake.
+  void interrupt(const Status& why) override;
   Status error() const override;
 
  private:

@@ -441,6 +441,10 @@ class NcclOps final : public CrossDeviceOps {
     // NCCL's peers fail now (their proxies see the connections close).
     fail_all(why);
   }
+  // abort() from another thread while a call is being handed to NCCL or is in flight on the GPUs:
+  // fail_all() is made for that (the watchdog calls it so): a thread inside a launch aborts the
+  // communicators as it leaves NCCL (a blocking launch is revoked), and pending Works fail now.
+  void interrupt(const Status& why) override { fail_all(why); }
 
  private:
   // --- enqueueing -----------------------------------------------------------------------------

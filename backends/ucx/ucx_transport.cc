@@ -585,6 +585,9 @@ struct UcxTransport::Impl {
   // Why this transport must stop, seen from a wait for `op`: a peer's notice, or the failure of
   // the peer `op` talks to. OK when neither.
   Status trouble(const Op* op) const {
+    if (interrupted.load(std::memory_order_relaxed)) [[unlikely]] {
+      return interrupt_status();
+    }
     // A peer that finished its setup and then gave up (a collective it refused) has passed every
     // check of this rank's hello: its notice waits for this rank's first collective, so that
     // setup succeeds on every rank that the group accepted.
@@ -690,6 +693,25 @@ struct UcxTransport::Impl {
         sched_yield();  // a peer the scheduler put on this core can answer (see kUcxPollAlone)
       }
     }
+  }
+
+  // --- interrupt() from another thread ----------------------------------------------------------
+  std::atomic<bool> interrupted{false};
+  mutable std::mutex interrupt_mu;
+  Status interrupt_why;
+  void interrupt(const Status& why) {
+    {
+      std::lock_guard lock(interrupt_mu);
+      if (!interrupt_why.ok()) return;
+      interrupt_why = why;
+    }
+    interrupted.store(true);
+    // Safe from any thread whatever the worker's thread mode (ucp.h): ends a sleep_until() now.
+    if (worker) ucp_worker_signal(worker);
+  }
+  Status interrupt_status() const {
+    std::lock_guard lock(interrupt_mu);
+    return interrupt_why;
   }
 
   // --- failure -----------------------------------------------------------------------------------
@@ -1084,7 +1106,10 @@ struct UcxTransport::Impl {
     if (s.ok()) s = op.status;
     // What this rank found in what arrived (a mismatch, a forged message) stands as it is; other
     // failures may be explained better by the peer's notice.
-    if (!s.ok() && s.code() != StatusCode::kDeadlineExceeded && !op.verdict) s = explain(s, &op);
+    if (!s.ok() && s.code() != StatusCode::kDeadlineExceeded && !op.verdict &&
+        !interrupted.load(std::memory_order_relaxed)) {
+      s = explain(s, &op);
+    }
     if (!s.ok()) fail(s);
     if (!error.ok()) s = error;
     if (!op.in_flight()) ops.erase(it);
@@ -1122,6 +1147,7 @@ Status UcxTransport::wait(Request request, Deadline deadline) {
   return impl_->wait(request, deadline);
 }
 void UcxTransport::abort(const Status& why) { impl_->fail(why); }
+void UcxTransport::interrupt(const Status& why) { impl_->interrupt(why); }
 Status UcxTransport::error() const { return impl_->error; }
 
 int UcxTransport::warm_up_messages(int peer) const {

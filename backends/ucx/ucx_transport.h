@@ -114,6 +114,8 @@ class UcxTransport final : public algorithms::Transport {
                           std::span<std::byte> data) override;
   Status wait(Request request, algorithms::Deadline deadline) override;
   void abort(const Status& why) override;
+  // Signals the worker (ucp_worker_signal), which ends the wait's sleep; it fails with `why`.
+  void interrupt(const Status& why) override;
   Status error() const override;
   // Over TCP alone (tls without shared memory): a chunk of up to 1 MiB whole, else segments of
   // 1 MiB (each message costs UCX a protocol exchange; measurements in the .cc); 0 (the

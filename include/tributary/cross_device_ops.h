@@ -241,6 +241,13 @@ class CrossDeviceOps {
   // (e.g. the caller found bad input on this rank only). In a multi-process group the peers are
   // told at once, so that they fail now rather than at their timeout; this instance is broken from
   // here on (broken() returns `why`). In one process it only marks the instance broken.
+  // Thread-safe, as ncclCommAbort is: a watchdog, a signal's handler thread or a job controller may
+  // call it while another thread is inside a collective of this instance. That collective then
+  // fails within milliseconds with `why` ("rank R refused its part: why") instead of waiting for
+  // its peers until the timeout, and the peers are told as it fails (a collective whose waits were
+  // all done may still complete). Every multi-process backend wakes its waits so (ring over TCP
+  // and shared memory, ucx, gloo, nccl; the tuned and host-staged composites through their
+  // members). It does not wait for that collective to return. A second abort does nothing.
   void abort(const Status& why);
 
  protected:
@@ -277,8 +284,15 @@ class CrossDeviceOps {
   // call it too for failures they detect alike on every rank (a mismatch).
   void publish_refusal(const Status& why) const;
   // Called when this rank refuses a call that its peers will issue (a multi-process backend should
-  // tell them, e.g. by aborting its transport with `why`). Default: nothing.
+  // tell them, e.g. by aborting its transport with `why`), never while a call of this instance is
+  // in flight. Default: nothing.
   virtual void abandon(const Status& why) { (void)why; }
+  // Called by abort() on another thread while a call of this instance is in flight (concurrently
+  // with it): make that call's waits end soon with `why`, e.g. by waking its transport; the call's
+  // thread then fails and breaks the group as for any failure (abandon() follows when it returns).
+  // Must be safe from any thread and must not block for long. Default: nothing (the call ends at
+  // its timeout, and its peers are told then).
+  virtual void interrupt(const Status& why) { (void)why; }
   // For composites whose every call is calls on member backends (the tuned backend, host staging):
   // the members record their collectives, report stalls and dump their flight recorders, and this
   // instance does not, so that each collective shows once.
@@ -300,6 +314,11 @@ class CrossDeviceOps {
                             const PerReplica<Tensor>& outputs);
   Work register_front(const PerReplica<Tensor>& buffers, uint64_t* id);
   Work screened(Work work);
+  class CallScope;  // held by every public call, for abort() from another thread
+  // abort()'s reason, left for the thread in a call, goes to abandon(): now if no call holds the
+  // instance (abandon_pending_if_idle), or by the caller, which holds it (abandon_pending).
+  void abandon_pending_if_idle();
+  void abandon_pending();
   CallInfo begin(Collective c, ReduceOp op, DType dtype, int64_t count);
   Work finish(const CallInfo& call, Work work);
   // Root cause for failed collective `sequence` of a multi-process job: a reason a peer published

@@ -1136,6 +1136,96 @@ INSTANTIATE_TEST_SUITE_P(Transports, PollAlways,
                                                                               : "Tcp";
                          });
 
+// ---- abort() from another thread ----------------------------------------------------------------
+// CrossDeviceOps::abort is thread-safe, as ncclCommAbort is (a watchdog's tool). In flight: rank 0's
+// all-reduce waits for rank 1, which has not issued it, and another thread of rank 0 aborts the
+// instance 300 ms in; the all-reduce returns with the abort's reason long before the 60 s timeout,
+// and rank 1, which issues all-reduces once rank 0's has returned, fails at once, naming rank 0
+// and the reason. Idle: the other thread aborts while rank 0 issues nothing and rank 1 waits in
+// its all-reduce; rank 1 fails at once, alike.
+class AbortFromAnotherThread : public RingFaults {};
+
+// Waits (at most 60 s) until `rank`'s note exists.
+void wait_for_note(const std::string& dir, int rank) {
+  const auto until = Clock::now() + 60s;
+  while (read_note(dir, rank).empty() && Clock::now() < until) std::this_thread::sleep_for(10ms);
+}
+
+TEST_P(AbortFromAnotherThread, EndsTheCollectiveInFlightAndTellsThePeers) {
+  const std::string spec = with_timeout(GetParam(), "60s");
+  for (const bool in_flight : {true, false}) {
+    SCOPED_TRACE(in_flight ? "abort while rank 0 waits in an all-reduce" : "abort while idle");
+    const std::string dir = make_temp_dir("abort_thread");
+    GroupResult g = run_group(2, 120s, [&](int rank) {
+      auto ctx = group_context(rank, 2, 1, dir);
+      auto ops = builtin_backends().create(spec, *ctx);
+      if (!ops.ok()) {
+        write_note(dir, rank, "setup failed: " + ops.status().to_string());
+        return kChildFailed;
+      }
+      CrossDeviceOps& o = **ops;
+      std::vector<float> v(size_t{1} << 16, 1.0f);
+      PerReplica<Tensor> x{Tensor(v.data(), DType::kFloat32, int64_t{1} << 16)};
+      // The group works before the abort.
+      if (!o.all_reduce(ReduceOp::kSum, x, x).wait(60s).ok()) return kChildFailed;
+      if (rank == 1 && in_flight) wait_for_note(dir, 0);  // rank 0's all-reduce has returned
+      std::thread watchdog;
+      if (rank == 0) {
+        watchdog = std::thread([&] {
+          std::this_thread::sleep_for(300ms);
+          o.abort(aborted("the watchdog gave up on this step"));
+        });
+      }
+      int result = kChildOk;
+      if (rank == 0 && in_flight) {
+        const auto start = Clock::now();
+        result = note_outcome(dir, 0, o.all_reduce(ReduceOp::kSum, x, x).wait(60s), start);
+      } else if (rank == 1) {
+        // What rank 0 sent before the abort may complete rank 1's first all-reduce (rightly: it
+        // is rank 0's input); the next one cannot.
+        Status s;
+        const auto start = Clock::now();
+        for (int i = 0; i < 3 && s.ok(); ++i) s = o.all_reduce(ReduceOp::kSum, x, x).wait(60s);
+        result = note_outcome(dir, 1, s, start);
+      }
+      if (watchdog.joinable()) watchdog.join();
+      if (rank == 0) {
+        if (!in_flight) write_note(dir, 0, "idle: " + o.broken().to_string());
+        wait_for_note(dir, 1);  // the store's files and the reason stay until rank 1 has read them
+      }
+      return result;
+    });
+    ASSERT_FALSE(g.watchdog_fired) << g.describe();
+    const std::string note0 = read_note(dir, 0), note1 = read_note(dir, 1);
+    if (in_flight) {
+      EXPECT_EQ(g.children[0].exit_code, kChildSawError) << g.describe();
+      EXPECT_NE(note0.find("the watchdog gave up on this step"), std::string::npos) << note0;
+      EXPECT_LT(seconds_in(note0), 20.0) << note0;  // the timeout is 60 s
+    } else {
+      EXPECT_EQ(g.children[0].exit_code, kChildOk) << g.describe();
+      EXPECT_NE(note0.find("idle: aborted: the watchdog gave up on this step"), std::string::npos)
+          << note0;
+    }
+    EXPECT_EQ(g.children[1].exit_code, kChildSawError) << g.describe();
+    EXPECT_NE(note1.find("rank 0"), std::string::npos) << note1;
+    EXPECT_NE(note1.find("the watchdog gave up on this step"), std::string::npos) << note1;
+    EXPECT_LT(seconds_in(note1), 20.0) << note1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AbortFromAnotherThread,
+                         ::testing::Values("ring:intra_host=net", "ring:intra_host=shm",
+                                           "ucx:tls=tcp", "ucx:tls=sm", "gloo",
+                                           "gloo:mode=sync"),
+                         [](const auto& info) -> std::string {
+                           const std::string& p = info.param;
+                           if (p == "ucx:tls=tcp") return "UcxTcp";
+                           if (p == "ucx:tls=sm") return "UcxSharedMemory";
+                           if (p == "gloo") return "Gloo";
+                           if (p == "gloo:mode=sync") return "GlooSync";
+                           return p.find("shm") != std::string::npos ? "SharedMemory" : "Tcp";
+                         });
+
 // The connected TCP sockets of this process, lowest descriptor first (with a FileStore, the ring's
 // connections are the only ones: to each peer in socket order).
 std::vector<int> connected_sockets() {

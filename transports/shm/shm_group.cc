@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 
 #include "algorithms/reduce_kernels.h"
 #include "core/crypto/crypto.h"
@@ -108,6 +109,10 @@ struct ShmGroup::Impl {
   std::vector<PeerProcess> procs;  // by local rank (this rank's own is empty)
   uint64_t next_chunk = 0;         // chunks every rank has walked so far
   Status error;
+  // interrupt() from another thread: the waits fail with `interrupt_why` (peer_trouble).
+  std::atomic<bool> interrupted{false};
+  std::mutex interrupt_mu;
+  Status interrupt_why;
   // All-reduces read and write the peers' buffers (every rank found at setup that it may).
   bool single_copy = false;
   std::vector<std::byte> scratch;  // single copy: a block for each peer
@@ -172,8 +177,13 @@ struct ShmGroup::Impl {
            "; it may have been killed or crashed (see its log)";
   }
 
-  // A peer that gave up or exited; OK when none did.
+  // A peer that gave up or exited, or another thread's interrupt(); OK when none did. Every wait
+  // looks here at least every millisecond.
   Status peer_trouble(const MessageTag& tag) {
+    if (interrupted.load(std::memory_order_relaxed)) [[unlikely]] {
+      std::lock_guard lock(interrupt_mu);
+      return interrupt_why;
+    }
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
       Control& c = ctl(r);
@@ -1241,6 +1251,12 @@ bool ShmGroup::registered_direct(uint64_t id) const { return impl_->direct.count
 uint64_t ShmGroup::direct_calls() const { return impl_->direct_calls; }
 
 void ShmGroup::abort(const Status& why) { impl_->fail(why); }
+
+void ShmGroup::interrupt(const Status& why) {
+  std::lock_guard lock(impl_->interrupt_mu);
+  if (impl_->interrupt_why.ok()) impl_->interrupt_why = why;
+  impl_->interrupted.store(true);
+}
 
 Status ShmGroup::error() const { return impl_->error; }
 

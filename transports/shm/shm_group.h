@@ -176,6 +176,8 @@ class ShmGroup final : public algorithms::ProcessGroup {
   std::string describe_registration(uint64_t id) const override;
   bool wants_shareable_staging() const override;
   void abort(const Status& why) override;
+  // The waits look at it at least every millisecond (as they look for a peer that gave up).
+  void interrupt(const Status& why) override;
   Status error() const override;
 
   struct Impl;

@@ -18,6 +18,7 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -579,7 +580,15 @@ struct TcpTransport::Impl {
   // than that. Then, with more ranks than cores, polls with sched_yield() for `yield`. Then sleeps
   // in poll() on the sockets with receives posted and the writer's eventfd, until the deadline.
   template <typename Done>
-  bool progress_until(Deadline deadline, Done&& done) {
+  bool progress_until(Deadline deadline, Done&& wanted) {
+    // Every look at `wanted` also takes another thread's interrupt(): it fails the transport here,
+    // on the waiting thread, which `wanted` then sees.
+    const auto done = [&] {
+      if (interrupted.load(std::memory_order_relaxed)) [[unlikely]] {
+        take_interrupt();
+      }
+      return wanted();
+    };
     pump_all();
     if (done()) return true;
     // Not while the writer thread has work: on a busy link it needs the core more than we do.
@@ -636,10 +645,32 @@ struct TcpTransport::Impl {
       (void)!::write(wake_fd, &one, sizeof one);
     }
   }
+  // Another thread's interrupt() (any time): the wait in progress, or the next, fails with `why`.
+  void interrupt(const Status& why) {
+    {
+      std::lock_guard lock(interrupt_mu);
+      if (!interrupt_why.ok()) return;
+      interrupt_why = why;
+    }
+    interrupted.store(true);
+    const uint64_t one = 1;
+    (void)!::write(wake_fd, &one, sizeof one);
+  }
+  void take_interrupt() {
+    Status why;
+    {
+      std::lock_guard lock(interrupt_mu);
+      why = interrupt_why;
+    }
+    fail(why);  // nothing if failed already
+  }
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
   std::chrono::nanoseconds yield{0};
   int wake_fd = -1;  // an eventfd
   std::atomic<bool> sleeping{false};
+  std::atomic<bool> interrupted{false};
+  std::mutex interrupt_mu;
+  Status interrupt_why;
 };
 
 // --- setup ---------------------------------------------------------------------------------------
@@ -1238,6 +1269,8 @@ void TcpTransport::abort(const Status& why) {
   impl_->fail(why);
   impl_->settle();
 }
+
+void TcpTransport::interrupt(const Status& why) { impl_->interrupt(why); }
 
 Status TcpTransport::error() const { return impl_->error; }
 

@@ -120,6 +120,8 @@ class TcpTransport final : public algorithms::Transport {
   Status fence(const algorithms::MessageTag& tag, algorithms::Deadline deadline) override;
   Status wait(Request request, algorithms::Deadline deadline) override;
   void abort(const Status& why) override;
+  // Wakes the wait in progress through the eventfd it sleeps on; it fails with `why` at once.
+  void interrupt(const Status& why) override;
   Status error() const override;
 
   struct Impl;
