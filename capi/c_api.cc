@@ -663,6 +663,14 @@ int64_t trib_backend_timeout_ms(const trib_backend* b) {
   return std::chrono::ceil<std::chrono::milliseconds>(b->ops->timeout()).count();
 }
 
+trib_status trib_backend_abort(trib_backend* b, const char* reason) {
+  return guarded([&]() -> Status {
+    if (b == nullptr) return invalid_argument("trib_backend_abort: backend is NULL");
+    b->ops->abort(aborted(reason != nullptr ? reason : "aborted by the caller"));
+    return Status();
+  });
+}
+
 // --- persistent buffers -----------------------------------------------------------------
 
 trib_status trib_register_buffers(trib_backend* b, trib_dtype dtype, void* const* buffers,

@@ -371,6 +371,12 @@ Status Strategy::run_replicas(const std::function<Status(ReplicaContext&)>& fn,
       interrupted = std::move(check);
       if (p.failure.ok()) p.failure = interrupted;  // replicas in or reaching a meeting fail
       p.cv.notify_all();
+      // Multi-worker: a replica may be inside a collective that waits for the other workers
+      // (a merge function's all-reduce); the abort ends it now (it is thread-safe) and tells
+      // them, rather than when the collective ends or times out.
+      lock.unlock();
+      tell_peers(interrupted);
+      lock.lock();
     }
   }
   if (!interrupted.ok()) return interrupted;

@@ -220,6 +220,14 @@ TRIBUTARY_C_API int trib_backend_num_replicas_in_sync(const trib_backend* backen
 /* The timeout every collective of this backend runs under, in milliseconds. */
 TRIBUTARY_C_API int64_t trib_backend_timeout_ms(const trib_backend* backend);
 
+/* Gives up on the job (the C++ CrossDeviceOps::abort), from any thread, as ncclCommAbort: also
+ * while another thread waits in a collective of `backend`, or one is in flight. That collective
+ * fails within milliseconds (TRIB_ABORTED, "rank R refused its part: <reason>") instead of at the
+ * timeout, unless its waits were all done; the peers fail at once with the same reason; every
+ * later collective fails with TRIB_FAILED_PRECONDITION. A second call does nothing. NULL
+ * `reason`: "aborted by the caller". TRIB_INVALID_ARGUMENT for a NULL backend. */
+TRIBUTARY_C_API trib_status trib_backend_abort(trib_backend* backend, const char* reason);
+
 /* ---- collectives -------------------------------------------------------------------------- */
 /* Each takes arrays of trib_backend_num_local_replicas() pointers, replica i's buffer at [i], and
  * blocks until the collective completes on this process. Counts are in elements. */

@@ -8,6 +8,8 @@
 #   exit_early    rank LOST exits (status 0) after the first all_reduce;
 #   killed        rank LOST is killed by SIGKILL after the first all_reduce: every other rank
 #                 reports an error naming rank LOST, and the job exits non-zero
+#   abort         another thread of rank 0 calls trib_backend_abort while rank 0 waits in an
+#                 all_reduce: every rank reports the abort, and the job exits non-zero
 #
 # The job runs under a watchdog (C_API_TEST_WATCHDOG seconds, default 180), so that a hang fails
 # the test rather than stalling CTest; nothing here measures time.
@@ -36,7 +38,7 @@ fail() {
 }
 
 case $CASE in
-  collectives) set -- collectives "$SPEC" ;;
+  collectives | abort) set -- "$CASE" "$SPEC" ;;
   exit_early | killed) set -- "$CASE" "$SPEC" "$LOST" ;;
   *) echo "unknown case '$CASE'" >&2; exit 2 ;;
 esac
@@ -54,6 +56,9 @@ while [ "$r" -lt "$NP" ]; do
   if [ "$CASE" = collectives ]; then
     grep -Fqx "[rank $r] c_api_mp_test: rank $r of $NP: all checks passed" "$TMP/out" ||
       fail "rank $r did not pass every check"
+  elif [ "$CASE" = abort ]; then
+    grep -Fq "[rank $r] c_api_mp_test: rank $r: the abort was reported: " "$TMP/out" ||
+      fail "rank $r did not report the abort"
   elif [ "$r" -ne "$LOST" ]; then
     grep -Fq "[rank $r] c_api_mp_test: rank $r: the loss of rank $LOST was reported: " "$TMP/out" ||
       fail "rank $r did not report the loss of rank $LOST"

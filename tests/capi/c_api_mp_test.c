@@ -8,14 +8,23 @@
  *   c_api_mp_test exit_early SPEC LOST      after one all_reduce, rank LOST exits (status 0);
  *   c_api_mp_test killed SPEC LOST          ... or is killed by SIGKILL: every other rank's next
  *                                           collective must fail with a message naming rank LOST
+ *   c_api_mp_test abort SPEC                rank 0 waits in an all_reduce that the others issue
+ *                                           2 s late, and another thread of rank 0 calls
+ *                                           trib_backend_abort 300 ms in: rank 0's all_reduce
+ *                                           fails with TRIB_ABORTED and the reason (not at the
+ *                                           60 s timeout), and every other rank's all_reduces
+ *                                           fail naming rank 0 and the reason
  *
  * Each rank prints "c_api_mp_test: rank R of N: all checks passed" (collectives) or "c_api_mp_test:
- * rank R: the loss of rank LOST was reported: ..." (the fault cases, which then exit 3, as a
+ * rank R: the loss of rank LOST was reported: ..." or "c_api_mp_test: rank R: the abort was
+ * reported: ..." (the fault cases, which then exit 3, as a
  * trainer whose collective failed would). Any failed check prints "CHECK FAILED" and exits 1. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tributary/c_api.h"
 
@@ -333,12 +342,65 @@ static int run_fault(const char* mode, const char* spec, int lost) {
   return failures == 0 ? 3 : 1;
 }
 
+static void* abort_soon(void* backend) {
+  usleep(300 * 1000);
+  CHECK_OK(trib_backend_abort((trib_backend*)backend, "the watchdog gave up on this step"));
+  return NULL;
+}
+
+/* trib_backend_abort from another thread while rank 0 waits in an all_reduce. */
+static int run_abort(const char* spec) {
+  signal(SIGTERM, SIG_IGN); /* stay to report, as in run_fault */
+  const char* devices[LOCAL] = {"CPU:0", "CPU:1"};
+  trib_backend* b = NULL;
+  CHECK_OK(trib_backend_create(spec, devices, LOCAL, &b));
+  if (b == NULL) return 1;
+  rank = trib_backend_rank(b);
+  float x[LOCAL][64];
+  const void* in[LOCAL] = {x[0], x[1]};
+  void* out[LOCAL] = {x[0], x[1]};
+  for (int i = 0; i < LOCAL; ++i) {
+    for (int k = 0; k < 64; ++k) x[i][k] = 1.0f;
+  }
+  CHECK_OK(trib_all_reduce(b, TRIB_SUM, TRIB_FLOAT32, in, out, 64));
+  if (failures != 0) return 1;
+  trib_status s = TRIB_OK;
+  if (rank == 0) {
+    pthread_t watchdog;
+    CHECK(pthread_create(&watchdog, NULL, abort_soon, b) == 0);
+    s = trib_all_reduce(b, TRIB_SUM, TRIB_FLOAT32, in, out, 64);
+    pthread_join(watchdog, NULL);
+    CHECK(s == TRIB_ABORTED);
+  } else {
+    sleep(2);
+    /* What rank 0 sent before the abort may complete the first all_reduce (rank 0's input, so
+     * rightly); the next cannot. */
+    for (int i = 0; i < 3 && s == TRIB_OK; ++i) {
+      s = trib_all_reduce(b, TRIB_SUM, TRIB_FLOAT32, in, out, 64);
+    }
+    CHECK(s != TRIB_OK);
+    CHECK(strstr(trib_last_error(), "rank 0") != NULL);
+  }
+  CHECK(strstr(trib_last_error(), "the watchdog gave up on this step") != NULL);
+  if (failures != 0) return 1;
+  printf("c_api_mp_test: rank %d: the abort was reported: %s: %s\n", rank, trib_status_name(s),
+         trib_last_error());
+  fflush(stdout);
+  /* Later calls fail at once. */
+  CHECK(trib_all_reduce(b, TRIB_SUM, TRIB_FLOAT32, in, out, 64) != TRIB_OK);
+  if (rank == 0) sleep(4); /* the job's store (served here) stays while the others report */
+  trib_backend_destroy(b);
+  return failures == 0 ? 3 : 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 3 && strcmp(argv[1], "abort") == 0) return run_abort(argv[2]);
   if (argc >= 3 && strcmp(argv[1], "collectives") == 0) return run_collectives(argv[2]);
   if (argc >= 4 && (strcmp(argv[1], "exit_early") == 0 || strcmp(argv[1], "killed") == 0)) {
     return run_fault(argv[1], argv[2], atoi(argv[3]));
   }
   fprintf(stderr,
-          "usage: c_api_mp_test collectives SPEC | exit_early SPEC LOST | killed SPEC LOST\n");
+          "usage: c_api_mp_test collectives SPEC | exit_early SPEC LOST | killed SPEC LOST | "
+          "abort SPEC\n");
   return 2;
 }

@@ -280,9 +280,12 @@ class Strategy {
   // while it waits for several local replicas, `interrupt_check` is called every 50 ms on the
   // calling thread, holding no lock of ours, until every replica has returned. Its first error ends
   // the step as a replica's failure would: replicas waiting for each other, or reaching a meeting,
-  // fail at once (the binding stops its own code running in replicas); one blocked in a backend's
-  // collective returns when that ends, at the latest at the backend's timeout. The step then
-  // returns that error (multi-worker: its peers are told, as after any failed step).
+  // fail at once (the binding stops its own code running in replicas). Multi-worker, the backend is
+  // aborted at once (CrossDeviceOps::abort, thread-safe): a replica inside a collective that waits
+  // for the other workers returns within milliseconds, and the peers are told. One worker: a
+  // replica inside an in-process collective returns when that ends (such a collective waits for no
+  // one). The step then returns that error. With one local replica, fn runs on the calling thread
+  // and `interrupt_check` is never called (the binding's own handling applies).
   Status run_interruptible(const std::function<Status(ReplicaContext&)>& fn,
                            const std::function<Status()>& interrupt_check);
 

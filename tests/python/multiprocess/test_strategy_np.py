@@ -108,3 +108,32 @@ def test_datasets_from_function_one_pipeline_per_worker_and_sparse_values(strate
     with strategy.scope():
         out = strategy.run(step)
     assert out.values[0].indices.tolist() == list(range(LOCAL * WORLD))
+
+
+def test_ctrl_c_in_a_collective_ends_it_and_fails_the_other_workers(strategy):
+    # Last: it breaks the strategy. Rank 0's replicas wait in an all-reduce for workers that come
+    # 6 s late; a Ctrl-C (interrupt_main, as SIGINT does) 0.3 s in aborts the backend, so run()
+    # raises KeyboardInterrupt long before they come, and their step fails naming rank 0's reason.
+    import _thread
+    import threading
+    import time
+
+    def step():
+        ctx = tributary.get_replica_context()
+        return ctx.all_reduce("sum", np.ones(4, np.float32))
+
+    if RANK == 0:
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            strategy.run(step)
+        assert time.monotonic() - start < 4  # not when the others come (6 s), nor at the timeout
+        with pytest.raises(tributary.errors.FailedPreconditionError, match="was interrupted"):
+            strategy.run(step)
+        time.sleep(8)  # the job's store (served here) stays while the others report
+    else:
+        time.sleep(6)
+        with pytest.raises(tributary.errors.Error) as failed:
+            for _ in range(3):  # what rank 0 sent before the abort may complete the first
+                strategy.run(step)
+        assert "rank 0 refused its part: Strategy.run() was interrupted" in str(failed.value)
