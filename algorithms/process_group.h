@@ -91,8 +91,8 @@ class ProcessGroup {
   virtual void abort(const Status& why) = 0;
   // The one method that may be called from another thread, while a call is in flight (or not):
   // that call's waits end within milliseconds with `why`, and its thread breaks the group as for
-  // any failure (telling the peers); with no call in flight, the next wait fails so. Must not block.
-  // Default: nothing (the call ends at its deadline).
+  // any failure (telling the peers); with no call in flight, the next wait fails so. Must not
+  // block. Default: nothing (the call ends at its deadline).
   virtual void interrupt(const Status& why) { (void)why; }
   // The first error, or OK.
   virtual Status error() const = 0;

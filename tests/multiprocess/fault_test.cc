@@ -1137,9 +1137,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, PollAlways,
                          });
 
 // ---- abort() from another thread ----------------------------------------------------------------
-// CrossDeviceOps::abort is thread-safe, as ncclCommAbort is (a watchdog's tool). In flight: rank 0's
-// all-reduce waits for rank 1, which has not issued it, and another thread of rank 0 aborts the
-// instance 300 ms in; the all-reduce returns with the abort's reason long before the 60 s timeout,
+// CrossDeviceOps::abort is thread-safe, as ncclCommAbort is (a watchdog's tool). In flight:
+// rank 0's all-reduce waits for rank 1, which has not issued it, and another thread of rank 0
+// aborts the instance 300 ms in; the all-reduce returns with the abort's reason long before the 60 s timeout,
 // and rank 1, which issues all-reduces once rank 0's has returned, fails at once, naming rank 0
 // and the reason. Idle: the other thread aborts while rank 0 issues nothing and rank 1 waits in
 // its all-reduce; rank 1 fails at once, alike.
@@ -1215,8 +1215,7 @@ TEST_P(AbortFromAnotherThread, EndsTheCollectiveInFlightAndTellsThePeers) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, AbortFromAnotherThread,
                          ::testing::Values("ring:intra_host=net", "ring:intra_host=shm",
-                                           "ucx:tls=tcp", "ucx:tls=sm", "gloo",
-                                           "gloo:mode=sync"),
+                                           "ucx:tls=tcp", "ucx:tls=sm", "gloo", "gloo:mode=sync"),
                          [](const auto& info) -> std::string {
                            const std::string& p = info.param;
                            if (p == "ucx:tls=tcp") return "UcxTcp";
