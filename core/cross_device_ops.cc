@@ -329,25 +329,31 @@ struct CrossDeviceOps::Health final : Work::Observer {
     return first_failure;
   }
 
-  // abort() from another thread (CallScope): `calling` is held by the thread inside a public
-  // call; an abort that finds it held leaves its reason here, and whichever of the two threads
-  // holds `calling` next tells the peers (abandon()).
-  std::mutex calling;
+  // abort() from another thread (CallScope): under `pending_mu`, whether a public call is in
+  // flight, and the reason an abort left for it. An abort that finds a call in flight wakes it
+  // (interrupt()) and leaves the abandon() to the call's thread, as it returns; one that finds none
+  // abandons at once.
   std::mutex pending_mu;
+  bool in_call = false;
   Status pending_abandon;
-  std::atomic<bool> abandon_pending{false};
 };
 
-// Held by a public call from its start to its return, so that abort() on another thread knows
-// whether it may break the group itself or must wake the call (interrupt()) and leave that to it.
+// Marks a public call in flight from its start to its return, for abort() on another thread.
 class CrossDeviceOps::CallScope {
  public:
-  explicit CallScope(CrossDeviceOps& ops) : ops_(ops) { ops_.health_->calling.lock(); }
+  explicit CallScope(CrossDeviceOps& ops) : ops_(ops) {
+    std::lock_guard lock(ops_.health_->pending_mu);
+    ops_.health_->in_call = true;
+  }
   ~CallScope() {
-    ops_.health_->calling.unlock();
-    // After the unlock: an abort that set its reason before it is seen here, and one that sets it
-    // after finds `calling` free (see abort()).
-    if (ops_.health_->abandon_pending.load()) ops_.abandon_pending_if_idle();
+    Status why;
+    {
+      std::lock_guard lock(ops_.health_->pending_mu);
+      ops_.health_->in_call = false;
+      why = std::exchange(ops_.health_->pending_abandon, Status());
+    }
+    // An abort came while the call was in flight: tell the peers before the caller gets its error.
+    if (!why.ok()) ops_.abandon(why);
   }
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
@@ -355,22 +361,6 @@ class CrossDeviceOps::CallScope {
  private:
   CrossDeviceOps& ops_;
 };
-
-void CrossDeviceOps::abandon_pending_if_idle() {
-  std::unique_lock call(health_->calling, std::try_to_lock);
-  if (call.owns_lock()) abandon_pending();  // else the thread that holds it does so as it leaves
-}
-
-void CrossDeviceOps::abandon_pending() {
-  Status why;
-  {
-    std::lock_guard lock(health_->pending_mu);
-    if (!health_->abandon_pending.load()) return;
-    why = std::move(health_->pending_abandon);
-    health_->abandon_pending.store(false);
-  }
-  abandon(why);
-}
 
 namespace internal {
 // The live registrations of one instance, shared with their handles. `ops` is cleared when the
@@ -461,8 +451,8 @@ Work CrossDeviceOps::screened(Work work) {
   // Capability refusals (Unimplemented) are the same on every rank and break nothing.
   if (validating_ && world_size() > 1) {
     Status s = work.error();
-    if (s.code() == StatusCode::kInvalidArgument && broken().ok()) {
-      health_->record(s);
+    // Not after an abort from another thread (the first failure stands, and is told once).
+    if (s.code() == StatusCode::kInvalidArgument && health_->record(s)) {
       publish_refusal(s);
       abandon(s);
     }
@@ -474,21 +464,21 @@ Work CrossDeviceOps::screened(Work work) {
 void CrossDeviceOps::abort(const Status& why) {
   if (!health_->record(why) || world_size() <= 1) return;
   publish_refusal(why);
+  bool in_flight;
   {
     std::lock_guard lock(health_->pending_mu);
-    health_->pending_abandon = why;
-    health_->abandon_pending.store(true);
+    in_flight = health_->in_call;
+    if (in_flight) health_->pending_abandon = why;
   }
-  std::unique_lock call(health_->calling, std::try_to_lock);
-  if (!call.owns_lock()) {
-    // A call in flight on another thread: its waits end now, it fails with `why`, and it (or this
-    // thread, if it has left by then) tells the peers.
+  if (in_flight) {
+    // A call on another thread: its waits end now, it fails with `why`, and as it returns it tells
+    // the peers (CallScope). Outside the lock: interrupt() may complete Works, whose callbacks run.
     interrupt(why);
-    if (!call.try_lock()) return;
+  } else {
+    // A call that starts meanwhile is refused before it reaches the backend (broken()).
+    abandon(why);
   }
-  abandon_pending();
 }
-
 namespace {
 constexpr std::string_view kRefusedKey = "refused/";
 constexpr std::string_view kFailedKey = "failed/";

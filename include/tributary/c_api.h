@@ -222,10 +222,11 @@ TRIBUTARY_C_API int64_t trib_backend_timeout_ms(const trib_backend* backend);
 
 /* Gives up on the job (the C++ CrossDeviceOps::abort), from any thread, as ncclCommAbort: also
  * while another thread waits in a collective of `backend`, or one is in flight. That collective
- * fails within milliseconds (TRIB_ABORTED, "rank R refused its part: <reason>") instead of at the
- * timeout, unless its waits were all done; the peers fail at once with the same reason; every
- * later collective fails with TRIB_FAILED_PRECONDITION. A second call does nothing. NULL
- * `reason`: "aborted by the caller". TRIB_INVALID_ARGUMENT for a NULL backend. */
+ * fails with TRIB_ABORTED and `reason`, usually within milliseconds instead of at the timeout
+ * (unless its waits were all done; gloo: see the README), and the peers fail with the same reason;
+ * every later collective fails with TRIB_FAILED_PRECONDITION. A second call does nothing. The
+ * backend must not be destroyed before this call returns. NULL `reason`: "aborted by the caller".
+ * TRIB_INVALID_ARGUMENT for a NULL backend. */
 TRIBUTARY_C_API trib_status trib_backend_abort(trib_backend* backend, const char* reason);
 
 /* ---- collectives -------------------------------------------------------------------------- */

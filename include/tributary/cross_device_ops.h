@@ -243,11 +243,17 @@ class CrossDeviceOps {
   // here on (broken() returns `why`). In one process it only marks the instance broken.
   // Thread-safe, as ncclCommAbort is: a watchdog, a signal's handler thread or a job controller may
   // call it while another thread is inside a collective of this instance. That collective then
-  // fails within milliseconds with `why` ("rank R refused its part: why") instead of waiting for
-  // its peers until the timeout, and the peers are told as it fails (a collective whose waits were
-  // all done may still complete). Every multi-process backend wakes its waits so (ring over TCP
-  // and shared memory, ucx, gloo, nccl; the tuned and host-staged composites through their
-  // members). It does not wait for that collective to return. A second abort does nothing.
+  // fails with `why` (ring, ucx, gloo: "rank R refused its part: why") within milliseconds instead
+  // of waiting for its peers until the timeout, and tells the peers before it returns; a
+  // collective whose waits were all done may still complete, and one that had not passed the
+  // front door fails with FailedPrecondition. ring (TCP, shared memory), ucx, nccl and the tuned
+  // and host-staged composites wake every wait so. Exceptions: gloo wakes only the exchange before
+  // each collective (verify=true, the default), where a rank waits for a peer that has not issued
+  // it; one inside Gloo's own algorithm ends when that does, or at the timeout. A shared-memory
+  // rank that fails in the middle of a direct or single-copy all-reduce still waits, at most until
+  // the timeout, for a peer that is writing into its buffers (never a buffer changed after its
+  // return). abort() does not wait for the collective to return, but the instance must outlive
+  // the abort() call. A second abort does nothing.
   void abort(const Status& why);
 
  protected:
@@ -284,8 +290,9 @@ class CrossDeviceOps {
   // call it too for failures they detect alike on every rank (a mismatch).
   void publish_refusal(const Status& why) const;
   // Called when this rank refuses a call that its peers will issue (a multi-process backend should
-  // tell them, e.g. by aborting its transport with `why`), never while a call of this instance is
-  // in flight. Default: nothing.
+  // tell them, e.g. by aborting its transport with `why`), never while a public collective call of
+  // this instance is in flight (a registration's release, and the completion of asynchronous
+  // Works, are not such calls). Default: nothing.
   virtual void abandon(const Status& why) { (void)why; }
   // Called by abort() on another thread while a call of this instance is in flight (concurrently
   // with it): make that call's waits end soon with `why`, e.g. by waking its transport; the call's
@@ -314,11 +321,7 @@ class CrossDeviceOps {
                             const PerReplica<Tensor>& outputs);
   Work register_front(const PerReplica<Tensor>& buffers, uint64_t* id);
   Work screened(Work work);
-  class CallScope;  // held by every public call, for abort() from another thread
-  // abort()'s reason, left for the thread in a call, goes to abandon(): now if no call holds the
-  // instance (abandon_pending_if_idle), or by the caller, which holds it (abandon_pending).
-  void abandon_pending_if_idle();
-  void abandon_pending();
+  class CallScope;  // marks every public call in flight, for abort() from another thread
   CallInfo begin(Collective c, ReduceOp op, DType dtype, int64_t count);
   Work finish(const CallInfo& call, Work work);
   // Root cause for failed collective `sequence` of a multi-process job: a reason a peer published

@@ -604,7 +604,10 @@ void bind_ops(py::module_& m) {
             py::gil_scoped_release release;
             b.get()->abort(aborted(why));
           },
-          py::arg("why"), "Gives up on the group; in a multi-process group the peers are told.")
+          py::arg("why"),
+          "Gives up on the group; in a multi-process group the peers are told. Thread-safe: a "
+          "collective in flight on another thread fails with `why`, usually within "
+          "milliseconds (gloo: only before Gloo's own algorithm runs).")
       .def(
           "close", [](PyBackend& b) { b.close(); },
           "Destroys the backend now (its collectives must be complete).")

@@ -1,8 +1,8 @@
 // CrossDeviceOps::abort from another thread, at the front door: while a call is in flight the
-// backend is interrupted (never abandoned under the call's feet) and abandoned once the call has
-// returned; with none in flight it is abandoned at once; whichever thread comes last tells the
-// peers, exactly once. A fake backend stands in (the layer above the backends may be tested with
-// one); each real multi-process backend's interrupt() is tested with real processes in
+// backend is interrupted (never abandoned under the call's feet), and the call's thread abandons
+// it as the call returns; with none in flight the aborting thread abandons it at once; either way
+// the peers are told exactly once. A fake backend stands in (the layer above the backends may be
+// tested with one); each real multi-process backend's interrupt() is tested with real processes in
 // fault_test (AbortFromAnotherThread). ThreadSanitizer runs these (scripts/sanitize.sh thread).
 #include <gtest/gtest.h>
 
