@@ -299,17 +299,17 @@ static int run_collectives(const char* spec) {
   return 0;
 }
 
-/* One rank is lost after the first all_reduce; the others' next all_reduce must fail naming it. */
-static int run_fault(const char* mode, const char* spec, int lost) {
-  /* Stay to report: when a rank fails, tributary-run stops the others with SIGTERM (and SIGKILL
-   * after its --grace), and this test is about what their collectives return. */
+/* The fault cases' start: SIGTERM ignored (stay to report: when a rank fails, tributary-run stops
+ * the others with SIGTERM, and SIGKILL after its --grace, and these cases are about what their
+ * collectives return), a backend of LOCAL replicas, and one all_reduce of `x` (ones), checked.
+ * NULL when something failed. */
+static trib_backend* start_fault_case(const char* spec, float x[LOCAL][64]) {
   signal(SIGTERM, SIG_IGN);
   const char* devices[LOCAL] = {"CPU:0", "CPU:1"};
   trib_backend* b = NULL;
   CHECK_OK(trib_backend_create(spec, devices, LOCAL, &b));
-  if (b == NULL) return 1;
+  if (b == NULL) return NULL;
   rank = trib_backend_rank(b);
-  float x[LOCAL][64];
   const void* in[LOCAL] = {x[0], x[1]};
   void* out[LOCAL] = {x[0], x[1]};
   for (int i = 0; i < LOCAL; ++i) {
@@ -317,7 +317,16 @@ static int run_fault(const char* mode, const char* spec, int lost) {
   }
   CHECK_OK(trib_all_reduce(b, TRIB_SUM, TRIB_FLOAT32, in, out, 64));
   CHECK(x[1][63] == (float)trib_backend_num_replicas_in_sync(b));
-  if (failures != 0) return 1;
+  return failures == 0 ? b : NULL;
+}
+
+/* One rank is lost after the first all_reduce; the others' next all_reduce must fail naming it. */
+static int run_fault(const char* mode, const char* spec, int lost) {
+  float x[LOCAL][64];
+  trib_backend* b = start_fault_case(spec, x);
+  if (b == NULL) return 1;
+  const void* in[LOCAL] = {x[0], x[1]};
+  void* out[LOCAL] = {x[0], x[1]};
   fflush(stdout);
   if (rank == lost) {
     if (strcmp(mode, "killed") == 0) raise(SIGKILL);
@@ -350,20 +359,11 @@ static void* abort_soon(void* backend) {
 
 /* trib_backend_abort from another thread while rank 0 waits in an all_reduce. */
 static int run_abort(const char* spec) {
-  signal(SIGTERM, SIG_IGN); /* stay to report, as in run_fault */
-  const char* devices[LOCAL] = {"CPU:0", "CPU:1"};
-  trib_backend* b = NULL;
-  CHECK_OK(trib_backend_create(spec, devices, LOCAL, &b));
-  if (b == NULL) return 1;
-  rank = trib_backend_rank(b);
   float x[LOCAL][64];
+  trib_backend* b = start_fault_case(spec, x);
+  if (b == NULL) return 1;
   const void* in[LOCAL] = {x[0], x[1]};
   void* out[LOCAL] = {x[0], x[1]};
-  for (int i = 0; i < LOCAL; ++i) {
-    for (int k = 0; k < 64; ++k) x[i][k] = 1.0f;
-  }
-  CHECK_OK(trib_all_reduce(b, TRIB_SUM, TRIB_FLOAT32, in, out, 64));
-  if (failures != 0) return 1;
   trib_status s = TRIB_OK;
   if (rank == 0) {
     pthread_t watchdog;
