@@ -479,6 +479,7 @@ void CrossDeviceOps::abort(const Status& why) {
     abandon(why);
   }
 }
+
 namespace {
 constexpr std::string_view kRefusedKey = "refused/";
 constexpr std::string_view kFailedKey = "failed/";
